@@ -1,0 +1,144 @@
+//! The error value: exactly one JSON value, any JSON value (SPEC §9).
+//!
+//! An error on the wire is news for the caller, not a Rust failure, so it is
+//! a plain value type: it has no `std::error::Error` impl and it is never
+//! confused with the decode errors of this crate. The protocol prescribes
+//! nothing about its content; the JSON is kept whole.
+//!
+//! Errors this project writes itself (the server's faults, the proxy's
+//! failures) use one shape, `{"kind": "<who>", "error": "<what happened>"}`,
+//! built with [`Error::kind`], so a reader can tell at a glance which party
+//! gave up.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::codec::{Decode, Encode, Writer};
+
+/// An error value: one JSON value, `null` by default.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Error(pub Value);
+
+impl Error {
+    /// An error holding `value`.
+    pub fn new(value: impl Into<Value>) -> Self {
+        Error(value.into())
+    }
+
+    /// This project's own error shape: `{"kind": kind, "error": message}`.
+    pub fn kind(kind: &str, message: impl fmt::Display) -> Self {
+        let mut object = serde_json::Map::with_capacity(2);
+        object.insert("kind".to_owned(), Value::String(kind.to_owned()));
+        object.insert("error".to_owned(), Value::String(message.to_string()));
+        Error(Value::Object(object))
+    }
+
+    /// The JSON value.
+    pub fn value(&self) -> &Value {
+        &self.0
+    }
+
+    /// Appends the JSON text. A [`Value`] always serializes (its map keys are
+    /// strings and its numbers finite), so this cannot fail.
+    pub fn write_json(&self, out: &mut Writer<'_>) {
+        if serde_json::to_writer(&mut *out, &self.0).is_err() {
+            // Unreachable for a `Value`, which has nothing that can fail.
+            debug_assert!(false, "a JSON value failed to serialize");
+        }
+    }
+}
+
+impl From<Value> for Error {
+    fn from(value: Value) -> Self {
+        Error(value)
+    }
+}
+
+/// The JSON text, compact.
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl Encode for Error {
+    type Error = serde_json::Error;
+
+    fn encode(&self, out: &mut Writer<'_>) -> Result<(), serde_json::Error> {
+        serde_json::to_writer(out, &self.0)
+    }
+}
+
+impl Decode<'_> for Error {
+    type Error = serde_json::Error;
+
+    /// Exactly one JSON value: nothing, two values, or trailing garbage fail.
+    fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes).map(Error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn every_json_type_round_trips() {
+        for value in [
+            json!(null),
+            json!(true),
+            json!(-12.5),
+            json!(18446744073709551615u64),
+            json!("gone"),
+            json!([1, "two", null]),
+            json!({"kind": "proxy", "error": "closed"}),
+        ] {
+            let error = Error::new(value.clone());
+            let bytes = error.to_vec().expect("serializes");
+            assert_eq!(Error::decode(&bytes).expect("decodes"), error, "{value}");
+        }
+    }
+
+    #[test]
+    fn exactly_one_value() {
+        for bad in [&b""[..], b" ", b"1 2", b"{} x", b"{", b"nul", b"\"a\"\"b\""] {
+            assert!(
+                Error::decode(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(
+            Error::decode(b" 7 ").expect("whitespace is fine"),
+            Error::new(7)
+        );
+    }
+
+    #[test]
+    fn default_is_null() {
+        assert_eq!(Error::default().to_vec().expect("serializes"), b"null");
+    }
+
+    #[test]
+    fn kind_shape() {
+        let error = Error::kind("proxy", "the path ended abruptly");
+        assert_eq!(
+            error.to_string(),
+            r#"{"kind":"proxy","error":"the path ended abruptly"}"#
+        );
+    }
+
+    #[test]
+    fn write_json_matches_encode() {
+        let error = Error::new(json!({"a": [1, 2.5, "x"]}));
+        let mut buf = Vec::new();
+        error.write_json(&mut Writer::new(&mut buf));
+        assert_eq!(buf, error.to_vec().expect("serializes"));
+    }
+}

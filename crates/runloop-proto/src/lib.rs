@@ -1,0 +1,36 @@
+//! The bytes and rules of the run-loop channel of the Diverge Provider
+//! Protocol, revision 2.3.0, with no I/O.
+//!
+//! Everything that decides what a byte on the run-loop path means lives
+//! here, as plain functions and state machines fed one message at a time.
+//! Nothing in this crate opens a socket, spawns a task or reads a clock: the
+//! async crate moves bytes and asks this one what they mean. That split keeps
+//! the rules testable byte by byte, fuzzable, and cheap to benchmark.
+//!
+//! The path a run-loop takes, and where each piece of it is decoded:
+//!
+//! ```text
+//! caller ──frames──▶ provider server ──bare messages──▶ proxy ──HTTP+SSE──▶ agent program
+//!
+//! frame            the 9-byte header, client and server frames      (§2)
+//! authorization    the type-0 credential                            (§3)
+//! endpoint         the type-1 endpoint tag                          (§4)
+//! agents_run       containers::agents::run request and response     (§5)
+//! channel          client channel requests: stop, run-loop, others  (§6)
+//! run_loop         the run-loop request, frame, chunks, reader,
+//!                  sender, relay and transcript                     (§7, §8, §11, §12)
+//! error            the error value                                  (§9)
+//! codec            Encode, Decode and the append-only Writer
+//! ```
+
+pub mod agents_run;
+pub mod authorization;
+pub mod channel;
+pub mod codec;
+pub mod endpoint;
+pub mod error;
+pub mod frame;
+pub mod run_loop;
+
+pub use codec::{Decode, Encode, Writer};
+pub use error::Error;

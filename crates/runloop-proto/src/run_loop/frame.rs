@@ -1,0 +1,275 @@
+//! The run-loop response frame: one channel response payload (SPEC §7).
+//!
+//! ```text
+//! [0x00][chunk JSON …]     Frame::Chunk — one piece of the loop (tag CHUNK)
+//! [0x01][error JSON …]     Frame::Error — there was no loop, or it did not finish (tag ERROR)
+//! ```
+//!
+//! The tag byte, and nothing in the JSON, tells a chunk from an error. An
+//! error may be any JSON value, including an object with a `type` member
+//! shaped exactly like a chunk; reading the JSON to decide would let a
+//! provider's failure pass for output.
+//!
+//! A relay must not read chunks at all. [`tag`] reads a payload's first byte
+//! and nothing else, and [`encode_raw_chunk`] frames chunk JSON that was
+//! never parsed, so a server can pass a loop on at the cost of a copy.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use super::AgenticLoopChunk;
+use crate::codec::{Decode, Encode, Writer};
+use crate::error::Error;
+
+/// Tag of [`Frame::Chunk`]; public so a relay can frame JSON it never parsed.
+pub const CHUNK: u8 = 0;
+/// Tag of [`Frame::Error`].
+pub const ERROR: u8 = 1;
+
+/// One run-loop channel response.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// A piece of the loop. Tag `0`.
+    Chunk(AgenticLoopChunk),
+    /// No loop ran, or it ended without finishing. Tag `1`; always last.
+    Error(Error),
+}
+
+/// Which of the two a payload is, read from its first byte alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tag {
+    /// Tag `0`.
+    Chunk,
+    /// Tag `1`.
+    Error,
+}
+
+/// A run-loop response payload that could not be read. The four cases and
+/// their messages are fixed by the protocol.
+#[derive(Debug)]
+pub enum FrameError {
+    /// No bytes at all.
+    Empty,
+    /// A first byte that is neither `0` nor `1`.
+    UnknownTag(u8),
+    /// The chunk JSON did not parse.
+    Chunk(serde_json::Error),
+    /// The bytes after tag `1` are not exactly one JSON value.
+    Error(serde_json::Error),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::Empty => f.write_str("agentic loop frame is empty"),
+            FrameError::UnknownTag(tag) => write!(f, "unknown agentic loop frame tag {tag}"),
+            FrameError::Chunk(inner) => write!(f, "agentic loop chunk did not parse: {inner}"),
+            FrameError::Error(inner) => write!(f, "agentic loop error did not parse: {inner}"),
+        }
+    }
+}
+
+impl StdError for FrameError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            FrameError::Chunk(inner) | FrameError::Error(inner) => Some(inner),
+            FrameError::Empty | FrameError::UnknownTag(_) => None,
+        }
+    }
+}
+
+/// The tag of a payload, from its first byte; the rest is not looked at.
+pub fn tag(payload: &[u8]) -> Result<Tag, FrameError> {
+    match payload.first() {
+        None => Err(FrameError::Empty),
+        Some(&CHUNK) => Ok(Tag::Chunk),
+        Some(&ERROR) => Ok(Tag::Error),
+        Some(&other) => Err(FrameError::UnknownTag(other)),
+    }
+}
+
+/// Appends a chunk payload around chunk JSON that is not parsed or checked.
+pub fn encode_raw_chunk(json: &[u8], out: &mut Writer<'_>) {
+    out.reserve(1 + json.len());
+    out.push(CHUNK);
+    out.extend_from_slice(json);
+}
+
+impl Encode for Frame {
+    type Error = serde_json::Error;
+
+    fn encode(&self, out: &mut Writer<'_>) -> Result<(), serde_json::Error> {
+        match self {
+            Frame::Chunk(chunk) => {
+                out.push(CHUNK);
+                serde_json::to_writer(out, chunk)
+            }
+            Frame::Error(error) => {
+                out.push(ERROR);
+                error.encode(out)
+            }
+        }
+    }
+
+    fn size_hint(&self) -> usize {
+        // Most chunks are short text deltas.
+        128
+    }
+}
+
+impl Decode<'_> for Frame {
+    type Error = FrameError;
+
+    fn decode(payload: &[u8]) -> Result<Self, FrameError> {
+        let (&first, rest) = payload.split_first().ok_or(FrameError::Empty)?;
+        match first {
+            CHUNK => serde_json::from_slice(rest)
+                .map(Frame::Chunk)
+                .map_err(FrameError::Chunk),
+            ERROR => Error::decode(rest)
+                .map(Frame::Error)
+                .map_err(FrameError::Error),
+            other => Err(FrameError::UnknownTag(other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::run_loop::chunk::tests::{every_kind_full, every_kind_minimal};
+    use crate::run_loop::{TextChunk, UsageChunk};
+
+    #[test]
+    fn golden_chunk() {
+        #[rustfmt::skip]
+        let payload = b"\x00\
+            {\"type\":\"assistant_text_content\",\"text\":\"Hel\"}";
+        let frame = Frame::decode(payload).expect("decodes");
+        assert_eq!(
+            frame,
+            Frame::Chunk(AgenticLoopChunk::AssistantTextContent(TextChunk {
+                text: "Hel".into(),
+                ..TextChunk::default()
+            }))
+        );
+        assert_eq!(frame.to_vec().expect("encodes"), payload);
+    }
+
+    #[test]
+    fn golden_error() {
+        #[rustfmt::skip]
+        let payload = b"\x01\
+            {\"kind\":\"agent\",\"status\":503,\"error\":\"busy\"}";
+        let frame = Frame::decode(payload).expect("decodes");
+        assert_eq!(
+            frame,
+            Frame::Error(Error::new(
+                json!({"kind": "agent", "status": 503, "error": "busy"})
+            ))
+        );
+        assert_eq!(frame.to_vec().expect("encodes"), payload);
+    }
+
+    #[test]
+    fn every_kind_round_trips_as_a_frame() {
+        for chunk in every_kind_full().into_iter().chain(every_kind_minimal()) {
+            let frame = Frame::Chunk(chunk);
+            let bytes = frame.to_vec().expect("encodes");
+            assert_eq!(bytes[0], CHUNK);
+            assert_eq!(Frame::decode(&bytes).expect("decodes"), frame);
+        }
+    }
+
+    #[test]
+    fn the_tag_decides_not_the_json() {
+        let chunk_shaped = json!({"type": "usage", "completion_tokens": 1,
+            "prompt_tokens": 2, "total_tokens": 3});
+        let mut payload = vec![ERROR];
+        payload.extend_from_slice(chunk_shaped.to_string().as_bytes());
+        assert_eq!(
+            Frame::decode(&payload).expect("decodes"),
+            Frame::Error(Error::new(chunk_shaped))
+        );
+        payload[0] = CHUNK;
+        assert_eq!(
+            Frame::decode(&payload).expect("decodes"),
+            Frame::Chunk(AgenticLoopChunk::Usage(UsageChunk {
+                completion_tokens: 1,
+                prompt_tokens: 2,
+                total_tokens: 3,
+                meta: None
+            }))
+        );
+    }
+
+    #[test]
+    fn an_error_of_every_json_type() {
+        for value in [
+            json!(null),
+            json!(false),
+            json!(0),
+            json!(-1.5),
+            json!("x"),
+            json!([]),
+            json!({}),
+        ] {
+            let frame = Frame::Error(Error::new(value));
+            let bytes = frame.to_vec().expect("encodes");
+            assert_eq!(Frame::decode(&bytes).expect("decodes"), frame);
+        }
+    }
+
+    #[test]
+    fn the_four_errors_and_their_messages() {
+        let empty = Frame::decode(b"").expect_err("empty");
+        assert!(matches!(empty, FrameError::Empty));
+        assert_eq!(empty.to_string(), "agentic loop frame is empty");
+        assert!(empty.source().is_none());
+
+        let unknown = Frame::decode(b"\x02{}").expect_err("unknown tag");
+        assert!(matches!(unknown, FrameError::UnknownTag(2)));
+        assert_eq!(unknown.to_string(), "unknown agentic loop frame tag 2");
+        assert!(unknown.source().is_none());
+
+        let chunk = Frame::decode(b"\x00{\"type\":\"nope\"}").expect_err("bad chunk");
+        assert!(matches!(chunk, FrameError::Chunk(_)));
+        let inner = chunk.source().expect("inner error reachable").to_string();
+        assert_eq!(
+            chunk.to_string(),
+            format!("agentic loop chunk did not parse: {inner}")
+        );
+        assert!(inner.starts_with("unknown variant `nope`"), "{inner}");
+
+        let error = Frame::decode(b"\x01{} {}").expect_err("two values");
+        assert!(matches!(error, FrameError::Error(_)));
+        let inner = error.source().expect("inner error reachable").to_string();
+        assert_eq!(
+            error.to_string(),
+            format!("agentic loop error did not parse: {inner}")
+        );
+        assert!(inner.starts_with("trailing characters"), "{inner}");
+
+        let nothing = Frame::decode(b"\x01").expect_err("no value");
+        assert!(matches!(nothing, FrameError::Error(_)));
+        let chunk_nothing = Frame::decode(b"\x00").expect_err("no chunk");
+        assert!(matches!(chunk_nothing, FrameError::Chunk(_)));
+    }
+
+    #[test]
+    fn tag_reads_only_the_first_byte() {
+        assert_eq!(tag(b"\x00 not json at all").expect("tag"), Tag::Chunk);
+        assert_eq!(tag(b"\x01\xff\xfe").expect("tag"), Tag::Error);
+        assert!(matches!(tag(b""), Err(FrameError::Empty)));
+        assert!(matches!(tag(b"\x07"), Err(FrameError::UnknownTag(7))));
+    }
+
+    #[test]
+    fn raw_chunks_are_framed_unread() {
+        let mut buf = b"header".to_vec();
+        encode_raw_chunk(b"{\"type\":\"not even a kind\"", &mut Writer::new(&mut buf));
+        assert_eq!(buf, b"header\x00{\"type\":\"not even a kind\"");
+    }
+}

@@ -1,0 +1,228 @@
+//! The transcript: a loop's chunks with their fragments merged (SPEC §11).
+//!
+//! Text, reasoning and refusals stream in fragments that belong together only
+//! when they are adjacent: a fragment merges into the chunk right before it
+//! when that chunk is the same kind on the same thread. Tool calls stream in
+//! fragments that may interleave with other calls running in parallel, so a
+//! fragment merges into the latest call with the same id on the same thread,
+//! wherever it is. Nothing ever merges across threads (`parent_tool_call_id`
+//! must be equal). Everything else is appended as it came; usage is not
+//! summed here, since each usage chunk is a delta the caller sums.
+
+use std::collections::HashMap;
+
+use super::AgenticLoopChunk;
+
+/// A coalesced loop.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Transcript {
+    chunks: Vec<AgenticLoopChunk>,
+    /// Where each tool call lives, by (thread, id).
+    calls: HashMap<(Option<String>, String), usize>,
+}
+
+impl Transcript {
+    /// An empty transcript.
+    pub fn new() -> Self {
+        Transcript::default()
+    }
+
+    /// The merged chunks, in order.
+    pub fn chunks(&self) -> &[AgenticLoopChunk] {
+        &self.chunks
+    }
+
+    /// The merged chunks, in order.
+    pub fn into_chunks(self) -> Vec<AgenticLoopChunk> {
+        self.chunks
+    }
+
+    /// Adds the next chunk of the loop.
+    pub fn push(&mut self, chunk: AgenticLoopChunk) {
+        use AgenticLoopChunk as C;
+        match chunk {
+            C::AssistantReasoning(_) | C::AssistantTextContent(_) | C::AssistantRefusal(_) => {
+                self.push_text(chunk);
+            }
+            C::AssistantToolCall(next) => {
+                let key = (next.parent_tool_call_id.clone(), next.id.clone());
+                if let Some(&at) = self.calls.get(&key)
+                    && let Some(C::AssistantToolCall(call)) = self.chunks.get_mut(at)
+                {
+                    if let Some(fragment) = next.arguments {
+                        call.arguments
+                            .get_or_insert_with(String::new)
+                            .push_str(&fragment);
+                    }
+                    return;
+                }
+                self.calls.insert(key, self.chunks.len());
+                self.chunks.push(C::AssistantToolCall(next));
+            }
+            other => self.chunks.push(other),
+        }
+    }
+
+    /// Merges a text-like fragment into the previous chunk when that chunk is
+    /// the same kind on the same thread.
+    fn push_text(&mut self, mut next: AgenticLoopChunk) {
+        if let Some(previous) = self.chunks.last_mut() {
+            let same_place = previous.kind() == next.kind()
+                && previous.parent_tool_call_id() == next.parent_tool_call_id();
+            if let (true, Some(into), Some(fragment)) =
+                (same_place, previous.text_mut(), next.text_mut())
+            {
+                into.text.push_str(&fragment.text);
+                if let Some(logprobs) = fragment.logprobs.take() {
+                    into.logprobs.get_or_insert_with(Vec::new).extend(logprobs);
+                }
+                return;
+            }
+        }
+        self.chunks.push(next);
+    }
+}
+
+impl Extend<AgenticLoopChunk> for Transcript {
+    fn extend<I: IntoIterator<Item = AgenticLoopChunk>>(&mut self, chunks: I) {
+        for chunk in chunks {
+            self.push(chunk);
+        }
+    }
+}
+
+impl FromIterator<AgenticLoopChunk> for Transcript {
+    fn from_iter<I: IntoIterator<Item = AgenticLoopChunk>>(chunks: I) -> Self {
+        let mut transcript = Transcript::new();
+        transcript.extend(chunks);
+        transcript
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run_loop::{TextChunk, TokenLogprob, ToolCallChunk, UsageChunk};
+
+    fn text(s: &str, parent: Option<&str>) -> TextChunk {
+        TextChunk {
+            text: s.into(),
+            parent_tool_call_id: parent.map(Into::into),
+            ..TextChunk::default()
+        }
+    }
+
+    fn call(id: &str, args: Option<&str>, parent: Option<&str>) -> AgenticLoopChunk {
+        AgenticLoopChunk::AssistantToolCall(ToolCallChunk {
+            id: id.into(),
+            name: "tool".into(),
+            arguments: args.map(Into::into),
+            meta: None,
+            parent_tool_call_id: parent.map(Into::into),
+        })
+    }
+
+    #[test]
+    fn adjacent_text_of_one_kind_merges() {
+        let t: Transcript = [
+            AgenticLoopChunk::AssistantTextContent(text("Hel", None)),
+            AgenticLoopChunk::AssistantTextContent(text("lo", None)),
+            AgenticLoopChunk::AssistantReasoning(text("hmm", None)),
+            AgenticLoopChunk::AssistantTextContent(text("!", None)),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            t.chunks(),
+            [
+                AgenticLoopChunk::AssistantTextContent(text("Hello", None)),
+                AgenticLoopChunk::AssistantReasoning(text("hmm", None)),
+                AgenticLoopChunk::AssistantTextContent(text("!", None)),
+            ]
+        );
+    }
+
+    #[test]
+    fn text_never_merges_across_threads() {
+        let t: Transcript = [
+            AgenticLoopChunk::AssistantTextContent(text("a", None)),
+            AgenticLoopChunk::AssistantTextContent(text("b", Some("call_1"))),
+            AgenticLoopChunk::AssistantTextContent(text("c", Some("call_1"))),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            t.chunks(),
+            [
+                AgenticLoopChunk::AssistantTextContent(text("a", None)),
+                AgenticLoopChunk::AssistantTextContent(text("bc", Some("call_1"))),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_first_fragments_members_win_and_logprobs_append() {
+        let logprob = |token: &str| TokenLogprob {
+            token: token.into(),
+            ..TokenLogprob::default()
+        };
+        let mut first = text("a", None);
+        first.logprobs = Some(vec![logprob("a")]);
+        let mut second = text("b", None);
+        second.logprobs = Some(vec![logprob("b")]);
+        second.meta = Some(rmcp::model::MetaObject::default());
+        let t: Transcript = [
+            AgenticLoopChunk::AssistantRefusal(first),
+            AgenticLoopChunk::AssistantRefusal(second),
+        ]
+        .into_iter()
+        .collect();
+        let mut expected = text("ab", None);
+        expected.logprobs = Some(vec![logprob("a"), logprob("b")]);
+        assert_eq!(t.chunks(), [AgenticLoopChunk::AssistantRefusal(expected)]);
+    }
+
+    #[test]
+    fn interleaved_tool_calls_merge_by_id() {
+        let t: Transcript = [
+            call("a", Some("{\"x\":"), None),
+            call("b", Some("{\"y\":"), None),
+            AgenticLoopChunk::Usage(UsageChunk::default()),
+            call("a", Some("1}"), None),
+            call("b", None, None),
+            call("b", Some("2}"), None),
+            call("a", Some("?"), Some("call_z")),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            t.chunks(),
+            [
+                call("a", Some("{\"x\":1}"), None),
+                call("b", Some("{\"y\":2}"), None),
+                AgenticLoopChunk::Usage(UsageChunk::default()),
+                call("a", Some("?"), Some("call_z")),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_call_without_arguments_gains_them() {
+        let t: Transcript = [call("a", None, None), call("a", Some("{}"), None)]
+            .into_iter()
+            .collect();
+        assert_eq!(t.chunks(), [call("a", Some("{}"), None)]);
+    }
+
+    #[test]
+    fn other_kinds_are_appended_not_summed() {
+        let usage = AgenticLoopChunk::Usage(UsageChunk {
+            completion_tokens: 1,
+            prompt_tokens: 2,
+            total_tokens: 3,
+            meta: None,
+        });
+        let t: Transcript = [usage.clone(), usage.clone()].into_iter().collect();
+        assert_eq!(t.chunks(), [usage.clone(), usage]);
+    }
+}
