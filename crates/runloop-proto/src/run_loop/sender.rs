@@ -24,12 +24,15 @@
 //!
 //! ```text
 //!   Relaying ──[0]…──▶ Relaying              (forward the message)
-//!     │ [1]…                 │ clean close ──▶ finish
-//!     ▼                      │ abrupt end  ──▶ own error, finish
+//!     │ [1]…                 │ closed (clean)      ──▶ finish
+//!     ▼                      │ broke (abrupt)      ──▶ own error, finish
 //!   Holding(error)           │ empty / unknown tag ──▶ own error, finish
-//!     │ clean close ──▶ the held error, finish
-//!     │ abrupt end  ──▶ own error (with the held one), finish
-//!     └ any message ──▶ own error (with the held one), finish
+//!     │ closed (clean)   ──▶ the held error, finish
+//!     │ broke (abrupt)   ──▶ own error (with the held one), finish
+//!     └ any message      ──▶ own error (with the held one), finish
+//!
+//!   either state: cut (the server ends the channel: run stopped, shutdown)
+//!                 ──▶ the given error (with any held one), finish
 //! ```
 
 use super::AgenticLoopChunk;
@@ -116,21 +119,13 @@ pub enum Relayed<M> {
     Fault(Finish),
 }
 
-/// How the proxy path ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PathEnd {
-    /// A clean WebSocket close: the proxy said all it had to say.
-    Clean,
-    /// Anything else: the path broke.
-    Abrupt,
-}
-
-/// What to send when the path has ended.
+/// What to send when the proxy path closed cleanly.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Closing {
     /// The finish alone.
     Finish(Finish),
-    /// The payload written to `out` as the last response, then the finish.
+    /// The payload written to `out` (the proxy's held error) as the last
+    /// response, then the finish.
     ErrorThenFinish(Finish),
 }
 
@@ -201,23 +196,35 @@ impl<M: AsRef<[u8]>> Relay<M> {
         }
     }
 
-    /// The proxy path ended; `why` says how, for an abrupt end. Writes the
-    /// last response, if there is one, to `out`.
-    pub fn closed(self, end: PathEnd, why: &str, out: &mut Writer<'_>) -> Closing {
+    /// The proxy closed its path cleanly: it said all it had to say. A held
+    /// error is written to `out` as the last response.
+    pub fn closed(self, out: &mut Writer<'_>) -> Closing {
         let Relay { sender, held } = self;
-        match (end, held) {
-            (PathEnd::Clean, None) => Closing::Finish(sender.finish()),
-            (PathEnd::Clean, Some(held)) => {
+        match held {
+            None => Closing::Finish(sender.finish()),
+            Some(held) => {
                 // Already a whole error payload: tag 1 and the proxy's JSON.
                 out.extend_from_slice(held.as_ref());
                 Closing::ErrorThenFinish(Erred(()).finish())
             }
-            (PathEnd::Abrupt, held) => {
-                let what = format!("the proxy path ended abruptly: {why}");
-                let error = fault(&what, held.as_ref().map(AsRef::as_ref));
-                Closing::ErrorThenFinish(sender.error(&error, out).finish())
-            }
         }
+    }
+
+    /// The proxy path broke (`why` says how): the loop did not finish. The
+    /// server's error, with any held proxy error inside, goes to `out`.
+    pub fn broke(self, why: &str, out: &mut Writer<'_>) -> Finish {
+        let what = format!("the proxy path ended abruptly: {why}");
+        let error = fault(&what, self.held.as_ref().map(AsRef::as_ref));
+        self.sender.error(&error, out).finish()
+    }
+
+    /// The server ends the channel itself (the run stopped, the server shuts
+    /// down): `error` goes to `out`, with any held proxy error inside it.
+    pub fn cut(self, mut error: Error, out: &mut Writer<'_>) -> Finish {
+        if let Some(held) = &self.held {
+            attach_held(&mut error, held.as_ref());
+        }
+        self.sender.error(&error, out).finish()
     }
 }
 
@@ -228,17 +235,29 @@ fn tag_words(why: &FrameError) -> String {
     }
 }
 
-/// The server's own error for a proxy fault; a held proxy error goes inside
-/// it, as JSON when it is JSON, as text otherwise.
+/// The server's own error for a proxy fault, with a held proxy error inside.
 fn fault(what: &str, held: Option<&[u8]>) -> Error {
     let mut error = Error::kind("proxy", what);
-    if let (Some(held), serde_json::Value::Object(object)) = (held, &mut error.0) {
-        let inner = &held[1..];
-        let value = serde_json::from_slice(inner)
-            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(inner).into()));
-        object.insert("proxy_error".to_owned(), value);
+    if let Some(held) = held {
+        attach_held(&mut error, held);
     }
     error
+}
+
+/// Puts a held proxy error (a whole `[1][JSON]` payload) inside `error` as
+/// `proxy_error`: as JSON when it is JSON, as text otherwise. An error that
+/// is not an object is wrapped as `{"error": …}` first, so nothing is lost.
+fn attach_held(error: &mut Error, held: &[u8]) {
+    let inner = held.get(1..).unwrap_or_default();
+    let value = serde_json::from_slice(inner)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(inner).into()));
+    if !error.0.is_object() {
+        let previous = std::mem::take(&mut error.0);
+        error.0 = serde_json::json!({ "error": previous });
+    }
+    if let serde_json::Value::Object(object) = &mut error.0 {
+        object.insert("proxy_error".to_owned(), value);
+    }
 }
 
 #[cfg(test)]
@@ -253,7 +272,7 @@ mod tests {
 
     /// Runs a relay over `messages` and `end`, and returns the channel
     /// responses it produced (finish implied at the end).
-    fn relay(messages: &[&[u8]], end: PathEnd) -> Vec<Vec<u8>> {
+    fn relay(messages: &[&[u8]], end: End) -> Vec<Vec<u8>> {
         let mut relay = Relay::new();
         let mut sent = Vec::new();
         for message in messages {
@@ -274,11 +293,31 @@ mod tests {
             };
         }
         let mut out = Vec::new();
-        match relay.closed(end, "reset by peer", &mut Writer::new(&mut out)) {
-            Closing::Finish(_) => assert!(out.is_empty()),
-            Closing::ErrorThenFinish(_) => sent.push(out),
+        match end {
+            End::Clean => match relay.closed(&mut Writer::new(&mut out)) {
+                Closing::Finish(_) => assert!(out.is_empty()),
+                Closing::ErrorThenFinish(_) => sent.push(out),
+            },
+            End::Abrupt => {
+                let Finish(()) = relay.broke("reset by peer", &mut Writer::new(&mut out));
+                sent.push(out);
+            }
+            End::Cut => {
+                let Finish(()) = relay.cut(
+                    Error::kind("run", "the run was stopped"),
+                    &mut Writer::new(&mut out),
+                );
+                sent.push(out);
+            }
         }
         sent
+    }
+
+    #[derive(Clone, Copy)]
+    enum End {
+        Clean,
+        Abrupt,
+        Cut,
     }
 
     /// Feeds a relayed sequence to the caller's reader.
@@ -311,33 +350,33 @@ mod tests {
 
     #[test]
     fn clean_relays() {
-        assert_eq!(relay(&[TEXT, TEXT], PathEnd::Clean), [TEXT, TEXT]);
+        assert_eq!(relay(&[TEXT, TEXT], End::Clean), [TEXT, TEXT]);
         assert_eq!(
-            outcome(&relay(&[TEXT], PathEnd::Clean)),
+            outcome(&relay(&[TEXT], End::Clean)),
             Outcome::Finished { fatal: false }
         );
-        assert_eq!(relay(&[TEXT, ERROR_MSG], PathEnd::Clean), [TEXT, ERROR_MSG]);
+        assert_eq!(relay(&[TEXT, ERROR_MSG], End::Clean), [TEXT, ERROR_MSG]);
         assert!(matches!(
-            outcome(&relay(&[TEXT, ERROR_MSG], PathEnd::Clean)),
+            outcome(&relay(&[TEXT, ERROR_MSG], End::Clean)),
             Outcome::Unfinished(_)
         ));
         assert!(matches!(
-            outcome(&relay(&[ERROR_MSG], PathEnd::Clean)),
+            outcome(&relay(&[ERROR_MSG], End::Clean)),
             Outcome::NoLoop(_)
         ));
-        assert_eq!(outcome(&relay(&[], PathEnd::Clean)), Outcome::NotServed);
+        assert_eq!(outcome(&relay(&[], End::Clean)), Outcome::NotServed);
     }
 
     #[test]
     fn chunks_are_forwarded_unread() {
         let not_json = b"\x00this is not JSON and the relay does not care";
-        assert_eq!(relay(&[not_json], PathEnd::Clean), [not_json]);
+        assert_eq!(relay(&[not_json], End::Clean), [not_json]);
     }
 
     #[test]
     fn abrupt_ends_get_the_servers_error() {
         for messages in [&[][..], &[TEXT][..], &[TEXT, TEXT, TEXT][..]] {
-            let sent = relay(messages, PathEnd::Abrupt);
+            let sent = relay(messages, End::Abrupt);
             assert_eq!(sent.len(), messages.len() + 1);
             assert_eq!(
                 error_of(sent.last().expect("an error")),
@@ -352,7 +391,7 @@ mod tests {
 
     #[test]
     fn abrupt_end_after_an_error_keeps_the_proxys_error_inside() {
-        let sent = relay(&[TEXT, ERROR_MSG], PathEnd::Abrupt);
+        let sent = relay(&[TEXT, ERROR_MSG], End::Abrupt);
         assert_eq!(sent.len(), 2);
         assert_eq!(
             error_of(&sent[1]),
@@ -364,21 +403,21 @@ mod tests {
 
     #[test]
     fn faults() {
-        let sent = relay(&[TEXT, b"", TEXT], PathEnd::Clean);
+        let sent = relay(&[TEXT, b"", TEXT], End::Clean);
         assert_eq!(sent.len(), 2);
         assert_eq!(
             error_of(&sent[1])["error"],
             "the proxy sent an empty message"
         );
 
-        let sent = relay(&[b"\x09{}"], PathEnd::Clean);
+        let sent = relay(&[b"\x09{}"], End::Clean);
         assert_eq!(
             error_of(&sent[0])["error"],
             "the proxy sent a message with unknown tag 9"
         );
         assert!(matches!(outcome(&sent), Outcome::NoLoop(_)));
 
-        let sent = relay(&[TEXT, ERROR_MSG, TEXT], PathEnd::Clean);
+        let sent = relay(&[TEXT, ERROR_MSG, TEXT], End::Clean);
         assert_eq!(sent.len(), 2, "the held error is replaced, not sent twice");
         assert_eq!(
             error_of(&sent[1])["error"],
@@ -392,8 +431,32 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_ends_with_the_servers_error() {
+        let sent = relay(&[TEXT], End::Cut);
+        assert_eq!(
+            error_of(&sent[1]),
+            json!({"kind": "run", "error": "the run was stopped"})
+        );
+        assert!(matches!(outcome(&sent), Outcome::Unfinished(_)));
+        let sent = relay(&[ERROR_MSG], End::Cut);
+        assert_eq!(
+            error_of(&sent[0]),
+            json!({"kind": "run", "error": "the run was stopped",
+                "proxy_error": {"kind": "agent", "error": "down"}})
+        );
+        assert!(matches!(outcome(&sent), Outcome::NoLoop(_)));
+    }
+
+    #[test]
+    fn a_held_error_goes_inside_errors_of_any_shape() {
+        let mut error = Error::new("plain");
+        attach_held(&mut error, b"\x01[1]");
+        assert_eq!(error.0, json!({"error": "plain", "proxy_error": [1]}));
+    }
+
+    #[test]
     fn a_held_error_that_is_not_json_is_kept_as_text() {
-        let sent = relay(&[b"\x01not json"], PathEnd::Abrupt);
+        let sent = relay(&[b"\x01not json"], End::Abrupt);
         assert_eq!(error_of(&sent[0])["proxy_error"], "not json");
     }
 }

@@ -1,0 +1,18 @@
+//! The run-loop channel of the Diverge Provider Protocol 2.3.0 over real
+//! sockets: the framed WebSocket connection, the provider's server, the
+//! caller's client, the proxy beside an agent, the agent-program contract,
+//! and the runtimes that start agents.
+//!
+//! ```text
+//! caller ──ws, framed──▶ server ──ws paths──▶ proxy ──HTTP + SSE──▶ agent program
+//! client                 server   runtime     proxy                 agent
+//! ```
+//!
+//! Every decision about what bytes mean is made by [`runloop_proto`]; this
+//! crate moves bytes, holds limits, and makes sure that whatever breaks —
+//! a proxy, an agent, a connection — the caller still gets an honest
+//! [`Outcome`](runloop_proto::run_loop::Outcome).
+
+pub mod runtime;
+
+pub use runloop_proto as proto;

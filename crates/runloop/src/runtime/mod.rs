@@ -1,0 +1,60 @@
+//! Runtimes: where a run's agent lives, and how the server reaches its proxy.
+//!
+//! The server does not care whether an agent is a container, a child
+//! process or a task in its own process. It asks a [`Runtime`] for a
+//! [`Container`], talks to that container's proxy over the `/agent/*` paths
+//! (SPEC §10), and stops it when the run ends. The [`Catalog`] decides which
+//! runtime serves which `server` image name.
+//!
+//! The trait is object-safe (boxed futures) so a catalog can hold runtimes of
+//! different kinds side by side.
+
+mod attach;
+mod catalog;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+pub use attach::Attach;
+pub use catalog::{Catalog, Refusal};
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The limits a run asked for (SPEC §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory limit, bytes.
+    pub memory: u64,
+    /// Bytes the container may write to its own file system.
+    pub disk: u64,
+}
+
+/// Why a container did not start. The message reaches the caller inside the
+/// run's error response, so it says what failed without leaking secrets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StartError(pub String);
+
+/// Starts containers of one kind.
+pub trait Runtime: Send + Sync + fmt::Debug {
+    /// Starts one container. Resolves once its proxy accepts connections.
+    fn start(&self, limits: Limits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>>;
+}
+
+/// One running container, as the server sees it.
+pub trait Container: Send + fmt::Debug {
+    /// The proxy's base URL (`ws://host:port`); the server appends
+    /// `/agent/register` and `/agent/run`.
+    fn proxy_url(&self) -> &str;
+
+    /// Resolves with a reason when the container ends by itself; pending
+    /// forever for a container that cannot tell. Cancel-safe: the server
+    /// polls it inside `select!` and may call it again.
+    fn ended(&mut self) -> BoxFuture<'_, String>;
+
+    /// Stops the container and releases all it holds (processes, ports,
+    /// tasks). Resolves when it is gone.
+    fn stop(self: Box<Self>) -> BoxFuture<'static, ()>;
+}
