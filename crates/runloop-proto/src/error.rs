@@ -37,6 +37,14 @@ impl Error {
         Error(Value::Object(object))
     }
 
+    /// The JSON value in `bytes` when they hold exactly one; otherwise the
+    /// bytes as a string (invalid UTF-8 replaced), so nothing a peer said is
+    /// lost when it says it badly.
+    pub fn decode_or_text(bytes: &[u8]) -> Self {
+        Error::decode(bytes)
+            .unwrap_or_else(|_| Error(Value::String(String::from_utf8_lossy(bytes).into_owned())))
+    }
+
     /// The JSON value.
     pub fn value(&self) -> &Value {
         &self.0
@@ -118,6 +126,19 @@ mod tests {
             Error::decode(b" 7 ").expect("whitespace is fine"),
             Error::new(7)
         );
+    }
+
+    #[test]
+    fn decode_or_text_keeps_everything() {
+        assert_eq!(
+            Error::decode_or_text(b"{\"a\":1}"),
+            Error::new(json!({"a": 1}))
+        );
+        assert_eq!(
+            Error::decode_or_text(b"oops \xff"),
+            Error::new("oops \u{fffd}")
+        );
+        assert_eq!(Error::decode_or_text(b""), Error::new(""));
     }
 
     #[test]

@@ -13,6 +13,9 @@
 //! a proxy, an agent, a connection — the caller still gets an honest
 //! [`Outcome`](runloop_proto::run_loop::Outcome).
 
+pub mod client;
+pub mod connection;
 pub mod runtime;
+pub mod server;
 
 pub use runloop_proto as proto;

@@ -248,9 +248,7 @@ fn fault(what: &str, held: Option<&[u8]>) -> Error {
 /// `proxy_error`: as JSON when it is JSON, as text otherwise. An error that
 /// is not an object is wrapped as `{"error": …}` first, so nothing is lost.
 fn attach_held(error: &mut Error, held: &[u8]) {
-    let inner = held.get(1..).unwrap_or_default();
-    let value = serde_json::from_slice(inner)
-        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(inner).into()));
+    let value = Error::decode_or_text(held.get(1..).unwrap_or_default()).0;
     if !error.0.is_object() {
         let previous = std::mem::take(&mut error.0);
         error.0 = serde_json::json!({ "error": previous });

@@ -1,0 +1,460 @@
+//! One caller's connection on the server: authorization, then frames in,
+//! dispatched against the table of open scopes and channels (SPEC §2, §3).
+//!
+//! The table is the single source of truth for which numbers are taken. A
+//! number is freed under the table's lock *before* its finish is queued, and
+//! frames are queued in order, so when the caller sees a finish and reuses
+//! the number, the reader here already sees it free. The same lock keeps a
+//! scope's finish behind every frame of its channels: a task that answers on
+//! a channel checks, under the lock, that the scope is still open.
+//!
+//! Malformed frames (truncated, a type the client may not send, a scope or
+//! channel that is not open, a number still in use) are disregarded: counted,
+//! logged at debug, and never answered. Only a protocol violation that makes
+//! the connection's identity doubtful (a second authorization) ends it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::SplitStream;
+use runloop_proto::authorization::Authorization;
+use runloop_proto::channel::ChannelRequest;
+use runloop_proto::endpoint::EndpointRequest;
+use runloop_proto::frame::{self, ClientFrame, FrameType, HEADER_LEN, ServerFrame};
+use runloop_proto::run_loop::{Finish, Sender};
+use runloop_proto::{Decode, Writer};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::{WebSocketStream, accept_async_with_config};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::scope::{self, Order};
+use super::{Held, Identity, Shared, Stats};
+use crate::connection::{Outbox, Outgoing, write_frames};
+
+type Socket = WebSocketStream<TcpStream>;
+
+/// How long a closing connection may take to write its last frames.
+const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a client channel number is used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChannelUse {
+    /// A stop channel: never finished, freed with its scope.
+    Stop,
+    /// A run-loop channel, freed by its finish.
+    RunLoop,
+}
+
+/// An open scope.
+#[derive(Debug)]
+struct ScopeEntry {
+    channels: HashMap<u32, ChannelUse>,
+    stop: CancellationToken,
+    orders: mpsc::UnboundedSender<Order>,
+}
+
+/// The numbers a connection has open.
+#[derive(Debug, Default)]
+struct Table {
+    scopes: HashMap<u32, ScopeEntry>,
+}
+
+/// What one connection's tasks share.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    shared: Arc<Shared>,
+    table: Mutex<Table>,
+    outbox: Outbox,
+    /// Fires when the connection is ending, for whatever reason.
+    pub(crate) ended: CancellationToken,
+    /// Who the connection is served as.
+    pub(crate) identity: Identity,
+}
+
+impl Conn {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // A panic while holding the lock cannot leave the table half-written
+        // in a way that matters more than losing the connection would.
+        self.table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn queue(&self, message: Vec<u8>) {
+        // The writer is gone only when the connection is: nothing to do.
+        let _ = self.outbox.send(Outgoing::control(message));
+    }
+
+    /// Queues a data frame that holds a queue place of its channel.
+    pub(crate) fn queue_data(&self, message: Vec<u8>, permit: tokio::sync::OwnedSemaphorePermit) {
+        let _ = self.outbox.send(Outgoing::data(message, permit));
+    }
+
+    /// Queues a control frame of `scope` (a main-stream response, or a
+    /// channel's last response) if the scope is still open.
+    pub(crate) fn queue_in_scope(&self, scope: u32, message: Vec<u8>) {
+        let table = self.table();
+        if table.scopes.contains_key(&scope) {
+            self.queue(message);
+        }
+    }
+
+    /// Frees a run-loop channel, then queues its finish. The [`Finish`]
+    /// proves the channel's sequence is complete.
+    pub(crate) fn finish_channel(&self, scope: u32, channel: u32, _complete: Finish) {
+        let mut table = self.table();
+        if let Some(entry) = table.scopes.get_mut(&scope)
+            && entry.channels.remove(&channel).is_some()
+        {
+            self.queue(frame::to_message(&ServerFrame::ChannelResponseFinish {
+                scope,
+                channel,
+            }));
+        }
+    }
+
+    /// Ends a scope: every run-loop channel still open in it (asked for too
+    /// late to be served) ends with `error`, then the scope's finish frees
+    /// the scope and all its numbers. Under the table's lock, so no channel
+    /// can open in between.
+    pub(crate) fn finish_scope(&self, scope: u32, error: &runloop_proto::Error) {
+        let mut table = self.table();
+        let Some(entry) = table.scopes.remove(&scope) else {
+            return;
+        };
+        for (&channel, &used) in &entry.channels {
+            if used == ChannelUse::RunLoop {
+                let mut message = Vec::new();
+                let mut out = Writer::new(&mut message);
+                frame::write_header(&mut out, FrameType::ChannelResponse, scope, channel);
+                let Finish { .. } = Sender::new().error(error, &mut out).finish();
+                self.queue(message);
+                self.queue(frame::to_message(&ServerFrame::ChannelResponseFinish {
+                    scope,
+                    channel,
+                }));
+            }
+        }
+        self.queue(frame::to_message(&ServerFrame::ResponseFinish { scope }));
+    }
+
+    fn disregard(&self, what: std::fmt::Arguments<'_>) {
+        self.shared
+            .stats
+            .disregarded
+            .fetch_add(1, Ordering::Relaxed);
+        debug!("disregarded: {what}");
+    }
+}
+
+/// Serves one accepted TCP connection to its end.
+pub(crate) async fn serve(tcp: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let _held = Held::new(&shared, |s: &Stats| &s.connections);
+    let span = info_span!("connection", %peer);
+    async move {
+        let _ = tcp.set_nodelay(true);
+        let ws = match accept_async_with_config(tcp, Some(shared.config.limits.websocket())).await {
+            Ok(ws) => ws,
+            Err(error) => {
+                debug!(%error, "WebSocket handshake failed");
+                return;
+            }
+        };
+        let (sink, mut stream) = ws.split();
+        let grace = shared.config.authorization_grace;
+        let identity = tokio::select! {
+            result = tokio::time::timeout(grace, authorize(&mut stream, &shared)) => match result {
+                Ok(Ok(identity)) => identity,
+                Ok(Err(why)) => {
+                    info!(%why, "authorization refused; closing without a frame");
+                    return close_without_frame(sink, stream).await;
+                }
+                Err(_) => {
+                    info!(?grace, "no authorization within the grace period; closing without a frame");
+                    return close_without_frame(sink, stream).await;
+                }
+            },
+            () = shared.shutdown.cancelled() => return close_without_frame(sink, stream).await,
+        };
+        info!(%identity, "authorized");
+        serve_authorized(sink, stream, shared, identity).await;
+    }
+    .instrument(span)
+    .await;
+}
+
+/// Why a connection was refused at authorization. Never holds the credential.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error("the first frame is not an authorization: {0}")]
+    NotAuthorization(String),
+    #[error("{0}")]
+    Payload(#[from] runloop_proto::authorization::AuthorizationError),
+    #[error("the credential is not accepted")]
+    Credential,
+    #[error("the connection ended before it authorized")]
+    Closed,
+}
+
+/// Waits for the first frame, which must be an acceptable authorization.
+async fn authorize(stream: &mut SplitStream<Socket>, shared: &Shared) -> Result<Identity, Refused> {
+    loop {
+        let bytes = match stream.next().await {
+            Some(Ok(Message::Binary(bytes))) => bytes,
+            Some(Ok(
+                Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
+            )) => {
+                continue;
+            }
+            Some(Ok(Message::Close(_)) | Err(_)) | None => return Err(Refused::Closed),
+        };
+        return match ClientFrame::decode(&bytes) {
+            Ok(ClientFrame::Authorization { payload }) => {
+                let authorization = Authorization::decode(payload)?;
+                shared
+                    .config
+                    .credentials
+                    .accept(authorization.credential())
+                    .ok_or(Refused::Credential)
+            }
+            Ok(other) => Err(Refused::NotAuthorization(format!(
+                "type {}",
+                other.frame_type() as u8
+            ))),
+            Err(error) => Err(Refused::NotAuthorization(error.to_string())),
+        };
+    }
+}
+
+/// Closes the WebSocket with a policy-violation close and no frame.
+async fn close_without_frame(
+    sink: futures_util::stream::SplitSink<Socket, Message>,
+    stream: SplitStream<Socket>,
+) {
+    if let Ok(mut ws) = sink.reunite(stream) {
+        let close = CloseFrame {
+            code: CloseCode::Policy,
+            reason: "".into(),
+        };
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_secs(1), ws.close(Some(close))).await;
+    }
+}
+
+async fn serve_authorized(
+    sink: futures_util::stream::SplitSink<Socket, Message>,
+    mut stream: SplitStream<Socket>,
+    shared: Arc<Shared>,
+    identity: Identity,
+) {
+    let (outbox, outgoing) = mpsc::unbounded_channel();
+    let ended = shared.shutdown.child_token();
+    let conn = Arc::new(Conn {
+        shared: Arc::clone(&shared),
+        table: Mutex::new(Table::default()),
+        outbox,
+        ended: ended.clone(),
+        identity,
+    });
+    let mut writer = tokio::spawn({
+        let ended = ended.clone();
+        async move {
+            // Closed by dropping every outbox, after the last finish is queued.
+            let never = CancellationToken::new();
+            if let Err(error) = write_frames(sink, outgoing, never, None).await {
+                debug!(%error, "writing to the caller failed");
+            }
+            // Whatever ended the writer ends the connection.
+            ended.cancel();
+        }
+    });
+    let scopes = TaskTracker::new();
+    let why = loop {
+        tokio::select! {
+            message = stream.next() => match message {
+                Some(Ok(Message::Binary(bytes))) => {
+                    if let Err(violation) = dispatch(&conn, &scopes, bytes) {
+                        warn!(%violation, "ending the connection");
+                        break violation;
+                    }
+                }
+                Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Close(_))) | None => break "the caller closed the connection",
+                Some(Err(error)) => {
+                    debug!(%error, "reading from the caller failed");
+                    break "the connection broke";
+                }
+            },
+            () = ended.cancelled() => break if shared.shutdown.is_cancelled() {
+                "the server is shutting down"
+            } else {
+                "the connection broke"
+            },
+        }
+    };
+    info!(why, "connection ending");
+    // Every scope sees this and ends: channels, containers, finishes.
+    ended.cancel();
+    scopes.close();
+    scopes.wait().await;
+    // All frames are queued; let the writer send them and close the socket,
+    // but do not let a caller that stopped reading hold the server forever.
+    drop(conn);
+    if tokio::time::timeout(FLUSH_GRACE, &mut writer)
+        .await
+        .is_err()
+    {
+        debug!(
+            ?FLUSH_GRACE,
+            "the caller is not reading; dropping what is left unsent"
+        );
+        writer.abort();
+    }
+    info!("connection closed");
+}
+
+/// Handles one binary message. `Err` is a violation that ends the connection.
+fn dispatch(conn: &Arc<Conn>, scopes: &TaskTracker, bytes: Bytes) -> Result<(), &'static str> {
+    let frame = match ClientFrame::decode(&bytes) {
+        Ok(frame) => frame,
+        Err(error) => {
+            conn.disregard(format_args!("{error}"));
+            return Ok(());
+        }
+    };
+    match frame {
+        ClientFrame::Authorization { .. } => return Err("a second authorization frame"),
+        ClientFrame::Request { scope, payload } => request(conn, scopes, scope, payload),
+        ClientFrame::ChannelRequest {
+            scope,
+            channel,
+            payload,
+        } => {
+            // The run-loop request's JSON, as the caller's bytes, without a copy.
+            let json = bytes.slice((HEADER_LEN + 1).min(bytes.len())..);
+            channel_request(conn, scope, channel, payload, json);
+        }
+        ClientFrame::ChannelResponse { scope, channel, .. }
+        | ClientFrame::ChannelResponseFinish { scope, channel } => conn.disregard(format_args!(
+            "a response on server channel {channel} of scope {scope}, which is not open"
+        )),
+    }
+    Ok(())
+}
+
+/// A type-1 request: opens a scope, or is answered with a bare finish.
+fn request(conn: &Arc<Conn>, scopes: &TaskTracker, scope: u32, payload: &[u8]) {
+    let mut table = conn.table();
+    if table.scopes.contains_key(&scope) {
+        return conn.disregard(format_args!(
+            "a request on scope {scope}, which is still open"
+        ));
+    }
+    let bare_finish = || conn.queue(frame::to_message(&ServerFrame::ResponseFinish { scope }));
+    if table.scopes.len() >= conn.shared.config.limits.max_scopes {
+        warn!(
+            scope,
+            limit = conn.shared.config.limits.max_scopes,
+            "too many open scopes; bare finish"
+        );
+        return bare_finish();
+    }
+    let request = match EndpointRequest::decode(payload) {
+        Ok(EndpointRequest::AgentsRun(request)) => request,
+        Ok(EndpointRequest::Unserved(tag)) => {
+            debug!(scope, tag, "endpoint not served; bare finish");
+            return bare_finish();
+        }
+        Err(error) => {
+            debug!(scope, %error, "request did not decode; bare finish");
+            return bare_finish();
+        }
+    };
+    let (orders, orders_in) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    table.scopes.insert(
+        scope,
+        ScopeEntry {
+            channels: HashMap::new(),
+            stop: stop.clone(),
+            orders,
+        },
+    );
+    drop(table);
+    scopes.spawn(scope::serve(
+        Arc::clone(conn),
+        scope,
+        request,
+        stop,
+        orders_in,
+    ));
+}
+
+/// A type-4 request: stop, run-loop, or a bare channel finish.
+fn channel_request(conn: &Conn, scope: u32, channel: u32, payload: &[u8], json: Bytes) {
+    let mut table = conn.table();
+    let Some(entry) = table.scopes.get_mut(&scope) else {
+        return conn.disregard(format_args!(
+            "a channel request on scope {scope}, which is not open"
+        ));
+    };
+    if entry.channels.contains_key(&channel) {
+        return conn.disregard(format_args!(
+            "a request on channel {channel} of scope {scope}, which is still open"
+        ));
+    }
+    let bare_finish = || {
+        conn.queue(frame::to_message(&ServerFrame::ChannelResponseFinish {
+            scope,
+            channel,
+        }))
+    };
+    match ChannelRequest::decode(payload) {
+        Ok(ChannelRequest::Stop) => {
+            // Answered by the scope's finish; the number is freed with it.
+            entry.channels.insert(channel, ChannelUse::Stop);
+            entry.stop.cancel();
+        }
+        Ok(ChannelRequest::RunLoop(_)) => {
+            let limit = conn.shared.config.limits.max_channels;
+            if entry.channels.len() >= limit {
+                warn!(
+                    scope,
+                    channel, limit, "too many open channels; bare channel finish"
+                );
+                return bare_finish();
+            }
+            entry.channels.insert(channel, ChannelUse::RunLoop);
+            // The scope task is alive while its entry is in the table.
+            let _ = entry.orders.send(Order {
+                channel,
+                request: json,
+            });
+        }
+        Ok(ChannelRequest::Unserved(tag)) => {
+            debug!(
+                scope,
+                channel, tag, "channel not served; bare channel finish"
+            );
+            bare_finish();
+        }
+        Err(error) => {
+            debug!(scope, channel, %error, "channel request did not decode; bare channel finish");
+            bare_finish();
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The provider's server: accepts framed connections, serves
+//! `containers::agents::run`, and relays run-loop channels from the proxy.
+//!
+//! The pieces, in the order a chunk meets them:
+//!
+//! ```text
+//! connection.rs   one caller's socket: authorization, the scope and channel
+//!                 tables, frames in, disregarded frames counted
+//! scope.rs        one run: policy, runtime, /agent/register, the id, the
+//!                 channels, and the ending (stop, container end, disconnect)
+//! relay.rs        one run-loop channel: /agent/run, one byte read per proxy
+//!                 message, everything else copied
+//! proxy_path.rs   dialling the proxy's bare /agent/* paths
+//! ```
+//!
+//! Every task a connection starts is tied to its cancellation token, and
+//! every run ends the same way whatever ended it: its channels end with an
+//! error (never a bare or silent finish), its container stops, and then its
+//! scope finishes. When the caller's connection goes, nothing is left
+//! behind: paths are closed, containers stopped, counters back to zero.
+
+mod connection;
+mod proxy_path;
+mod relay;
+mod scope;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use subtle::ConstantTimeEq;
+use tokio::net::{TcpListener, ToSocketAddrs};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::connection::Limits;
+use crate::runtime::Catalog;
+
+/// Which credentials the server accepts (SPEC §3).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// Any credential, empty included. Only sensible on a loopback address;
+    /// the `runloop serve` command refuses it anywhere else.
+    Any,
+    /// One of these tokens, compared in constant time.
+    Tokens(Vec<String>),
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credentials::Any => f.write_str("Any"),
+            Credentials::Tokens(tokens) => write!(f, "Tokens(<{} redacted>)", tokens.len()),
+        }
+    }
+}
+
+/// Who a connection is served as. It names the credential's position, never
+/// the credential, so it can be logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity(String);
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Credentials {
+    /// The identity `credential` is served as, if it is accepted. Every
+    /// configured token is compared, in constant time, whatever matches.
+    pub fn accept(&self, credential: &str) -> Option<Identity> {
+        match self {
+            Credentials::Any => Some(Identity("anonymous".to_owned())),
+            Credentials::Tokens(tokens) => {
+                let mut found = None;
+                for (index, token) in tokens.iter().enumerate() {
+                    let equal: bool = token.as_bytes().ct_eq(credential.as_bytes()).into();
+                    if equal && found.is_none() {
+                        found = Some(Identity(format!("token #{}", index + 1)));
+                    }
+                }
+                found
+            }
+        }
+    }
+}
+
+/// How the server behaves.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Accepted credentials.
+    pub credentials: Credentials,
+    /// Per-connection limits.
+    pub limits: Limits,
+    /// How long a new connection may take to authorize before it is closed
+    /// without a frame (SPEC §12). Once authorized, nothing times out.
+    pub authorization_grace: Duration,
+    /// The images this server runs.
+    pub catalog: Catalog,
+}
+
+impl ServerConfig {
+    /// A configuration with default limits and a 10 s authorization grace.
+    pub fn new(credentials: Credentials, catalog: Catalog) -> Self {
+        ServerConfig {
+            credentials,
+            limits: Limits::default(),
+            authorization_grace: Duration::from_secs(10),
+            catalog,
+        }
+    }
+}
+
+/// Live counts of what the server holds; every one returns to zero when
+/// the connections that caused it are gone.
+#[derive(Debug, Default)]
+pub struct Stats {
+    connections: AtomicUsize,
+    scopes: AtomicUsize,
+    containers: AtomicUsize,
+    proxy_paths: AtomicUsize,
+    disregarded: AtomicU64,
+}
+
+/// A snapshot of [`Stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    /// Open caller connections (authorized or not yet).
+    pub connections: usize,
+    /// Open scopes (runs being served).
+    pub scopes: usize,
+    /// Running containers.
+    pub containers: usize,
+    /// Open WebSocket paths to proxies.
+    pub proxy_paths: usize,
+    /// Frames disregarded since the server started (SPEC §2).
+    pub disregarded: u64,
+}
+
+impl Stats {
+    fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            connections: self.connections.load(Ordering::Relaxed),
+            scopes: self.scopes.load(Ordering::Relaxed),
+            containers: self.containers.load(Ordering::Relaxed),
+            proxy_paths: self.proxy_paths.load(Ordering::Relaxed),
+            disregarded: self.disregarded.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counts one held thing (a connection, a scope…) for as long as it lives.
+struct Held {
+    shared: Arc<Shared>,
+    counter: fn(&Stats) -> &AtomicUsize,
+}
+
+impl Held {
+    fn new(shared: &Arc<Shared>, counter: fn(&Stats) -> &AtomicUsize) -> Self {
+        counter(&shared.stats).fetch_add(1, Ordering::Relaxed);
+        Held {
+            shared: Arc::clone(shared),
+            counter,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        (self.counter)(&self.shared.stats).fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What every connection of a server shares.
+#[derive(Debug)]
+struct Shared {
+    config: ServerConfig,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    stats: Stats,
+    /// Ids of running containers, so a new id is unique among them.
+    ids: Mutex<HashSet<String>>,
+}
+
+/// A bound provider server, not yet serving.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+/// Controls a server from elsewhere: its address, its counts, its shutdown.
+#[derive(Debug, Clone)]
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Binds `addr`.
+    pub async fn bind(addr: impl ToSocketAddrs, config: ServerConfig) -> io::Result<Server> {
+        let listener = TcpListener::bind(addr).await?;
+        let shared = Arc::new(Shared {
+            config,
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            stats: Stats::default(),
+            ids: Mutex::new(HashSet::new()),
+        });
+        Ok(Server { listener, shared })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// A handle for shutting the server down and reading its counts.
+    pub fn handle(&self) -> io::Result<ServerHandle> {
+        Ok(ServerHandle {
+            addr: self.local_addr()?,
+            shared: Arc::clone(&self.shared),
+        })
+    }
+
+    /// Serves until [`ServerHandle::shutdown`]; then stops accepting, ends
+    /// every run (channels end with an error, containers stop, scopes
+    /// finish), closes every connection, and returns when all of that is done.
+    pub async fn run(self) {
+        let Server { listener, shared } = self;
+        info!(addr = ?listener.local_addr().ok(), "serving");
+        loop {
+            let accepted = tokio::select! {
+                () = shared.shutdown.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((tcp, peer)) => {
+                    let shared_for_task = Arc::clone(&shared);
+                    shared
+                        .tasks
+                        .spawn(connection::serve(tcp, peer, shared_for_task));
+                }
+                Err(error) => {
+                    // Out of file descriptors and the like: back off briefly
+                    // instead of spinning.
+                    warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        drop(listener);
+        info!("shutting down: ending runs and closing connections");
+        shared.tasks.close();
+        shared.tasks.wait().await;
+        info!("shut down");
+    }
+
+    /// Spawns [`run`](Self::run) on the current runtime.
+    pub fn spawn(self) -> io::Result<(ServerHandle, tokio::task::JoinHandle<()>)> {
+        let handle = self.handle()?;
+        Ok((handle, tokio::spawn(self.run())))
+    }
+}
+
+impl ServerHandle {
+    /// The server's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The `ws://` URL of the server.
+    pub fn url(&self) -> String {
+        format!("ws://{}", self.addr)
+    }
+
+    /// Starts a graceful shutdown; [`Server::run`] returns when it is done.
+    pub fn shutdown(&self) {
+        self.shared.shutdown.cancel();
+    }
+
+    /// The server's live counts.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_matched_and_named_by_position() {
+        let credentials = Credentials::Tokens(vec!["alpha".into(), "beta".into()]);
+        assert_eq!(
+            credentials.accept("beta"),
+            Some(Identity("token #2".into()))
+        );
+        assert_eq!(credentials.accept("gamma"), None);
+        assert_eq!(credentials.accept(""), None);
+        assert_eq!(credentials.accept("alph"), None);
+        assert_eq!(
+            Credentials::Any.accept(""),
+            Some(Identity("anonymous".into()))
+        );
+    }
+
+    #[test]
+    fn debug_never_shows_tokens() {
+        let shown = format!("{:?}", Credentials::Tokens(vec!["s3cret".into()]));
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}

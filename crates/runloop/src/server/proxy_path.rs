@@ -1,0 +1,64 @@
+//! Dialling a proxy's bare paths (SPEC §10): `/agent/register` once per
+//! container, `/agent/run` once per loop.
+//!
+//! On these paths messages carry no frame header: the first binary message
+//! is the ask, the answer ends with a clean WebSocket close. Text messages
+//! and pings mean nothing here, as on the framed connection.
+
+use futures_util::{SinkExt, StreamExt};
+use runloop_proto::Error;
+use serde_json::value::RawValue;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async_with_config};
+
+use crate::connection::Limits;
+
+/// An open path to a proxy.
+pub(crate) type Path = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Opens `path` (`/agent/run`, …) on the proxy at `base` (`ws://host:port`).
+pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path, WsError> {
+    let (ws, _response) =
+        connect_async_with_config(format!("{base}{path}"), Some(limits.websocket()), true).await?;
+    Ok(ws)
+}
+
+/// Registers the agent: sends `{"agent": <the caller's JSON, verbatim>}` and
+/// reads the proxy's one answer, `[0]` or `[1][error]`.
+pub(crate) async fn register(base: &str, agent: &RawValue, limits: &Limits) -> Result<(), Error> {
+    let fail = |what: String| Error::kind("proxy", what);
+    let mut path = open(base, "/agent/register", limits)
+        .await
+        .map_err(|e| fail(format!("cannot open the proxy's /agent/register: {e}")))?;
+    let mut ask = Vec::with_capacity(agent.get().len() + 10);
+    ask.extend_from_slice(b"{\"agent\":");
+    ask.extend_from_slice(agent.get().as_bytes());
+    ask.push(b'}');
+    path.send(Message::Binary(ask.into()))
+        .await
+        .map_err(|e| fail(format!("cannot send to the proxy's /agent/register: {e}")))?;
+    let answer = loop {
+        match path.next().await {
+            Some(Ok(Message::Binary(answer))) => break answer,
+            Some(Ok(
+                Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
+            )) => {}
+            Some(Ok(Message::Close(_))) | None => {
+                return Err(fail(
+                    "the proxy closed /agent/register without an answer".into(),
+                ));
+            }
+            Some(Err(e)) => return Err(fail(format!("/agent/register broke: {e}"))),
+        }
+    };
+    // The answer is all the proxy has to say; close our side without waiting.
+    let _ = path.close(None).await;
+    match answer.split_first() {
+        Some((0, _)) => Ok(()),
+        Some((1, error)) => Err(Error::decode_or_text(error)),
+        _ => Err(fail(
+            "the proxy's /agent/register answer is not [0] or [1][error]".into(),
+        )),
+    }
+}

@@ -1,0 +1,212 @@
+//! The server's limits and deadlines, over real sockets: backpressure from a
+//! slow caller, scope and channel limits, oversize messages, and the
+//! authorization grace period.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use runloop::server::Credentials;
+use runloop_proto::frame::ClientFrame;
+use support::{FakeProxy, Owned, RawClient, Step, chunk, server_with};
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("procfs");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .expect("value")
+        .parse()
+        .expect("number");
+    kib * 1024
+}
+
+/// Waits until the flood stops advancing: the proxy is blocked.
+async fn settled(proxy: &FakeProxy) -> u64 {
+    let mut last = u64::MAX;
+    let mut still = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = proxy.sent.load(Ordering::SeqCst);
+        if now == last {
+            still += 1;
+            if still == 10 {
+                return now;
+            }
+        } else {
+            still = 0;
+            last = now;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_caller_slows_the_proxy_instead_of_growing_the_server() {
+    const COUNT: usize = 2000;
+    const SIZE: usize = 64 * 1024;
+    let proxy = FakeProxy::start().await;
+    proxy.script(
+        "flood",
+        vec![
+            Step::Flood {
+                count: COUNT,
+                size: SIZE,
+            },
+            Step::Close,
+        ],
+    );
+    let server = server_with(&proxy, Credentials::Any, |config| {
+        config.limits.max_queued_responses = 8;
+    })
+    .await;
+    let mut raw = RawClient::authorized(&server.url(), "").await;
+    raw.open_run(0).await;
+    let rss_before = rss_bytes();
+    raw.open_loop(0, 0, "flood").await;
+
+    // The caller reads nothing. The proxy can only get as far as the
+    // queues and the sockets' buffers let it.
+    let sent = settled(&proxy).await;
+    let rss_growth = rss_bytes().saturating_sub(rss_before);
+    let offered = (COUNT * SIZE) as u64;
+    let in_flight = sent * SIZE as u64;
+    println!(
+        "slow caller: proxy got {sent} of {COUNT} chunks out ({} MiB of {} MiB); process RSS grew {} MiB",
+        in_flight >> 20,
+        offered >> 20,
+        rss_growth >> 20
+    );
+    assert!(
+        in_flight < 48 << 20,
+        "{} MiB in flight: backpressure does not hold",
+        in_flight >> 20
+    );
+    assert!(rss_growth < 96 << 20, "RSS grew {} MiB", rss_growth >> 20);
+
+    // Now read: every chunk arrives, in order, then the finish.
+    for n in 0..COUNT {
+        match raw.next_frame().await {
+            Some(Owned::ChannelResponse { payload, .. }) => {
+                let json: serde_json::Value = serde_json::from_slice(&payload[1..]).expect("chunk");
+                let text = json["text"].as_str().expect("text");
+                assert_eq!(
+                    text[..10].trim().parse::<usize>().expect("number"),
+                    n,
+                    "chunk {n} in order"
+                );
+            }
+            other => panic!("chunk {n}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        raw.next_frame().await,
+        Some(Owned::ChannelResponseFinish {
+            scope: 0,
+            channel: 0
+        })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scopes_and_channels_past_their_limits_get_bare_finishes() {
+    let proxy = FakeProxy::start().await;
+    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    let server = server_with(&proxy, Credentials::Any, |config| {
+        config.limits.max_scopes = 2;
+        config.limits.max_channels = 1;
+    })
+    .await;
+    let mut raw = RawClient::authorized(&server.url(), "").await;
+    raw.open_run(0).await;
+    raw.open_run(1).await;
+    raw.send_frame(&ClientFrame::Request {
+        scope: 2,
+        payload: &support::run_request_payload(),
+    })
+    .await;
+    assert_eq!(
+        raw.next_frame().await,
+        Some(Owned::ResponseFinish { scope: 2 })
+    );
+
+    raw.open_loop(0, 0, "hang").await;
+    assert_eq!(
+        raw.next_frame().await,
+        Some(Owned::ChannelResponse {
+            scope: 0,
+            channel: 0,
+            payload: chunk("a")
+        })
+    );
+    raw.open_loop(0, 1, "hang").await;
+    assert_eq!(
+        raw.next_frame().await,
+        Some(Owned::ChannelResponseFinish {
+            scope: 0,
+            channel: 1
+        })
+    );
+    // The scope limit frees up when a scope finishes.
+    raw.send_frame(&ClientFrame::ChannelRequest {
+        scope: 1,
+        channel: 0,
+        payload: &[0],
+    })
+    .await;
+    assert_eq!(
+        raw.next_frame().await,
+        Some(Owned::ResponseFinish { scope: 1 })
+    );
+    raw.open_run(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_size_limit_ends_the_connection() {
+    let proxy = FakeProxy::start().await;
+    let server = server_with(&proxy, Credentials::Any, |config| {
+        config.limits.max_message_size = 4096;
+    })
+    .await;
+    let mut raw = RawClient::authorized(&server.url(), "").await;
+    raw.open_run(0).await;
+    let mut big = vec![5];
+    big.extend_from_slice(
+        serde_json::json!({"prompt": "x".repeat(8192)})
+            .to_string()
+            .as_bytes(),
+    );
+    raw.send_frame(&ClientFrame::ChannelRequest {
+        scope: 0,
+        channel: 0,
+        payload: &big,
+    })
+    .await;
+    while let Some(frame) = raw.next_frame().await {
+        assert_eq!(
+            frame,
+            Owned::ResponseFinish { scope: 0 },
+            "only the run's end may follow"
+        );
+    }
+    support::eventually("the run ends with the connection", || {
+        server.stats().scopes == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_authorizes_is_closed_after_the_grace_period() {
+    let proxy = FakeProxy::start().await;
+    let server = server_with(&proxy, Credentials::Any, |config| {
+        config.authorization_grace = Duration::from_millis(200);
+    })
+    .await;
+    let mut raw = RawClient::connect(&server.url()).await;
+    assert_eq!(raw.next_frame().await, None, "closed, with no frame");
+    support::eventually("the connection is gone", || server.stats().connections == 0).await;
+}

@@ -1,0 +1,412 @@
+//! Test support: a scripted fake proxy, a server against it, and a raw
+//! frame-level client for what the real client would never send.
+#![allow(dead_code, clippy::result_large_err)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use runloop::runtime::{Attach, Catalog};
+use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
+use runloop_proto::Decode;
+use runloop_proto::frame::{self, ClientFrame, ServerFrame};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// A safety net against a hung test, never an assertion about speed.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// What the fake proxy does on an `/agent/run` path, step by step.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Send this message.
+    Send(Vec<u8>),
+    /// Close the path cleanly and stop.
+    Close,
+    /// Drop the TCP connection without a close frame and stop.
+    Abort,
+    /// Wait until the server closes the path; record it.
+    AwaitClose,
+    /// Send `count` chunk messages of `size` bytes as fast as the path takes
+    /// them, counting them in `sent`.
+    Flood { count: usize, size: usize },
+    /// Refuse with an error first if another scripted loop is running.
+    BusyCheck,
+}
+
+/// A chunk message: `[0]` + a text chunk's JSON.
+pub fn chunk(text: &str) -> Vec<u8> {
+    let mut message = vec![0];
+    message.extend_from_slice(
+        serde_json::json!({"type": "assistant_text_content", "text": text})
+            .to_string()
+            .as_bytes(),
+    );
+    message
+}
+
+/// An error message: `[1]` + the JSON.
+pub fn error(value: serde_json::Value) -> Vec<u8> {
+    let mut message = vec![1];
+    message.extend_from_slice(value.to_string().as_bytes());
+    message
+}
+
+/// A proxy whose `/agent/run` answers follow a script chosen by the prompt.
+#[derive(Clone, Default)]
+pub struct FakeProxy {
+    scripts: Arc<Mutex<HashMap<String, Vec<Step>>>>,
+    /// Every event, in order: `register`, `run <prompt>`, `closed <prompt>`.
+    pub log: Arc<Mutex<Vec<String>>>,
+    pub logged: Arc<Notify>,
+    /// Messages sent by floods.
+    pub sent: Arc<AtomicU64>,
+    running: Arc<AtomicU64>,
+    pub addr: Option<SocketAddr>,
+}
+
+impl FakeProxy {
+    pub async fn start() -> FakeProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let proxy = FakeProxy {
+            addr: Some(listener.local_addr().expect("addr")),
+            ..FakeProxy::default()
+        };
+        let serving = proxy.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let proxy = serving.clone();
+                tokio::spawn(async move { proxy.serve(tcp).await });
+            }
+        });
+        proxy
+    }
+
+    pub fn url(&self) -> String {
+        format!("ws://{}", self.addr.expect("started"))
+    }
+
+    pub fn script(&self, prompt: &str, steps: Vec<Step>) {
+        self.scripts
+            .lock()
+            .expect("lock")
+            .insert(prompt.to_owned(), steps);
+    }
+
+    fn record(&self, event: String) {
+        self.log.lock().expect("lock").push(event);
+        self.logged.notify_waiters();
+    }
+
+    pub fn events(&self) -> Vec<String> {
+        self.log.lock().expect("lock").clone()
+    }
+
+    /// Waits until `event` is in the log.
+    pub async fn wait_for(&self, event: &str) {
+        let wait = async {
+            loop {
+                let notified = self.logged.notified();
+                if self.events().iter().any(|e| e == event) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, wait)
+            .await
+            .unwrap_or_else(|_| panic!("{event:?} never happened; log: {:?}", self.events()));
+    }
+
+    async fn serve(&self, tcp: TcpStream) {
+        let path = Arc::new(Mutex::new(String::new()));
+        let seen = Arc::clone(&path);
+        let callback = move |request: &Request, response: Response| {
+            *seen.lock().expect("lock") = request.uri().path().to_owned();
+            Ok(response)
+        };
+        let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(tcp, callback).await else {
+            return;
+        };
+        let path = path.lock().expect("lock").clone();
+        let Some(Ok(Message::Binary(ask))) = ws.next().await else {
+            return;
+        };
+        match path.as_str() {
+            "/agent/register" => {
+                self.record("register".into());
+                let _ = ws.send(Message::Binary(Bytes::from_static(&[0]))).await;
+                let _ = ws.close(None).await;
+            }
+            "/agent/run" => {
+                let request: serde_json::Value =
+                    serde_json::from_slice(&ask).expect("request JSON");
+                let prompt = request["prompt"].as_str().expect("prompt").to_owned();
+                self.record(format!("run {prompt}"));
+                let steps = self
+                    .scripts
+                    .lock()
+                    .expect("lock")
+                    .get(&prompt)
+                    .cloned()
+                    .unwrap_or_default();
+                self.play(&prompt, ws, steps).await;
+            }
+            other => panic!("unexpected path {other}"),
+        }
+    }
+
+    async fn play(&self, prompt: &str, mut ws: WebSocketStream<TcpStream>, steps: Vec<Step>) {
+        let mut counted = false;
+        for step in steps {
+            match step {
+                Step::Send(message) => {
+                    if ws.send(Message::Binary(message.into())).await.is_err() {
+                        self.record(format!("closed {prompt}"));
+                        break;
+                    }
+                }
+                Step::Close => {
+                    let _ = ws.close(None).await;
+                    // Let the close handshake complete.
+                    while let Some(Ok(_)) = ws.next().await {}
+                    break;
+                }
+                Step::Abort => {
+                    let tcp = ws.into_inner();
+                    drop(tcp);
+                    break;
+                }
+                Step::AwaitClose => {
+                    while let Some(Ok(message)) = ws.next().await {
+                        if message.is_close() {
+                            break;
+                        }
+                    }
+                    self.record(format!("closed {prompt}"));
+                    break;
+                }
+                Step::Flood { count, size } => {
+                    let padding = "x".repeat(size.saturating_sub(10));
+                    for n in 0..count {
+                        let message = chunk(&format!("{n:>10}{padding}"));
+                        if ws.send(Message::Binary(message.into())).await.is_err() {
+                            break;
+                        }
+                        self.sent.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                Step::BusyCheck => {
+                    if self.running.fetch_add(1, Ordering::SeqCst) > 0 {
+                        let busy = error(
+                            serde_json::json!({"kind": "agent", "error": "a loop is already running"}),
+                        );
+                        let _ = ws.send(Message::Binary(busy.into())).await;
+                        let _ = ws.close(None).await;
+                        while let Some(Ok(_)) = ws.next().await {}
+                        self.running.fetch_sub(1, Ordering::SeqCst);
+                        return;
+                    }
+                    counted = true;
+                }
+            }
+        }
+        if counted {
+            self.running.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A server whose catalog attaches `demo` to `proxy`.
+pub async fn server_for(proxy: &FakeProxy, credentials: Credentials) -> ServerHandle {
+    server_with(proxy, credentials, |_| {}).await
+}
+
+/// The same, with the configuration adjusted.
+pub async fn server_with(
+    proxy: &FakeProxy,
+    credentials: Credentials,
+    adjust: impl FnOnce(&mut ServerConfig),
+) -> ServerHandle {
+    let mut catalog = Catalog::new();
+    catalog.insert("demo", None, Arc::new(Attach::new(proxy.url())));
+    let mut config = ServerConfig::new(credentials, catalog);
+    adjust(&mut config);
+    let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
+    let (handle, _task) = server.spawn().expect("spawn");
+    handle
+}
+
+/// A valid run request for image `demo`.
+pub fn run_request() -> runloop_proto::agents_run::RunRequest {
+    let json = format!(
+        r#"{{"image":{{"server":{{"name":"demo","digest":"sha256:{}"}}}},"memory":1073741824,"disk":0,"agent":{{"model":"test"}}}}"#,
+        "0".repeat(64)
+    );
+    runloop_proto::agents_run::RunRequest::decode(json.as_bytes()).expect("request")
+}
+
+/// The raw payload of a `containers::agents::run` request for `demo`.
+pub fn run_request_payload() -> Vec<u8> {
+    let mut payload = vec![0];
+    serde_json::to_writer(&mut payload, &run_request()).expect("serializes");
+    payload
+}
+
+/// Waits until `check` holds, polling; a safety net, not a timing assertion.
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let wait = async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .unwrap_or_else(|_| panic!("never: {what}"));
+}
+
+/// A frame-level client: sends whatever bytes it is told to.
+pub struct RawClient {
+    pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl RawClient {
+    /// Connects without authorizing.
+    pub async fn connect(url: &str) -> RawClient {
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("connect");
+        RawClient { ws }
+    }
+
+    /// Connects and authorizes with `credential`.
+    pub async fn authorized(url: &str, credential: &str) -> RawClient {
+        let mut client = RawClient::connect(url).await;
+        let mut payload = vec![0];
+        payload.extend_from_slice(credential.as_bytes());
+        client
+            .send_frame(&ClientFrame::Authorization { payload: &payload })
+            .await;
+        client
+    }
+
+    pub async fn send(&mut self, bytes: Vec<u8>) {
+        self.ws
+            .send(Message::Binary(bytes.into()))
+            .await
+            .expect("send");
+    }
+
+    pub async fn send_frame(&mut self, frame: &ClientFrame<'_>) {
+        self.send(frame::to_message(frame)).await;
+    }
+
+    /// Opens scope `scope` with a run request and returns the id.
+    pub async fn open_run(&mut self, scope: u32) -> String {
+        self.send_frame(&ClientFrame::Request {
+            scope,
+            payload: &run_request_payload(),
+        })
+        .await;
+        match self.next_frame().await {
+            Some(Owned::Response { scope: s, payload }) if s == scope && payload[0] == 0 => {
+                let id: serde_json::Value = serde_json::from_slice(&payload[1..]).expect("id JSON");
+                id["id"].as_str().expect("id").to_owned()
+            }
+            other => panic!("expected the run's id, got {other:?}"),
+        }
+    }
+
+    /// Opens a run-loop channel.
+    pub async fn open_loop(&mut self, scope: u32, channel: u32, prompt: &str) {
+        let mut payload = vec![5];
+        payload.extend_from_slice(serde_json::json!({"prompt": prompt}).to_string().as_bytes());
+        self.send_frame(&ClientFrame::ChannelRequest {
+            scope,
+            channel,
+            payload: &payload,
+        })
+        .await;
+    }
+
+    /// The next server frame, `None` when the connection ends.
+    pub async fn next_frame(&mut self) -> Option<Owned> {
+        let next = async {
+            loop {
+                match self.ws.next().await {
+                    Some(Ok(Message::Binary(bytes))) => {
+                        return Some(Owned::from(
+                            ServerFrame::decode(&bytes).expect("a server frame"),
+                        ));
+                    }
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+                    Some(Ok(_)) => {}
+                }
+            }
+        };
+        tokio::time::timeout(PATIENCE, next)
+            .await
+            .expect("a frame or the end in time")
+    }
+}
+
+/// A server frame that owns its payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    Authorization,
+    Response {
+        scope: u32,
+        payload: Vec<u8>,
+    },
+    ResponseFinish {
+        scope: u32,
+    },
+    ChannelRequest {
+        scope: u32,
+        channel: u32,
+    },
+    ChannelResponse {
+        scope: u32,
+        channel: u32,
+        payload: Vec<u8>,
+    },
+    ChannelResponseFinish {
+        scope: u32,
+        channel: u32,
+    },
+}
+
+impl From<ServerFrame<'_>> for Owned {
+    fn from(frame: ServerFrame<'_>) -> Owned {
+        match frame {
+            ServerFrame::Authorization { .. } => Owned::Authorization,
+            ServerFrame::Response { scope, payload } => Owned::Response {
+                scope,
+                payload: payload.to_vec(),
+            },
+            ServerFrame::ResponseFinish { scope } => Owned::ResponseFinish { scope },
+            ServerFrame::ChannelRequest { scope, channel, .. } => {
+                Owned::ChannelRequest { scope, channel }
+            }
+            ServerFrame::ChannelResponse {
+                scope,
+                channel,
+                payload,
+            } => Owned::ChannelResponse {
+                scope,
+                channel,
+                payload: payload.to_vec(),
+            },
+            ServerFrame::ChannelResponseFinish { scope, channel } => {
+                Owned::ChannelResponseFinish { scope, channel }
+            }
+        }
+    }
+}
