@@ -79,6 +79,8 @@ pub(crate) struct Conn {
     pub(crate) ended: CancellationToken,
     /// Who the connection is served as.
     pub(crate) identity: Identity,
+    /// Frames of this connection disregarded so far.
+    disregarded: std::sync::atomic::AtomicU64,
 }
 
 impl Conn {
@@ -269,6 +271,7 @@ async fn serve_authorized(
         outbox,
         ended: ended.clone(),
         identity,
+        disregarded: std::sync::atomic::AtomicU64::new(0),
     });
     let mut writer = tokio::spawn({
         let ended = ended.clone();
@@ -306,7 +309,11 @@ async fn serve_authorized(
             },
         }
     };
-    info!(why, "connection ending");
+    info!(
+        why,
+        disregarded = conn.disregarded.load(Ordering::Relaxed),
+        "connection ending"
+    );
     // Every scope sees this and ends: channels, containers, finishes.
     ended.cancel();
     scopes.close();
