@@ -23,6 +23,8 @@ pub async fn forward(listener: TcpListener, upstream: String) -> std::io::Result
 async fn pipe(tcp: TcpStream, upstream: String) {
     let _ = tcp.set_nodelay(true);
     let mut path = String::new();
+    // The handshake callback's error type is tungstenite's, large by design.
+    #[allow(clippy::result_large_err)]
     let callback = |request: &Request, response: Response| {
         path = request.uri().path().to_owned();
         Ok(response)

@@ -74,6 +74,8 @@ impl SyntheticProxy {
 async fn serve(tcp: TcpStream, plan: Arc<Plan>, seed: u64) {
     let _ = tcp.set_nodelay(true);
     let mut path = String::new();
+    // The handshake callback's error type is tungstenite's, large by design.
+    #[allow(clippy::result_large_err)]
     let callback = |request: &Request, response: Response| {
         path = request.uri().path().to_owned();
         Ok(response)
@@ -156,7 +158,6 @@ mod tests {
                 "assistant_text_content"
             };
             assert_eq!(json["type"], expected);
-            assert!(message.len() - 1 >= size.min(message.len() - 1));
             if size >= 200 {
                 assert_eq!(message.len() - 1, size);
             }
