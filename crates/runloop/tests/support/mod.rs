@@ -280,7 +280,8 @@ pub struct RawClient {
 impl RawClient {
     /// Connects without authorizing.
     pub async fn connect(url: &str) -> RawClient {
-        let (ws, _) = tokio_tungstenite::connect_async(url)
+        // Small frames one after another: Nagle would hold each for an ACK.
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
             .await
             .expect("connect");
         RawClient { ws }

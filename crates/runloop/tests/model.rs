@@ -1,0 +1,367 @@
+//! A stateful property test of the server's connection layer (SPEC §2).
+//!
+//! Random interleavings of client frames, valid and invalid, run against a
+//! real server over a real socket, while a simple model keeps track of
+//! which scopes and channels are open. After every frame the server's
+//! answers must be exactly what the model predicts: every request answered
+//! once, or disregarded; every finish sent once; nothing extra. A frame the
+//! model says is disregarded is checked with a probe — a request the server
+//! must answer with a bare finish — whose answer must be the very next frame.
+//! At the end every run is stopped and the connection must be quiet.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use runloop::server::{Credentials, ServerHandle};
+use runloop_proto::frame::ClientFrame;
+use support::{FakeProxy, Owned, RawClient, Step, chunk};
+
+/// Scope numbers the cases use; the probe's scope is outside them.
+const SCOPES: u32 = 3;
+const CHANNELS: u32 = 3;
+const PROBE_SCOPE: u32 = 1000;
+
+#[derive(Debug, Clone)]
+enum Action {
+    OpenRun(u32),
+    UnservedEndpoint(u32, u8),
+    UndecodableRequest(u32),
+    /// A loop that sends `n` chunks and finishes, or (None) one that sends a
+    /// chunk and hangs until its run ends.
+    OpenLoop(u32, u32, Option<u8>),
+    UnservedChannel(u32, u32, u8),
+    UndecodableChannel(u32, u32),
+    Stop(u32, u32),
+    Malformed(Vec<u8>),
+    ServerChannelResponse(u32, u32),
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    let scope = 0..SCOPES;
+    let channel = 0..CHANNELS;
+    prop_oneof![
+        3 => scope.clone().prop_map(Action::OpenRun),
+        1 => (scope.clone(), 1u8..=255).prop_map(|(s, t)| Action::UnservedEndpoint(s, t)),
+        1 => scope.clone().prop_map(Action::UndecodableRequest),
+        4 => (scope.clone(), channel.clone(), prop::option::of(0u8..4))
+            .prop_map(|(s, c, n)| Action::OpenLoop(s, c, n)),
+        1 => (scope.clone(), channel.clone(), prop::sample::select(vec![1u8, 2, 3, 4, 6, 7, 8, 9, 200]))
+            .prop_map(|(s, c, t)| Action::UnservedChannel(s, c, t)),
+        1 => (scope.clone(), channel.clone()).prop_map(|(s, c)| Action::UndecodableChannel(s, c)),
+        2 => (scope.clone(), channel.clone()).prop_map(|(s, c)| Action::Stop(s, c)),
+        1 => prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..9),
+            (prop::sample::select(vec![2u8, 3, 7, 255]), prop::collection::vec(any::<u8>(), 8..20))
+                .prop_map(|(t, mut rest)| { rest.insert(0, t); rest }),
+        ]
+        .prop_map(Action::Malformed),
+        1 => (scope, channel).prop_map(|(s, c)| Action::ServerChannelResponse(s, c)),
+    ]
+}
+
+/// What the model knows: open scopes, and in each its open channels, with
+/// whether each is a hanging loop (true) or a stop (false).
+#[derive(Debug, Default)]
+struct Model {
+    scopes: BTreeMap<u32, BTreeMap<u32, bool>>,
+}
+
+struct World {
+    runtime: tokio::runtime::Runtime,
+    server: ServerHandle,
+}
+
+fn world() -> &'static World {
+    static WORLD: OnceLock<World> = OnceLock::new();
+    WORLD.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = runtime.block_on(async {
+            let proxy = FakeProxy::start().await;
+            for n in 0..4u8 {
+                let mut steps: Vec<Step> =
+                    (0..n).map(|i| Step::Send(chunk(&i.to_string()))).collect();
+                steps.push(Step::Close);
+                proxy.script(&format!("finish {n}"), steps);
+            }
+            proxy.script("hang", vec![Step::Send(chunk("h")), Step::AwaitClose]);
+            support::server_for(&proxy, Credentials::Any).await
+        });
+        World { runtime, server }
+    })
+}
+
+fn loop_payload(prompt: &str) -> Vec<u8> {
+    let mut payload = vec![5];
+    payload.extend_from_slice(serde_json::json!({"prompt": prompt}).to_string().as_bytes());
+    payload
+}
+
+/// Sends the probe and checks that its bare finish is the very next frame.
+async fn probe(raw: &mut RawClient, context: &str) {
+    raw.send_frame(&ClientFrame::Request {
+        scope: PROBE_SCOPE,
+        payload: &[77],
+    })
+    .await;
+    let next = raw.next_frame().await;
+    assert_eq!(
+        next,
+        Some(Owned::ResponseFinish { scope: PROBE_SCOPE }),
+        "after {context}"
+    );
+}
+
+/// Reads frames until the scope's finish and checks the run's ending: each
+/// hanging loop gets one error and one finish, and then the scope finishes.
+async fn expect_run_end(raw: &mut RawClient, scope: u32, hanging: &BTreeSet<u32>) {
+    let mut errors = BTreeSet::new();
+    let mut finishes = BTreeSet::new();
+    loop {
+        match raw.next_frame().await {
+            Some(Owned::ChannelResponse {
+                scope: s,
+                channel,
+                payload,
+            }) if s == scope => {
+                assert_eq!(payload[0], 1, "a hanging loop ends with an error");
+                assert!(
+                    !finishes.contains(&channel),
+                    "nothing after a channel's finish"
+                );
+                assert!(errors.insert(channel), "one error per loop");
+            }
+            Some(Owned::ChannelResponseFinish { scope: s, channel }) if s == scope => {
+                assert!(
+                    errors.contains(&channel),
+                    "the error comes before the finish"
+                );
+                assert!(finishes.insert(channel), "one finish per loop");
+            }
+            Some(Owned::ResponseFinish { scope: s }) if s == scope => break,
+            other => panic!("while scope {scope} ends: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(&errors, hanging);
+    assert_eq!(&finishes, hanging);
+}
+
+async fn play(actions: Vec<Action>) {
+    let world = world();
+    let mut raw = RawClient::authorized(&world.server.url(), "").await;
+    let mut model = Model::default();
+    for action in &actions {
+        let context = format!("{action:?} with {model:?}");
+        match action.clone() {
+            Action::OpenRun(scope) => {
+                if model.scopes.contains_key(&scope) {
+                    raw.send_frame(&ClientFrame::Request {
+                        scope,
+                        payload: &support::run_request_payload(),
+                    })
+                    .await;
+                    probe(&mut raw, &context).await;
+                } else {
+                    raw.open_run(scope).await;
+                    model.scopes.insert(scope, BTreeMap::new());
+                }
+            }
+            Action::UnservedEndpoint(scope, tag) => {
+                raw.send_frame(&ClientFrame::Request {
+                    scope,
+                    payload: &[tag, 1, 2],
+                })
+                .await;
+                if model.scopes.contains_key(&scope) {
+                    probe(&mut raw, &context).await;
+                } else {
+                    assert_eq!(
+                        raw.next_frame().await,
+                        Some(Owned::ResponseFinish { scope }),
+                        "{context}"
+                    );
+                }
+            }
+            Action::UndecodableRequest(scope) => {
+                raw.send_frame(&ClientFrame::Request {
+                    scope,
+                    payload: b"\x00{\"image\":",
+                })
+                .await;
+                if model.scopes.contains_key(&scope) {
+                    probe(&mut raw, &context).await;
+                } else {
+                    assert_eq!(
+                        raw.next_frame().await,
+                        Some(Owned::ResponseFinish { scope }),
+                        "{context}"
+                    );
+                }
+            }
+            Action::OpenLoop(scope, channel, finishing) => {
+                let prompt = finishing.map_or("hang".to_owned(), |n| format!("finish {n}"));
+                raw.send_frame(&ClientFrame::ChannelRequest {
+                    scope,
+                    channel,
+                    payload: &loop_payload(&prompt),
+                })
+                .await;
+                let open = model
+                    .scopes
+                    .get(&scope)
+                    .map(|channels| channels.contains_key(&channel));
+                match (open, finishing) {
+                    (None | Some(true), _) => probe(&mut raw, &context).await,
+                    (Some(false), Some(n)) => {
+                        for i in 0..n {
+                            let expected = chunk(&i.to_string());
+                            assert_eq!(
+                                raw.next_frame().await,
+                                Some(Owned::ChannelResponse {
+                                    scope,
+                                    channel,
+                                    payload: expected
+                                }),
+                                "{context}"
+                            );
+                        }
+                        assert_eq!(
+                            raw.next_frame().await,
+                            Some(Owned::ChannelResponseFinish { scope, channel }),
+                            "{context}"
+                        );
+                    }
+                    (Some(false), None) => {
+                        assert_eq!(
+                            raw.next_frame().await,
+                            Some(Owned::ChannelResponse {
+                                scope,
+                                channel,
+                                payload: chunk("h")
+                            }),
+                            "{context}"
+                        );
+                        model.scopes.entry(scope).or_default().insert(channel, true);
+                    }
+                }
+            }
+            Action::UnservedChannel(scope, channel, _)
+            | Action::UndecodableChannel(scope, channel) => {
+                let payload = match action {
+                    Action::UnservedChannel(_, _, tag) => vec![*tag],
+                    _ => b"\x05[".to_vec(),
+                };
+                raw.send_frame(&ClientFrame::ChannelRequest {
+                    scope,
+                    channel,
+                    payload: &payload,
+                })
+                .await;
+                let fresh = matches!(model.scopes.get(&scope), Some(channels) if !channels.contains_key(&channel));
+                if fresh {
+                    assert_eq!(
+                        raw.next_frame().await,
+                        Some(Owned::ChannelResponseFinish { scope, channel }),
+                        "{context}"
+                    );
+                } else {
+                    probe(&mut raw, &context).await;
+                }
+            }
+            Action::Stop(scope, channel) => {
+                raw.send_frame(&ClientFrame::ChannelRequest {
+                    scope,
+                    channel,
+                    payload: &[0],
+                })
+                .await;
+                match model.scopes.get(&scope) {
+                    Some(channels) if !channels.contains_key(&channel) => {
+                        let hanging: BTreeSet<u32> = channels
+                            .iter()
+                            .filter(|(_, hang)| **hang)
+                            .map(|(c, _)| *c)
+                            .collect();
+                        expect_run_end(&mut raw, scope, &hanging).await;
+                        model.scopes.remove(&scope);
+                    }
+                    _ => probe(&mut raw, &context).await,
+                }
+            }
+            Action::Malformed(bytes) => {
+                raw.send(bytes).await;
+                probe(&mut raw, &context).await;
+            }
+            Action::ServerChannelResponse(scope, channel) => {
+                raw.send_frame(&ClientFrame::ChannelResponse {
+                    scope,
+                    channel,
+                    payload: b"\x00{}",
+                })
+                .await;
+                raw.send_frame(&ClientFrame::ChannelResponseFinish { scope, channel })
+                    .await;
+                probe(&mut raw, &context).await;
+            }
+        }
+    }
+    // Stop every run still open; then the connection must be quiet.
+    let open: Vec<(u32, BTreeSet<u32>)> = model
+        .scopes
+        .iter()
+        .map(|(s, channels)| {
+            (
+                *s,
+                channels
+                    .iter()
+                    .filter(|(_, h)| **h)
+                    .map(|(c, _)| *c)
+                    .collect(),
+            )
+        })
+        .collect();
+    for (scope, hanging) in open {
+        let stop_channel = (0..)
+            .find(|c| !model.scopes[&scope].contains_key(c))
+            .expect("a free number");
+        raw.send_frame(&ClientFrame::ChannelRequest {
+            scope,
+            channel: stop_channel,
+            payload: &[0],
+        })
+        .await;
+        expect_run_end(&mut raw, scope, &hanging).await;
+    }
+    probe(&mut raw, "the end").await;
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("RUNLOOP_MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        max_shrink_iters: 256,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_server_answers_exactly_as_the_model_says(actions in prop::collection::vec(action(), 1..40)) {
+        world().runtime.block_on(play(actions));
+    }
+}
+
+#[test]
+fn nothing_is_left_open_after_the_cases() {
+    let world = world();
+    world.runtime.block_on(async {
+        play(vec![Action::OpenRun(0), Action::OpenLoop(0, 0, None)]).await;
+        support::eventually("every case's runs are gone", || {
+            world.server.stats().scopes == 0
+        })
+        .await;
+    });
+}
