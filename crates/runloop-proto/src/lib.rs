@@ -21,15 +21,21 @@
 //!                  sender, relay and transcript                     (§7, §8, §11, §12)
 //! error            the error value                                  (§9)
 //! codec            Encode, Decode and the append-only Writer
+//!
+//! capture          a connection's messages as lines of hex text
+//! observer         a connection reconstructed from a capture, following
+//!                  every run-loop channel with the caller's reader      (§2, §3, §7)
 //! ```
 
 pub mod agents_run;
 pub mod authorization;
+pub mod capture;
 pub mod channel;
 pub mod codec;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
+pub mod observer;
 pub mod run_loop;
 
 pub use codec::{Decode, Encode, Writer};

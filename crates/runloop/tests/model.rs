@@ -159,19 +159,21 @@ async fn play(actions: Vec<Action>) {
     for action in &actions {
         let context = format!("{action:?} with {model:?}");
         match action.clone() {
-            Action::OpenRun(scope) => {
-                if model.scopes.contains_key(&scope) {
+            Action::OpenRun(scope) => match model.scopes.entry(scope) {
+                std::collections::btree_map::Entry::Occupied(_) => {
+                    let payload = support::run_request_payload();
                     raw.send_frame(&ClientFrame::Request {
                         scope,
-                        payload: &support::run_request_payload(),
+                        payload: &payload,
                     })
                     .await;
                     probe(&mut raw, &context).await;
-                } else {
-                    raw.open_run(scope).await;
-                    model.scopes.insert(scope, BTreeMap::new());
                 }
-            }
+                std::collections::btree_map::Entry::Vacant(vacant) => {
+                    raw.open_run(scope).await;
+                    vacant.insert(BTreeMap::new());
+                }
+            },
             Action::UnservedEndpoint(scope, tag) => {
                 raw.send_frame(&ClientFrame::Request {
                     scope,

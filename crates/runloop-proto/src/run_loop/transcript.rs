@@ -37,12 +37,16 @@ impl Transcript {
         self.chunks
     }
 
-    /// Adds the next chunk of the loop.
-    pub fn push(&mut self, chunk: AgenticLoopChunk) {
+    /// Adds the next chunk of the loop, and says where it went: the index in
+    /// [`chunks`](Transcript::chunks) of the chunk that now holds it. An
+    /// index equal to the length before the push means a new chunk; a
+    /// smaller one, a fragment merged into an earlier chunk. A live view
+    /// can follow the loop from that alone, without repeating the rules.
+    pub fn push(&mut self, chunk: AgenticLoopChunk) -> usize {
         use AgenticLoopChunk as C;
         match chunk {
             C::AssistantReasoning(_) | C::AssistantTextContent(_) | C::AssistantRefusal(_) => {
-                self.push_text(chunk);
+                self.push_text(chunk)
             }
             C::AssistantToolCall(next) => {
                 let key = (next.parent_tool_call_id.clone(), next.id.clone());
@@ -54,32 +58,39 @@ impl Transcript {
                             .get_or_insert_with(String::new)
                             .push_str(&fragment);
                     }
-                    return;
+                    return at;
                 }
                 self.calls.insert(key, self.chunks.len());
-                self.chunks.push(C::AssistantToolCall(next));
+                self.append(C::AssistantToolCall(next))
             }
-            other => self.chunks.push(other),
+            other => self.append(other),
         }
+    }
+
+    /// Appends a new chunk; its index.
+    fn append(&mut self, chunk: AgenticLoopChunk) -> usize {
+        self.chunks.push(chunk);
+        self.chunks.len() - 1
     }
 
     /// Merges a text-like fragment into the previous chunk when that chunk is
     /// the same kind on the same thread.
-    fn push_text(&mut self, mut next: AgenticLoopChunk) {
+    fn push_text(&mut self, mut next: AgenticLoopChunk) -> usize {
+        let last = self.chunks.len().checked_sub(1);
         if let Some(previous) = self.chunks.last_mut() {
             let same_place = previous.kind() == next.kind()
                 && previous.parent_tool_call_id() == next.parent_tool_call_id();
-            if let (true, Some(into), Some(fragment)) =
-                (same_place, previous.text_mut(), next.text_mut())
+            if let (true, Some(into), Some(fragment), Some(last)) =
+                (same_place, previous.text_mut(), next.text_mut(), last)
             {
                 into.text.push_str(&fragment.text);
                 if let Some(logprobs) = fragment.logprobs.take() {
                     into.logprobs.get_or_insert_with(Vec::new).extend(logprobs);
                 }
-                return;
+                return last;
             }
         }
-        self.chunks.push(next);
+        self.append(next)
     }
 }
 
@@ -212,6 +223,25 @@ mod tests {
             .into_iter()
             .collect();
         assert_eq!(t.chunks(), [call("a", Some("{}"), None)]);
+    }
+
+    #[test]
+    fn push_says_where_each_chunk_went() {
+        let mut t = Transcript::new();
+        let places: Vec<usize> = [
+            AgenticLoopChunk::AssistantTextContent(text("Hel", None)),
+            AgenticLoopChunk::AssistantTextContent(text("lo", None)),
+            call("a", Some("{"), None),
+            call("b", None, None),
+            call("a", Some("}"), None),
+            AgenticLoopChunk::AssistantTextContent(text("!", None)),
+            AgenticLoopChunk::AssistantTextContent(text("?", None)),
+        ]
+        .into_iter()
+        .map(|chunk| t.push(chunk))
+        .collect();
+        assert_eq!(places, [0, 0, 1, 2, 1, 3, 3]);
+        assert_eq!(t.chunks().len(), 4);
     }
 
     #[test]

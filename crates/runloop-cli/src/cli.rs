@@ -1,0 +1,44 @@
+//! The command line: one subcommand per module, parsed with clap's derive.
+//!
+//! Each subcommand's arguments live beside its code (`decode::Args`,
+//! `schema::Args`) and run with stdout handed in, so a new subcommand is one
+//! variant here and one module.
+
+use std::io;
+
+use crate::exit::{Exit, Failure};
+use crate::{decode, schema};
+
+/// `runloop`: the run-loop channel of the Diverge Provider Protocol 2.3.0.
+#[derive(Debug, clap::Parser)]
+#[command(name = "runloop", version, about, after_help = EXIT_CODES)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+const EXIT_CODES: &str = "\
+Exit codes: 0 finished · 1 ran and ended without finishing · 2 the command
+failed · 3 no loop ran · 4 not served · 5 broken · 6 finished, but the last
+chunk was a fatal notification";
+
+/// The subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Read a capture and print what each run-loop channel carried, as JSON lines.
+    Decode(decode::Args),
+    /// Print the JSON Schema of the chunk vocabulary and of the error value.
+    Schema(schema::Args),
+}
+
+impl Command {
+    /// Runs the subcommand, writing its data to stdout.
+    pub fn run(self) -> Result<Exit, Failure> {
+        let mut out = io::stdout().lock();
+        match self {
+            Command::Decode(args) => args.run(&mut out),
+            Command::Schema(args) => args.run(&mut out),
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Exit codes: how the command tells a script what became of the loop.
+//!
+//! The codes are shared by every command that reads or runs loops, and the
+//! mapping from a channel's [`Outcome`] to a code lives here and nowhere
+//! else, so that `run` and `decode` can never disagree about a loop. Zero is
+//! kept for a loop that finished and did not fail: a partial, broken,
+//! unserved or fatal loop always exits non-zero.
+//!
+//! ```text
+//! 0  finished                       4  not served (a bare finish)
+//! 1  ran, ended without finishing   5  broken (the sequence broke or never ended)
+//! 2  the command itself failed      6  finished, but the last chunk was a fatal notification
+//! 3  no loop ran
+//! ```
+
+use std::io;
+use std::process::ExitCode;
+
+use runloop_proto::run_loop::Outcome;
+
+/// The process's exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// `0`: the loop finished; for a command that runs no loop, it did its work.
+    Success = 0,
+    /// `1`: the loop ran and ended without finishing (a partial result).
+    Unfinished = 1,
+    /// `2`: the command itself failed: bad arguments, unreadable input,
+    /// output that could not be written.
+    Failed = 2,
+    /// `3`: no loop ran.
+    NoLoop = 3,
+    /// `4`: the loop was not served.
+    NotServed = 4,
+    /// `5`: the channel's sequence broke or never ended.
+    Broken = 5,
+    /// `6`: the loop finished, but its last chunk was a fatal notification.
+    Fatal = 6,
+}
+
+impl Exit {
+    /// The code for how one run-loop channel ended.
+    pub fn of(outcome: &Outcome) -> Exit {
+        match outcome {
+            Outcome::Finished { fatal: false } => Exit::Success,
+            Outcome::Finished { fatal: true } => Exit::Fatal,
+            Outcome::Unfinished(_) => Exit::Unfinished,
+            Outcome::NoLoop(_) => Exit::NoLoop,
+            Outcome::NotServed => Exit::NotServed,
+            Outcome::Broken(_) => Exit::Broken,
+        }
+    }
+
+    /// The code for several channels' endings, given in the order the
+    /// channels were opened: `0` when every one finished, else the code of
+    /// the first that did not. `None` when there were no channels at all.
+    pub fn of_all(endings: impl IntoIterator<Item = Exit>) -> Option<Exit> {
+        let mut endings = endings.into_iter().peekable();
+        endings.peek()?;
+        Some(
+            endings
+                .find(|&exit| exit != Exit::Success)
+                .unwrap_or(Exit::Success),
+        )
+    }
+
+    /// The numeric code.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit.code())
+    }
+}
+
+/// Why a command could not do its work (exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// Standard output could not be written.
+    #[error("cannot write the output: {0}")]
+    Output(#[source] io::Error),
+    /// The input could not be opened or read.
+    #[error("cannot read {name}: {source}")]
+    Input {
+        /// The file, or `standard input`.
+        name: String,
+        /// What went wrong.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Failure {
+    /// Whether this is the reader of our output going away (`runloop … |
+    /// head`): the command stops quietly, since nobody is left to tell.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, Failure::Output(error) if error.kind() == io::ErrorKind::BrokenPipe)
+    }
+}
+
+impl From<io::Error> for Failure {
+    /// An I/O error while writing the output.
+    fn from(error: io::Error) -> Failure {
+        Failure::Output(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use runloop_proto::Error;
+    use runloop_proto::run_loop::Broken;
+
+    use super::*;
+
+    #[test]
+    fn every_outcome_has_its_code() {
+        let cases = [
+            (Outcome::Finished { fatal: false }, 0),
+            (Outcome::Unfinished(Error::default()), 1),
+            (Outcome::NoLoop(Error::default()), 3),
+            (Outcome::NotServed, 4),
+            (Outcome::Broken(Broken::InputEnded), 5),
+            (Outcome::Finished { fatal: true }, 6),
+        ];
+        for (outcome, code) in cases {
+            assert_eq!(Exit::of(&outcome).code(), code, "{outcome}");
+        }
+        assert_eq!(Exit::Failed.code(), 2);
+    }
+
+    #[test]
+    fn several_channels_report_the_first_that_did_not_finish() {
+        assert_eq!(Exit::of_all([]), None);
+        assert_eq!(
+            Exit::of_all([Exit::Success, Exit::Success]),
+            Some(Exit::Success)
+        );
+        assert_eq!(
+            Exit::of_all([Exit::Success, Exit::NotServed, Exit::Broken]),
+            Some(Exit::NotServed)
+        );
+        assert_eq!(Exit::of_all([Exit::Fatal]), Some(Exit::Fatal));
+    }
+
+    #[test]
+    fn failures_say_what_and_keep_the_cause() {
+        let missing = Failure::Input {
+            name: "capture.txt".into(),
+            source: io::Error::new(io::ErrorKind::NotFound, "no such file"),
+        };
+        assert_eq!(missing.to_string(), "cannot read capture.txt: no such file");
+        assert!(missing.source().is_some());
+        assert!(!missing.is_broken_pipe());
+        assert!(Failure::from(io::Error::from(io::ErrorKind::BrokenPipe)).is_broken_pipe());
+    }
+}

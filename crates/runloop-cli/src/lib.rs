@@ -1,0 +1,58 @@
+//! The `runloop` command: inspect, render and (soon) run and serve the
+//! run-loop channel from a shell.
+//!
+//! The command is thin on purpose. What bytes mean is decided by
+//! [`runloop_proto`]; this crate parses arguments, calls the library, and
+//! renders what comes back, for a person or for a script. It is in
+//! ripgrep's shape: [`main`] returns an exit code, a failure is printed
+//! once to stderr as `runloop: <message>`, a reader that goes away
+//! (`runloop … | head`) ends the command quietly, and data goes to stdout
+//! while diagnostics go to stderr.
+//!
+//! ```text
+//! cli      the argument types, one subcommand per module
+//! decode   a capture → JSON lines, exit code from the loops' endings
+//! schema   the JSON Schema of the chunk vocabulary and the error value
+//! render   one loop for a terminal, as plain text, or as JSON lines
+//! json     the JSON lines shared by decode and render
+//! exit     exit codes, and the one mapping from an outcome to a code
+//! ```
+
+pub mod cli;
+pub mod decode;
+pub mod exit;
+pub mod json;
+pub mod render;
+pub mod schema;
+
+use std::ffi::OsString;
+use std::io::{self, Write};
+
+use clap::Parser;
+
+pub use exit::{Exit, Failure};
+
+/// Runs the command line `args` (program name first) and says how to exit.
+pub fn main(args: impl IntoIterator<Item = OsString>) -> Exit {
+    let cli = match cli::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(usage) => {
+            // clap prints help and version to stdout, usage errors to stderr;
+            // if that fails too there is nobody left to tell.
+            let _ = usage.print();
+            return if usage.use_stderr() {
+                Exit::Failed
+            } else {
+                Exit::Success
+            };
+        }
+    };
+    match cli.command.run() {
+        Ok(exit) => exit,
+        Err(failure) if failure.is_broken_pipe() => Exit::Failed,
+        Err(failure) => {
+            let _ = writeln!(io::stderr().lock(), "runloop: {failure}");
+            Exit::Failed
+        }
+    }
+}
