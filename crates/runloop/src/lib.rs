@@ -13,6 +13,8 @@
 //! a proxy, an agent, a connection — the caller still gets an honest
 //! [`Outcome`](runloop_proto::run_loop::Outcome).
 
+pub mod agent;
+pub mod proxy;
 pub mod runtime;
 
 pub use runloop_proto as proto;
