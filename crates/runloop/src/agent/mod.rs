@@ -17,9 +17,8 @@
 //!   (no terminating chunk), so the proxy reports a cut stream instead of a
 //!   finished loop. A loop that fails *as a loop* says so with a fatal
 //!   notification chunk and ends.
-//! - **Chunks are typed.** The agent yields
-//!   [`AgenticLoopChunk`](runloop_proto::run_loop::AgenticLoopChunk)s and
-//!   this module writes their JSON, so an agent cannot put a malformed chunk
+//! - **Chunks are typed.** The agent yields [`AgenticLoopChunk`]s and this
+//!   module writes their JSON, so an agent cannot put a malformed chunk
 //!   on the wire.
 //! - **Shutdown breaks streams.** When the server shuts down, a loop in
 //!   progress is broken, not ended: ending it would read as "finished".
@@ -248,6 +247,13 @@ fn events(
                 }
             },
         };
+        if item.is_err() {
+            // hyper drops the body bytes it has buffered but not yet written
+            // when the body fails. Yielding once first lets it flush them, so
+            // the chunks before a break reach the proxy (best effort: bytes
+            // the socket cannot take yet are still lost with the break).
+            tokio::task::yield_now().await;
+        }
         let event = item.and_then(|chunk| {
             // Compact JSON has no line breaks, so it is one `data:` line.
             serde_json::to_string(&chunk)

@@ -82,6 +82,9 @@ pub struct Config {
     pub max_error_body: usize,
     /// How long a connection may take to finish its WebSocket handshake.
     pub handshake_timeout: Duration,
+    /// How long the end of an answer (its last message and the close
+    /// handshake) may take, even while the proxy shuts down.
+    pub close_timeout: Duration,
 }
 
 impl Default for Config {
@@ -91,6 +94,7 @@ impl Default for Config {
             max_event: 16 << 20,
             max_error_body: 64 << 10,
             handshake_timeout: Duration::from_secs(10),
+            close_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -381,44 +385,35 @@ fn proxy_error(what: impl std::fmt::Display) -> Message {
 }
 
 /// Ends the path as `end` says.
-async fn end(ws: Ws, end: End, shutdown: &CancellationToken) {
+async fn end(ws: Ws, end: End, config: &Config) {
     match end {
-        End::Answer(last) => finish(ws, last, shutdown).await,
+        End::Answer(last) => finish(ws, last, config.close_timeout).await,
         End::Abandon => debug!("path abandoned"),
     }
 }
 
 /// Sends the answer's last message, if any, then ends the path with a clean
-/// close: the close frame, then the server's, then the socket.
-async fn finish(mut ws: Ws, last: Option<Message>, shutdown: &CancellationToken) {
-    let sent = async {
+/// close: the close frame, then the server's, then the socket. Shutdown does
+/// not cut this short (the last message is what tells the server how the
+/// exchange ended); `timeout` bounds it against a server that stops reading.
+async fn finish(mut ws: Ws, last: Option<Message>, timeout: Duration) {
+    let closing = async {
         if let Some(last) = last {
             ws.send(last).await?;
         }
-        ws.close(None).await
-    };
-    let ended = tokio::select! {
-        () = shutdown.cancelled() => return,
-        sent = sent => sent,
-    };
-    if let Err(error) = ended {
-        debug!(%error, "path broke before the close");
-        return;
-    }
-    // Wait for the server's close frame so the socket ends after it (an
-    // early drop could reset the connection under the server's last reads).
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            message = ws.next() => match message {
-                Some(Ok(_)) => continue,
-                Some(Err(tungstenite::Error::ConnectionClosed)) | None => return,
-                Some(Err(error)) => {
-                    debug!(%error, "path broke during the close");
-                    return;
-                }
-            },
+        ws.close(None).await?;
+        // Wait for the server's close frame so the socket ends after it (an
+        // early drop could reset the connection under the server's last
+        // reads).
+        while let Some(message) = ws.next().await {
+            message?;
         }
+        Ok::<(), tungstenite::Error>(())
+    };
+    match tokio::time::timeout(timeout, closing).await {
+        Ok(Ok(()) | Err(tungstenite::Error::ConnectionClosed)) => {}
+        Ok(Err(error)) => debug!(%error, "path broke during the close"),
+        Err(_) => debug!(?timeout, "the server did not finish the close in time"),
     }
 }
 

@@ -27,7 +27,7 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
         return;
     };
     let outcome = register(&mut ws, shared, ask, shutdown).await;
-    end(ws, outcome, shutdown).await;
+    end(ws, outcome, &shared.config).await;
 }
 
 async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {

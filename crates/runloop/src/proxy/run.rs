@@ -35,19 +35,19 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
     };
     if let Err(error) = RunLoopRequest::decode(&ask) {
         let refusal = proxy_error(format!("the run-loop request did not parse: {error}"));
-        return end(ws, End::Answer(Some(refusal)), shutdown).await;
+        return end(ws, End::Answer(Some(refusal)), &shared.config).await;
     }
     let claim = match shared.state.claim_loop() {
         Ok(claim) => claim,
         Err(why) => {
             warn!(why, "loop refused");
-            return end(ws, End::Answer(Some(proxy_error(why))), shutdown).await;
+            return end(ws, End::Answer(Some(proxy_error(why))), &shared.config).await;
         }
     };
     info!("loop started");
     let outcome = relay(&mut ws, shared, ask, shutdown).await;
     drop(claim);
-    end(ws, outcome, shutdown).await;
+    end(ws, outcome, &shared.config).await;
 }
 
 /// Calls the agent program and passes its events on until one side ends.

@@ -298,7 +298,7 @@ async fn supervise(
     let reason = tokio::select! {
         status = child.wait() => {
             let reason = format!("the agent program exited by itself: {}", describe(status));
-            warn!(pid, %reason);
+            warn!(pid, %reason, "agent program ended");
             // Whatever it left behind in its group goes with it.
             group.signal(libc::SIGKILL);
             reason
@@ -317,7 +317,7 @@ async fn supervise(
                 }
             };
             let reason = format!("the agent program was stopped: {}", describe(status));
-            info!(pid, %reason);
+            info!(pid, %reason, "agent program ended");
             reason
         }
     };
