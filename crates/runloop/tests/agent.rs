@@ -147,6 +147,19 @@ async fn every_ending_of_the_demo_loop_through_the_proxy() {
 }
 
 #[tokio::test]
+async fn a_prompt_of_megabytes_runs() {
+    let stop = CancellationToken::new();
+    let url = demo_behind_proxy(&stop).await;
+    register(&url).await;
+    // Past axum's default body limit of 2 MB.
+    let prompt = "x".repeat(2_200_000);
+    let (_, chunks, result) = run(&url, &prompt).await;
+    assert_eq!(result, Outcome::Finished { fatal: false });
+    assert_eq!(chunks.len(), direct(&prompt).await.len());
+    stop.cancel();
+}
+
+#[tokio::test]
 async fn a_refused_registration_reaches_the_server_verbatim() {
     let stop = CancellationToken::new();
     let url = demo_behind_proxy(&stop).await;

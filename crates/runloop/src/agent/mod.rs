@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::{Event, Sse};
@@ -50,6 +50,10 @@ use tracing::{info, warn};
 
 /// The agent program's port when `$PORT` is unset or not a port (SPEC §10).
 pub const DEFAULT_PORT: u16 = 8080;
+
+/// The largest request body the agent program reads: the proxy's default
+/// bound on an ask, so any ask the proxy takes reaches the agent.
+pub const MAX_REQUEST: usize = 16 << 20;
 
 /// A loop in progress: chunks, or a [`Break`] that cuts the stream.
 pub type ChunkStream = BoxStream<'static, Result<AgenticLoopChunk, Break>>;
@@ -163,6 +167,7 @@ pub async fn serve(
     let router = Router::new()
         .route("/register", post(register))
         .route("/run", post(run))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST))
         .with_state(Shared {
             agent,
             shutdown: shutdown.clone(),

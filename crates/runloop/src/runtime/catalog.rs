@@ -176,6 +176,7 @@ impl AgentSpec {
     /// A runtime that serves this spec.
     pub fn build(&self) -> Arc<dyn Runtime> {
         match &self.runtime {
+            // The parser admits `demo` alone.
             RuntimeSpec::Builtin(_) => Arc::new(Builtin::demo()),
             RuntimeSpec::Exec { program, args } => {
                 Arc::new(Exec::new(program.clone(), args.clone()))
@@ -261,8 +262,9 @@ impl Catalog {
     }
 
     /// Serves an agent spec; a second entry for a name replaces the first.
-    pub fn add(&mut self, spec: &AgentSpec) {
-        self.insert(spec.name.clone(), spec.digest.clone(), spec.build());
+    pub fn add(&mut self, spec: AgentSpec) {
+        let runtime = spec.build();
+        self.insert(spec.name, spec.digest, runtime);
     }
 
     /// The runtime for `image`, or why there is none.
@@ -455,7 +457,7 @@ mod tests {
         assert_eq!(catalog.names().collect::<Vec<_>>(), [("demo", None)]);
         assert!(catalog.resolve(&image("demo", &other)).is_ok());
         catalog.add(
-            &format!("demo@{pinned}=proxy:ws://127.0.0.1:1")
+            format!("demo@{pinned}=proxy:ws://127.0.0.1:1")
                 .parse()
                 .expect("parses"),
         );

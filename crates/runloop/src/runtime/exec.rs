@@ -157,12 +157,17 @@ impl Exec {
         let agent = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let ready = async {
             listening(&mut child, agent, self.startup_timeout).await?;
-            Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), agent)
+            let proxy = Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), agent)
                 .await
-                .map_err(|error| format!("cannot bind the proxy: {error}"))
+                .map_err(|error| format!("cannot bind the proxy: {error}"))?;
+            let url = proxy
+                .local_addr()
+                .map(|addr| format!("ws://{addr}"))
+                .map_err(|error| format!("cannot read the proxy's address: {error}"))?;
+            Ok::<_, String>((proxy, url))
         };
-        let proxy = match ready.await {
-            Ok(proxy) => proxy,
+        let (proxy, url) = match ready.await {
+            Ok(ready) => ready,
             Err(why) => {
                 warn!(%program, pid, %why, "agent program did not start");
                 group.signal(libc::SIGKILL);
@@ -171,10 +176,6 @@ impl Exec {
                 return Err(StartError(why));
             }
         };
-        let url = proxy
-            .local_addr()
-            .map(|addr| format!("ws://{addr}"))
-            .map_err(|error| StartError(format!("cannot read the proxy's address: {error}")))?;
         let proxy_stop = CancellationToken::new();
         let proxy_task = tokio::spawn(proxy.run(proxy_stop.clone()));
         let stop = CancellationToken::new();
