@@ -26,8 +26,9 @@
 //!    `SIGKILL` to the group; the child is reaped before `stop` resolves.
 //!    A container dropped without `stop` still terminates its child (the
 //!    supervisor sees the drop), and if the supervisor itself is dropped
-//!    (the runtime shuts down) its guard kills the group and tokio's
-//!    `kill_on_drop` reaps the child.
+//!    (the runtime shuts down) its guard kills the group, and tokio reaps
+//!    the child on a best-effort basis (`kill_on_drop`); a child left
+//!    unreaped by a dying server is reaped by init.
 //!
 //! # Why `RLIMIT_DATA` and not `RLIMIT_AS`
 //!
