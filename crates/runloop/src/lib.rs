@@ -13,8 +13,10 @@
 //! a proxy, an agent, a connection — the caller still gets an honest
 //! [`Outcome`](runloop_proto::run_loop::Outcome).
 
+pub mod agent;
 pub mod client;
 pub mod connection;
+pub mod proxy;
 pub mod runtime;
 pub mod server;
 

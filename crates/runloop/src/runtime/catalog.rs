@@ -5,13 +5,204 @@
 //! any well-formed digest (the request's digest grammar is checked before
 //! the catalog is asked). Refusals name the image, so the caller learns
 //! exactly what was not accepted.
+//!
+//! Entries are written on the command line as agent specs:
+//!
+//! ```text
+//! NAME[@DIGEST]=builtin:demo                 the demo agent, in-process       (Builtin)
+//! NAME[@DIGEST]=exec:PROGRAM [ARGS…]         a child process on $PORT         (Exec)
+//! NAME[@DIGEST]=proxy:ws://HOST:PORT         a proxy that already runs        (Attach)
+//! ```
+//!
+//! `NAME` is a repository path without a host and `DIGEST` is
+//! `ALGORITHM:HEX`, in the request's own grammar, so an entry can only name
+//! an image a request could ask for. Exec arguments are split on
+//! whitespace, with no quoting. A spec that does not parse says which part
+//! is wrong and what was expected.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
-use runloop_proto::agents_run::ImageRef;
+use runloop_proto::agents_run::{ImageRef, is_valid_digest, is_valid_name};
+use tokio_tungstenite::tungstenite::http::Uri;
 
-use super::Runtime;
+use super::{Attach, Builtin, Exec, Runtime};
+
+/// One catalog entry as written on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSpec {
+    /// The `server` image name it serves.
+    pub name: String,
+    /// The only digest accepted, when pinned.
+    pub digest: Option<String>,
+    /// What runs the image.
+    pub runtime: RuntimeSpec,
+}
+
+/// The runtime half of an agent spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuntimeSpec {
+    /// `builtin:AGENT`: an agent of this crate, in-process.
+    Builtin(String),
+    /// `exec:PROGRAM [ARGS…]`: a child process.
+    Exec {
+        /// The program.
+        program: String,
+        /// Its arguments.
+        args: Vec<String>,
+    },
+    /// `proxy:ws://HOST:PORT`: a proxy that already runs.
+    Proxy(String),
+}
+
+/// Why an agent spec does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// No `=` between the image and the runtime.
+    #[error(
+        "agent spec {0:?} has no `=`: expected NAME[@DIGEST]=builtin:demo, NAME[@DIGEST]=exec:PROGRAM [ARGS…] or NAME[@DIGEST]=proxy:ws://HOST:PORT"
+    )]
+    NoEquals(String),
+    /// The name is not a repository path without a host.
+    #[error("image name {0:?} is not a repository path without a host (such as agents/demo)")]
+    Name(String),
+    /// The digest is not `ALGORITHM:HEX`.
+    #[error("digest {0:?} is not ALGORITHM:HEX (such as sha256: and 64 lowercase hex digits)")]
+    Digest(String),
+    /// The runtime has no `KIND:`.
+    #[error("runtime {0:?} has no kind: expected builtin:, exec: or proxy:")]
+    NoKind(String),
+    /// The kind is none of the three.
+    #[error("unknown runtime kind {0:?}: expected builtin, exec or proxy")]
+    Kind(String),
+    /// `builtin:` names an agent this crate does not have.
+    #[error("unknown builtin agent {0:?}: the builtin agents are: demo")]
+    Builtin(String),
+    /// `exec:` with no program.
+    #[error("exec: needs a program")]
+    NoProgram,
+    /// `proxy:` with a URL that is not `ws://HOST:PORT`.
+    #[error("proxy URL {url:?} is not ws://HOST:PORT: {why}")]
+    ProxyUrl {
+        /// The URL as written.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+impl FromStr for AgentSpec {
+    type Err = SpecError;
+
+    fn from_str(spec: &str) -> Result<AgentSpec, SpecError> {
+        let (image, runtime) = spec
+            .split_once('=')
+            .ok_or_else(|| SpecError::NoEquals(spec.to_owned()))?;
+        let (name, digest) = match image.split_once('@') {
+            Some((name, digest)) => (name, Some(digest)),
+            None => (image, None),
+        };
+        if !is_valid_name(name) {
+            return Err(SpecError::Name(name.to_owned()));
+        }
+        if let Some(digest) = digest.filter(|digest| !is_valid_digest(digest)) {
+            return Err(SpecError::Digest(digest.to_owned()));
+        }
+        Ok(AgentSpec {
+            name: name.to_owned(),
+            digest: digest.map(str::to_owned),
+            runtime: runtime.parse()?,
+        })
+    }
+}
+
+impl FromStr for RuntimeSpec {
+    type Err = SpecError;
+
+    fn from_str(runtime: &str) -> Result<RuntimeSpec, SpecError> {
+        let (kind, rest) = runtime
+            .split_once(':')
+            .ok_or_else(|| SpecError::NoKind(runtime.to_owned()))?;
+        match kind {
+            "builtin" => match rest {
+                "demo" => Ok(RuntimeSpec::Builtin(rest.to_owned())),
+                other => Err(SpecError::Builtin(other.to_owned())),
+            },
+            "exec" => {
+                let mut words = rest.split_whitespace().map(str::to_owned);
+                let program = words.next().ok_or(SpecError::NoProgram)?;
+                Ok(RuntimeSpec::Exec {
+                    program,
+                    args: words.collect(),
+                })
+            }
+            "proxy" => {
+                check_proxy_url(rest).map_err(|why| SpecError::ProxyUrl {
+                    url: rest.to_owned(),
+                    why: why.to_owned(),
+                })?;
+                Ok(RuntimeSpec::Proxy(rest.trim_end_matches('/').to_owned()))
+            }
+            other => Err(SpecError::Kind(other.to_owned())),
+        }
+    }
+}
+
+/// Whether `url` is `ws://HOST:PORT` with nothing after it but a `/`.
+fn check_proxy_url(url: &str) -> Result<(), &'static str> {
+    let uri: Uri = url.parse().map_err(|_| "it does not parse as a URL")?;
+    if uri.scheme_str() != Some("ws") {
+        return Err("the scheme must be ws");
+    }
+    let authority = uri.authority().ok_or("it has no host")?;
+    if authority.host().is_empty() {
+        return Err("it has no host");
+    }
+    if authority.port_u16().is_none() {
+        return Err("it has no port");
+    }
+    if authority.as_str().contains('@') {
+        return Err("it carries credentials");
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err("it has a path or a query; the server adds /agent/register and /agent/run");
+    }
+    Ok(())
+}
+
+impl AgentSpec {
+    /// A runtime that serves this spec.
+    pub fn build(&self) -> Arc<dyn Runtime> {
+        match &self.runtime {
+            // The parser admits `demo` alone.
+            RuntimeSpec::Builtin(_) => Arc::new(Builtin::demo()),
+            RuntimeSpec::Exec { program, args } => {
+                Arc::new(Exec::new(program.clone(), args.clone()))
+            }
+            RuntimeSpec::Proxy(url) => Arc::new(Attach::new(url.clone())),
+        }
+    }
+}
+
+/// The spec as it would be written on the command line.
+impl fmt::Display for AgentSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)?;
+        if let Some(digest) = &self.digest {
+            write!(f, "@{digest}")?;
+        }
+        match &self.runtime {
+            RuntimeSpec::Builtin(agent) => write!(f, "=builtin:{agent}"),
+            RuntimeSpec::Exec { program, args } => {
+                write!(f, "=exec:{program}")?;
+                args.iter().try_for_each(|arg| write!(f, " {arg}"))
+            }
+            RuntimeSpec::Proxy(url) => write!(f, "=proxy:{url}"),
+        }
+    }
+}
 
 /// Why the catalog will not run an image; the message goes to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,6 +254,19 @@ impl Catalog {
         self.entries.insert(name.into(), Entry { digest, runtime });
     }
 
+    /// The catalog a server has when none is given: `demo=builtin:demo`.
+    pub fn demo() -> Self {
+        let mut catalog = Catalog::new();
+        catalog.insert("demo", None, Arc::new(Builtin::demo()));
+        catalog
+    }
+
+    /// Serves an agent spec; a second entry for a name replaces the first.
+    pub fn add(&mut self, spec: AgentSpec) {
+        let runtime = spec.build();
+        self.insert(spec.name, spec.digest, runtime);
+    }
+
     /// The runtime for `image`, or why there is none.
     pub fn resolve(&self, image: &ImageRef) -> Result<Arc<dyn Runtime>, Refusal> {
         let entry = self
@@ -96,7 +300,6 @@ impl Catalog {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Attach;
     use super::*;
 
     fn image(name: &str, digest: &str) -> ImageRef {
@@ -137,5 +340,135 @@ mod tests {
             catalog.names().collect::<Vec<_>>(),
             [("free", None), ("pinned", Some(pinned.as_str()))]
         );
+    }
+
+    fn parse(spec: &str) -> Result<AgentSpec, String> {
+        spec.parse::<AgentSpec>().map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn specs_parse_into_runtimes() {
+        let digest = format!("sha256:{}", "c".repeat(64));
+        assert_eq!(
+            parse("demo=builtin:demo"),
+            Ok(AgentSpec {
+                name: "demo".into(),
+                digest: None,
+                runtime: RuntimeSpec::Builtin("demo".into()),
+            })
+        );
+        assert_eq!(
+            parse(&format!(
+                "agents/echo@{digest}=exec:python3  agent.py --x=1 "
+            )),
+            Ok(AgentSpec {
+                name: "agents/echo".into(),
+                digest: Some(digest.clone()),
+                runtime: RuntimeSpec::Exec {
+                    program: "python3".into(),
+                    args: vec!["agent.py".into(), "--x=1".into()],
+                },
+            })
+        );
+        assert_eq!(
+            parse("far=proxy:ws://10.0.0.7:14979/"),
+            Ok(AgentSpec {
+                name: "far".into(),
+                digest: None,
+                runtime: RuntimeSpec::Proxy("ws://10.0.0.7:14979".into()),
+            })
+        );
+        for spec in [
+            "demo=builtin:demo".to_owned(),
+            format!("a/b@{digest}=exec:prog -v x"),
+            "far=proxy:ws://[::1]:14979".to_owned(),
+        ] {
+            assert_eq!(parse(&spec).expect("parses").to_string(), spec);
+        }
+    }
+
+    #[test]
+    fn spec_errors_say_what_is_wrong() {
+        let cases = [
+            (
+                "demo",
+                "agent spec \"demo\" has no `=`: expected NAME[@DIGEST]=builtin:demo, NAME[@DIGEST]=exec:PROGRAM [ARGS…] or NAME[@DIGEST]=proxy:ws://HOST:PORT",
+            ),
+            (
+                "Demo=builtin:demo",
+                "image name \"Demo\" is not a repository path without a host (such as agents/demo)",
+            ),
+            (
+                "reg.io/demo=builtin:demo",
+                "image name \"reg.io/demo\" is not a repository path without a host (such as agents/demo)",
+            ),
+            (
+                "demo@sha256:abc=builtin:demo",
+                "digest \"sha256:abc\" is not ALGORITHM:HEX (such as sha256: and 64 lowercase hex digits)",
+            ),
+            (
+                "demo=demo",
+                "runtime \"demo\" has no kind: expected builtin:, exec: or proxy:",
+            ),
+            (
+                "demo=docker:x",
+                "unknown runtime kind \"docker\": expected builtin, exec or proxy",
+            ),
+            (
+                "demo=builtin:echo",
+                "unknown builtin agent \"echo\": the builtin agents are: demo",
+            ),
+            ("demo=exec:  ", "exec: needs a program"),
+            (
+                "demo=proxy:http://h:1",
+                "proxy URL \"http://h:1\" is not ws://HOST:PORT: the scheme must be ws",
+            ),
+            (
+                "demo=proxy:wss://h:1",
+                "proxy URL \"wss://h:1\" is not ws://HOST:PORT: the scheme must be ws",
+            ),
+            (
+                "demo=proxy:ws://h",
+                "proxy URL \"ws://h\" is not ws://HOST:PORT: it has no port",
+            ),
+            (
+                "demo=proxy:ws://h:1/agent/run",
+                "proxy URL \"ws://h:1/agent/run\" is not ws://HOST:PORT: it has a path or a query; the server adds /agent/register and /agent/run",
+            ),
+            (
+                "demo=proxy:ws://u:p@h:1",
+                "proxy URL \"ws://u:p@h:1\" is not ws://HOST:PORT: it carries credentials",
+            ),
+            (
+                "demo=proxy:not a url",
+                "proxy URL \"not a url\" is not ws://HOST:PORT: it does not parse as a URL",
+            ),
+        ];
+        for (spec, message) in cases {
+            assert_eq!(parse(spec), Err(message.to_owned()), "{spec}");
+        }
+    }
+
+    #[test]
+    fn add_and_demo() {
+        let pinned = format!("sha256:{}", "d".repeat(64));
+        let other = format!("sha256:{}", "e".repeat(64));
+        let mut catalog = Catalog::demo();
+        assert_eq!(catalog.names().collect::<Vec<_>>(), [("demo", None)]);
+        assert!(catalog.resolve(&image("demo", &other)).is_ok());
+        catalog.add(
+            format!("demo@{pinned}=proxy:ws://127.0.0.1:1")
+                .parse()
+                .expect("parses"),
+        );
+        assert_eq!(
+            catalog.names().collect::<Vec<_>>(),
+            [("demo", Some(pinned.as_str()))]
+        );
+        assert!(catalog.resolve(&image("demo", &pinned)).is_ok());
+        assert!(matches!(
+            catalog.resolve(&image("demo", &other)),
+            Err(Refusal::WrongDigest { .. })
+        ));
     }
 }

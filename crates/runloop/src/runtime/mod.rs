@@ -10,14 +10,18 @@
 //! different kinds side by side.
 
 mod attach;
+mod builtin;
 mod catalog;
+mod exec;
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
 pub use attach::Attach;
-pub use catalog::{Catalog, Refusal};
+pub use builtin::Builtin;
+pub use catalog::{AgentSpec, Catalog, Refusal, RuntimeSpec, SpecError};
+pub use exec::{Exec, ExecContainer};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

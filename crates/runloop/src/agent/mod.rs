@@ -1,0 +1,299 @@
+//! The agent-program contract: what lets a Rust program *be* the HTTP server
+//! a proxy calls (SPEC §10), so that writing an agent is writing a function
+//! from a prompt to a stream of chunks.
+//!
+//! ```text
+//! proxy ──POST /register {"agent":…}──▶ serve ──▶ Agent::register ──▶ 204 | refusal
+//! proxy ──POST /run {"prompt":…}──────▶ serve ──▶ Agent::run ──▶ stream of chunks
+//!       ◀── 200 text/event-stream: one `data:` line per chunk, then the end
+//! ```
+//!
+//! Why it looks this way:
+//!
+//! - **Three endings, three types.** A loop that finishes is a stream that
+//!   ends. A loop that never runs is a [`Refusal`] (a non-2xx status and a
+//!   body; a JSON body reaches the caller verbatim). A loop that dies after
+//!   it has said something yields a [`Break`], which breaks the HTTP body
+//!   (no terminating chunk), so the proxy reports a cut stream instead of a
+//!   finished loop. A loop that fails *as a loop* says so with a fatal
+//!   notification chunk and ends.
+//! - **Chunks are typed.** The agent yields [`AgenticLoopChunk`]s and this
+//!   module writes their JSON, so an agent cannot put a malformed chunk
+//!   on the wire.
+//! - **Shutdown breaks streams.** When the server shuts down, a loop in
+//!   progress is broken, not ended: ending it would read as "finished".
+//!
+//! [`demo::Demo`] is an agent built on this contract.
+
+pub mod demo;
+
+use std::io;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{self, BoxStream};
+use runloop_proto::Decode;
+use runloop_proto::run_loop::{AgenticLoopChunk, RunLoopRequest};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// The agent program's port when `$PORT` is unset or not a port (SPEC §10).
+pub const DEFAULT_PORT: u16 = 8080;
+
+/// The largest request body the agent program reads: the proxy's default
+/// bound on an ask, so any ask the proxy takes reaches the agent.
+pub const MAX_REQUEST: usize = 16 << 20;
+
+/// A loop in progress: chunks, or a [`Break`] that cuts the stream.
+pub type ChunkStream = BoxStream<'static, Result<AgenticLoopChunk, Break>>;
+
+/// Why a loop stops mid-way without finishing. Yielding it breaks the SSE
+/// stream; the proxy turns that into the loop's final error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Break(pub String);
+
+/// A loop or a registration refused before it started: a non-2xx status
+/// and a body. A JSON body is passed to the caller verbatim; any other body
+/// is wrapped by the proxy as `{"kind":"agent","status":N,"error":"<body>"}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    status: StatusCode,
+    body: Bytes,
+    json: bool,
+}
+
+impl Refusal {
+    /// A refusal whose body is `body` as JSON.
+    pub fn json(status: StatusCode, body: &Value) -> Refusal {
+        Refusal {
+            status,
+            body: Bytes::from(body.to_string()),
+            json: true,
+        }
+    }
+
+    /// A refusal whose body is plain text.
+    pub fn text(status: StatusCode, body: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            body: Bytes::from(body.into()),
+            json: false,
+        }
+    }
+
+    /// The status; one that is not an error is sent as 500.
+    pub fn status(&self) -> StatusCode {
+        if self.status.is_client_error() || self.status.is_server_error() {
+            self.status
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+
+    /// The body.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let content_type = if self.json {
+            "application/json"
+        } else {
+            "text/plain; charset=utf-8"
+        };
+        (
+            self.status(),
+            [(CONTENT_TYPE, HeaderValue::from_static(content_type))],
+            self.body,
+        )
+            .into_response()
+    }
+}
+
+/// An agent: what the agent program does with a registration and a loop.
+pub trait Agent: Send + Sync + 'static {
+    /// The server's registration: the `agent` value of the run request,
+    /// as the caller sent it.
+    fn register(&self, agent: Value) -> BoxFuture<'_, Result<(), Refusal>>;
+
+    /// One loop. Resolves when the loop has started (its stream) or was
+    /// refused; the stream's end is the loop's end.
+    fn run(&self, request: RunLoopRequest<'static>) -> BoxFuture<'_, Result<ChunkStream, Refusal>>;
+}
+
+/// The port in `$PORT`, or [`DEFAULT_PORT`].
+pub fn port_from_env() -> u16 {
+    port_from(std::env::var("PORT").ok().as_deref())
+}
+
+/// The port a `$PORT` value names: a number in 1..=65535, else
+/// [`DEFAULT_PORT`].
+pub fn port_from(value: Option<&str>) -> u16 {
+    value
+        .and_then(|value| value.parse::<u16>().ok())
+        .filter(|&port| port != 0)
+        .unwrap_or(DEFAULT_PORT)
+}
+
+#[derive(Clone)]
+struct Shared {
+    agent: Arc<dyn Agent>,
+    shutdown: CancellationToken,
+}
+
+/// Serves `agent` on `listener` until `shutdown` is cancelled; a loop still
+/// running then is broken, and the call returns once every connection is
+/// done.
+pub async fn serve(
+    listener: TcpListener,
+    agent: Arc<dyn Agent>,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    info!(listen = ?listener.local_addr().ok(), "agent program up");
+    let router = Router::new()
+        .route("/register", post(register))
+        .route("/run", post(run))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST))
+        .with_state(Shared {
+            agent,
+            shutdown: shutdown.clone(),
+        });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    info!("agent program down");
+    Ok(())
+}
+
+/// The agent program's own error body, `{"kind":"agent","error":…}`.
+fn bad_request(what: String) -> Refusal {
+    Refusal::json(
+        StatusCode::BAD_REQUEST,
+        runloop_proto::Error::kind("agent", what).value(),
+    )
+}
+
+async fn register(State(shared): State<Shared>, body: Bytes) -> Response {
+    let agent = serde_json::from_slice::<serde_json::Map<String, Value>>(&body)
+        .map_err(|error| error.to_string())
+        .and_then(|mut members| {
+            members
+                .remove("agent")
+                .ok_or_else(|| "it has no `agent` member".to_owned())
+        });
+    let agent = match agent {
+        Ok(agent) => agent,
+        Err(why) => {
+            return bad_request(format!("the registration did not parse: {why}")).into_response();
+        }
+    };
+    match shared.agent.register(agent).await {
+        Ok(()) => {
+            info!("registered");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(refusal) => {
+            warn!(status = %refusal.status(), "registration refused");
+            refusal.into_response()
+        }
+    }
+}
+
+async fn run(State(shared): State<Shared>, body: Bytes) -> Response {
+    let request = match RunLoopRequest::decode(&body) {
+        Ok(request) => request.into_owned(),
+        Err(error) => {
+            return bad_request(format!("the run-loop request did not parse: {error}"))
+                .into_response();
+        }
+    };
+    let chunks = match shared.agent.run(request).await {
+        Ok(chunks) => chunks,
+        Err(refusal) => {
+            warn!(status = %refusal.status(), "loop refused");
+            return refusal.into_response();
+        }
+    };
+    info!("loop started");
+    Sse::new(events(chunks, shared.shutdown)).into_response()
+}
+
+/// The chunks as SSE events, broken if the server shuts down first.
+fn events(
+    chunks: ChunkStream,
+    shutdown: CancellationToken,
+) -> impl futures_util::Stream<Item = Result<Event, Break>> + Send {
+    stream::unfold(Some((chunks, shutdown)), |state| async move {
+        let (mut chunks, shutdown) = state?;
+        let item = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => {
+                Err(Break("the agent program is shutting down".to_owned()))
+            }
+            item = chunks.next() => match item {
+                Some(item) => item,
+                None => {
+                    info!("loop finished");
+                    return None;
+                }
+            },
+        };
+        if item.is_err() {
+            // hyper drops the body bytes it has buffered but not yet written
+            // when the body fails. Yielding once first lets it flush them, so
+            // the chunks before a break reach the proxy (best effort: bytes
+            // the socket cannot take yet are still lost with the break).
+            tokio::task::yield_now().await;
+        }
+        let event = item.and_then(|chunk| {
+            // Compact JSON has no line breaks, so it is one `data:` line.
+            serde_json::to_string(&chunk)
+                .map(|json| Event::default().data(json))
+                .map_err(|error| Break(format!("a chunk did not serialize: {error}")))
+        });
+        // After a break, nothing more is read: the body ends broken.
+        let next = event.is_ok().then_some((chunks, shutdown));
+        if let Err(why) = &event {
+            warn!(%why, "loop broken");
+        }
+        Some((event, next))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports() {
+        assert_eq!(port_from(None), 8080);
+        assert_eq!(port_from(Some("9001")), 9001);
+        assert_eq!(port_from(Some("65535")), 65535);
+        for bad in ["", "0", "65536", "-1", "80a", " 80", "http"] {
+            assert_eq!(port_from(Some(bad)), 8080, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn refusals_are_errors() {
+        let refusal = Refusal::text(StatusCode::OK, "no");
+        assert_eq!(refusal.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let refusal = Refusal::json(StatusCode::CONFLICT, &serde_json::json!({"a": 1}));
+        assert_eq!(refusal.status(), StatusCode::CONFLICT);
+        assert_eq!(refusal.body(), br#"{"a":1}"#);
+    }
+}

@@ -1,0 +1,113 @@
+//! The `/agent/run` path: the run-loop request in, the loop out as `[0]`
+//! messages, the close at the end (SPEC §10).
+//!
+//! ```text
+//! ask ──check──▶ claim the loop ──POST /run──▶ 2xx event stream
+//!   │ bad            │ none registered,          │ data  ──▶ [0][data]   (repeat)
+//!   ▼                │ one running               │ end   ──▶ close        finished
+//! [1] proxy error    ▼                           │ break ──▶ [1], close   unfinished
+//!                  [1] proxy error               ▼
+//!                                  cannot dial / non-2xx ──▶ [1], close   no loop
+//! ```
+//!
+//! The loop is claimed before the call and released as soon as the agent
+//! program's stream is over, before the close, so a server that asks for
+//! the next loop the moment it sees the close finds the proxy free.
+
+use std::pin::pin;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use runloop_proto::Decode;
+use runloop_proto::Writer;
+use runloop_proto::run_loop::{RunLoopRequest, frame};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::upstream::Failure;
+use super::{End, SHUTTING_DOWN, Shared, Ws, ask, end, error_message, left, proxy_error, sse};
+
+/// Serves one `/agent/run` path.
+pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {
+    let Some(ask) = ask(&mut ws, shutdown).await else {
+        return;
+    };
+    if let Err(error) = RunLoopRequest::decode(&ask) {
+        let refusal = proxy_error(format!("the run-loop request did not parse: {error}"));
+        return end(ws, End::Answer(Some(refusal)), &shared.config).await;
+    }
+    let claim = match shared.state.claim_loop() {
+        Ok(claim) => claim,
+        Err(why) => {
+            warn!(why, "loop refused");
+            return end(ws, End::Answer(Some(proxy_error(why))), &shared.config).await;
+        }
+    };
+    info!("loop started");
+    let outcome = relay(&mut ws, shared, ask, shutdown).await;
+    drop(claim);
+    end(ws, outcome, &shared.config).await;
+}
+
+/// Calls the agent program and passes its events on until one side ends.
+async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {
+    let response = tokio::select! {
+        () = shutdown.cancelled() => return End::Answer(Some(proxy_error(SHUTTING_DOWN))),
+        () = left(ws) => {
+            info!("the server left before the agent program answered");
+            return End::Abandon;
+        }
+        response = shared.upstream.run(ask) => response,
+    };
+    let response = match response {
+        Ok(response) => response,
+        Err(Failure(json)) => {
+            warn!(error = %String::from_utf8_lossy(&json), "no loop");
+            return End::Answer(Some(error_message(&json)));
+        }
+    };
+    let mut data = pin!(sse::data(response.bytes_stream(), shared.config.max_event));
+    let mut chunks: u64 = 0;
+    loop {
+        // Dropping `data` (by returning) drops the HTTP response, which
+        // closes the agent program's connection: the loop is cancelled.
+        let next = tokio::select! {
+            () = shutdown.cancelled() => return End::Answer(Some(proxy_error(SHUTTING_DOWN))),
+            () = left(ws) => {
+                info!(chunks, "the server left mid-loop; cancelling the agent program's loop");
+                return End::Abandon;
+            }
+            next = data.next() => next,
+        };
+        let data = match next {
+            None => {
+                info!(chunks, "loop finished");
+                return End::Answer(None);
+            }
+            Some(Err(broke)) => {
+                warn!(chunks, error = %broke, "loop cut short");
+                let Failure(json) = Failure::agent(broke);
+                return End::Answer(Some(error_message(&json)));
+            }
+            Some(Ok(data)) => data,
+        };
+        debug!(bytes = data.len(), "chunk");
+        tokio::select! {
+            // A frame half written cannot be followed by an error: drop the path.
+            () = shutdown.cancelled() => return End::Abandon,
+            sent = ws.send(chunk_message(&data)) => if let Err(error) = sent {
+                info!(chunks, %error, "the path broke mid-loop; cancelling the agent program's loop");
+                return End::Abandon;
+            },
+        }
+        chunks += 1;
+    }
+}
+
+/// `[0]` and the event's data, unread.
+fn chunk_message(data: &[u8]) -> Message {
+    let mut payload = Vec::new();
+    frame::encode_raw_chunk(data, &mut Writer::new(&mut payload));
+    Message::Binary(Bytes::from(payload))
+}

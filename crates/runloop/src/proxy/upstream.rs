@@ -1,0 +1,197 @@
+//! The agent program, as the proxy calls it: `POST /register` and
+//! `POST /run` over HTTP, and the error value each failure becomes (SPEC §10).
+//!
+//! Every failure is turned into error JSON here, once, so the two paths only
+//! decide when to send it:
+//!
+//! ```text
+//! cannot dial / no answer     {"kind":"agent","error":"<reason>"}
+//! non-2xx, JSON body          the body, verbatim
+//! non-2xx, other body         {"kind":"agent","status":N,"error":"<body as text>"}
+//! 2xx, not text/event-stream  {"kind":"agent","status":N,"error":"<what came instead>"}
+//! ```
+
+use std::io;
+use std::net::SocketAddr;
+
+use bytes::{Bytes, BytesMut};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use runloop_proto::Error;
+use serde_json::{Map, Value};
+
+/// The error JSON of a failed call, ready to follow the `1` tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Failure(pub(super) Bytes);
+
+impl Failure {
+    /// This project's own shape, `{"kind":"agent","error":…}`.
+    pub(super) fn agent(error: impl std::fmt::Display) -> Failure {
+        Failure::from_error(&Error::kind("agent", error))
+    }
+
+    /// `{"kind":"agent","status":N,"error":…}`.
+    fn status(status: u16, error: String) -> Failure {
+        let mut object = Map::with_capacity(3);
+        object.insert("kind".to_owned(), Value::from("agent"));
+        object.insert("status".to_owned(), Value::from(status));
+        object.insert("error".to_owned(), Value::from(error));
+        Failure::from_error(&Error::new(object))
+    }
+
+    fn from_error(error: &Error) -> Failure {
+        let mut json = Vec::new();
+        error.write_json(&mut runloop_proto::Writer::new(&mut json));
+        Failure(Bytes::from(json))
+    }
+}
+
+/// An HTTP client bound to one agent program.
+#[derive(Debug, Clone)]
+pub(super) struct Upstream {
+    client: reqwest::Client,
+    register_url: String,
+    run_url: String,
+    max_error_body: usize,
+}
+
+impl Upstream {
+    /// A client for the agent program at `agent`.
+    pub(super) fn new(agent: SocketAddr, max_error_body: usize) -> io::Result<Upstream> {
+        let client = reqwest::Client::builder()
+            // The agent program is on the container's loopback: a proxy from
+            // the environment would be wrong.
+            .no_proxy()
+            .build()
+            .map_err(io::Error::other)?;
+        Ok(Upstream {
+            client,
+            register_url: format!("http://{agent}/register"),
+            run_url: format!("http://{agent}/run"),
+            max_error_body,
+        })
+    }
+
+    /// `POST /register` with the server's ask, as it came.
+    pub(super) async fn register(&self, ask: Bytes) -> Result<(), Failure> {
+        let response = self
+            .post(&self.register_url, ask, "application/json")
+            .await?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(self.refused(response).await)
+        }
+    }
+
+    /// `POST /run` with the run-loop request, as it came; the response is
+    /// a 2xx event stream.
+    pub(super) async fn run(&self, ask: Bytes) -> Result<reqwest::Response, Failure> {
+        let response = self.post(&self.run_url, ask, "text/event-stream").await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.refused(response).await);
+        }
+        let content_type = response.headers().get(CONTENT_TYPE);
+        if !is_event_stream(content_type) {
+            let what = content_type
+                .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+                .unwrap_or_else(|| "none".to_owned());
+            return Err(Failure::status(
+                status.as_u16(),
+                format!(
+                    "the agent program answered with content type {what:?}, not text/event-stream"
+                ),
+            ));
+        }
+        Ok(response)
+    }
+
+    async fn post(
+        &self,
+        url: &str,
+        body: Bytes,
+        accept: &'static str,
+    ) -> Result<reqwest::Response, Failure> {
+        self.client
+            .post(url)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header(ACCEPT, HeaderValue::from_static(accept))
+            .body(body)
+            .send()
+            .await
+            .map_err(|error| Failure::agent(super::chain(&error)))
+    }
+
+    /// A non-2xx answer: its body verbatim when it is JSON, else wrapped.
+    async fn refused(&self, mut response: reqwest::Response) -> Failure {
+        let status = response.status().as_u16();
+        let mut body = BytesMut::new();
+        let mut cut = false;
+        loop {
+            match response.chunk().await {
+                Ok(Some(piece)) => {
+                    let room = self.max_error_body - body.len();
+                    if piece.len() > room {
+                        body.extend_from_slice(&piece[..room]);
+                        cut = true;
+                        break;
+                    }
+                    body.extend_from_slice(&piece);
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    return Failure::status(
+                        status,
+                        format!(
+                            "the agent program's error body broke: {}",
+                            super::chain(&error)
+                        ),
+                    );
+                }
+            }
+        }
+        if !cut && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() {
+            return Failure(body.freeze());
+        }
+        let mut text = String::from_utf8_lossy(&body).into_owned();
+        if cut {
+            text.push_str(&format!(" … (cut at {} bytes)", self.max_error_body));
+        }
+        Failure::status(status, text)
+    }
+}
+
+/// Whether a `Content-Type` is `text/event-stream`, parameters aside.
+fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
+    content_type
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_stream_content_types() {
+        let is = |value: &'static str| is_event_stream(Some(&HeaderValue::from_static(value)));
+        assert!(is("text/event-stream"));
+        assert!(is("Text/Event-Stream; charset=utf-8"));
+        assert!(!is("application/json"));
+        assert!(!is("text/event-streams"));
+        assert!(!is_event_stream(None));
+    }
+
+    #[test]
+    fn failure_shapes() {
+        assert_eq!(
+            Failure::agent("connection refused").0,
+            &br#"{"kind":"agent","error":"connection refused"}"#[..]
+        );
+        assert_eq!(
+            Failure::status(502, "bad gateway".to_owned()).0,
+            &br#"{"kind":"agent","status":502,"error":"bad gateway"}"#[..]
+        );
+    }
+}

@@ -1,0 +1,280 @@
+//! The exec runtime with real child processes: small python3 agent
+//! programs under `tests/fixtures/` that serve HTTP and SSE on `$PORT`.
+//! Each test checks what became of the child: reaped (`/proc/<pid>` gone),
+//! and no descendant left running.
+
+mod common;
+
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{End, error_json, exchange, outcome, reaped, register, wait_dead};
+use runloop::proto::run_loop::Outcome;
+use runloop::runtime::{Container, Exec, Limits, Runtime};
+use tracing_subscriber::fmt::MakeWriter;
+
+const GIB: u64 = 1 << 30;
+
+fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn limits(memory: u64) -> Limits {
+    Limits { memory, disk: 0 }
+}
+
+fn pidfile(test: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("runloop-{test}-{}.pid", std::process::id()))
+}
+
+fn read_pids(path: &std::path::Path) -> Vec<u32> {
+    let text = std::fs::read_to_string(path).expect("the fixture wrote its pids");
+    text.split_whitespace()
+        .map(|pid| pid.parse().expect("a pid"))
+        .collect()
+}
+
+/// Collects the log lines of the test's own thread.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
+    }
+}
+
+impl io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Logs {
+    type Writer = Logs;
+
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+/// The log of this test binary. A global subscriber: a thread-local one
+/// misses events whose call sites other threads' tests cached first.
+fn logs() -> Logs {
+    static LOGS: std::sync::OnceLock<Logs> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        logs
+    })
+    .clone()
+}
+
+#[tokio::test]
+async fn a_child_serves_loops_and_stop_terminates_and_reaps_it() {
+    let logs = logs();
+
+    let exec = Exec::new("python3", [fixture("sse_agent.py")]);
+    let container = exec.spawn(limits(GIB)).await.expect("starts");
+    let pid = container.pid();
+    assert!(!reaped(pid), "the child runs");
+    let proc_limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let data = proc_limits
+        .lines()
+        .find(|line| line.starts_with("Max data size"))
+        .expect("a data limit");
+    assert_eq!(
+        data.split_whitespace().collect::<Vec<_>>(),
+        ["Max", "data", "size", "1073741824", "1073741824", "bytes"],
+        "the memory limit is the child's RLIMIT_DATA"
+    );
+
+    let url = container.proxy_url().to_owned();
+    register(&url).await;
+    // The fixture writes the prompt the way python's json.dumps does,
+    // escapes and all; that is what must arrive.
+    for (prompt, quoted) in [("first", r#""first""#), ("second é", r#""second \u00e9""#)] {
+        let ask = serde_json::to_vec(&serde_json::json!({ "prompt": prompt })).expect("JSON");
+        let done = exchange(&url, "/agent/run", &ask).await;
+        assert_eq!(done.end, End::Clean);
+        assert_eq!(
+            done.messages,
+            [
+                b"\x00{\"type\":\"assistant_reasoning\", \"text\" : \"reading\"}".to_vec(),
+                format!("\x00{{\"type\":\"assistant_text_content\",\"text\":{quoted}}}").into_bytes(),
+                b"\x00{\"type\":\"usage\",\"completion_tokens\":2,\"prompt_tokens\":1,\"total_tokens\":3}"
+                    .to_vec(),
+            ],
+            "the bytes the agent program wrote, unchanged"
+        );
+        assert_eq!(outcome(&done).1, Outcome::Finished { fatal: false });
+    }
+
+    let how = container.terminate().await;
+    assert_eq!(how, "the agent program was stopped: killed by signal 15");
+    assert!(reaped(pid), "the child is reaped once stop resolves");
+    let text = logs.text();
+    let ours = |stream: &str, words: &str| {
+        text.lines().any(|line| {
+            line.contains(&format!("pid={pid} stream=\"{stream}\"")) && line.contains(words)
+        })
+    };
+    assert!(
+        ours("stdout", "sse agent listening on"),
+        "stdout is logged line by line:\n{text}"
+    );
+    assert!(
+        ours("stderr", "\"POST /run HTTP/1.1\" 200"),
+        "stderr is logged line by line:\n{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_child_that_ignores_sigterm_is_killed_with_its_group() {
+    let path = pidfile("stubborn");
+    let exec = Exec::new(
+        "python3",
+        [fixture("ignores_sigterm.py"), path.display().to_string()],
+    )
+    .with_grace(Duration::from_millis(200));
+    let container = exec.spawn(limits(GIB)).await.expect("starts");
+    let pids = read_pids(&path);
+    let _ = std::fs::remove_file(&path);
+    let [child, grandchild] = pids[..] else {
+        panic!("two pids: {pids:?}");
+    };
+    assert_eq!(child, container.pid());
+    assert!(!reaped(grandchild), "the grandchild runs");
+
+    let how = container.terminate().await;
+    assert_eq!(how, "the agent program was stopped: killed by signal 9");
+    assert!(reaped(child), "the child is reaped");
+    assert!(
+        wait_dead(grandchild).await,
+        "the grandchild, in the child's group, is killed too"
+    );
+}
+
+#[tokio::test]
+async fn a_child_that_dies_mid_loop_ends_the_loop_and_the_container() {
+    let exec = Exec::new("python3", [fixture("dies_mid_stream.py")]);
+    let mut container = exec.spawn(limits(GIB)).await.expect("starts");
+    let pid = container.pid();
+    let url = container.proxy_url().to_owned();
+    register(&url).await;
+
+    let done = exchange(&url, "/agent/run", br#"{"prompt":"x"}"#).await;
+    assert_eq!(done.end, End::Clean);
+    assert_eq!(done.messages.len(), 3, "two chunks, then the error");
+    let error = error_json(&done.messages[2]);
+    assert_eq!(error["kind"], "agent");
+    assert!(
+        error["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("the event stream broke")),
+        "{error}"
+    );
+    let (chunks, result) = outcome(&done);
+    assert_eq!(chunks.len(), 2);
+    assert_eq!(result.name(), "unfinished");
+
+    let reason = container.ended().await;
+    assert_eq!(reason, "the agent program exited by itself: exit status 3");
+    assert!(reaped(pid), "reaped as soon as it ended");
+    // `ended` is cancel-safe and may be asked again.
+    assert_eq!(container.ended().await, reason);
+    assert_eq!(container.terminate().await, reason);
+}
+
+#[tokio::test]
+async fn a_child_that_exits_before_listening_fails_the_start() {
+    let path = pidfile("early-exit");
+    let script = "import os, sys\nopen(sys.argv[1], 'w').write(str(os.getpid()))\nsys.exit(7)";
+    let exec = Exec::new("python3", ["-c", script, &path.display().to_string()]);
+    let error = exec
+        .start(limits(GIB))
+        .await
+        .expect_err("the child exits first");
+    let pids = read_pids(&path);
+    let _ = std::fs::remove_file(&path);
+    let message = error.to_string();
+    assert!(
+        message.starts_with("the agent program exited before it listened on 127.0.0.1:")
+            && message.ends_with(": exit status 7"),
+        "{message}"
+    );
+    assert!(reaped(pids[0]), "the child is reaped");
+}
+
+#[tokio::test]
+async fn a_memory_limit_too_small_to_start_in_fails_the_start() {
+    let exec = Exec::new("python3", [fixture("sse_agent.py")]);
+    let error = exec
+        .start(limits(1 << 20))
+        .await
+        .expect_err("python3 cannot start in 1 MiB of data");
+    assert!(
+        error
+            .to_string()
+            .starts_with("the agent program exited before it listened"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_child_that_never_listens_is_killed_when_the_start_times_out() {
+    let path = pidfile("silent");
+    let script =
+        "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(600)";
+    let exec = Exec::new("python3", ["-c", script, &path.display().to_string()])
+        // Room for python3 to start and write its pid even on a busy machine.
+        .with_startup_timeout(Duration::from_secs(2));
+    let error = exec.start(limits(GIB)).await.expect_err("never listens");
+    let pids = read_pids(&path);
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        error.to_string().contains("did not listen on 127.0.0.1:"),
+        "{error}"
+    );
+    assert!(reaped(pids[0]), "the child is killed and reaped");
+}
+
+#[tokio::test]
+async fn a_program_that_cannot_be_started() {
+    let exec = Exec::new("/nonexistent/agent-program", Vec::<String>::new());
+    let error = exec.start(limits(GIB)).await.expect_err("no such program");
+    assert_eq!(
+        error.to_string(),
+        "cannot start the agent program \"/nonexistent/agent-program\": No such file or directory (os error 2)"
+    );
+}
+
+#[tokio::test]
+async fn a_container_dropped_without_stop_still_ends_its_child() {
+    let exec = Exec::new("python3", [fixture("sse_agent.py")]);
+    let container = exec.spawn(limits(GIB)).await.expect("starts");
+    let pid = container.pid();
+    drop(container);
+    assert!(wait_dead(pid).await, "the child is terminated");
+    for _ in 0..2000 {
+        if reaped(pid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the child {pid} was not reaped");
+}
