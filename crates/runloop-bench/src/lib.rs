@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub use forwarder::forward;
-pub use mix::{Mix, MixError};
+pub use mix::{Mix, MixError, parse_bytes};
 pub use process::Spawn;
 pub use report::{Report, Side, SlowReport};
 
@@ -82,19 +82,22 @@ pub enum BenchError {
     Worker(String),
 }
 
-/// Runs `loops` workers until the deadline and sums what they saw.
+/// Runs `loops` workers (given their index) until the deadline and sums
+/// what they saw.
 async fn drive<F, Fut>(
     loops: usize,
     duration: Duration,
     worker: F,
 ) -> Result<(Tally, Duration), BenchError>
 where
-    F: Fn(Instant) -> Fut,
+    F: Fn(usize, Instant) -> Fut,
     Fut: Future<Output = Result<Tally, BenchError>> + Send + 'static,
 {
     let start = Instant::now();
     let deadline = start + duration;
-    let tasks: Vec<_> = (0..loops).map(|_| tokio::spawn(worker(deadline))).collect();
+    let tasks: Vec<_> = (0..loops)
+        .map(|index| tokio::spawn(worker(index, deadline)))
+        .collect();
     let mut total = Tally::new();
     for task in tasks {
         let tally = task
@@ -120,8 +123,8 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
     let addr = free_addr()?;
     let forwarder = Child::start(spawn.forwarder(addr, &proxy.url()), addr).await?;
     let url = format!("ws://{addr}");
-    let (tally, wall) = drive(params.loops, params.duration, |deadline| {
-        baseline_worker(url.clone(), planned, epoch, deadline)
+    let (tally, wall) = drive(params.loops, params.duration, |index, deadline| {
+        baseline_worker(url.clone(), index, planned, epoch, deadline)
     })
     .await?;
     let baseline = Side::new(&tally, wall, forwarder.memory("VmHWM"));
@@ -130,8 +133,8 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
     let addr = free_addr()?;
     let server = Child::start(spawn.server(addr, &proxy.url(), TOKEN), addr).await?;
     let url = format!("ws://{addr}");
-    let (tally, wall) = drive(params.loops, params.duration, |deadline| {
-        relay_worker(url.clone(), TOKEN, planned, epoch, deadline)
+    let (tally, wall) = drive(params.loops, params.duration, |index, deadline| {
+        relay_worker(url.clone(), TOKEN, index, planned, epoch, deadline)
     })
     .await?;
     let relay = Side::new(&tally, wall, server.memory("VmHWM"));
@@ -180,13 +183,9 @@ pub async fn slow_reader(params: &SlowParams, spawn: &dyn Spawn) -> Result<SlowR
     });
     let start = Instant::now();
     let mut tally = Tally::new();
+    let pace = &mut Pace::new(Some(params.read_rate));
     let result = run
-        .run_loop(
-            chunks,
-            epoch,
-            &mut tally,
-            &mut Pace::new(Some(params.read_rate)),
-        )
+        .run_loop(&synthetic::prompt(0, 0), chunks, epoch, &mut tally, pace)
         .await;
     let seconds = start.elapsed().as_secs_f64();
     sampler.abort();

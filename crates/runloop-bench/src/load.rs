@@ -14,7 +14,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::BenchError;
-use crate::synthetic::stamp;
+use crate::synthetic::{prompt, stamp};
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -178,9 +178,11 @@ impl RelayRun {
         }
     }
 
-    /// Runs one loop to its finish, reading at `pace`.
+    /// Runs one loop to its finish, reading at `pace`; `prompt` picks the
+    /// loop's chunks.
     pub(crate) async fn run_loop(
         &mut self,
+        prompt: &[u8],
         planned: u64,
         epoch: Instant,
         tally: &mut Tally,
@@ -188,13 +190,14 @@ impl RelayRun {
     ) -> Result<(), BenchError> {
         let channel = self.next_channel;
         self.next_channel += 1;
-        let request = b"\x05{\"prompt\":\"bench\"}";
+        let mut request = vec![5];
+        request.extend_from_slice(prompt);
         send(
             &mut self.ws,
             &ClientFrame::ChannelRequest {
                 scope: 0,
                 channel,
-                payload: request,
+                payload: &request,
             },
         )
         .await?;
@@ -232,18 +235,21 @@ impl RelayRun {
     }
 }
 
-/// Loops through the relay until `deadline` (at least one).
+/// Loops through the relay until `deadline` (at least one); `index` is the
+/// worker's place, which picks its loops' chunks.
 pub(crate) async fn relay_worker(
     url: String,
     token: &'static str,
+    index: usize,
     planned: u64,
     epoch: Instant,
     deadline: Instant,
 ) -> Result<Tally, BenchError> {
     let mut tally = Tally::new();
     let mut run = RelayRun::open(&url, token).await?;
-    loop {
-        run.run_loop(planned, epoch, &mut tally, &mut Pace::new(None))
+    for round in 0.. {
+        let prompt = prompt(index, round);
+        run.run_loop(&prompt, planned, epoch, &mut tally, &mut Pace::new(None))
             .await?;
         if Instant::now() >= deadline {
             break;
@@ -253,22 +259,21 @@ pub(crate) async fn relay_worker(
     Ok(tally)
 }
 
-/// Loops through the raw forwarder until `deadline` (at least one).
+/// Loops through the raw forwarder until `deadline` (at least one); `index`
+/// is the worker's place, which picks its loops' chunks.
 pub(crate) async fn baseline_worker(
     url: String,
+    index: usize,
     planned: u64,
     epoch: Instant,
     deadline: Instant,
 ) -> Result<Tally, BenchError> {
     let mut tally = Tally::new();
-    loop {
-        let (mut ws, _) =
-            tokio_tungstenite::connect_async_with_config(format!("{url}/agent/run"), None, true)
-                .await?;
-        ws.send(Message::Binary(bytes::Bytes::from_static(
-            b"{\"prompt\":\"bench\"}",
-        )))
-        .await?;
+    for round in 0.. {
+        let url = format!("{url}/agent/run");
+        let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true).await?;
+        ws.send(Message::Binary(prompt(index, round).into()))
+            .await?;
         let (mut expected, mut got) = (0, 0);
         while let Some(message) = next_binary(&mut ws).await? {
             got += 1;
@@ -276,7 +281,8 @@ pub(crate) async fn baseline_worker(
         }
         tally.loop_end(true, got, planned);
         if Instant::now() >= deadline {
-            return Ok(tally);
+            break;
         }
     }
+    Ok(tally)
 }

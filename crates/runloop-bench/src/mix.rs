@@ -3,7 +3,7 @@
 //! Real loops are mostly short text deltas with the odd large tool
 //! response, and a relay's cost per chunk and per byte differ, so the mix
 //! matters more than any single size. A mix is written
-//! `MIN-MAX:WEIGHT,…` (sizes in bytes, `K`/`M` suffixes allowed); the
+//! `MIN-MAX:WEIGHT,…` (sizes in bytes, `K`/`M`/`G` suffixes allowed); the
 //! default is `20-200:95,2K-20K:5`.
 
 use std::fmt;
@@ -61,14 +61,20 @@ impl Mix {
     }
 }
 
-fn size(text: &str) -> Option<usize> {
+/// A byte count with an optional `K`, `M` or `G` suffix (powers of 1024).
+pub fn parse_bytes(text: &str) -> Option<u64> {
     let text = text.trim();
     let (digits, scale) = match text.as_bytes().last()? {
-        b'K' | b'k' => (&text[..text.len() - 1], 1 << 10),
+        b'K' | b'k' => (&text[..text.len() - 1], 1u64 << 10),
         b'M' | b'm' => (&text[..text.len() - 1], 1 << 20),
+        b'G' | b'g' => (&text[..text.len() - 1], 1 << 30),
         _ => (text, 1),
     };
-    digits.parse::<usize>().ok()?.checked_mul(scale)
+    digits.parse::<u64>().ok()?.checked_mul(scale)
+}
+
+fn size(text: &str) -> Option<usize> {
+    usize::try_from(parse_bytes(text)?).ok()
 }
 
 impl FromStr for Mix {
@@ -120,6 +126,9 @@ mod tests {
         assert_eq!(mix, Mix::default());
         assert_eq!(mix.to_string(), "20-200:95,2048-20480:5");
         assert_eq!("64K".parse::<Mix>().expect("fixed"), Mix::fixed(64 << 10));
+        assert_eq!(parse_bytes("1G"), Some(1 << 30));
+        assert_eq!(parse_bytes("12"), Some(12));
+        assert_eq!(parse_bytes("x"), None);
         for bad in ["", "a-b:1", "200-20:1", "20-200:0", "20-200:x"] {
             assert!(bad.parse::<Mix>().is_err(), "{bad}");
         }

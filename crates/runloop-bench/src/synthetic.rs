@@ -16,7 +16,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -55,12 +54,9 @@ impl SyntheticProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let plan = Arc::new(plan);
-        let seeds = Arc::new(AtomicU64::new(1));
         let task = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                let plan = Arc::clone(&plan);
-                let seed = seeds.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(serve(tcp, plan, seed));
+                tokio::spawn(serve(tcp, Arc::clone(&plan)));
             }
         });
         Ok(SyntheticProxy { addr, task })
@@ -71,7 +67,7 @@ impl SyntheticProxy {
     }
 }
 
-async fn serve(tcp: TcpStream, plan: Arc<Plan>, seed: u64) {
+async fn serve(tcp: TcpStream, plan: Arc<Plan>) {
     let _ = tcp.set_nodelay(true);
     let mut path = String::new();
     // The handshake callback's error type is tungstenite's, large by design.
@@ -83,8 +79,7 @@ async fn serve(tcp: TcpStream, plan: Arc<Plan>, seed: u64) {
     let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(tcp, callback).await else {
         return;
     };
-    // The ask; its content does not matter here.
-    let Some(Ok(Message::Binary(_ask))) = ws.next().await else {
+    let Some(Ok(Message::Binary(ask))) = ws.next().await else {
         return;
     };
     if path == "/agent/register" {
@@ -92,7 +87,8 @@ async fn serve(tcp: TcpStream, plan: Arc<Plan>, seed: u64) {
         let _ = ws.close(None).await;
         return;
     }
-    let mut rng = fastrand::Rng::with_seed(seed);
+    // The same loop gets the same chunks on both sides of the comparison.
+    let mut rng = fastrand::Rng::with_seed(seed_of(&ask));
     for seq in 0..plan.chunks {
         let size = plan.mix.draw(&mut rng);
         let message = chunk(size, plan.epoch.elapsed().as_nanos() as u64, seq);
@@ -102,6 +98,19 @@ async fn serve(tcp: TcpStream, plan: Arc<Plan>, seed: u64) {
     }
     let _ = ws.close(None).await;
     while let Some(Ok(_)) = ws.next().await {}
+}
+
+/// The prompt a load client sends for loop `index`, round `round`.
+pub(crate) fn prompt(index: usize, round: u64) -> Vec<u8> {
+    format!("{{\"prompt\":\"bench:{index}:{round}\"}}").into_bytes()
+}
+
+/// The size sequence's seed, from the ask: the same prompt, the same sizes.
+fn seed_of(ask: &[u8]) -> u64 {
+    // FNV-1a: stable across runs and processes, unlike std's hasher.
+    ask.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// A chunk message of about `size` JSON bytes, stamped with `sent` and `seq`.
@@ -144,6 +153,13 @@ pub(crate) fn stamp(payload: &[u8]) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_same_prompt_gives_the_same_seed() {
+        assert_eq!(seed_of(&prompt(3, 1)), seed_of(&prompt(3, 1)));
+        assert_ne!(seed_of(&prompt(3, 1)), seed_of(&prompt(3, 2)));
+        assert_ne!(seed_of(&prompt(1, 3)), seed_of(&prompt(3, 1)));
+    }
 
     #[test]
     fn chunks_are_valid_json_of_their_size_with_a_readable_stamp() {

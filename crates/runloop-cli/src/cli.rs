@@ -7,7 +7,7 @@
 use std::io;
 
 use crate::exit::{Exit, Failure};
-use crate::{decode, schema};
+use crate::{agent, bench, decode, proxy, run, schema, serve};
 
 /// `runloop`: the run-loop channel of the Diverge Provider Protocol 2.3.0.
 #[derive(Debug, clap::Parser)]
@@ -26,19 +26,43 @@ chunk was a fatal notification";
 /// The subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
+    /// Run one loop and render it as it streams (no --url: an embedded
+    /// server with the demo agent).
+    Run(run::Args),
+    /// Serve runs: the provider server, with its catalog of agents.
+    Serve(serve::Args),
+    /// The proxy on its own, for beside an agent program in a container.
+    Proxy(proxy::Args),
+    /// An agent program on its own, on $PORT.
+    Agent(agent::Args),
     /// Read a capture and print what each run-loop channel carried, as JSON lines.
     Decode(decode::Args),
     /// Print the JSON Schema of the chunk vocabulary and of the error value.
     Schema(schema::Args),
+    /// Measure the relay against a raw WebSocket forwarder.
+    Bench(bench::Args),
+    /// The bench's baseline forwarder (run by `runloop bench` itself).
+    #[command(name = "__forward", hide = true)]
+    Forward(bench::ForwardArgs),
 }
 
 impl Command {
     /// Runs the subcommand, writing its data to stdout.
     pub fn run(self) -> Result<Exit, Failure> {
+        if let Command::Run(args) = &self {
+            // Renders to a terminal-aware stream of its own.
+            return args.run();
+        }
         let mut out = io::stdout().lock();
         match self {
+            Command::Run(_) => unreachable!("handled above"),
+            Command::Serve(args) => args.run(&mut out),
+            Command::Proxy(args) => args.run(&mut out),
+            Command::Agent(args) => args.run(&mut out),
             Command::Decode(args) => args.run(&mut out),
             Command::Schema(args) => args.run(&mut out),
+            Command::Bench(args) => args.run(&mut out),
+            Command::Forward(args) => args.run(),
         }
     }
 }

@@ -80,6 +80,45 @@ impl From<Exit> for ExitCode {
 /// Why a command could not do its work (exit code 2).
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
+    /// An argument that parses but cannot be used.
+    #[error("{0}")]
+    Argument(String),
+    /// The server could not be reached or the credential not sent.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        /// The server's URL.
+        url: String,
+        /// What went wrong.
+        #[source]
+        source: runloop::client::ConnectError,
+    },
+    /// The run did not start (refused, not served, credential rejected).
+    #[error("{0}")]
+    Run(#[source] runloop::client::RunError),
+    /// An address could not be listened on.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// What went wrong.
+        #[source]
+        source: io::Error,
+    },
+    /// The async runtime, or the process around it, failed.
+    #[error("{0}")]
+    Runtime(#[source] io::Error),
+    /// The capture file could not be written.
+    #[error("cannot write the capture {path}: {source}")]
+    Capture {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        #[source]
+        source: io::Error,
+    },
+    /// The benchmark could not run.
+    #[error("the benchmark failed: {0}")]
+    Bench(#[source] runloop_bench::BenchError),
     /// Standard output could not be written.
     #[error("cannot write the output: {0}")]
     Output(#[source] io::Error),

@@ -1,4 +1,4 @@
-//! The `runloop` command: inspect, render and (soon) run and serve the
+//! The `runloop` command: run, serve, inspect, check and measure the
 //! run-loop channel from a shell.
 //!
 //! The command is thin on purpose. What bytes mean is decided by
@@ -11,6 +11,12 @@
 //!
 //! ```text
 //! cli      the argument types, one subcommand per module
+//! run      one loop, end to end, rendered as it streams
+//! serve    the provider server and its catalog
+//! proxy    the proxy on its own
+//! agent    the demo agent program on its own
+//! bench    the relay against a raw forwarder (and the hidden forwarder)
+//! process  the async runtime, logs and shutdown signals they share
 //! decode   a capture → JSON lines, exit code from the loops' endings
 //! schema   the JSON Schema of the chunk vocabulary and the error value
 //! render   one loop for a terminal, as plain text, or as JSON lines
@@ -18,12 +24,18 @@
 //! exit     exit codes, and the one mapping from an outcome to a code
 //! ```
 
+pub mod agent;
+pub mod bench;
 pub mod cli;
 pub mod decode;
 pub mod exit;
 pub mod json;
+pub mod process;
+pub mod proxy;
 pub mod render;
+pub mod run;
 pub mod schema;
+pub mod serve;
 
 use std::ffi::OsString;
 use std::io::{self, Write};

@@ -166,6 +166,16 @@ impl<W: Write> Render<W> {
         self.out.flush()
     }
 
+    /// A chunk and its JSON as it came: JSON lines print that JSON
+    /// unchanged, text renders the chunk.
+    pub fn chunk_with_json(&mut self, chunk: AgenticLoopChunk, raw: &[u8]) -> io::Result<()> {
+        if self.format == Format::Json {
+            json::chunk(&mut self.out, None, raw)?;
+            return self.out.flush();
+        }
+        self.chunk(chunk)
+    }
+
     /// The loop's error: there was no loop, or it did not finish.
     pub fn error(&mut self, error: &Error) -> io::Result<()> {
         if self.format == Format::Json {

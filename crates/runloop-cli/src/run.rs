@@ -1,0 +1,297 @@
+//! `runloop run`: one loop, end to end, rendered as it streams.
+//!
+//! Without `--url` it starts an embedded server with the built-in demo
+//! agent on a loopback port and runs against it over real sockets, so the
+//! command works on a fresh machine with no setup. The exit code is the
+//! loop's ending (see [`Exit`]); Ctrl-C stops the run, and the loop then
+//! ends unfinished, as it did.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use runloop::client::{Client, ClientConfig, Event};
+use runloop::runtime::Catalog;
+use runloop::server::{Credentials, Server, ServerConfig};
+use runloop_proto::agents_run::{
+    Container, Image, ImageRef, RunRequest, is_valid_digest, is_valid_name,
+};
+use runloop_proto::capture::{Direction, Line};
+use runloop_proto::frame::{HEADER_LEN, Role};
+use runloop_proto::run_loop::{Broken, Outcome};
+use serde_json::value::RawValue;
+
+use crate::exit::{Exit, Failure};
+use crate::process::{block_on, init_logs, shutdown_signal};
+use crate::render::{Format, Render};
+use crate::serve::bytes;
+
+/// The digest sent when `--image` names none: any unpinned catalog entry
+/// accepts it.
+pub const ANY_DIGEST: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Arguments of `runloop run`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The prompt; read from standard input when absent.
+    pub prompt: Option<String>,
+    /// The provider server (ws://HOST:PORT). Without it, an embedded server
+    /// with the built-in demo agent runs on a loopback port.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// The credential.
+    #[arg(
+        long,
+        env = "RUNLOOP_TOKEN",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub token: String,
+    /// The server image to run: NAME or NAME@DIGEST. Without a digest,
+    /// sha256:0…0 is sent, which unpinned catalog entries accept.
+    #[arg(long, default_value = "demo", value_parser = image)]
+    pub image: ImageRef,
+    /// JSON handed verbatim to the agent's registration.
+    #[arg(long, default_value = "{}")]
+    pub agent_json: String,
+    /// The container's memory limit (K/M/G suffixes).
+    #[arg(long, default_value = "1G", value_parser = bytes)]
+    pub memory: u64,
+    /// Bytes the container may write (K/M/G suffixes).
+    #[arg(long, default_value = "1G", value_parser = bytes)]
+    pub disk: u64,
+    /// One JSON object per line: {"chunk":…}, {"error":…}, then {"outcome":…}.
+    #[arg(long)]
+    pub json: bool,
+    /// Record every frame of the connection, both directions, to FILE, in
+    /// the format `runloop decode` reads. The credential is not recorded.
+    #[arg(long, value_name = "FILE")]
+    pub capture: Option<PathBuf>,
+}
+
+/// `NAME` or `NAME@DIGEST`, checked as the server will check it.
+pub fn image(text: &str) -> Result<ImageRef, String> {
+    let (name, digest) = text.split_once('@').unwrap_or((text, ANY_DIGEST));
+    if !is_valid_name(name) {
+        return Err(format!(
+            "{name:?} is not an image name (a repository path without a host)"
+        ));
+    }
+    if !is_valid_digest(digest) {
+        return Err(format!("{digest:?} is not a digest (<algorithm>:<hex>)"));
+    }
+    Ok(ImageRef {
+        name: name.to_owned(),
+        digest: digest.to_owned(),
+    })
+}
+
+impl Args {
+    fn request(&self) -> Result<RunRequest, Failure> {
+        let agent = RawValue::from_string(self.agent_json.clone())
+            .map_err(|e| Failure::Argument(format!("--agent-json is not JSON: {e}")))?;
+        let container = Container::new(Image::Server(self.image.clone()), self.memory, self.disk);
+        let request = RunRequest::new(container, agent);
+        request
+            .validate()
+            .map_err(|e| Failure::Argument(e.to_string()))?;
+        Ok(request)
+    }
+
+    fn prompt(&self) -> Result<String, Failure> {
+        if let Some(prompt) = &self.prompt {
+            return Ok(prompt.clone());
+        }
+        let mut prompt = String::new();
+        io::stdin()
+            .read_to_string(&mut prompt)
+            .map_err(|source| Failure::Input {
+                name: "standard input".into(),
+                source,
+            })?;
+        if prompt.ends_with('\n') {
+            prompt.pop();
+            if prompt.ends_with('\r') {
+                prompt.pop();
+            }
+        }
+        Ok(prompt)
+    }
+
+    /// Runs one loop and renders it to stdout.
+    pub fn run(&self) -> Result<Exit, Failure> {
+        let request = self.request()?;
+        let prompt = self.prompt()?;
+        let capture = self.capture.as_ref().map(Capture::create).transpose()?;
+        // The embedded server's own account of a loop that failed would only
+        // repeat what the rendering says; RUST_LOG brings it back.
+        init_logs("error");
+        let format = if self.json {
+            Format::Json
+        } else {
+            Format::Text
+        };
+        let stdout = io::stdout();
+        let mut render = Render::new(anstream::AutoStream::auto(stdout.lock()), format);
+        let outcome = block_on(async {
+            let embedded = match &self.url {
+                Some(_) => None,
+                None => {
+                    let config = ServerConfig::new(Credentials::Any, Catalog::demo());
+                    let server = Server::bind("127.0.0.1:0", config)
+                        .await
+                        .map_err(|source| Failure::Listen {
+                            addr: "127.0.0.1:0".into(),
+                            source,
+                        })?;
+                    Some(server.spawn().map_err(Failure::Runtime)?)
+                }
+            };
+            let url = match (&self.url, &embedded) {
+                (Some(url), _) => url.clone(),
+                (None, Some((handle, _))) => handle.url(),
+                (None, None) => unreachable!("an embedded server is started when no URL is given"),
+            };
+            let config = ClientConfig {
+                tap: capture.as_ref().map(Capture::tap),
+                ..ClientConfig::default()
+            };
+            let client = Client::connect_with(&url, &self.token, config)
+                .await
+                .map_err(|source| Failure::Connect {
+                    url: url.clone(),
+                    source,
+                })?;
+            let run = client.run(request).await.map_err(Failure::Run)?;
+            let mut run_loop = run.run_loop(prompt);
+            let mut interrupted = false;
+            let outcome = loop {
+                let event = tokio::select! {
+                    event = run_loop.next() => event,
+                    () = shutdown_signal(), if !interrupted => {
+                        // Stop the run; the loop then ends as it did.
+                        interrupted = true;
+                        let run = run.clone();
+                        tokio::spawn(async move { run.stop().await });
+                        continue;
+                    }
+                };
+                match event {
+                    Some(Event::Chunk { chunk, json }) => render.chunk_with_json(chunk, &json)?,
+                    Some(Event::Error(error)) => render.error(&error)?,
+                    Some(Event::End(outcome)) => {
+                        render.outcome(&outcome)?;
+                        break outcome;
+                    }
+                    None => break Outcome::Broken(Broken::ConnectionEnded),
+                }
+            };
+            run.stop().await;
+            client.close().await;
+            if let Some((handle, serving)) = embedded {
+                handle.shutdown();
+                let _ = serving.await;
+            }
+            Ok::<_, Failure>(outcome)
+        })??;
+        if let Some(capture) = capture {
+            capture.finish()?;
+        }
+        Ok(Exit::of(&outcome))
+    }
+}
+
+/// The `--capture` file, written by the client's tap.
+#[derive(Debug, Clone)]
+struct Capture {
+    path: PathBuf,
+    file: Arc<Mutex<CaptureFile>>,
+}
+
+#[derive(Debug)]
+struct CaptureFile {
+    out: BufWriter<File>,
+    /// The first write error; the capture stops there.
+    failed: Option<io::Error>,
+}
+
+impl Capture {
+    fn create(path: &PathBuf) -> Result<Capture, Failure> {
+        let file = File::create(path).map_err(|source| Failure::Input {
+            name: path.display().to_string(),
+            source,
+        })?;
+        let mut out = BufWriter::new(file);
+        let header = "# runloop capture: '>' client to server, '<' server to client\n";
+        let failed = out.write_all(header.as_bytes()).err();
+        Ok(Capture {
+            path: path.clone(),
+            file: Arc::new(Mutex::new(CaptureFile { out, failed })),
+        })
+    }
+
+    fn tap(&self) -> runloop::connection::Tap {
+        let file = Arc::clone(&self.file);
+        Arc::new(move |sender: Role, message: &[u8]| {
+            let direction = match sender {
+                Role::Client => Direction::ClientToServer,
+                Role::Server => Direction::ServerToClient,
+            };
+            let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if file.failed.is_some() {
+                return;
+            }
+            // An authorization frame is kept as its header and mode byte:
+            // the credential stays out of the file.
+            let (message, note) = match message.first() {
+                Some(0) if message.len() > HEADER_LEN + 1 => (
+                    &message[..HEADER_LEN + 1],
+                    "# the credential is not recorded\n",
+                ),
+                _ => (message, ""),
+            };
+            let written = writeln!(file.out, "{note}{}", Line::new(direction, message));
+            if let Err(error) = written {
+                file.failed = Some(error);
+            }
+        })
+    }
+
+    fn finish(self) -> Result<(), Failure> {
+        let mut file = self
+            .file
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = match file.failed.take() {
+            Some(error) => Err(error),
+            None => file.out.flush(),
+        };
+        result.map_err(|source| Failure::Capture {
+            path: self.path.display().to_string(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_arguments() {
+        assert_eq!(
+            image("demo"),
+            Ok(ImageRef {
+                name: "demo".into(),
+                digest: ANY_DIGEST.into()
+            })
+        );
+        let pinned = format!("agents/x@sha256:{}", "a".repeat(64));
+        assert_eq!(image(&pinned).map(|i| i.name), Ok("agents/x".into()));
+        assert!(image("Demo").is_err());
+        assert!(image("demo@md5").is_err());
+    }
+}

@@ -1,0 +1,146 @@
+//! `runloop serve`: the provider server, with its catalog of agents.
+//!
+//! Without a token the server accepts any credential, which is only safe
+//! where nobody else can connect: it then refuses to listen anywhere but a
+//! loopback address. It prints its `ws://` URL on stdout once it listens
+//! (so a script can start it on port 0 and read where it went), logs to
+//! stderr, and on Ctrl-C or SIGTERM shuts down gracefully: it stops
+//! accepting, ends every run (loops end with an error, containers stop,
+//! scopes finish), and closes every connection.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use runloop::connection::Limits;
+use runloop::runtime::{AgentSpec, Catalog};
+use runloop::server::{Credentials, Server, ServerConfig};
+use tracing::info;
+
+use crate::exit::{Exit, Failure};
+use crate::process::{block_on, init_logs, shutdown_signal};
+
+/// Arguments of `runloop serve`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    pub listen: SocketAddr,
+    /// A credential to accept (repeatable). Without any, any credential is
+    /// accepted, and only on a loopback address.
+    #[arg(
+        long = "token",
+        value_name = "TOKEN",
+        env = "RUNLOOP_TOKEN",
+        hide_env_values = true
+    )]
+    pub tokens: Vec<String>,
+    /// An image the server runs (repeatable):
+    /// NAME[@DIGEST]=builtin:demo | exec:PROGRAM [ARGS…] | proxy:ws://HOST:PORT.
+    /// A DIGEST pins the image; without one any well-formed digest is accepted.
+    /// Default: demo=builtin:demo.
+    #[arg(long = "agent", value_name = "SPEC")]
+    pub agents: Vec<AgentSpec>,
+    /// The largest message a connection may send, bytes (K/M/G suffixes).
+    #[arg(long, default_value = "16M", value_parser = bytes)]
+    pub max_message_size: u64,
+    /// Open scopes (runs) per connection.
+    #[arg(long, default_value_t = Limits::default().max_scopes)]
+    pub max_scopes: usize,
+    /// Open channels per scope.
+    #[arg(long, default_value_t = Limits::default().max_channels)]
+    pub max_channels: usize,
+    /// Responses one loop may have queued for a slow caller before the
+    /// server stops reading its proxy.
+    #[arg(long, default_value_t = Limits::default().max_queued_responses)]
+    pub max_queued_responses: usize,
+    /// Seconds a new connection may take to authorize before it is closed.
+    #[arg(long, default_value_t = 10.0)]
+    pub authorization_grace: f64,
+}
+
+/// A byte count with an optional K, M or G suffix.
+pub fn bytes(text: &str) -> Result<u64, String> {
+    runloop_bench::parse_bytes(text)
+        .ok_or_else(|| format!("{text:?} is not a byte count (e.g. 512K, 16M, 1G)"))
+}
+
+impl Args {
+    /// The server's configuration, or why these arguments cannot make one.
+    pub fn config(&self) -> Result<ServerConfig, Failure> {
+        let tokens: Vec<String> = self
+            .tokens
+            .iter()
+            .filter(|t| !t.is_empty())
+            .cloned()
+            .collect();
+        let credentials = if tokens.is_empty() {
+            if !self.listen.ip().is_loopback() {
+                return Err(Failure::Argument(format!(
+                    "refusing to listen on {} without a token: anyone who can reach it could run \
+                     agents; pass --token or set RUNLOOP_TOKEN",
+                    self.listen
+                )));
+            }
+            Credentials::Any
+        } else {
+            Credentials::Tokens(tokens)
+        };
+        let catalog = if self.agents.is_empty() {
+            Catalog::demo()
+        } else {
+            let mut catalog = Catalog::new();
+            for spec in &self.agents {
+                catalog.add(spec.clone());
+            }
+            catalog
+        };
+        let grace = Duration::try_from_secs_f64(self.authorization_grace).map_err(|_| {
+            Failure::Argument("--authorization-grace must be a number of seconds".into())
+        })?;
+        let mut config = ServerConfig::new(credentials, catalog);
+        config.authorization_grace = grace;
+        config.limits = Limits {
+            max_message_size: usize::try_from(self.max_message_size)
+                .map_err(|_| Failure::Argument("--max-message-size is too large".into()))?,
+            max_scopes: self.max_scopes,
+            max_channels: self.max_channels,
+            max_queued_responses: self.max_queued_responses.max(1),
+        };
+        Ok(config)
+    }
+
+    /// Serves until Ctrl-C or SIGTERM.
+    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+        let config = self.config()?;
+        init_logs("info");
+        block_on(async {
+            for (name, digest) in config.catalog.names() {
+                info!(
+                    image = name,
+                    pinned = digest.unwrap_or("no"),
+                    "serving image"
+                );
+            }
+            let server =
+                Server::bind(self.listen, config)
+                    .await
+                    .map_err(|source| Failure::Listen {
+                        addr: self.listen.to_string(),
+                        source,
+                    })?;
+            let (handle, mut serving) = server.spawn().map_err(Failure::Runtime)?;
+            writeln!(out, "{}", handle.url())?;
+            out.flush()?;
+            tokio::select! {
+                () = shutdown_signal() => {
+                    info!("signal received");
+                    handle.shutdown();
+                    let _ = serving.await;
+                }
+                _ = &mut serving => {}
+            }
+            Ok(Exit::Success)
+        })?
+    }
+}
