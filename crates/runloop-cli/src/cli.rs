@@ -30,6 +30,8 @@ pub enum Command {
     Decode(decode::Args),
     /// Print the JSON Schema of the chunk vocabulary and of the error value.
     Schema(schema::Args),
+    /// Probe a provider server, case by case, against what SPEC.md requires of it.
+    Check(crate::check::Args),
 }
 
 impl Command {
@@ -39,6 +41,7 @@ impl Command {
         match self {
             Command::Decode(args) => args.run(&mut out),
             Command::Schema(args) => args.run(&mut out),
+            Command::Check(args) => args.run(&mut out),
         }
     }
 }
