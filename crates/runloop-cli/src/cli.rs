@@ -7,7 +7,7 @@
 use std::io;
 
 use crate::exit::{Exit, Failure};
-use crate::{agent, bench, decode, proxy, run, schema, serve};
+use crate::{agent, bench, check, decode, proxy, run, schema, serve};
 
 /// `runloop`: the run-loop channel of the Diverge Provider Protocol 2.3.0.
 #[derive(Debug, clap::Parser)]
@@ -39,6 +39,8 @@ pub enum Command {
     Decode(decode::Args),
     /// Print the JSON Schema of the chunk vocabulary and of the error value.
     Schema(schema::Args),
+    /// Probe a provider server, case by case, against what SPEC.md requires of it.
+    Check(check::Args),
     /// Measure the relay against a raw WebSocket forwarder.
     Bench(bench::Args),
     /// The bench's baseline forwarder (run by `runloop bench` itself).
@@ -61,6 +63,7 @@ impl Command {
             Command::Agent(args) => args.run(&mut out),
             Command::Decode(args) => args.run(&mut out),
             Command::Schema(args) => args.run(&mut out),
+            Command::Check(args) => args.run(&mut out),
             Command::Bench(args) => args.run(&mut out),
             Command::Forward(args) => args.run(),
         }

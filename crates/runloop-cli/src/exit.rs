@@ -12,6 +12,10 @@
 //! 2  the command itself failed      6  finished, but the last chunk was a fatal notification
 //! 3  no loop ran
 //! ```
+//!
+//! `check` judges a server rather than a loop, and reads three of them its
+//! own way: `0` every MUST case passed, `1` a MUST case failed
+//! ([`Exit::NONCONFORMANT`]), `2` the check could not be made.
 
 use std::io;
 use std::process::ExitCode;
@@ -40,6 +44,11 @@ pub enum Exit {
 }
 
 impl Exit {
+    /// `1` for `check`: a MUST case failed. It shares its number with
+    /// [`Exit::Unfinished`]: in both, the work ran and something in it did
+    /// not hold.
+    pub const NONCONFORMANT: Exit = Exit::Unfinished;
+
     /// The code for how one run-loop channel ended.
     pub fn of(outcome: &Outcome) -> Exit {
         match outcome {
@@ -90,7 +99,7 @@ pub enum Failure {
         url: String,
         /// What went wrong.
         #[source]
-        source: runloop::client::ConnectError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The run did not start (refused, not served, credential rejected).
     #[error("{0}")]

@@ -163,7 +163,7 @@ impl Args {
                 .await
                 .map_err(|source| Failure::Connect {
                     url: url.clone(),
-                    source,
+                    source: source.into(),
                 })?;
             let run = client.run(request).await.map_err(Failure::Run)?;
             let mut run_loop = run.run_loop(prompt);

@@ -9,7 +9,9 @@ fn runloop() -> Command {
     Command::new(env!("CARGO_BIN_EXE_runloop"))
 }
 
-const SUBCOMMANDS: [&str; 2] = ["decode", "schema"];
+const SUBCOMMANDS: [&str; 8] = [
+    "run", "serve", "proxy", "agent", "decode", "schema", "check", "bench",
+];
 
 #[test]
 fn help_works_for_the_command_and_every_subcommand() {
