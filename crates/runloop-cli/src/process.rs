@@ -14,14 +14,16 @@ pub fn block_on<F: Future>(future: F) -> Result<F::Output, Failure> {
     Ok(runtime.block_on(future))
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default: `info` for the servers,
-/// `warn` for everything else).
+/// Logs to stderr, filtered by `RUST_LOG` (else `default`), in colour only
+/// when stderr is a terminal.
 pub fn init_logs(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // A second initialisation (tests running commands in-process) is harmless.
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_env_filter(filter)
         .try_init();
 }

@@ -1,0 +1,305 @@
+//! `runloop run`, `serve`, `proxy`, `agent demo` and `bench`, as a user
+//! runs them: the built binary, real processes, real sockets.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use assert_cmd::Command as Cmd;
+use serde_json::Value;
+
+fn runloop() -> Cmd {
+    Cmd::cargo_bin("runloop").expect("the runloop binary")
+}
+
+/// The JSON lines of `run --json`.
+fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")))
+        .collect()
+}
+
+/// A long-running subcommand, stopped with SIGTERM when dropped.
+struct Running {
+    child: Child,
+    /// The first line it printed: its URL.
+    url: String,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Running {
+        Running::start_with(args, &[])
+    }
+
+    fn start_with(args: &[&str], env: &[(&str, &str)]) -> Running {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_runloop"))
+            .args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts");
+        let mut url = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        BufReader::new(stdout)
+            .read_line(&mut url)
+            .expect("prints its URL");
+        Running {
+            child,
+            url: url.trim().to_owned(),
+        }
+    }
+
+    /// Sends SIGTERM and returns the exit code.
+    fn terminate(mut self) -> Option<i32> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        self.child.wait().expect("exits").code()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn run_shows_every_ending_of_the_demo_with_its_exit_code() {
+    for (prompt, code, outcome) in [
+        ("hello there", 0, "finished"),
+        ("hello demo:break", 1, "unfinished"),
+        ("hello demo:refuse", 3, "no_loop"),
+        ("hello demo:fatal", 6, "finished"),
+    ] {
+        let output = runloop()
+            .args(["run", "--json", prompt])
+            .output()
+            .expect("runs");
+        assert_eq!(output.status.code(), Some(code), "{prompt}: {output:?}");
+        let lines = json_lines(&output.stdout);
+        let last = lines.last().expect("an outcome line");
+        assert_eq!(last["outcome"], outcome, "{prompt}");
+        assert_eq!(last.get("fatal").is_some(), code == 6, "{prompt}: {last}");
+        let errors = lines.iter().filter(|l| l.get("error").is_some()).count();
+        assert_eq!(errors, usize::from(code == 1 || code == 3), "{prompt}");
+        let chunks = lines.iter().filter(|l| l.get("chunk").is_some()).count();
+        assert_eq!(chunks > 0, code != 3, "{prompt}");
+    }
+}
+
+#[test]
+fn run_renders_plain_text_when_stdout_is_not_a_terminal() {
+    let output = runloop()
+        .args(["run", "three little words"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(0));
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    assert!(
+        !text.contains('\x1b'),
+        "no escape codes in a pipe: {text:?}"
+    );
+    assert!(text.contains("tool call word_count"), "{text}");
+    assert!(text.contains("usage:"), "{text}");
+    assert_eq!(text.lines().last(), Some("the loop finished"), "{text}");
+}
+
+#[test]
+fn run_reads_the_prompt_from_standard_input() {
+    let output = runloop()
+        .args(["run", "--json"])
+        .write_stdin("from standard input\n")
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&output.stdout);
+    // The demo counts what it was given: the line, without its newline.
+    assert!(text.contains("3 words, 19 characters"), "{text}");
+}
+
+#[test]
+fn a_capture_decodes_to_the_same_loop_run_printed() {
+    let dir = std::env::temp_dir().join(format!("runloop-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let capture = dir.join("loop.capture");
+    let run = runloop()
+        .args(["run", "--json", "--token", "s3cret-token", "--capture"])
+        .arg(&capture)
+        .arg("capture me demo:break")
+        .output()
+        .expect("runs");
+    assert_eq!(run.status.code(), Some(1));
+    let recorded = std::fs::read_to_string(&capture).expect("a capture");
+    assert!(
+        !recorded.contains(&hex("s3cret-token")),
+        "the credential is not recorded"
+    );
+    let decode = runloop()
+        .arg("decode")
+        .arg(&capture)
+        .output()
+        .expect("decodes");
+    assert_eq!(
+        decode.status.code(),
+        Some(1),
+        "decode exits with the same ending"
+    );
+    let ran = json_lines(&run.stdout);
+    let decoded: Vec<Value> = json_lines(&decode.stdout)
+        .into_iter()
+        .map(|mut line| {
+            let object = line.as_object_mut().expect("an object");
+            assert_eq!(object.remove("scope"), Some(Value::from(0)));
+            assert_eq!(object.remove("channel"), Some(Value::from(0)));
+            line
+        })
+        .collect();
+    assert_eq!(decoded, ran, "the capture holds exactly what run printed");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn run_fails_clearly_when_it_cannot_run() {
+    let output = runloop()
+        .args(["run", "--url", "ws://127.0.0.1:1", "hi"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("runloop: cannot connect to ws://127.0.0.1:1"),
+        "{stderr}"
+    );
+
+    let output = runloop()
+        .args(["run", "--agent-json", "{nope", "hi"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--agent-json is not JSON"));
+
+    let output = runloop()
+        .args(["run", "--image", "unknown", "hi"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("image \\\"unknown\\\" is not in this server's catalog"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_checks_tokens_and_shuts_down_on_sigterm() {
+    let output = runloop()
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("without a token"));
+
+    let server = Running::start_with(
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[("RUNLOOP_TOKEN", "right")],
+    );
+    assert!(server.url.starts_with("ws://127.0.0.1:"), "{}", server.url);
+    let ok = runloop()
+        .args(["run", "--url", &server.url, "--token", "right", "hi"])
+        .output()
+        .expect("runs");
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+    let wrong = runloop()
+        .args(["run", "--url", &server.url, "--token", "wrong", "hi"])
+        .output()
+        .expect("runs");
+    assert_eq!(wrong.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(stderr.contains("is the credential right?"), "{stderr}");
+    assert_eq!(server.terminate(), Some(0), "a clean shutdown");
+}
+
+#[test]
+fn check_passes_against_serve() {
+    let server = Running::start(&["serve", "--listen", "127.0.0.1:0"]);
+    let output = runloop()
+        .args(["check", "--url", &server.url])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+}
+
+#[test]
+fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
+    let exe = env!("CARGO_BIN_EXE_runloop");
+    // exec: the server starts `runloop agent demo` as a child for each run.
+    let exec = format!("demo=exec:{exe} agent demo");
+    let server = Running::start(&["serve", "--listen", "127.0.0.1:0", "--agent", &exec]);
+    let output = runloop()
+        .args(["run", "--json", "--url", &server.url, "through exec"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    drop(server);
+
+    // attach: a standalone agent program and proxy, as in a container.
+    let agent = Running::start(&["agent", "demo", "--listen", "127.0.0.1:0"]);
+    let port = agent.url.rsplit(':').next().expect("a port").to_owned();
+    let proxy = Running::start(&["proxy", "--listen", "127.0.0.1:0", "--agent-port", &port]);
+    let attach = format!("demo=proxy:{}", proxy.url);
+    let server = Running::start(&["serve", "--listen", "127.0.0.1:0", "--agent", &attach]);
+    let output = runloop()
+        .args(["run", "--json", "--url", &server.url, "through a proxy"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(proxy.terminate(), Some(0));
+    assert_eq!(agent.terminate(), Some(0));
+}
+
+#[test]
+fn bench_smoke_prints_its_figures_as_json() {
+    let output = runloop()
+        .args([
+            "bench",
+            "--loops",
+            "2",
+            "--chunks",
+            "50",
+            "--duration",
+            "0",
+            "--json",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let last: Value =
+        serde_json::from_str(text.lines().last().expect("a JSON line")).expect("JSON");
+    for key in [
+        "relay_ratio",
+        "latency_p50_ratio",
+        "relay_chunks_per_s",
+        "baseline_chunks_per_s",
+        "server_peak_rss_mib",
+    ] {
+        assert!(
+            last[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key} in {last}"
+        );
+    }
+    assert_eq!(last["relay"]["chunks"], 100);
+    assert_eq!(last["baseline"]["chunks"], 100);
+    assert_eq!(last["relay"]["disorder"], 0);
+}
