@@ -8,26 +8,13 @@ use runloop::server::Credentials;
 use runloop_proto::Error;
 use runloop_proto::run_loop::{AgenticLoopChunk, Broken, Outcome};
 use serde_json::json;
-use support::{FakeProxy, Owned, RawClient, Step, chunk, error, eventually, server_for};
+use support::{FakeProxy, Owned, RawClient, Step, chunk, error, eventually, server_for, texts};
 
 async fn setup() -> (FakeProxy, runloop::server::ServerHandle, Client) {
     let proxy = FakeProxy::start().await;
     let server = server_for(&proxy, Credentials::Any).await;
     let client = Client::connect(&server.url(), "").await.expect("connect");
     (proxy, server, client)
-}
-
-/// The texts of a loop's chunks, and its outcome.
-async fn texts(run_loop: runloop::client::RunLoop) -> (Vec<String>, Outcome) {
-    let (chunks, outcome) = run_loop.collect_chunks().await;
-    let texts = chunks
-        .into_iter()
-        .map(|c| match c {
-            AgenticLoopChunk::AssistantTextContent(t) => t.text,
-            other => panic!("unexpected chunk {other:?}"),
-        })
-        .collect();
-    (texts, outcome)
 }
 
 fn proxy_error(value: &Error) -> &str {

@@ -30,6 +30,7 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::agents_run::{RunRequest, RunResponse};
 use runloop_proto::authorization::Authorization;
+use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, Role, ServerFrame};
 use runloop_proto::{Decode, Encode, Error};
@@ -181,6 +182,41 @@ impl Shared {
             .outbox
             .send(Outgoing::control(frame::to_message(frame)));
     }
+
+    /// Opens a stop channel on `scope` if it is still open; the scope's
+    /// finish answers it.
+    fn stop(&self, scope: u32) {
+        let mut table = self.table();
+        let Some(slot) = table.scopes.get_mut(&scope) else {
+            return;
+        };
+        let channel = slot.take_channel();
+        slot.stops.push(channel);
+        let Ok(payload) = ChannelRequest::Stop.to_vec();
+        self.send(&ClientFrame::ChannelRequest {
+            scope,
+            channel,
+            payload: &payload,
+        });
+    }
+}
+
+/// Stops a run whose caller stopped waiting for its id (the future of
+/// [`Client::run`] dropped by a timeout, a `select!`, an aborted task), so
+/// that a run nobody holds does not keep a container for the life of the
+/// connection.
+struct Waiting<'a> {
+    shared: &'a Shared,
+    scope: u32,
+    armed: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.stop(self.scope);
+        }
+    }
 }
 
 /// Closes the connection when the last handle goes.
@@ -304,7 +340,16 @@ impl Client {
             });
             scope
         };
-        match started.await {
+        let mut waiting = Waiting {
+            shared,
+            scope,
+            armed: true,
+        };
+        let started = started.await;
+        // Answered: a run comes back (whose handles stop it when dropped),
+        // or the scope has ended already.
+        waiting.armed = false;
+        match started {
             Ok(Started::Id(id)) => Ok(Run::new(self.clone(), scope, id, ended)),
             Ok(Started::Refused(error)) => Err(RunError::Refused(error)),
             Ok(Started::NotServed) => Err(RunError::NotServed),

@@ -42,19 +42,7 @@ impl Drop for RunInner {
 impl RunInner {
     /// Opens a stop channel; the scope's finish answers it.
     fn send_stop(&self) {
-        let shared = self.client.shared();
-        let mut table = shared.table();
-        let Some(slot) = table.scopes.get_mut(&self.scope) else {
-            return;
-        };
-        let channel = slot.take_channel();
-        slot.stops.push(channel);
-        let Ok(payload) = ChannelRequest::Stop.to_vec();
-        shared.send(&ClientFrame::ChannelRequest {
-            scope: self.scope,
-            channel,
-            payload: &payload,
-        });
+        self.client.shared().stop(self.scope);
     }
 }
 

@@ -12,23 +12,33 @@
 //! channel that is not open, a number still in use) are disregarded: counted,
 //! logged at debug, and never answered. Only a protocol violation that makes
 //! the connection's identity doubtful (a second authorization) ends it.
+//!
+//! A frame can cost an answer the reader queues at once (a bare finish for
+//! an unserved endpoint or channel, or for a request past a limit), and a
+//! caller can send such frames faster than it reads their answers, or never
+//! read at all. Each of those answers holds a place among
+//! [`MAX_QUEUED_ANSWERS`] until the writer has taken it, and the reader takes
+//! a place before it reads the next frame: when the caller stops reading,
+//! the server soon stops reading too, and TCP carries the pressure back.
+//! Everything else a connection queues is bounded by its scopes and
+//! channels, themselves bounded by [`Limits`](crate::connection::Limits).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use futures_util::stream::SplitStream;
+use futures_util::stream::{SplitSink, SplitStream};
 use runloop_proto::authorization::Authorization;
 use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, FrameType, HEADER_LEN, ServerFrame};
 use runloop_proto::run_loop::{Finish, Sender};
 use runloop_proto::{Decode, Writer};
-use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -41,10 +51,18 @@ use super::scope::{self, Order};
 use super::{Held, Identity, Shared, Stats};
 use crate::connection::{Outbox, Outgoing, write_frames};
 
-type Socket = WebSocketStream<TcpStream>;
+/// What a connection can run over: a TCP stream, or anything else that
+/// reads and writes bytes (an in-memory pipe in tests and fuzzing).
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 
 /// How long a closing connection may take to write its last frames.
 const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Answers the reader itself queued (bare finishes) that may wait for the
+/// socket before it reads the caller's next frame.
+const MAX_QUEUED_ANSWERS: usize = 1024;
 
 /// What a client channel number is used for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,13 +181,14 @@ impl Conn {
     }
 }
 
-/// Serves one accepted TCP connection to its end.
-pub(crate) async fn serve(tcp: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+/// Serves one connection to its end: the WebSocket handshake, the
+/// authorization, then frames until either side ends it. `peer` names the
+/// other end in logs.
+pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shared>) {
     let _held = Held::new(&shared, |s: &Stats| &s.connections);
     let span = info_span!("connection", %peer);
     async move {
-        let _ = tcp.set_nodelay(true);
-        let ws = match accept_async_with_config(tcp, Some(shared.config.limits.websocket())).await {
+        let ws = match accept_async_with_config(io, Some(shared.config.limits.websocket())).await {
             Ok(ws) => ws,
             Err(error) => {
                 debug!(%error, "WebSocket handshake failed");
@@ -213,7 +232,10 @@ enum Refused {
 }
 
 /// Waits for the first frame, which must be an acceptable authorization.
-async fn authorize(stream: &mut SplitStream<Socket>, shared: &Shared) -> Result<Identity, Refused> {
+async fn authorize(
+    stream: &mut SplitStream<WebSocketStream<impl Io>>,
+    shared: &Shared,
+) -> Result<Identity, Refused> {
     loop {
         let bytes = match stream.next().await {
             Some(Ok(Message::Binary(bytes))) => bytes,
@@ -243,9 +265,9 @@ async fn authorize(stream: &mut SplitStream<Socket>, shared: &Shared) -> Result<
 }
 
 /// Closes the WebSocket with a policy-violation close and no frame.
-async fn close_without_frame(
-    sink: futures_util::stream::SplitSink<Socket, Message>,
-    stream: SplitStream<Socket>,
+async fn close_without_frame<S: Io>(
+    sink: SplitSink<WebSocketStream<S>, Message>,
+    stream: SplitStream<WebSocketStream<S>>,
 ) {
     if let Ok(mut ws) = sink.reunite(stream) {
         let close = CloseFrame {
@@ -257,9 +279,9 @@ async fn close_without_frame(
     }
 }
 
-async fn serve_authorized(
-    sink: futures_util::stream::SplitSink<Socket, Message>,
-    mut stream: SplitStream<Socket>,
+async fn serve_authorized<S: Io>(
+    sink: SplitSink<WebSocketStream<S>, Message>,
+    mut stream: SplitStream<WebSocketStream<S>>,
     shared: Arc<Shared>,
     identity: Identity,
 ) {
@@ -286,11 +308,21 @@ async fn serve_authorized(
         }
     });
     let scopes = TaskTracker::new();
+    let answers = Arc::new(Semaphore::new(MAX_QUEUED_ANSWERS));
     let why = loop {
+        // A place for the answer the next frame may need, before reading it.
+        // (The semaphore is never closed: `None` is only the end.)
+        let place = tokio::select! {
+            place = Arc::clone(&answers).acquire_owned() => place.ok(),
+            () = ended.cancelled() => None,
+        };
+        let Some(place) = place else {
+            break ended_why(&shared);
+        };
         tokio::select! {
             message = stream.next() => match message {
                 Some(Ok(Message::Binary(bytes))) => {
-                    if let Err(violation) = dispatch(&conn, &scopes, bytes) {
+                    if let Err(violation) = dispatch(&conn, &scopes, bytes, place) {
                         warn!(%violation, "ending the connection");
                         break violation;
                     }
@@ -302,11 +334,7 @@ async fn serve_authorized(
                     break "the connection broke";
                 }
             },
-            () = ended.cancelled() => break if shared.shutdown.is_cancelled() {
-                "the server is shutting down"
-            } else {
-                "the connection broke"
-            },
+            () = ended.cancelled() => break ended_why(&shared),
         }
     };
     info!(
@@ -334,8 +362,23 @@ async fn serve_authorized(
     info!("connection closed");
 }
 
-/// Handles one binary message. `Err` is a violation that ends the connection.
-fn dispatch(conn: &Arc<Conn>, scopes: &TaskTracker, bytes: Bytes) -> Result<(), &'static str> {
+/// Why the connection ended when something other than the caller ended it.
+fn ended_why(shared: &Shared) -> &'static str {
+    if shared.shutdown.is_cancelled() {
+        "the server is shutting down"
+    } else {
+        "the connection broke"
+    }
+}
+
+/// Handles one binary message; an answer it queues at once holds `place`.
+/// `Err` is a violation that ends the connection.
+fn dispatch(
+    conn: &Arc<Conn>,
+    scopes: &TaskTracker,
+    bytes: Bytes,
+    place: OwnedSemaphorePermit,
+) -> Result<(), &'static str> {
     let frame = match ClientFrame::decode(&bytes) {
         Ok(frame) => frame,
         Err(error) => {
@@ -345,7 +388,7 @@ fn dispatch(conn: &Arc<Conn>, scopes: &TaskTracker, bytes: Bytes) -> Result<(), 
     };
     match frame {
         ClientFrame::Authorization { .. } => return Err("a second authorization frame"),
-        ClientFrame::Request { scope, payload } => request(conn, scopes, scope, payload),
+        ClientFrame::Request { scope, payload } => request(conn, scopes, scope, payload, place),
         ClientFrame::ChannelRequest {
             scope,
             channel,
@@ -353,7 +396,7 @@ fn dispatch(conn: &Arc<Conn>, scopes: &TaskTracker, bytes: Bytes) -> Result<(), 
         } => {
             // The run-loop request's JSON, as the caller's bytes, without a copy.
             let json = bytes.slice((HEADER_LEN + 1).min(bytes.len())..);
-            channel_request(conn, scope, channel, payload, json);
+            channel_request(conn, scope, channel, payload, json, place);
         }
         ClientFrame::ChannelResponse { scope, channel, .. }
         | ClientFrame::ChannelResponseFinish { scope, channel } => conn.disregard(format_args!(
@@ -364,14 +407,23 @@ fn dispatch(conn: &Arc<Conn>, scopes: &TaskTracker, bytes: Bytes) -> Result<(), 
 }
 
 /// A type-1 request: opens a scope, or is answered with a bare finish.
-fn request(conn: &Arc<Conn>, scopes: &TaskTracker, scope: u32, payload: &[u8]) {
+fn request(
+    conn: &Arc<Conn>,
+    scopes: &TaskTracker,
+    scope: u32,
+    payload: &[u8],
+    place: OwnedSemaphorePermit,
+) {
     let mut table = conn.table();
     if table.scopes.contains_key(&scope) {
         return conn.disregard(format_args!(
             "a request on scope {scope}, which is still open"
         ));
     }
-    let bare_finish = || conn.queue(frame::to_message(&ServerFrame::ResponseFinish { scope }));
+    let bare_finish = || {
+        let finish = frame::to_message(&ServerFrame::ResponseFinish { scope });
+        conn.queue_data(finish, place);
+    };
     if table.scopes.len() >= conn.shared.config.limits.max_scopes {
         warn!(
             scope,
@@ -412,7 +464,14 @@ fn request(conn: &Arc<Conn>, scopes: &TaskTracker, scope: u32, payload: &[u8]) {
 }
 
 /// A type-4 request: stop, run-loop, or a bare channel finish.
-fn channel_request(conn: &Conn, scope: u32, channel: u32, payload: &[u8], json: Bytes) {
+fn channel_request(
+    conn: &Conn,
+    scope: u32,
+    channel: u32,
+    payload: &[u8],
+    json: Bytes,
+    place: OwnedSemaphorePermit,
+) {
     let mut table = conn.table();
     let Some(entry) = table.scopes.get_mut(&scope) else {
         return conn.disregard(format_args!(
@@ -425,19 +484,22 @@ fn channel_request(conn: &Conn, scope: u32, channel: u32, payload: &[u8], json: 
         ));
     }
     let bare_finish = || {
-        conn.queue(frame::to_message(&ServerFrame::ChannelResponseFinish {
-            scope,
-            channel,
-        }))
+        let finish = frame::to_message(&ServerFrame::ChannelResponseFinish { scope, channel });
+        conn.queue_data(finish, place);
     };
+    let limit = conn.shared.config.limits.max_channels;
     match ChannelRequest::decode(payload) {
         Ok(ChannelRequest::Stop) => {
             // Answered by the scope's finish; the number is freed with it.
-            entry.channels.insert(channel, ChannelUse::Stop);
+            // A stop past the channel limit is obeyed but not recorded: the
+            // run is ending anyway, and a flood of stops while it ends must
+            // not grow the table.
+            if entry.channels.len() < limit {
+                entry.channels.insert(channel, ChannelUse::Stop);
+            }
             entry.stop.cancel();
         }
         Ok(ChannelRequest::RunLoop(_)) => {
-            let limit = conn.shared.config.limits.max_channels;
             if entry.channels.len() >= limit {
                 warn!(
                     scope,

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use subtle::ConstantTimeEq;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, ToSocketAddrs};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -124,6 +125,7 @@ pub struct Stats {
     connections: AtomicUsize,
     scopes: AtomicUsize,
     containers: AtomicUsize,
+    relays: AtomicUsize,
     proxy_paths: AtomicUsize,
     disregarded: AtomicU64,
 }
@@ -137,6 +139,9 @@ pub struct StatsSnapshot {
     pub scopes: usize,
     /// Running containers.
     pub containers: usize,
+    /// Run-loop channels being relayed (one task each), from the order to
+    /// the channel's finish.
+    pub relays: usize,
     /// Open WebSocket paths to proxies.
     pub proxy_paths: usize,
     /// Frames disregarded since the server started (SPEC §2).
@@ -149,6 +154,7 @@ impl Stats {
             connections: self.connections.load(Ordering::Relaxed),
             scopes: self.scopes.load(Ordering::Relaxed),
             containers: self.containers.load(Ordering::Relaxed),
+            relays: self.relays.load(Ordering::Relaxed),
             proxy_paths: self.proxy_paths.load(Ordering::Relaxed),
             disregarded: self.disregarded.load(Ordering::Relaxed),
         }
@@ -242,6 +248,9 @@ impl Server {
             };
             match accepted {
                 Ok((tcp, peer)) => {
+                    // Frames are small and written in batches: Nagle would
+                    // only hold each batch back for an ACK.
+                    let _ = tcp.set_nodelay(true);
                     let shared_for_task = Arc::clone(&shared);
                     shared
                         .tasks
@@ -288,6 +297,28 @@ impl ServerHandle {
     /// The server's live counts.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.stats.snapshot()
+    }
+
+    /// Serves one caller's connection that reached the server some other way
+    /// than its listener: any byte stream, from the WebSocket handshake on
+    /// (an in-memory pipe in tests and fuzzing, a socket accepted elsewhere).
+    /// `peer` names the other end in logs.
+    ///
+    /// The connection is served exactly as an accepted TCP connection is:
+    /// same limits, same authorization, counted in [`stats`](Self::stats),
+    /// and ended by [`shutdown`](Self::shutdown), which waits for it. The
+    /// returned handle resolves when the connection is over.
+    pub fn serve_connection<S>(
+        &self,
+        io: S,
+        peer: impl fmt::Display + Send + 'static,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        self.shared
+            .tasks
+            .spawn(connection::serve(io, peer, Arc::clone(&self.shared)))
     }
 }
 

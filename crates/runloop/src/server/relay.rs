@@ -96,7 +96,14 @@ async fn relay(
         }
     };
     let _held = Held::new(conn.shared(), |s: &Stats| &s.proxy_paths);
-    if let Err(why) = path.send(Message::Binary(order.request)).await {
+    // A proxy that does not read can hold a large ask forever: the run's end
+    // must still reach the loop.
+    let sent = tokio::select! {
+        biased;
+        why = ended(ending) => return relay.cut(why, last),
+        sent = path.send(Message::Binary(order.request)) => sent,
+    };
+    if let Err(why) = sent {
         return relay.broke(&why.to_string(), last);
     }
     let permits = Arc::new(Semaphore::new(limits.max_queued_responses));

@@ -39,6 +39,9 @@ pub enum Step {
     Flood { count: usize, size: usize },
     /// Refuse with an error first if another scripted loop is running.
     BusyCheck,
+    /// Write these bytes on the TCP stream under the WebSocket (not a
+    /// WebSocket frame), then drop the connection.
+    Garbage(Vec<u8>),
 }
 
 /// A chunk message: `[0]` + a text chunk's JSON.
@@ -70,6 +73,15 @@ pub struct FakeProxy {
     pub sent: Arc<AtomicU64>,
     running: Arc<AtomicU64>,
     pub addr: Option<SocketAddr>,
+    /// Every `/agent/run` ask, as the bytes that came.
+    pub asks: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// When set, `/agent/register` reads its ask and then never answers.
+    pub register_hangs: Arc<std::sync::atomic::AtomicBool>,
+    /// When set, `/agent/run` completes the handshake and then reads
+    /// nothing at all until `release` fires.
+    pub stall_runs: Arc<std::sync::atomic::AtomicBool>,
+    /// Ends every stalled path.
+    pub release: tokio_util::sync::CancellationToken,
 }
 
 impl FakeProxy {
@@ -136,16 +148,31 @@ impl FakeProxy {
             return;
         };
         let path = path.lock().expect("lock").clone();
+        if path == "/agent/run" && self.stall_runs.load(Ordering::SeqCst) {
+            self.record("stalled".into());
+            self.release.cancelled().await;
+            return;
+        }
         let Some(Ok(Message::Binary(ask))) = ws.next().await else {
             return;
         };
         match path.as_str() {
             "/agent/register" => {
                 self.record("register".into());
+                if self.register_hangs.load(Ordering::SeqCst) {
+                    while let Some(Ok(message)) = ws.next().await {
+                        if message.is_close() {
+                            break;
+                        }
+                    }
+                    self.record("closed register".into());
+                    return;
+                }
                 let _ = ws.send(Message::Binary(Bytes::from_static(&[0]))).await;
                 let _ = ws.close(None).await;
             }
             "/agent/run" => {
+                self.asks.lock().expect("lock").push(ask.to_vec());
                 let request: serde_json::Value =
                     serde_json::from_slice(&ask).expect("request JSON");
                 let prompt = request["prompt"].as_str().expect("prompt").to_owned();
@@ -182,6 +209,13 @@ impl FakeProxy {
                 Step::Abort => {
                     let tcp = ws.into_inner();
                     drop(tcp);
+                    break;
+                }
+                Step::Garbage(bytes) => {
+                    use tokio::io::AsyncWriteExt;
+                    let mut tcp = ws.into_inner();
+                    let _ = tcp.write_all(&bytes).await;
+                    let _ = tcp.flush().await;
                     break;
                 }
                 Step::AwaitClose => {
@@ -242,6 +276,21 @@ pub async fn server_with(
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
     let (handle, _task) = server.spawn().expect("spawn");
     handle
+}
+
+/// The texts of a loop's chunks (all text chunks), and its outcome.
+pub async fn texts(
+    run_loop: runloop::client::RunLoop,
+) -> (Vec<String>, runloop_proto::run_loop::Outcome) {
+    let (chunks, outcome) = run_loop.collect_chunks().await;
+    let texts = chunks
+        .into_iter()
+        .map(|c| match c {
+            runloop_proto::run_loop::AgenticLoopChunk::AssistantTextContent(t) => t.text,
+            other => panic!("unexpected chunk {other:?}"),
+        })
+        .collect();
+    (texts, outcome)
 }
 
 /// A valid run request for image `demo`.
@@ -409,5 +458,226 @@ impl From<ServerFrame<'_>> for Owned {
                 Owned::ChannelResponseFinish { scope, channel }
             }
         }
+    }
+}
+
+/// Whether the server holds nothing: no connection, scope, container,
+/// relay or proxy path (the disregarded count is a total, not a holding).
+pub fn holds_nothing(server: &ServerHandle) -> bool {
+    let stats = server.stats();
+    stats
+        == runloop::server::StatsSnapshot {
+            disregarded: stats.disregarded,
+            ..Default::default()
+        }
+}
+
+/// Waits until the server holds nothing; says what it still held if not.
+pub async fn released(server: &ServerHandle) {
+    let wait = async {
+        while !holds_nothing(server) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    if tokio::time::timeout(PATIENCE, wait).await.is_err() {
+        panic!("the server still holds {:?}", server.stats());
+    }
+}
+
+/// Tasks alive on the current runtime (each `#[tokio::test]` has its own).
+pub fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// Waits until the runtime is back to `baseline` tasks.
+pub async fn tasks_back_to(baseline: usize) {
+    let wait = async {
+        while alive_tasks() > baseline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    if tokio::time::timeout(PATIENCE, wait).await.is_err() {
+        panic!("{} tasks alive, {baseline} before", alive_tasks());
+    }
+}
+
+/// Connected TCP sockets this process holds (listeners excluded) with
+/// `port` at either end, from `/proc/self/fd` and `/proc/net/tcp{,6}`.
+pub fn held_sockets(port: u16) -> usize {
+    let ours: std::collections::HashSet<u64> = std::fs::read_dir("/proc/self/fd")
+        .expect("procfs")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_str()?.to_owned();
+            target
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let port_of = |address: &str| {
+        address
+            .rsplit_once(':')
+            .and_then(|(_, port)| u16::from_str_radix(port, 16).ok())
+    };
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| table.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(remote), Some(state), Some(inode)) =
+                (fields.get(1), fields.get(2), fields.get(3), fields.get(9))
+            else {
+                return false;
+            };
+            let listening = *state == "0A";
+            let inode: u64 = inode.parse().unwrap_or(0);
+            !listening
+                && ours.contains(&inode)
+                && (port_of(local) == Some(port) || port_of(remote) == Some(port))
+        })
+        .count()
+}
+
+/// Waits until this process holds no connected socket to or from `port`.
+pub async fn sockets_closed(port: u16) {
+    let wait = async {
+        while held_sockets(port) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    if tokio::time::timeout(PATIENCE, wait).await.is_err() {
+        panic!("{} sockets to port {port} still open", held_sockets(port));
+    }
+}
+
+/// A runtime whose containers are a fake proxy's, and whose test decides
+/// when each start completes and when each container ends by itself.
+#[derive(Debug, Clone)]
+pub struct Gated {
+    url: String,
+    /// One permit per start allowed to complete.
+    pub gate: Arc<tokio::sync::Semaphore>,
+    /// Starts asked for.
+    pub asked: Arc<AtomicU64>,
+    /// Starts dropped before they completed (the server gave up waiting).
+    pub abandoned: Arc<AtomicU64>,
+    /// Containers that exist (started and not yet dropped).
+    pub live: Arc<AtomicU64>,
+    /// Containers stopped through `Container::stop`.
+    pub stopped: Arc<AtomicU64>,
+    ends: Arc<Mutex<Vec<tokio::sync::watch::Sender<bool>>>>,
+}
+
+impl Gated {
+    /// Containers at `proxy`, every start held until the test opens the gate.
+    pub fn new(proxy: &FakeProxy) -> Gated {
+        Gated {
+            url: proxy.url(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+            asked: Arc::default(),
+            abandoned: Arc::default(),
+            live: Arc::default(),
+            stopped: Arc::default(),
+            ends: Arc::default(),
+        }
+    }
+
+    /// Lets `n` more starts complete.
+    pub fn open(&self, n: usize) {
+        self.gate.add_permits(n);
+    }
+
+    /// Ends the most recently started container, as if it had exited.
+    pub fn end_latest(&self) {
+        let ends = self.ends.lock().expect("lock");
+        ends.last().expect("a container started").send_replace(true);
+    }
+
+    /// A server serving `demo` with this runtime.
+    pub async fn server(&self) -> ServerHandle {
+        let mut catalog = Catalog::new();
+        catalog.insert("demo", None, Arc::new(self.clone()));
+        let config = ServerConfig::new(Credentials::Any, catalog);
+        let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
+        server.spawn().expect("spawn").0
+    }
+}
+
+/// Counts a start as abandoned unless it completed.
+struct StartGuard(Option<Arc<AtomicU64>>);
+
+impl Drop for StartGuard {
+    fn drop(&mut self) {
+        if let Some(abandoned) = self.0.take() {
+            abandoned.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl runloop::runtime::Runtime for Gated {
+    fn start(
+        &self,
+        _limits: runloop::runtime::Limits,
+    ) -> runloop::runtime::BoxFuture<
+        '_,
+        Result<Box<dyn runloop::runtime::Container>, runloop::runtime::StartError>,
+    > {
+        Box::pin(async move {
+            let mut guard = StartGuard(Some(Arc::clone(&self.abandoned)));
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            self.gate.acquire().await.expect("never closed").forget();
+            guard.0 = None;
+            let (end, ended) = tokio::sync::watch::channel(false);
+            self.ends.lock().expect("lock").push(end);
+            self.live.fetch_add(1, Ordering::SeqCst);
+            let container: Box<dyn runloop::runtime::Container> = Box::new(GatedContainer {
+                url: self.url.clone(),
+                ended,
+                live: Arc::clone(&self.live),
+                stopped: Arc::clone(&self.stopped),
+            });
+            Ok(container)
+        })
+    }
+}
+
+#[derive(Debug)]
+struct GatedContainer {
+    url: String,
+    ended: tokio::sync::watch::Receiver<bool>,
+    live: Arc<AtomicU64>,
+    stopped: Arc<AtomicU64>,
+}
+
+impl runloop::runtime::Container for GatedContainer {
+    fn proxy_url(&self) -> &str {
+        &self.url
+    }
+
+    fn ended(&mut self) -> runloop::runtime::BoxFuture<'_, String> {
+        Box::pin(async move {
+            let ended = self.ended.wait_for(|ended| *ended).await.is_ok();
+            if !ended {
+                // The test dropped its end of it: never ends by itself.
+                std::future::pending::<()>().await;
+            }
+            "the test ended it".to_owned()
+        })
+    }
+
+    fn stop(self: Box<Self>) -> runloop::runtime::BoxFuture<'static, ()> {
+        self.stopped.fetch_add(1, Ordering::SeqCst);
+        Box::pin(std::future::ready(()))
+    }
+}
+
+impl Drop for GatedContainer {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
     }
 }
