@@ -7,8 +7,11 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::future::join_all;
+use runloop::client::Client;
 use runloop::server::Credentials;
 use runloop_proto::frame::ClientFrame;
+use runloop_proto::run_loop::Outcome;
 use support::{FakeProxy, Owned, RawClient, Step, chunk, server_with};
 
 fn rss_bytes() -> u64 {
@@ -110,6 +113,69 @@ async fn a_slow_caller_slows_the_proxy_instead_of_growing_the_server() {
             channel: 0
         })
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_stops_reading_does_not_hold_up_the_others() {
+    let proxy = FakeProxy::start().await;
+    proxy.script(
+        "flood",
+        vec![
+            Step::Flood {
+                count: 2000,
+                size: 16 * 1024,
+            },
+            Step::Close,
+        ],
+    );
+    let quick: Vec<Step> = (0..50)
+        .map(|n| Step::Send(chunk(&n.to_string())))
+        .chain([Step::Close])
+        .collect();
+    proxy.script("quick", quick);
+    let server = server_with(&proxy, Credentials::Any, |config| {
+        config.limits.max_queued_responses = 4;
+    })
+    .await;
+    let mut slow = RawClient::authorized(&server.url(), "").await;
+    slow.open_run(0).await;
+    slow.open_loop(0, 0, "flood").await;
+    let stuck_at = settled(&proxy).await;
+    assert!(stuck_at < 2000, "the slow caller's loop is stuck");
+
+    // Three other callers, two runs each, two loops per run, at once.
+    let expected: Vec<String> = (0..50).map(|n| n.to_string()).collect();
+    let callers = (0..3).map(|_| async {
+        let client = Client::connect(&server.url(), "").await.expect("connect");
+        let runs = join_all((0..2).map(|_| client.run(support::run_request()))).await;
+        let mut results = Vec::new();
+        for run in runs {
+            let run = run.expect("run starts");
+            let loops = join_all((0..2).map(|_| support::texts(run.run_loop("quick")))).await;
+            results.extend(loops);
+            run.stop().await;
+        }
+        client.close().await;
+        results
+    });
+    for results in join_all(callers).await {
+        for (chunks, outcome) in results {
+            assert_eq!(outcome, Outcome::Finished { fatal: false });
+            assert_eq!(chunks, expected, "every chunk, in order");
+        }
+    }
+    assert_eq!(
+        proxy.sent.load(Ordering::SeqCst),
+        stuck_at,
+        "the slow caller is still stuck where it was"
+    );
+    support::eventually("only the slow caller is left, its loop still open", || {
+        let stats = server.stats();
+        (stats.connections, stats.scopes, stats.relays) == (1, 1, 1)
+    })
+    .await;
+    drop(slow);
+    support::released(&server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
