@@ -38,6 +38,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream};
@@ -172,6 +173,11 @@ pub async fn serve(
             agent,
             shutdown: shutdown.clone(),
         });
+    // Each SSE event is a small write of its own: Nagle would hold it for
+    // the proxy's delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await?;

@@ -160,6 +160,9 @@ impl Proxy {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         debug!(%peer, "connection");
+                        // Each chunk is a small message written on its own:
+                        // Nagle would hold it for the server's delayed ACK.
+                        let _ = stream.set_nodelay(true);
                         let shared = Arc::clone(&shared);
                         tracker.spawn(connection(stream, shared, shutdown.clone()));
                     }
