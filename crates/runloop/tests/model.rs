@@ -32,9 +32,17 @@ enum Action {
     /// A loop that sends `n` chunks and finishes, or (None) one that sends a
     /// chunk and hangs until its run ends.
     OpenLoop(u32, u32, Option<u8>),
-    UnservedChannel(u32, u32, u8),
+    /// A channel request with an unserved tag, and a body after it or not.
+    UnservedChannel(u32, u32, u8, bool),
     UndecodableChannel(u32, u32),
-    Stop(u32, u32),
+    /// A stop, with bytes after its tag (ignored) or not.
+    Stop(u32, u32, bool),
+    /// A finishing loop of `n` chunks and, before any answer is read, a stop
+    /// on another number: the loop may finish or be cut, the run ends.
+    StopRacingLoop(u32, u32, u8),
+    /// A stop and, before its run's end is read, a loop on the stop's own
+    /// number, which is taken until the scope's finish: disregarded.
+    StopThenLoopOnIt(u32, u32),
     Malformed(Vec<u8>),
     ServerChannelResponse(u32, u32),
 }
@@ -48,10 +56,12 @@ fn action() -> impl Strategy<Value = Action> {
         1 => scope.clone().prop_map(Action::UndecodableRequest),
         4 => (scope.clone(), channel.clone(), prop::option::of(0u8..4))
             .prop_map(|(s, c, n)| Action::OpenLoop(s, c, n)),
-        1 => (scope.clone(), channel.clone(), prop::sample::select(vec![1u8, 2, 3, 4, 6, 7, 8, 9, 200]))
-            .prop_map(|(s, c, t)| Action::UnservedChannel(s, c, t)),
+        1 => (scope.clone(), channel.clone(), prop::sample::select(vec![1u8, 2, 3, 4, 6, 7, 8, 9, 200]), any::<bool>())
+            .prop_map(|(s, c, t, body)| Action::UnservedChannel(s, c, t, body)),
         1 => (scope.clone(), channel.clone()).prop_map(|(s, c)| Action::UndecodableChannel(s, c)),
-        2 => (scope.clone(), channel.clone()).prop_map(|(s, c)| Action::Stop(s, c)),
+        2 => (scope.clone(), channel.clone(), any::<bool>()).prop_map(|(s, c, tail)| Action::Stop(s, c, tail)),
+        1 => (scope.clone(), channel.clone(), 0u8..4).prop_map(|(s, c, n)| Action::StopRacingLoop(s, c, n)),
+        1 => (scope.clone(), channel.clone()).prop_map(|(s, c)| Action::StopThenLoopOnIt(s, c)),
         1 => prop_oneof![
             prop::collection::vec(any::<u8>(), 0..9),
             (prop::sample::select(vec![2u8, 3, 7, 255]), prop::collection::vec(any::<u8>(), 8..20))
@@ -121,10 +131,51 @@ async fn probe(raw: &mut RawClient, context: &str) {
 /// Reads frames until the scope's finish and checks the run's ending: each
 /// hanging loop gets one error and one finish, and then the scope finishes.
 async fn expect_run_end(raw: &mut RawClient, scope: u32, hanging: &BTreeSet<u32>) {
+    expect_run_end_racing(raw, scope, hanging, None).await;
+}
+
+/// The same, with a finishing loop of `n` chunks on `channel` racing the
+/// stop: its chunks come in order, a prefix of the `n`, then its finish —
+/// after an error unless all `n` came (it may be cut even then).
+async fn expect_run_end_racing(
+    raw: &mut RawClient,
+    scope: u32,
+    hanging: &BTreeSet<u32>,
+    racing: Option<(u32, u8)>,
+) {
     let mut errors = BTreeSet::new();
     let mut finishes = BTreeSet::new();
+    let mut racing_chunks = 0u8;
+    let mut racing_error = false;
+    let mut racing_finished = false;
     loop {
         match raw.next_frame().await {
+            Some(Owned::ChannelResponse {
+                scope: s,
+                channel,
+                payload,
+            }) if s == scope && racing.is_some_and(|(c, _)| c == channel) => {
+                assert!(!racing_finished && !racing_error, "nothing after the end");
+                let n = racing.map_or(0, |(_, n)| n);
+                if payload[0] == 1 {
+                    racing_error = true;
+                } else {
+                    assert!(racing_chunks < n, "no more chunks than the loop has");
+                    assert_eq!(payload, chunk(&racing_chunks.to_string()), "in order");
+                    racing_chunks += 1;
+                }
+            }
+            Some(Owned::ChannelResponseFinish { scope: s, channel })
+                if s == scope && racing.is_some_and(|(c, _)| c == channel) =>
+            {
+                assert!(!racing_finished, "one finish");
+                let n = racing.map_or(0, |(_, n)| n);
+                assert!(
+                    racing_error || racing_chunks == n,
+                    "a loop cut short ends with an error, never a finish alone"
+                );
+                racing_finished = true;
+            }
             Some(Owned::ChannelResponse {
                 scope: s,
                 channel,
@@ -150,6 +201,9 @@ async fn expect_run_end(raw: &mut RawClient, scope: u32, hanging: &BTreeSet<u32>
     }
     assert_eq!(&errors, hanging);
     assert_eq!(&finishes, hanging);
+    if racing.is_some() {
+        assert!(racing_finished, "the racing loop finishes before its scope");
+    }
 }
 
 async fn play(actions: Vec<Action>) {
@@ -253,10 +307,13 @@ async fn play(actions: Vec<Action>) {
                     }
                 }
             }
-            Action::UnservedChannel(scope, channel, _)
+            Action::UnservedChannel(scope, channel, _, _)
             | Action::UndecodableChannel(scope, channel) => {
                 let payload = match action {
-                    Action::UnservedChannel(_, _, tag) => vec![*tag],
+                    Action::UnservedChannel(_, _, tag, false) => vec![*tag],
+                    Action::UnservedChannel(_, _, tag, true) => {
+                        [&[*tag][..], br#"{"prompt":"p","path":["a"]}"#].concat()
+                    }
                     _ => b"\x05[".to_vec(),
                 };
                 raw.send_frame(&ClientFrame::ChannelRequest {
@@ -276,11 +333,16 @@ async fn play(actions: Vec<Action>) {
                     probe(&mut raw, &context).await;
                 }
             }
-            Action::Stop(scope, channel) => {
+            Action::Stop(scope, channel, tail) => {
+                let payload: &[u8] = if tail {
+                    b"\x00\x05{\"prompt\":1}"
+                } else {
+                    &[0]
+                };
                 raw.send_frame(&ClientFrame::ChannelRequest {
                     scope,
                     channel,
-                    payload: &[0],
+                    payload,
                 })
                 .await;
                 match model.scopes.get(&scope) {
@@ -295,6 +357,66 @@ async fn play(actions: Vec<Action>) {
                     }
                     _ => probe(&mut raw, &context).await,
                 }
+            }
+            Action::StopRacingLoop(scope, channel, n) => {
+                // The stop's number is outside the ones other actions use.
+                let stop_channel = channel + CHANNELS;
+                raw.send_frame(&ClientFrame::ChannelRequest {
+                    scope,
+                    channel,
+                    payload: &loop_payload(&format!("finish {n}")),
+                })
+                .await;
+                raw.send_frame(&ClientFrame::ChannelRequest {
+                    scope,
+                    channel: stop_channel,
+                    payload: &[0],
+                })
+                .await;
+                match model.scopes.get(&scope) {
+                    Some(channels) => {
+                        let hanging: BTreeSet<u32> = channels
+                            .iter()
+                            .filter(|(_, hang)| **hang)
+                            .map(|(c, _)| *c)
+                            .collect();
+                        // A loop asked for on a number in use is disregarded.
+                        let racing = (!channels.contains_key(&channel)).then_some((channel, n));
+                        expect_run_end_racing(&mut raw, scope, &hanging, racing).await;
+                        model.scopes.remove(&scope);
+                    }
+                    None => probe(&mut raw, &context).await,
+                }
+            }
+            Action::StopThenLoopOnIt(scope, channel) => {
+                raw.send_frame(&ClientFrame::ChannelRequest {
+                    scope,
+                    channel,
+                    payload: &[0],
+                })
+                .await;
+                raw.send_frame(&ClientFrame::ChannelRequest {
+                    scope,
+                    channel,
+                    payload: &loop_payload("finish 1"),
+                })
+                .await;
+                match model.scopes.get(&scope) {
+                    Some(channels) if !channels.contains_key(&channel) => {
+                        let hanging: BTreeSet<u32> = channels
+                            .iter()
+                            .filter(|(_, hang)| **hang)
+                            .map(|(c, _)| *c)
+                            .collect();
+                        expect_run_end(&mut raw, scope, &hanging).await;
+                        model.scopes.remove(&scope);
+                    }
+                    Some(channels) if channels[&channel] => {
+                        // The number is a hanging loop's: both disregarded.
+                    }
+                    _ => {}
+                }
+                probe(&mut raw, &context).await;
             }
             Action::Malformed(bytes) => {
                 raw.send(bytes).await;
