@@ -1,0 +1,259 @@
+//! The soak: many loops in sequence and many at once through the real
+//! chain — client, server, proxy, agent program (the builtin demo) — with
+//! every chunk checked against what the demo itself yields (none lost,
+//! duplicated or reordered, `_meta["runloop/seq"]` counting from 0), every
+//! outcome checked against the ending the prompt asked for, and the server
+//! back to holding nothing, its process's memory back near where it started.
+//!
+//! Short by default (300 loops in sequence, 100 at once: seconds in a debug
+//! build); `RUNLOOP_SOAK=full` runs 10,000 and 1,000, best in `--release`:
+//!
+//! ```text
+//! RUNLOOP_SOAK=full cargo test --release -p runloop --test soak -- --nocapture
+//! ```
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use runloop::agent::Agent;
+use runloop::agent::demo::{Demo, SEQ};
+use runloop::client::{Client, Event, Run};
+use runloop::runtime::Catalog;
+use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
+use runloop_proto::run_loop::{AgenticLoopChunk, Outcome, RunLoopRequest};
+
+/// How a loop is to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Finished,
+    Fatal,
+    Unfinished,
+    NoLoop,
+}
+
+/// What the demo yields for a prompt, straight from the agent.
+#[derive(Debug, Clone)]
+struct Expected {
+    chunks: Vec<AgenticLoopChunk>,
+    ending: Ending,
+}
+
+/// The prompt of loop `i`: a mix of every ending and of lengths.
+fn prompt(i: usize) -> String {
+    let words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"];
+    let text = words[..1 + i % words.len()].join(" ");
+    match i % 10 {
+        7 => format!("{text} demo:fatal"),
+        8 => format!("{text} demo:break"),
+        9 => format!("{text} demo:refuse"),
+        _ => text,
+    }
+}
+
+async fn expected(prompt: &str) -> Expected {
+    let demo = Demo::new();
+    let Ok(mut stream) = demo.run(RunLoopRequest::new(prompt.to_owned())).await else {
+        return Expected {
+            chunks: Vec::new(),
+            ending: Ending::NoLoop,
+        };
+    };
+    let mut chunks = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(chunk) => chunks.push(chunk),
+            Err(_) => {
+                return Expected {
+                    chunks,
+                    ending: Ending::Unfinished,
+                };
+            }
+        }
+    }
+    let ending = if chunks.last().is_some_and(AgenticLoopChunk::is_fatal) {
+        Ending::Fatal
+    } else {
+        Ending::Finished
+    };
+    Expected { chunks, ending }
+}
+
+/// Every prompt the soak uses, with what the demo yields for it.
+async fn expectations() -> Arc<HashMap<String, Expected>> {
+    let mut all = HashMap::new();
+    for i in 0..70 {
+        let prompt = prompt(i);
+        let expected = expected(&prompt).await;
+        all.insert(prompt, expected);
+    }
+    Arc::new(all)
+}
+
+/// Runs one loop and checks it chunk by chunk against `expected`.
+async fn check_loop(run: &Run, prompt: &str, expected: &Expected) -> usize {
+    let mut run_loop = run.run_loop(prompt);
+    let mut n = 0;
+    let outcome = loop {
+        match run_loop.next().await.expect("an event") {
+            Event::Chunk { chunk, json } => {
+                let value: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
+                assert_eq!(value["_meta"][SEQ], n, "{prompt}: numbered in order");
+                assert_eq!(
+                    Some(&chunk),
+                    expected.chunks.get(n),
+                    "{prompt}: chunk {n} as the demo wrote it"
+                );
+                n += 1;
+            }
+            Event::Error(_) => {}
+            Event::End(outcome) => break outcome,
+        }
+    };
+    assert_eq!(n, expected.chunks.len(), "{prompt}: no chunk lost");
+    let ending = match &outcome {
+        Outcome::Finished { fatal: false } => Ending::Finished,
+        Outcome::Finished { fatal: true } => Ending::Fatal,
+        Outcome::Unfinished(_) => Ending::Unfinished,
+        Outcome::NoLoop(_) => Ending::NoLoop,
+        other => panic!("{prompt}: {other:?}"),
+    };
+    assert_eq!(ending, expected.ending, "{prompt}: {outcome:?}");
+    n
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("procfs");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|value| value.parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// The process's resident memory once freed memory went back to the system.
+fn settled_rss() -> u64 {
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    rss_bytes()
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1 << 20)
+}
+
+async fn serve() -> ServerHandle {
+    let server = Server::bind(
+        "127.0.0.1:0",
+        ServerConfig::new(Credentials::Any, Catalog::demo()),
+    )
+    .await
+    .expect("bind");
+    server.spawn().expect("spawn").0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
+    let full = std::env::var("RUNLOOP_SOAK").is_ok_and(|mode| mode == "full");
+    let (sequential, concurrent, connections) = if full {
+        (10_000, 1_000, 10)
+    } else {
+        (300, 100, 4)
+    };
+    let expected = expectations().await;
+    let server = serve().await;
+
+    // A warm-up loop, so the baseline includes what any first use allocates.
+    let client = Client::connect(&server.url(), "").await.expect("connect");
+    let run = client.run(support::run_request()).await.expect("run");
+    check_loop(&run, &prompt(0), &expected[&prompt(0)]).await;
+    run.stop().await;
+    client.close().await;
+    support::released(&server).await;
+    let baseline = settled_rss();
+
+    let peak = Arc::new(AtomicU64::new(baseline));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = tokio::spawn({
+        let (peak, sampling) = (Arc::clone(&peak), Arc::clone(&sampling));
+        async move {
+            while sampling.load(Ordering::SeqCst) {
+                peak.fetch_max(rss_bytes(), Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+
+    // In sequence: one run, one loop after another.
+    let started = Instant::now();
+    let client = Client::connect(&server.url(), "").await.expect("connect");
+    let run = client.run(support::run_request()).await.expect("run");
+    let mut chunks = 0;
+    for i in 0..sequential {
+        let prompt = prompt(i);
+        chunks += check_loop(&run, &prompt, &expected[&prompt]).await;
+    }
+    run.stop().await;
+    client.close().await;
+    let in_sequence = started.elapsed();
+
+    // At once: a run per loop (the demo runs one loop at a time), spread
+    // over several connections, every loop started before any is read.
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(Client::connect(&server.url(), "").await.expect("connect"));
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..concurrent {
+        let client = clients[i % connections].clone();
+        let expected = Arc::clone(&expected);
+        tasks.spawn(async move {
+            let run = client.run(support::run_request()).await.expect("run");
+            let prompt = prompt(i);
+            let chunks = check_loop(&run, &prompt, &expected[&prompt]).await;
+            run.stop().await;
+            chunks
+        });
+    }
+    let mut concurrent_chunks = 0;
+    while let Some(done) = tasks.join_next().await {
+        concurrent_chunks += done.expect("a loop's task");
+    }
+    for client in &clients {
+        client.close().await;
+    }
+    let at_once = started.elapsed();
+
+    support::released(&server).await;
+    sampling.store(false, Ordering::SeqCst);
+    sampler.await.expect("the sampler");
+    let after = settled_rss();
+    let peak = peak.load(Ordering::SeqCst);
+    println!(
+        "soak: {sequential} loops in sequence ({chunks} chunks) in {in_sequence:.2?}; \
+         {concurrent} at once over {connections} connections ({concurrent_chunks} chunks) \
+         in {at_once:.2?}; RSS {:.1} MiB before, {:.1} MiB at peak, {:.1} MiB after; \
+         server holds {:?}",
+        mib(baseline),
+        mib(peak),
+        mib(after),
+        server.stats()
+    );
+    // Back near the baseline: what remains is allocator bookkeeping, not
+    // anything that grows with the loops run.
+    let left = after.saturating_sub(baseline);
+    assert!(
+        left < (16 << 20).max((peak - baseline) / 4),
+        "{:.1} MiB more after than before",
+        mib(left)
+    );
+}
