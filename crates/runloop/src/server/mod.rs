@@ -18,6 +18,17 @@
 //! error (never a bare or silent finish), its container stops, and then its
 //! scope finishes. When the caller's connection goes, nothing is left
 //! behind: paths are closed, containers stopped, counters back to zero.
+//!
+//! A connection usually comes from the server's own listener, but
+//! [`ServerHandle::serve_connection`] takes any byte stream (an in-memory
+//! pipe in tests and fuzzing) and serves it the same way.
+//!
+//! The server's own logs never carry a credential, at any level: a refusal
+//! says what was wrong, an identity names the credential's position. One
+//! caveat is outside its reach: the WebSocket library logs through `log`,
+//! and at trace level writes out every message it reads, the authorization
+//! included. A subscriber that bridges `log` records must cap them below
+//! trace, as `runloop serve` does.
 
 mod connection;
 mod proxy_path;
