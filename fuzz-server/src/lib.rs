@@ -113,6 +113,15 @@ fn world() -> &'static World {
     WORLD.get_or_init(|| {
         static HOOK: Once = Once::new();
         HOOK.call_once(|| {
+            // Under libFuzzer, its C++ `main` runs instead of Rust's, which
+            // would have set SIGPIPE to be ignored: a vectored write to a
+            // socket whose peer has gone would then end the process instead
+            // of failing the write.
+            // SAFETY: setting a signal's disposition to "ignore" before any
+            // thread of ours exists; no handler code is involved.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            }
             let previous = std::panic::take_hook();
             std::panic::set_hook(Box::new(move |info| {
                 PANICKED.store(true, Ordering::SeqCst);

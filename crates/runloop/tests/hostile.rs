@@ -509,8 +509,10 @@ async fn a_caller_that_asks_without_reading_is_read_no_further() {
         let frame = Owned::from(ServerFrame::decode(&bytes).expect("a server frame"));
         assert_eq!(frame, Owned::ResponseFinish { scope: n as u32 });
     }
-    let _sink = sending.await.expect("every request was sent");
+    let sink = sending.await.expect("every request was sent");
     assert_eq!(server.stats().disregarded - before, REQUESTS);
+    drop((sink, stream));
+    released(&server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -574,14 +576,14 @@ async fn a_run_loop_request_of_the_largest_size_is_relayed_byte_for_byte() {
     }
     let asks = proxy.asks.lock().expect("lock").clone();
     assert!(asks.contains(&json), "the ask is the caller's bytes");
-    let outcome_of_next = Client::connect(&server.url(), "")
-        .await
-        .expect("connect")
+    let client = Client::connect(&server.url(), "").await.expect("connect");
+    let run = client
         .run(support::run_request())
         .await
-        .expect("the server still serves")
-        .run_loop("alongside")
-        .outcome()
-        .await;
-    assert_eq!(outcome_of_next, Outcome::Finished { fatal: false });
+        .expect("the server still serves");
+    let outcome = run.run_loop("alongside").outcome().await;
+    assert_eq!(outcome, Outcome::Finished { fatal: false });
+    drop(raw);
+    client.close().await;
+    released(&server).await;
 }
