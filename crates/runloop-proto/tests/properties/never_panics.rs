@@ -12,7 +12,9 @@ use runloop_proto::authorization::Authorization;
 use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, FrameType, ServerFrame};
-use runloop_proto::run_loop::{Frame, Reader, Relay, Relayed, RunLoopRequest};
+use runloop_proto::run_loop::{
+    AgenticLoopChunk, CHUNK, Frame, FrameError, Reader, Relay, Relayed, RunLoopRequest,
+};
 use runloop_proto::{Decode, Encode, Error, Writer};
 
 use crate::strategy;
@@ -234,6 +236,30 @@ proptest! {
         mutations in prop::collection::vec(mutation(), 0..4),
     ) {
         decode_everything(&mutate(bytes, &mutations));
+    }
+
+    /// `Frame::decode` reads chunk JSON exactly as serde_json's own byte
+    /// decoder does (it takes a faster route for UTF-8): the same chunk, or
+    /// an error with the same message.
+    #[test]
+    fn chunk_decoding_is_serde_jsons(
+        bytes in prop_oneof![
+            valid_encoding().boxed(),
+            prop::collection::vec(any::<u8>(), 0..64).boxed(),
+        ],
+        mutations in prop::collection::vec(mutation(), 0..3),
+    ) {
+        let mut payload = vec![CHUNK];
+        payload.extend(mutate(bytes, &mutations).into_iter().skip(1));
+        let ours = Frame::decode(&payload);
+        let theirs = serde_json::from_slice::<AgenticLoopChunk>(&payload[1..]);
+        match (ours, theirs) {
+            (Ok(Frame::Chunk(ours)), Ok(theirs)) => prop_assert_eq!(ours, theirs),
+            (Err(FrameError::Chunk(ours)), Err(theirs)) => {
+                prop_assert_eq!(ours.to_string(), theirs.to_string());
+            }
+            (ours, theirs) => prop_assert!(false, "ours {:?}, serde_json {:?}", ours, theirs),
+        }
     }
 
     /// `validate` after a successful decode never panics, accepts nothing
