@@ -11,7 +11,7 @@
 //! This file is the fuzz crate's library and is also compiled into
 //! `crates/runloop-proto/tests/corpus.rs` as a module, so that stable `cargo
 //! test` replays the committed corpora through exactly the same checks. It
-//! therefore uses nothing but `runloop-proto` (and `std`).
+//! therefore uses nothing but `runloop-proto`, `serde_json` and `std`.
 //!
 //! Each check returns whether the input got past decoding, so the replay
 //! test can tell a corpus that exercises the decoders from one that only
@@ -23,7 +23,7 @@ use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, HEADER_LEN, HeaderError, ServerFrame};
 use runloop_proto::run_loop::{
-    Broken, CHUNK, Closing, ERROR, Frame, Outcome, Reader, Relay, Relayed, Step,
+    Broken, CHUNK, Closing, ERROR, Frame, FrameError, Outcome, Reader, Relay, Relayed, Step,
 };
 use runloop_proto::{Decode, Encode, Error, Writer};
 
@@ -149,6 +149,18 @@ pub fn channel_request(data: &[u8]) -> bool {
 /// its lines as a channel's sequence through a [`Reader`].
 pub fn run_loop_frame(data: &[u8]) -> bool {
     let decoded = Frame::decode(data);
+    // A chunk is read exactly as serde_json's own byte decoder reads it.
+    if data.first() == Some(&CHUNK) {
+        let theirs =
+            serde_json::from_slice::<runloop_proto::run_loop::AgenticLoopChunk>(&data[1..]);
+        match (&decoded, theirs) {
+            (Ok(Frame::Chunk(ours)), Ok(theirs)) => assert_eq!(ours, &theirs),
+            (Err(FrameError::Chunk(ours)), Err(theirs)) => {
+                assert_eq!(ours.to_string(), theirs.to_string());
+            }
+            (ours, theirs) => panic!("ours {ours:?}, serde_json {theirs:?}"),
+        }
+    }
     if let Ok(frame) = &decoded {
         let bytes = frame.to_vec().expect("a decoded frame serializes");
         assert_eq!(bytes[0], data[0]);
