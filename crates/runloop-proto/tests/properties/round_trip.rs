@@ -260,6 +260,31 @@ proptest! {
         prop_assert_eq!(Frame::decode(&bytes).expect("decodes"), Frame::Chunk(chunk));
     }
 
+    /// Whatever number an annotation priority holds on the wire, a chunk
+    /// that decodes comes back the same through its own encoding: a number
+    /// beyond the 32-bit range is refused rather than kept as infinity.
+    #[test]
+    fn any_priority_decodes_stably(priority in strategy::finite_f64()) {
+        let json = serde_json::json!({
+            "type": "assistant_text_content",
+            "text": "a",
+            "annotations": { "priority": priority },
+        });
+        let mut payload = vec![CHUNK];
+        serde_json::to_writer(&mut payload, &json).expect("serializes");
+        match Frame::decode(&payload) {
+            Ok(frame) => {
+                prop_assert!(priority.abs() <= f64::from(f32::MAX) * (1.0 + 1e-7));
+                let again = frame.to_vec().expect("serializes");
+                prop_assert_eq!(Frame::decode(&again).expect("decodes again"), frame);
+            }
+            Err(error) => {
+                prop_assert!(priority.abs() > f64::from(f32::MAX), "{}", error);
+                prop_assert!(error.to_string().contains("priority"), "{}", error);
+            }
+        }
+    }
+
     /// An error of any JSON type survives a frame and the error value codec.
     #[test]
     fn error_frames(value in strategy::json_value()) {
