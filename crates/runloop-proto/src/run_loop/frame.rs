@@ -136,13 +136,13 @@ impl Decode<'_> for Frame {
 
 /// Parses chunk JSON.
 ///
-/// JSON text is UTF-8, so the payload is checked once, up front, by the
-/// standard library's validator, and parsed as a `str`: serde_json then does
-/// not validate again each string it reads, which is most of a chunk's
-/// bytes. Bytes that are not UTF-8 are parsed as bytes, exactly as before,
-/// so what is accepted and every error message stay serde_json's own.
+/// JSON text is UTF-8, so the payload is checked once, up front, by a SIMD
+/// validator, and parsed as a `str`: serde_json then does not validate
+/// again each string it reads, which is most of a chunk's bytes. Bytes that
+/// are not UTF-8 are parsed as bytes, exactly as before, so what is
+/// accepted and every error message stay serde_json's own.
 fn parse_chunk(json: &[u8]) -> Result<AgenticLoopChunk, serde_json::Error> {
-    match std::str::from_utf8(json) {
+    match simdutf8::basic::from_utf8(json) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(json),
     }
