@@ -9,7 +9,8 @@
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+
+use crate::synthetic::accept;
 
 /// Forwards every connection on `listener` to `upstream` (`ws://host:port`)
 /// until the listener fails.
@@ -21,15 +22,7 @@ pub async fn forward(listener: TcpListener, upstream: String) -> std::io::Result
 }
 
 async fn pipe(tcp: TcpStream, upstream: String) {
-    let _ = tcp.set_nodelay(true);
-    let mut path = String::new();
-    // The handshake callback's error type is tungstenite's, large by design.
-    #[allow(clippy::result_large_err)]
-    let callback = |request: &Request, response: Response| {
-        path = request.uri().path().to_owned();
-        Ok(response)
-    };
-    let Ok(client) = tokio_tungstenite::accept_hdr_async(tcp, callback).await else {
+    let Some((client, path)) = accept(tcp).await else {
         return;
     };
     let Ok((upstream, _)) =

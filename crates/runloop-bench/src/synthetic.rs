@@ -21,6 +21,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 
@@ -67,7 +68,8 @@ impl SyntheticProxy {
     }
 }
 
-async fn serve(tcp: TcpStream, plan: Arc<Plan>) {
+/// Accepts a WebSocket on `tcp` (Nagle off) and says which path it asked for.
+pub(crate) async fn accept(tcp: TcpStream) -> Option<(WebSocketStream<TcpStream>, String)> {
     let _ = tcp.set_nodelay(true);
     let mut path = String::new();
     // The handshake callback's error type is tungstenite's, large by design.
@@ -76,7 +78,14 @@ async fn serve(tcp: TcpStream, plan: Arc<Plan>) {
         path = request.uri().path().to_owned();
         Ok(response)
     };
-    let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(tcp, callback).await else {
+    let ws = tokio_tungstenite::accept_hdr_async(tcp, callback)
+        .await
+        .ok()?;
+    Some((ws, path))
+}
+
+async fn serve(tcp: TcpStream, plan: Arc<Plan>) {
+    let Some((mut ws, path)) = accept(tcp).await else {
         return;
     };
     let Some(Ok(Message::Binary(ask))) = ws.next().await else {

@@ -109,14 +109,7 @@ impl Args {
             };
             let report =
                 block_on(runloop_bench::slow_reader(&params, &spawn))?.map_err(Failure::Bench)?;
-            writeln!(out, "{report}")?;
-            if self.json {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::to_string(&report).map_err(|e| Failure::Output(e.into()))?
-                )?;
-            }
+            self.print(out, &report)?;
             return Ok(if report.complete && report.disorder == 0 {
                 Exit::Success
             } else {
@@ -130,19 +123,27 @@ impl Args {
             duration,
         };
         let report = block_on(runloop_bench::compare(&params, &spawn))?.map_err(Failure::Bench)?;
-        writeln!(out, "{report}")?;
-        if self.json {
-            writeln!(
-                out,
-                "{}",
-                serde_json::to_string(&report).map_err(|e| Failure::Output(e.into()))?
-            )?;
-        }
+        self.print(out, &report)?;
         Ok(if report.is_clean() {
             Exit::Success
         } else {
             Exit::Broken
         })
+    }
+}
+
+impl Args {
+    /// The report for people, then with `--json` as one JSON line.
+    fn print<R>(&self, out: &mut impl Write, report: &R) -> Result<(), Failure>
+    where
+        R: std::fmt::Display + serde::Serialize,
+    {
+        writeln!(out, "{report}")?;
+        if self.json {
+            let json = serde_json::to_string(report).map_err(|e| Failure::Output(e.into()))?;
+            writeln!(out, "{json}")?;
+        }
+        Ok(())
     }
 }
 

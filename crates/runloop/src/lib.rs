@@ -21,3 +21,8 @@ pub mod runtime;
 pub mod server;
 
 pub use runloop_proto as proto;
+
+/// The README's Rust examples, compiled and run as doctests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -108,7 +108,7 @@ impl ChunkKind {
     /// Reads the chunk of this kind from the members after `type`.
     fn read<'de, D: Deserializer<'de>>(self, rest: D) -> Result<AgenticLoopChunk, D::Error> {
         use AgenticLoopChunk as C;
-        Ok(match self {
+        let chunk = match self {
             ChunkKind::AssistantReasoning => C::AssistantReasoning(Deserialize::deserialize(rest)?),
             ChunkKind::AssistantTextContent => {
                 C::AssistantTextContent(Deserialize::deserialize(rest)?)
@@ -125,7 +125,51 @@ impl ChunkKind {
             ChunkKind::User => C::User(Deserialize::deserialize(rest)?),
             ChunkKind::Usage => C::Usage(Deserialize::deserialize(rest)?),
             ChunkKind::Notification => C::Notification(Deserialize::deserialize(rest)?),
-        })
+        };
+        check_priorities(&chunk).map_err(de::Error::custom)?;
+        Ok(chunk)
+    }
+}
+
+/// Refuses an annotation priority that does not fit the 32-bit float MCP's
+/// model keeps it in.
+///
+/// The MCP SDK reads `priority` as a 64-bit number and narrows it, so a
+/// number beyond the 32-bit range becomes infinity, which JSON cannot carry:
+/// it would be written back as `null` and read back as no priority, and the
+/// chunk would not survive its own round trip (which the `run_loop_frame`
+/// fuzz target and the round-trip properties check).
+fn check_priorities(chunk: &AgenticLoopChunk) -> Result<(), &'static str> {
+    use AgenticLoopChunk as C;
+    let own = match chunk {
+        C::AssistantReasoning(c) | C::AssistantTextContent(c) | C::AssistantRefusal(c) => {
+            c.annotations.as_ref()
+        }
+        C::AssistantImageContent(c) | C::AssistantAudioContent(c) => c.annotations.as_ref(),
+        _ => None,
+    };
+    let blocks = match chunk {
+        C::ToolResponse(c) => &c.content[..],
+        _ => &[],
+    };
+    let mut all = own
+        .into_iter()
+        .chain(blocks.iter().filter_map(block_annotations));
+    if all.any(|a| a.priority.is_some_and(|p| !p.is_finite())) {
+        return Err("an annotation priority does not fit a 32-bit float");
+    }
+    Ok(())
+}
+
+/// A content block's annotations.
+fn block_annotations(block: &ContentBlock) -> Option<&Annotations> {
+    match block {
+        ContentBlock::Text(c) => c.annotations.as_ref(),
+        ContentBlock::Image(c) => c.annotations.as_ref(),
+        ContentBlock::Audio(c) => c.annotations.as_ref(),
+        ContentBlock::Resource(c) => c.annotations.as_ref(),
+        ContentBlock::ResourceLink(c) => c.annotations.as_ref(),
+        _ => None,
     }
 }
 
@@ -820,6 +864,30 @@ pub(crate) mod tests {
         let null_message = parse(r#"{"type":"notification","is_fatal":false,"message":null}"#)
             .expect("null message is allowed");
         assert!(!null_message.is_fatal());
+    }
+
+    #[test]
+    fn a_priority_beyond_f32_is_refused_on_both_paths() {
+        for json in [
+            r#"{"type":"assistant_text_content","text":"a","annotations":{"priority":1e40}}"#,
+            r#"{"annotations":{"priority":-1e39},"type":"assistant_image_content","data":"","mimeType":""}"#,
+            r#"{"type":"tool_response","id":"c","content":[{"type":"text","text":"t","annotations":{"priority":4e38}}]}"#,
+        ] {
+            let error = parse(json).expect_err(json);
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("an annotation priority does not fit a 32-bit float"),
+                "{error}"
+            );
+        }
+        // The largest 32-bit float is fine, and survives its round trip.
+        let largest = parse(
+            r#"{"type":"assistant_refusal","text":"a","annotations":{"priority":3.4028235e38}}"#,
+        )
+        .expect("f32::MAX fits");
+        let again = parse(&serde_json::to_string(&largest).expect("serializes")).expect("parses");
+        assert_eq!(again, largest);
     }
 
     #[test]

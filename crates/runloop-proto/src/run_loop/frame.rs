@@ -123,7 +123,7 @@ impl Decode<'_> for Frame {
     fn decode(payload: &[u8]) -> Result<Self, FrameError> {
         let (&first, rest) = payload.split_first().ok_or(FrameError::Empty)?;
         match first {
-            CHUNK => serde_json::from_slice(rest)
+            CHUNK => parse_chunk(rest)
                 .map(Frame::Chunk)
                 .map_err(FrameError::Chunk),
             ERROR => Error::decode(rest)
@@ -131,6 +131,20 @@ impl Decode<'_> for Frame {
                 .map_err(FrameError::Error),
             other => Err(FrameError::UnknownTag(other)),
         }
+    }
+}
+
+/// Parses chunk JSON.
+///
+/// JSON text is UTF-8, so the payload is checked once, up front, by a SIMD
+/// validator, and parsed as a `str`: serde_json then does not validate
+/// again each string it reads, which is most of a chunk's bytes. Bytes that
+/// are not UTF-8 are parsed as bytes, exactly as before, so what is
+/// accepted and every error message stay serde_json's own.
+fn parse_chunk(json: &[u8]) -> Result<AgenticLoopChunk, serde_json::Error> {
+    match simdutf8::basic::from_utf8(json) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(json),
     }
 }
 
@@ -256,6 +270,27 @@ mod tests {
         assert!(matches!(nothing, FrameError::Error(_)));
         let chunk_nothing = Frame::decode(b"\x00").expect_err("no chunk");
         assert!(matches!(chunk_nothing, FrameError::Chunk(_)));
+    }
+
+    #[test]
+    fn utf8_is_checked_as_serde_json_checks_it() {
+        // A member the chunk does not read may hold bytes that are not UTF-8:
+        // serde_json skips it unread, on the byte path as before.
+        let ignored = b"\x00{\"type\":\"user\",\"prompt\":\"p\",\"x\":\"\xff\"}";
+        assert!(matches!(
+            Frame::decode(ignored),
+            Ok(Frame::Chunk(AgenticLoopChunk::User(_)))
+        ));
+        // A member it reads may not, and the error is serde_json's own.
+        let read = b"\x00{\"type\":\"user\",\"prompt\":\"\xff\"}";
+        let error = Frame::decode(read).expect_err("not UTF-8");
+        let expected = serde_json::from_slice::<AgenticLoopChunk>(&read[1..])
+            .expect_err("not UTF-8")
+            .to_string();
+        assert_eq!(
+            error.to_string(),
+            format!("agentic loop chunk did not parse: {expected}")
+        );
     }
 
     #[test]

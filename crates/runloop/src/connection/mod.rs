@@ -58,10 +58,17 @@ impl Default for Limits {
     }
 }
 
+/// How much tungstenite reads from the socket at once. Its default
+/// (128 KiB) is zero-filled before every read, which for a stream of small
+/// chunks costs more than the read itself; a larger message simply takes
+/// several reads.
+const READ_BUFFER: usize = 16 << 10;
+
 impl Limits {
     /// The WebSocket configuration these limits imply.
     pub fn websocket(&self) -> WebSocketConfig {
         WebSocketConfig::default()
+            .read_buffer_size(READ_BUFFER)
             .max_message_size(Some(self.max_message_size))
             .max_frame_size(Some(self.max_message_size))
     }

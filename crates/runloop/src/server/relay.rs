@@ -17,6 +17,7 @@
 //! this task stop reading the proxy, and TCP carries the pressure back to
 //! the agent program.
 
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use runloop_proto::run_loop::{Closing, Finish, Relay, Relayed};
 use runloop_proto::{Error, Writer};
 use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::tungstenite::Message;
-use tracing::{Instrument, debug, info_span};
+use tracing::debug;
 
 use super::connection::Conn;
 use super::proxy_path::{self, Path};
@@ -34,38 +35,43 @@ use super::scope::Order;
 use super::{Held, Stats};
 
 /// Relays one run-loop channel until its finish.
+///
+/// Not instrumented with a span: entering one on every poll is a measurable
+/// share of the relay's cost, so the few events it logs name their scope
+/// and channel instead.
 pub(crate) async fn serve(
     conn: Arc<Conn>,
     scope: u32,
     order: Order,
     proxy_url: String,
-    mut ending: watch::Receiver<Option<Error>>,
+    ending: watch::Receiver<Option<Error>>,
 ) {
     let channel = order.channel;
-    let span = info_span!("run_loop", channel);
-    async move {
-        let mut last = Vec::new();
-        let finish = relay(
-            &conn,
-            scope,
-            order,
-            &proxy_url,
-            &mut ending,
-            &mut Writer::new(&mut last),
-        )
-        .await;
-        if !last.is_empty() {
-            let frame = ServerFrame::ChannelResponse {
-                scope,
-                channel,
-                payload: &last,
-            };
-            conn.queue_in_scope(scope, frame::to_message(&frame));
-        }
-        conn.finish_channel(scope, channel, finish);
-    }
-    .instrument(span)
+    let mut last = Vec::new();
+    let finish = relay(
+        &conn,
+        scope,
+        order,
+        &proxy_url,
+        ending,
+        &mut Writer::new(&mut last),
+    )
     .await;
+    if !last.is_empty() {
+        let frame = ServerFrame::ChannelResponse {
+            scope,
+            channel,
+            payload: &last,
+        };
+        conn.queue_in_scope(scope, frame::to_message(&frame));
+    }
+    debug!(
+        scope,
+        channel,
+        ended_with_error = !last.is_empty(),
+        "run-loop channel finished"
+    );
+    conn.finish_channel(scope, channel, finish);
 }
 
 /// The relay proper. Forwards chunks as they come; writes the channel's
@@ -75,14 +81,17 @@ async fn relay(
     scope: u32,
     order: Order,
     proxy_url: &str,
-    ending: &mut watch::Receiver<Option<Error>>,
+    ending: watch::Receiver<Option<Error>>,
     last: &mut Writer<'_>,
 ) -> Finish {
+    // One future for the run's end, polled by every wait below; making a
+    // new one per message would register and drop a waiter each time.
+    let mut ending = pin!(ended(ending));
     let relay = Relay::<bytes::Bytes>::new();
     let limits = conn.shared().config.limits;
     let dialled = tokio::select! {
         biased;
-        why = ended(ending) => return relay.cut(why, last),
+        why = &mut ending => return relay.cut(why, last),
         dialled = proxy_path::open(proxy_url, "/agent/run", &limits) => dialled,
     };
     let mut path = match dialled {
@@ -100,7 +109,7 @@ async fn relay(
     // must still reach the loop.
     let sent = tokio::select! {
         biased;
-        why = ended(ending) => return relay.cut(why, last),
+        why = &mut ending => return relay.cut(why, last),
         sent = path.send(Message::Binary(order.request)) => sent,
     };
     if let Err(why) = sent {
@@ -111,7 +120,7 @@ async fn relay(
     loop {
         let next = tokio::select! {
             biased;
-            why = ended(ending) => {
+            why = &mut ending => {
                 close(path).await;
                 return relay.cut(why, last);
             }
@@ -123,7 +132,7 @@ async fn relay(
                     relay = next;
                     let permit = tokio::select! {
                         biased;
-                        why = ended(ending) => {
+                        why = &mut ending => {
                             close(path).await;
                             return relay.cut(why, last);
                         }
@@ -141,7 +150,11 @@ async fn relay(
                 }
                 Relayed::Held(next) => relay = next,
                 Relayed::Fault(finish) => {
-                    debug!("the proxy broke the sequence");
+                    debug!(
+                        scope,
+                        channel = order.channel,
+                        "the proxy broke the sequence"
+                    );
                     close(path).await;
                     return finish;
                 }
@@ -161,7 +174,7 @@ async fn relay(
 }
 
 /// Resolves with the run's ending reason once it is set.
-async fn ended(ending: &mut watch::Receiver<Option<Error>>) -> Error {
+async fn ended(mut ending: watch::Receiver<Option<Error>>) -> Error {
     loop {
         if let Some(why) = ending.borrow_and_update().clone() {
             return why;

@@ -1,0 +1,16 @@
+//! Property tests of the run-loop protocol core.
+//!
+//! Unit tests beside the code pin known-good bytes; these check laws over
+//! arbitrary input instead: encode then decode is the identity for every
+//! payload type (`round_trip`), nothing off the wire panics (`never_panics`),
+//! the caller's reader agrees with a reference model and never calls a loop
+//! finished that was not (`reader`), the server's relay always hands the
+//! caller a readable sequence (`relay`), and the transcript never loses a
+//! fragment (`transcript`). The strategies all live in `strategy`.
+
+mod never_panics;
+mod reader;
+mod relay;
+mod round_trip;
+mod strategy;
+mod transcript;

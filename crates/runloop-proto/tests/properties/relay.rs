@@ -1,0 +1,235 @@
+//! The server's [`Relay`]: whatever the proxy sends and however its path
+//! ends, the caller is handed a sequence it can read, and "finished" only
+//! when the proxy finished.
+//!
+//! Each case is run end to end: proxy messages through a relay, the relay's
+//! channel responses through the caller's [`Reader`].
+
+use proptest::prelude::*;
+use runloop_proto::run_loop::{
+    AgenticLoopChunk, CHUNK, Closing, ERROR, Frame, Outcome, Reader, Relay, Relayed, Step,
+};
+use runloop_proto::{Decode, Encode, Error, Writer};
+use serde_json::{Value, json};
+
+use crate::strategy;
+
+/// One message on the proxy's `/agent/run` path.
+#[derive(Debug, Clone)]
+enum Message {
+    /// `[0]` and a chunk's JSON.
+    Chunk(AgenticLoopChunk),
+    /// `[1]` and an error's JSON.
+    Error(Value),
+    /// No bytes at all.
+    Empty,
+    /// A tag that is neither 0 nor 1, then JSON that would be a fine chunk.
+    UnknownTag(u8, AgenticLoopChunk),
+    /// Random bytes whose first byte is not a tag.
+    Garbage(Vec<u8>),
+}
+
+impl Message {
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Message::Chunk(chunk) => Frame::Chunk(chunk.clone()).to_vec().expect("serializes"),
+            Message::Error(value) => Frame::Error(Error::new(value.clone()))
+                .to_vec()
+                .expect("serializes"),
+            Message::Empty => Vec::new(),
+            Message::UnknownTag(tag, chunk) => {
+                let mut bytes = Frame::Chunk(chunk.clone()).to_vec().expect("serializes");
+                bytes[0] = *tag;
+                bytes
+            }
+            Message::Garbage(bytes) => bytes.clone(),
+        }
+    }
+}
+
+/// How the proxy's path ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// A clean WebSocket close.
+    Closed,
+    /// An abrupt end.
+    Broke,
+    /// The server ends the channel itself.
+    Cut,
+}
+
+fn message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        8 => strategy::chunk().prop_map(Message::Chunk),
+        2 => strategy::json_value().prop_map(Message::Error),
+        1 => Just(Message::Empty),
+        1 => (2u8.., strategy::chunk()).prop_map(|(tag, chunk)| Message::UnknownTag(tag, chunk)),
+        1 => (2u8.., prop::collection::vec(any::<u8>(), 0..16)).prop_map(|(first, rest)| {
+            let mut bytes = vec![first];
+            bytes.extend(rest);
+            Message::Garbage(bytes)
+        }),
+    ]
+}
+
+fn ending() -> impl Strategy<Value = Ending> {
+    prop_oneof![Just(Ending::Closed), Just(Ending::Broke), Just(Ending::Cut)]
+}
+
+/// Runs the relay; returns the channel responses it produced, in order.
+/// Every path through the relay ends in a finish (its types demand it).
+fn relay(messages: &[Vec<u8>], ending: Ending) -> Vec<Vec<u8>> {
+    let mut relay = Relay::new();
+    let mut sent = Vec::new();
+    for message in messages {
+        let mut out = Vec::new();
+        relay = match relay.message(message.clone(), &mut Writer::new(&mut out)) {
+            Relayed::Forward(relay, forwarded) => {
+                assert!(out.is_empty(), "a forward writes nothing of its own");
+                sent.push(forwarded);
+                relay
+            }
+            Relayed::Held(relay) => {
+                assert!(out.is_empty(), "a held error is not sent yet");
+                relay
+            }
+            Relayed::Fault(_finish) => {
+                sent.push(out);
+                return sent;
+            }
+        };
+    }
+    let mut out = Vec::new();
+    match ending {
+        Ending::Closed => match relay.closed(&mut Writer::new(&mut out)) {
+            Closing::Finish(_finish) => assert!(out.is_empty()),
+            Closing::ErrorThenFinish(_finish) => sent.push(out),
+        },
+        Ending::Broke => {
+            let _finish = relay.broke("reset", &mut Writer::new(&mut out));
+            sent.push(out);
+        }
+        Ending::Cut => {
+            let _finish = relay.cut(Error::kind("run", "stopped"), &mut Writer::new(&mut out));
+            sent.push(out);
+        }
+    }
+    sent
+}
+
+/// The caller's view of the responses, finish included.
+fn read(sent: &[Vec<u8>]) -> Outcome {
+    let mut reader = Reader::new();
+    for payload in sent {
+        if let Some(Step::End(outcome)) = reader.response(payload) {
+            return outcome;
+        }
+    }
+    reader.finish().expect("the reader had not ended")
+}
+
+proptest! {
+    /// Well-formed or not, the proxy's messages become a sequence the
+    /// reader accepts; "finished" exactly when the proxy sent only chunks
+    /// (at least one) and closed cleanly; chunks are forwarded byte for
+    /// byte; the last error is the proxy's own only when the proxy ended
+    /// with it and closed cleanly, and otherwise the server's, carrying any
+    /// error the proxy had sent.
+    #[test]
+    fn the_caller_always_gets_a_valid_sequence(
+        messages in prop::collection::vec(message(), 0..8),
+        ending in ending(),
+    ) {
+        let bytes: Vec<Vec<u8>> = messages.iter().map(Message::bytes).collect();
+        let sent = relay(&bytes, ending);
+        let outcome = read(&sent);
+        prop_assert!(!matches!(outcome, Outcome::Broken(_)), "broken: {:?}", outcome);
+
+        let leading = messages.iter().take_while(|m| matches!(m, Message::Chunk(_))).count();
+        prop_assert_eq!(&sent[..leading.min(sent.len())], &bytes[..leading.min(sent.len())]);
+
+        let proxy_finished = leading == messages.len() && ending == Ending::Closed;
+        if proxy_finished {
+            prop_assert_eq!(sent.len(), leading, "nothing of the server's own");
+            let expected = match messages.last() {
+                None => Outcome::NotServed,
+                Some(Message::Chunk(last)) => Outcome::Finished { fatal: last.is_fatal() },
+                Some(other) => unreachable!("only chunks: {other:?}"),
+            };
+            prop_assert_eq!(outcome, expected);
+            return Ok(());
+        }
+
+        // Otherwise: the leading chunks, then exactly one error, last.
+        prop_assert_eq!(sent.len(), leading + 1);
+        let error = match Frame::decode(&sent[leading]).expect("the last response decodes") {
+            Frame::Error(error) => error,
+            Frame::Chunk(chunk) => panic!("a chunk where the error belongs: {chunk:?}"),
+        };
+        match &outcome {
+            Outcome::Unfinished(e) if leading > 0 => prop_assert_eq!(e, &error),
+            Outcome::NoLoop(e) if leading == 0 => prop_assert_eq!(e, &error),
+            other => prop_assert!(false, "{} chunks then an error read as {:?}", leading, other),
+        }
+        let held = match messages.get(leading) {
+            Some(Message::Error(value)) => Some(value),
+            _ => None,
+        };
+        let proxy_error_passed_on =
+            held.is_some() && leading + 1 == messages.len() && ending == Ending::Closed;
+        if proxy_error_passed_on {
+            prop_assert_eq!(&sent[leading], &bytes[leading], "the proxy's error, as it came");
+        } else {
+            // No fault on the way: the path's ending decided whose error it is.
+            let reached_the_end = messages.len() == leading + usize::from(held.is_some());
+            let expected_kind = if reached_the_end && ending == Ending::Cut { "run" } else { "proxy" };
+            prop_assert_eq!(&error.0["kind"], &json!(expected_kind), "{}", error);
+            prop_assert!(error.0["error"].is_string(), "{}", error);
+            if let Some(held) = held {
+                prop_assert_eq!(&error.0["proxy_error"], held, "the held error is kept inside");
+            }
+        }
+    }
+
+    /// With arbitrary bytes after the tags too: the relay never reads past
+    /// the tag, so the shape of the sequence still holds (chunks, then at
+    /// most one error, last), every response of the server's own is a valid
+    /// error, and the reader can only fail on a message the proxy sent,
+    /// passed on as it came.
+    #[test]
+    fn the_relay_only_reads_tags(
+        messages in prop::collection::vec(
+            prop_oneof![
+                message().prop_map(|m| m.bytes()),
+                prop::collection::vec(any::<u8>(), 0..16),
+                (0u8..2, prop::collection::vec(any::<u8>(), 0..16)).prop_map(|(tag, rest)| {
+                    let mut bytes = vec![tag];
+                    bytes.extend(rest);
+                    bytes
+                }),
+            ],
+            0..8,
+        ),
+        ending in ending(),
+    ) {
+        let sent = relay(&messages, ending);
+        for (i, payload) in sent.iter().enumerate() {
+            let last = i + 1 == sent.len();
+            match payload.first() {
+                Some(&CHUNK) => {}
+                Some(&ERROR) => prop_assert!(last, "an error that is not last"),
+                other => prop_assert!(false, "a response with tag {:?}", other),
+            }
+            if !messages.contains(payload) {
+                // The server wrote this one itself.
+                prop_assert!(last);
+                prop_assert!(matches!(Frame::decode(payload), Ok(Frame::Error(_))));
+            }
+        }
+        if let Outcome::Broken(why) = read(&sent) {
+            let offending = sent.iter().find(|p| Frame::decode(p).is_err());
+            prop_assert!(offending.is_some(), "broken with every response decodable: {}", why);
+            prop_assert!(messages.contains(offending.expect("checked")), "the server broke it: {}", why);
+        }
+    }
+}

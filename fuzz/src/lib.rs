@@ -1,0 +1,306 @@
+//! The checks behind the fuzz targets, one per decoder, shared with the
+//! corpus replay test of `runloop-proto`.
+//!
+//! A fuzz target is only as good as what it asserts: "does not panic" alone
+//! would pass a decoder that accepts everything. So each check also asserts
+//! what the protocol promises about the input it was given: that a decoded
+//! value re-encodes to something that decodes to the same value, that the
+//! direction of a frame decides which types exist, that a reader never calls
+//! a broken sequence finished, that a relay never breaks a sequence itself.
+//!
+//! This file is the fuzz crate's library and is also compiled into
+//! `crates/runloop-proto/tests/corpus.rs` as a module, so that stable `cargo
+//! test` replays the committed corpora through exactly the same checks. It
+//! therefore uses nothing but `runloop-proto`, `serde_json` and `std`.
+//!
+//! Each check returns whether the input got past decoding, so the replay
+//! test can tell a corpus that exercises the decoders from one that only
+//! exercises their error paths.
+
+use runloop_proto::agents_run::RunRequest;
+use runloop_proto::authorization::Authorization;
+use runloop_proto::channel::ChannelRequest;
+use runloop_proto::endpoint::EndpointRequest;
+use runloop_proto::frame::{self, ClientFrame, HEADER_LEN, HeaderError, ServerFrame};
+use runloop_proto::run_loop::{
+    Broken, CHUNK, Closing, ERROR, Frame, FrameError, Outcome, Reader, Relay, Relayed, Step,
+};
+use runloop_proto::{Decode, Encode, Error, Writer};
+
+/// Splits fuzz input into messages at `\n`. Compact JSON never holds a raw
+/// newline, so a seed file can list one frame per line.
+fn lines(data: &[u8]) -> Vec<&[u8]> {
+    if data.is_empty() {
+        Vec::new()
+    } else {
+        data.split(|&b| b == b'\n').collect()
+    }
+}
+
+/// `frame_header`: one message, decoded as a client frame and as a server
+/// frame.
+pub fn frame_header(data: &[u8]) -> bool {
+    let client = ClientFrame::decode(data);
+    let server = ServerFrame::decode(data);
+    if data.len() < HEADER_LEN {
+        let truncated = HeaderError::Truncated { len: data.len() };
+        assert_eq!(client, Err(truncated.clone()));
+        assert_eq!(server, Err(truncated));
+        return false;
+    }
+    let decoded = client.is_ok() || server.is_ok();
+    // The direction decides which type bytes exist.
+    assert_eq!(client.is_ok(), matches!(data[0], 0 | 1 | 4 | 5 | 6));
+    assert_eq!(server.is_ok(), matches!(data[0], 0 | 2..=6));
+    if let Ok(frame) = client {
+        let message = frame::to_message(&frame);
+        assert_eq!(message[0], data[0]);
+        assert_eq!(ClientFrame::decode(&message), Ok(frame));
+    }
+    if let Ok(frame) = server {
+        let message = frame::to_message(&frame);
+        assert_eq!(message[0], data[0]);
+        assert_eq!(ServerFrame::decode(&message), Ok(frame));
+    }
+    if let Err(error) = client.and(server) {
+        assert!(!error.to_string().is_empty());
+    }
+    decoded
+}
+
+/// `authorization`: a type-0 payload. A credential's encoding is canonical,
+/// so what decodes re-encodes to the very same bytes.
+pub fn authorization(data: &[u8]) -> bool {
+    match Authorization::decode(data) {
+        Ok(authorization) => {
+            let bytes = authorization
+                .to_vec()
+                .unwrap_or_else(|never| match never {});
+            assert_eq!(bytes, data);
+            true
+        }
+        Err(error) => {
+            let valid = data.first() == Some(&0) && std::str::from_utf8(&data[1..]).is_ok();
+            assert!(!valid, "refused a valid credential: {error}");
+            false
+        }
+    }
+}
+
+/// `agents_run_request`: a type-1 payload, then `validate` on what decoded.
+/// A decoded request re-encodes to one that decodes to the same request,
+/// with `agent` kept byte for byte.
+pub fn agents_run_request(data: &[u8]) -> bool {
+    match EndpointRequest::decode(data) {
+        Ok(EndpointRequest::AgentsRun(request)) => {
+            let verdict = request.validate();
+            if let Err(rule) = &verdict {
+                assert!(!rule.to_string().is_empty());
+            }
+            let bytes = EndpointRequest::AgentsRun(request.clone())
+                .to_vec()
+                .expect("a decoded request serializes");
+            let Ok(EndpointRequest::AgentsRun(again)) = EndpointRequest::decode(&bytes) else {
+                panic!("a re-encoded request did not decode");
+            };
+            assert_eq!(again, request);
+            assert_eq!(again.validate(), verdict);
+            assert_eq!(
+                RunRequest::decode(&bytes[1..]).expect("decodes without its tag"),
+                *request
+            );
+            true
+        }
+        Ok(EndpointRequest::Unserved(tag)) => {
+            assert_ne!(tag, 0);
+            assert_eq!(Some(&tag), data.first());
+            true
+        }
+        Err(error) => {
+            assert!(!error.to_string().is_empty());
+            false
+        }
+    }
+}
+
+/// `channel_request`: a type-4 payload on a run scope. A run-loop request
+/// re-encodes to the caller's bytes exactly (the server relays them).
+pub fn channel_request(data: &[u8]) -> bool {
+    match ChannelRequest::decode(data) {
+        Ok(request) => {
+            let bytes = request.to_vec().unwrap_or_else(|never| match never {});
+            if let ChannelRequest::RunLoop(_) = &request {
+                assert_eq!(bytes, data);
+            }
+            assert_eq!(
+                ChannelRequest::decode(&bytes).expect("decodes again"),
+                request
+            );
+            true
+        }
+        Err(error) => {
+            assert!(!error.to_string().is_empty());
+            false
+        }
+    }
+}
+
+/// `run_loop_frame`: the whole input as one run-loop response payload, and
+/// its lines as a channel's sequence through a [`Reader`].
+pub fn run_loop_frame(data: &[u8]) -> bool {
+    let decoded = Frame::decode(data);
+    // A chunk is read exactly as serde_json's own byte decoder reads it.
+    if data.first() == Some(&CHUNK) {
+        let theirs =
+            serde_json::from_slice::<runloop_proto::run_loop::AgenticLoopChunk>(&data[1..]);
+        match (&decoded, theirs) {
+            (Ok(Frame::Chunk(ours)), Ok(theirs)) => assert_eq!(ours, &theirs),
+            (Err(FrameError::Chunk(ours)), Err(theirs)) => {
+                assert_eq!(ours.to_string(), theirs.to_string());
+            }
+            (ours, theirs) => panic!("ours {ours:?}, serde_json {theirs:?}"),
+        }
+    }
+    if let Ok(frame) = &decoded {
+        let bytes = frame.to_vec().expect("a decoded frame serializes");
+        assert_eq!(bytes[0], data[0]);
+        assert_eq!(
+            &Frame::decode(&bytes).expect("re-encoded frame decodes"),
+            frame
+        );
+    }
+
+    // One payload: the reader's step is the decoder's verdict.
+    let mut reader = Reader::new();
+    match (&decoded, reader.response(data)) {
+        (Ok(Frame::Chunk(chunk)), Some(Step::Chunk(step))) => assert_eq!(chunk, &step),
+        (Ok(Frame::Error(error)), Some(Step::Error(step))) => assert_eq!(error, &step),
+        (Err(_), Some(Step::End(Outcome::Broken(Broken::Undecodable(why))))) => {
+            assert!(why.contains("agentic loop"), "{why}");
+        }
+        (decoded, step) => panic!("decoded {decoded:?} but the reader said {step:?}"),
+    }
+
+    // Lines: finished only when every line was a chunk.
+    let payloads = lines(data);
+    let mut reader = Reader::new();
+    let mut outcome = None;
+    for payload in &payloads {
+        if let Some(Step::End(ended)) = reader.response(payload) {
+            outcome = Some(ended);
+        }
+    }
+    let outcome = outcome.or_else(|| reader.finish());
+    if let Some(Outcome::Finished { .. }) = outcome {
+        assert!(!payloads.is_empty(), "a bare finish read as finished");
+        for payload in &payloads {
+            assert!(
+                matches!(Frame::decode(payload), Ok(Frame::Chunk(_))),
+                "finished with a payload that is not a chunk"
+            );
+        }
+    }
+    decoded.is_ok()
+}
+
+/// `relay`: the first byte picks how the proxy's path ends (clean close,
+/// abrupt end, or the server cutting it), the rest is the proxy's messages,
+/// one per line. The relay's responses go through a caller's [`Reader`].
+///
+/// The relay reads tags only (SPEC §7, §12), so a proxy message with a good
+/// tag and bad JSON is passed on as it came and the reader rightly reports
+/// the sequence broken at that message. What must never happen: a broken
+/// sequence when everything the proxy sent was well-formed, a sequence of
+/// the wrong shape, or "finished" when the proxy did not finish.
+pub fn relay(data: &[u8]) -> bool {
+    let Some((&ending, rest)) = data.split_first() else {
+        return false;
+    };
+    let messages = lines(rest);
+    let mut relay = Some(Relay::new());
+    let mut sent: Vec<Vec<u8>> = Vec::new();
+    for message in &messages {
+        let Some(current) = relay.take() else {
+            break;
+        };
+        let mut out = Vec::new();
+        match current.message(*message, &mut Writer::new(&mut out)) {
+            Relayed::Forward(next, forwarded) => {
+                assert!(out.is_empty());
+                sent.push(forwarded.to_vec());
+                relay = Some(next);
+            }
+            Relayed::Held(next) => {
+                assert!(out.is_empty());
+                relay = Some(next);
+            }
+            Relayed::Fault(_finish) => sent.push(out),
+        }
+    }
+    if let Some(relay) = relay {
+        let mut out = Vec::new();
+        match ending % 3 {
+            0 => match relay.closed(&mut Writer::new(&mut out)) {
+                Closing::Finish(_finish) => assert!(out.is_empty()),
+                Closing::ErrorThenFinish(_finish) => sent.push(out),
+            },
+            1 => {
+                let _finish = relay.broke("fuzz", &mut Writer::new(&mut out));
+                sent.push(out);
+            }
+            _ => {
+                let _finish = relay.cut(Error::kind("run", "fuzz"), &mut Writer::new(&mut out));
+                sent.push(out);
+            }
+        }
+    }
+
+    // The shape: chunks, then at most one error, last.
+    for (i, payload) in sent.iter().enumerate() {
+        match payload.first() {
+            Some(&CHUNK) => {}
+            Some(&ERROR) => assert_eq!(i + 1, sent.len(), "an error that is not last"),
+            other => panic!("a response with tag {other:?}"),
+        }
+    }
+    // Leading chunk messages are forwarded byte for byte.
+    let leading = messages
+        .iter()
+        .take_while(|m| m.first() == Some(&CHUNK))
+        .count();
+    assert!(sent.len() >= leading);
+    for (sent, message) in sent.iter().zip(&messages).take(leading) {
+        assert_eq!(sent, message);
+    }
+    // What the server wrote itself is a valid error.
+    let from_proxy = |payload: &Vec<u8>| messages.iter().any(|m| m == payload);
+    for payload in sent.iter().filter(|p| !from_proxy(p)) {
+        assert!(matches!(Frame::decode(payload), Ok(Frame::Error(_))));
+    }
+
+    let mut reader = Reader::new();
+    let mut outcome = None;
+    for payload in &sent {
+        if let Some(Step::End(ended)) = reader.response(payload) {
+            outcome = Some(ended);
+            break;
+        }
+    }
+    let outcome = outcome.or_else(|| reader.finish()).expect("one outcome");
+    let proxy_well_formed = sent.iter().all(|p| Frame::decode(p).is_ok());
+    if proxy_well_formed {
+        assert!(
+            !matches!(outcome, Outcome::Broken(_)),
+            "the relay broke a well-formed sequence: {outcome:?}"
+        );
+    }
+    if let Outcome::Finished { .. } | Outcome::NotServed = outcome {
+        assert_eq!(ending % 3, 0, "an abrupt or cut path read as complete");
+        assert_eq!(
+            leading,
+            messages.len(),
+            "a path with a non-chunk read as complete"
+        );
+    }
+    !matches!(outcome, Outcome::Broken(_))
+}
