@@ -24,7 +24,7 @@ pub struct Args {
 #[derive(Debug, clap::Subcommand)]
 pub enum Which {
     /// The deterministic demo agent (keywords in the prompt: demo:fatal,
-    /// demo:break, demo:refuse, demo:refuse-text, demo:load=N[xSIZE], demo:pace=MS).
+    /// demo:break, demo:refuse, demo:refuse-text, `demo:load=N[xSIZE]`, demo:pace=MS).
     Demo {
         /// The address to listen on (default: 127.0.0.1:$PORT, else 127.0.0.1:8080).
         #[arg(long)]

@@ -36,7 +36,7 @@ pub struct Args {
     )]
     pub tokens: Vec<String>,
     /// An image the server runs (repeatable):
-    /// NAME[@DIGEST]=builtin:demo | exec:PROGRAM [ARGS…] | proxy:ws://HOST:PORT.
+    /// `NAME[@DIGEST]=builtin:demo | exec:PROGRAM [ARGS…] | proxy:ws://HOST:PORT`.
     /// A DIGEST pins the image; without one any well-formed digest is accepted.
     /// Default: demo=builtin:demo.
     #[arg(long = "agent", value_name = "SPEC")]
