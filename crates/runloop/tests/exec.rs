@@ -5,14 +5,11 @@
 
 mod common;
 
-use std::io;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{End, error_json, exchange, outcome, reaped, register, wait_dead};
+use common::{End, Logs, error_json, exchange, outcome, reaped, register, wait_dead};
 use runloop::proto::run_loop::Outcome;
 use runloop::runtime::{Container, Exec, Limits, Runtime};
-use tracing_subscriber::fmt::MakeWriter;
 
 const GIB: u64 = 1 << 30;
 
@@ -33,38 +30,6 @@ fn read_pids(path: &std::path::Path) -> Vec<u32> {
     text.split_whitespace()
         .map(|pid| pid.parse().expect("a pid"))
         .collect()
-}
-
-/// Collects the log lines of the test's own thread.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
-    }
-}
-
-impl io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.0
-            .lock()
-            .expect("not poisoned")
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
 }
 
 /// The log of this test binary. A global subscriber: a thread-local one

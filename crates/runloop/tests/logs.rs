@@ -9,46 +9,19 @@
 //! bridge; `runloop serve` caps that bridge below trace, and the CLI's own
 //! test checks the whole command at `RUST_LOG=trace`.
 
+mod common;
 mod support;
 
-use std::io;
-use std::sync::{Arc, Mutex};
-
+use common::Logs;
 use runloop::client::Client;
 use runloop::runtime::Catalog;
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::frame::ClientFrame;
 use runloop_proto::run_loop::Outcome;
 use support::{RawClient, released};
-use tracing_subscriber::fmt::MakeWriter;
 
 const ACCEPTED: &str = "tok-ACCEPTED-7f3a9c";
 const REFUSED: &str = "tok-REFUSED-91c2d4";
-
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.0
-            .lock()
-            .expect("not poisoned")
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
 
 fn hex(text: &str) -> String {
     text.bytes().map(|b| format!("{b:02x}")).collect()
@@ -99,7 +72,7 @@ async fn no_credential_reaches_the_logs_even_at_trace() {
     assert_eq!(twice.next_frame().await, None);
     released(&server).await;
 
-    let text = String::from_utf8_lossy(&logs.0.lock().expect("not poisoned")).into_owned();
+    let text = logs.text();
     // The logs are there, at trace, and say what happened...
     for expected in [
         "TRACE",
