@@ -44,6 +44,19 @@ pub enum FrameType {
 }
 
 impl FrameType {
+    /// The protocol's name for the type, for messages and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameType::Authorization => "authorization",
+            FrameType::Request => "request",
+            FrameType::Response => "response",
+            FrameType::ResponseFinish => "response finish",
+            FrameType::ChannelRequest => "channel request",
+            FrameType::ChannelResponse => "channel response",
+            FrameType::ChannelResponseFinish => "channel response finish",
+        }
+    }
+
     /// The type for a header byte, if the byte names one at all.
     pub fn from_byte(byte: u8) -> Option<FrameType> {
         Some(match byte {

@@ -97,19 +97,6 @@ pub enum Event<'m> {
     Malformed(Malformed),
 }
 
-/// The protocol's name for a frame type, for messages.
-fn frame_name(frame_type: FrameType) -> &'static str {
-    match frame_type {
-        FrameType::Authorization => "authorization",
-        FrameType::Request => "request",
-        FrameType::Response => "response",
-        FrameType::ResponseFinish => "response finish",
-        FrameType::ChannelRequest => "channel request",
-        FrameType::ChannelResponse => "channel response",
-        FrameType::ChannelResponseFinish => "channel response finish",
-    }
-}
-
 /// A message the observer cannot use, and why.
 #[derive(Debug, thiserror::Error)]
 pub enum Malformed {
@@ -117,7 +104,7 @@ pub enum Malformed {
     #[error(transparent)]
     Frame(#[from] HeaderError),
     /// A frame before the connection's authorization.
-    #[error("the {sender}'s {} came before the authorization", frame_name(*.frame_type))]
+    #[error("the {sender}'s {} came before the authorization", .frame_type.name())]
     BeforeAuthorization {
         /// Who sent it.
         sender: Role,
@@ -146,7 +133,7 @@ pub enum Malformed {
         scope: u32,
     },
     /// A frame naming a scope that is not open.
-    #[error("{} for scope {scope}, which is not open", frame_name(*.frame_type))]
+    #[error("{} for scope {scope}, which is not open", .frame_type.name())]
     ScopeNotOpen {
         /// What the frame was.
         frame_type: FrameType,
@@ -168,7 +155,7 @@ pub enum Malformed {
     /// A channel frame naming a channel that is not open.
     #[error(
         "{} for the {opener}'s channel {channel} of scope {scope}, which is not open",
-        frame_name(*.frame_type)
+        .frame_type.name()
     )]
     ChannelNotOpen {
         /// What the frame was.

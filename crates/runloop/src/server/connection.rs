@@ -256,8 +256,8 @@ async fn authorize(
                     .ok_or(Refused::Credential)
             }
             Ok(other) => Err(Refused::NotAuthorization(format!(
-                "type {}",
-                other.frame_type() as u8
+                "a {}",
+                other.frame_type().name()
             ))),
             Err(error) => Err(Refused::NotAuthorization(error.to_string())),
         };
