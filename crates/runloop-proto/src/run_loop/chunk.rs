@@ -18,6 +18,11 @@
 //! over the bytes. Objects whose `type` comes later take a slower path
 //! through a [`serde_json::Value`] map. Both paths reject an unknown or
 //! missing `type`, and a second `type` member, and tolerate unknown members.
+//!
+//! This `Deserialize` is the serde path: it decides every chunk. A payload
+//! that reaches [`Frame::decode`](super::Frame) is first offered to a
+//! hand-written fast path (`scan`) that reads the usual shapes without serde
+//! and gives up on anything else, so it can only be faster, never different.
 
 use std::fmt;
 
@@ -100,9 +105,19 @@ impl ChunkKind {
 
     /// The kind a `type` string names.
     pub fn from_name(name: &str) -> Option<ChunkKind> {
-        ChunkKind::ALL
-            .into_iter()
-            .find(|kind| kind.as_str() == name)
+        Some(match name {
+            "assistant_reasoning" => ChunkKind::AssistantReasoning,
+            "assistant_text_content" => ChunkKind::AssistantTextContent,
+            "assistant_refusal" => ChunkKind::AssistantRefusal,
+            "assistant_tool_call" => ChunkKind::AssistantToolCall,
+            "assistant_image_content" => ChunkKind::AssistantImageContent,
+            "assistant_audio_content" => ChunkKind::AssistantAudioContent,
+            "tool_response" => ChunkKind::ToolResponse,
+            "user" => ChunkKind::User,
+            "usage" => ChunkKind::Usage,
+            "notification" => ChunkKind::Notification,
+            _ => return None,
+        })
     }
 
     /// Reads the chunk of this kind from the members after `type`.
@@ -139,7 +154,7 @@ impl ChunkKind {
 /// it would be written back as `null` and read back as no priority, and the
 /// chunk would not survive its own round trip (which the `run_loop_frame`
 /// fuzz target and the round-trip properties check).
-fn check_priorities(chunk: &AgenticLoopChunk) -> Result<(), &'static str> {
+pub(super) fn check_priorities(chunk: &AgenticLoopChunk) -> Result<(), &'static str> {
     use AgenticLoopChunk as C;
     let own = match chunk {
         C::AssistantReasoning(c) | C::AssistantTextContent(c) | C::AssistantRefusal(c) => {

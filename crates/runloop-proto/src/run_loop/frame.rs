@@ -17,7 +17,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use super::AgenticLoopChunk;
+use super::{AgenticLoopChunk, scan};
 use crate::codec::{Decode, Encode, Writer};
 use crate::error::Error;
 
@@ -137,13 +137,17 @@ impl Decode<'_> for Frame {
 /// Parses chunk JSON.
 ///
 /// JSON text is UTF-8, so the payload is checked once, up front, by a SIMD
-/// validator, and parsed as a `str`: serde_json then does not validate
-/// again each string it reads, which is most of a chunk's bytes. Bytes that
-/// are not UTF-8 are parsed as bytes, exactly as before, so what is
-/// accepted and every error message stay serde_json's own.
+/// validator. Text then goes to the fast path ([`scan`]), which reads the
+/// shapes encoders write and gives up on anything else; what it gives up
+/// on is parsed by serde_json as a `str` (so strings are not validated
+/// again). Bytes that are not UTF-8 are parsed by serde_json as bytes. What
+/// is accepted and every error message stay serde_json's own.
 fn parse_chunk(json: &[u8]) -> Result<AgenticLoopChunk, serde_json::Error> {
     match simdutf8::basic::from_utf8(json) {
-        Ok(text) => serde_json::from_str(text),
+        Ok(text) => match scan::chunk(text) {
+            Some(chunk) => Ok(chunk),
+            None => serde_json::from_str(text),
+        },
         Err(_) => serde_json::from_slice(json),
     }
 }

@@ -21,6 +21,7 @@ mod chunk;
 pub mod frame;
 mod reader;
 mod request;
+mod scan;
 mod sender;
 mod transcript;
 

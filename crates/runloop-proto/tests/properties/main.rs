@@ -3,11 +3,13 @@
 //! Unit tests beside the code pin known-good bytes; these check laws over
 //! arbitrary input instead: encode then decode is the identity for every
 //! payload type (`round_trip`), nothing off the wire panics (`never_panics`),
+//! the chunk decoder's fast path agrees with the serde path (`fast_path`),
 //! the caller's reader agrees with a reference model and never calls a loop
 //! finished that was not (`reader`), the server's relay always hands the
 //! caller a readable sequence (`relay`), and the transcript never loses a
 //! fragment (`transcript`). The strategies all live in `strategy`.
 
+mod fast_path;
 mod never_panics;
 mod reader;
 mod relay;
