@@ -14,7 +14,7 @@ use crate::strategy;
 
 /// `Frame::decode` and the serde path give the same chunk, or errors with
 /// the same message.
-fn same_verdict(json: &[u8]) -> Result<(), TestCaseError> {
+pub(crate) fn same_verdict(json: &[u8]) -> Result<(), TestCaseError> {
     let mut payload = vec![CHUNK];
     payload.extend_from_slice(json);
     let ours = Frame::decode(&payload);
