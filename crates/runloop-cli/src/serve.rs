@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use runloop::connection::Limits;
 use runloop::runtime::{AgentSpec, Catalog};
-use runloop::server::{Credentials, Server, ServerConfig};
+use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig};
 use tracing::info;
 
 use crate::exit::{Exit, Failure};
@@ -57,6 +57,19 @@ pub struct Args {
     /// Seconds a new connection may take to authorize before it is closed.
     #[arg(long, default_value_t = 10.0)]
     pub authorization_grace: f64,
+    /// Connections served at once; one more is closed at once with close
+    /// code 1013 (try again later) and a reason.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_parser = at_least_one)]
+    pub max_connections: usize,
+}
+
+/// A count that must be at least one.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 /// A byte count with an optional K, M or G suffix.
@@ -100,6 +113,7 @@ impl Args {
         })?;
         let mut config = ServerConfig::new(credentials, catalog);
         config.authorization_grace = grace;
+        config.max_connections = self.max_connections;
         config.limits = Limits {
             max_message_size: usize::try_from(self.max_message_size)
                 .map_err(|_| Failure::Argument("--max-message-size is too large".into()))?,

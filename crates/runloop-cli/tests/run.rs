@@ -1,7 +1,7 @@
 //! `runloop run`, `serve`, `proxy`, `agent demo` and `bench`, as a user
 //! runs them: the built binary, real processes, real sockets.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 
 use assert_cmd::Command as Cmd;
@@ -226,6 +226,36 @@ fn serve_checks_tokens_and_shuts_down_on_sigterm() {
     let stderr = String::from_utf8_lossy(&wrong.stderr);
     assert!(stderr.contains("is the credential right?"), "{stderr}");
     assert_eq!(server.terminate(), Some(0), "a clean shutdown");
+}
+
+#[test]
+fn run_says_why_when_the_server_turns_it_away() {
+    let server = Running::start(&["serve", "--listen", "127.0.0.1:0", "--max-connections", "1"]);
+    // One connection through its WebSocket handshake holds the only slot.
+    let addr = server.url.trim_start_matches("ws://");
+    let mut holding = std::net::TcpStream::connect(addr).expect("connects");
+    write!(
+        holding,
+        "GET / HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    .expect("writes");
+    let mut status = String::new();
+    BufReader::new(&holding)
+        .read_line(&mut status)
+        .expect("reads");
+    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+
+    let output = runloop()
+        .args(["run", "--url", &server.url, "hi"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("try again later (close code 1013)"),
+        "{stderr}"
+    );
 }
 
 #[test]

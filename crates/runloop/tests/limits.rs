@@ -1,18 +1,21 @@
 //! The server's limits and deadlines, over real sockets: backpressure from a
-//! slow caller, scope and channel limits, oversize messages, and the
-//! authorization grace period.
+//! slow caller, scope and channel limits, oversize messages, the
+//! authorization grace period, and the connection limit.
 
 mod support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
-use runloop::client::Client;
+use runloop::client::{Client, RunError};
 use runloop::server::Credentials;
 use runloop_proto::frame::ClientFrame;
 use runloop_proto::run_loop::Outcome;
 use support::{FakeProxy, Owned, RawClient, Step, chunk, server_with};
+use tokio::io::AsyncReadExt;
+use tokio_tungstenite::tungstenite::Message;
 
 fn rss_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("procfs");
@@ -275,4 +278,79 @@ async fn a_connection_that_never_authorizes_is_closed_after_the_grace_period() {
     let mut raw = RawClient::connect(&server.url()).await;
     assert_eq!(raw.next_frame().await, None, "closed, with no frame");
     support::eventually("the connection is gone", || server.stats().connections == 0).await;
+
+    // A connection that never even completes the WebSocket handshake holds
+    // its slot no longer.
+    let mut silent = tokio::net::TcpStream::connect(server.local_addr())
+        .await
+        .expect("connects");
+    support::eventually("the connection is served", || {
+        server.stats().connections == 1
+    })
+    .await;
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(support::PATIENCE, silent.read(&mut byte))
+        .await
+        .expect("closed within the grace period");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed, not answered: {read:?}"
+    );
+    support::eventually("the connection is gone", || server.stats().connections == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_past_the_limit_is_turned_away_with_a_reason() {
+    let proxy = FakeProxy::start().await;
+    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    let server = server_with(&proxy, Credentials::Any, |config| {
+        config.max_connections = 2;
+    })
+    .await;
+    let first = Client::connect(&server.url(), "").await.expect("connects");
+    let run = first.run(support::run_request()).await.expect("a run");
+    let _second = RawClient::authorized(&server.url(), "").await;
+    support::eventually("two connections", || server.stats().connections == 2).await;
+
+    // The third completes its handshake and is closed with code 1013 and
+    // the server's reason, before anything it sends is read.
+    let mut third = RawClient::connect(&server.url()).await;
+    let close = match third.ws.next().await {
+        Some(Ok(Message::Close(frame))) => frame.expect("a close frame with a code"),
+        other => panic!("only a close frame may come, got {other:?}"),
+    };
+    assert_eq!(u16::from(close.code), 1013);
+    assert!(close.reason.contains("try again later"), "{}", close.reason);
+    assert_eq!(server.stats().turned_away, 1);
+
+    // Through the client library it is an error that says why.
+    let fourth = Client::connect(&server.url(), "").await.expect("connects");
+    match fourth.run(support::run_request()).await {
+        Err(RunError::Closed { code: 1013, reason }) => {
+            assert!(
+                reason.contains("as many connections as it may (2)"),
+                "{reason}"
+            );
+        }
+        Err(other) => panic!("expected a close with a reason, got {other}"),
+        Ok(_) => panic!("a run past the connection limit"),
+    }
+    assert_eq!(server.stats().turned_away, 2);
+
+    // The connections being served are untouched, and a slot that frees up
+    // is served again.
+    let mut run_loop = run.run_loop("hang");
+    assert!(matches!(
+        run_loop.next().await,
+        Some(runloop::client::Event::Chunk { .. })
+    ));
+    drop(run_loop);
+    drop(run);
+    first.close().await;
+    support::eventually("one connection", || server.stats().connections == 1).await;
+    let again = Client::connect(&server.url(), "").await.expect("connects");
+    again
+        .run(support::run_request())
+        .await
+        .expect("served again");
 }

@@ -96,6 +96,17 @@ pub enum RunError {
         /// Whether the server had sent any frame on this connection.
         answered_before: bool,
     },
+    /// The server closed the connection and said why, in the WebSocket
+    /// close frame: for instance that it is serving as many connections as
+    /// it may. (A refused credential closes with no reason: that is
+    /// `ConnectionEnded`.)
+    #[error("the server closed the connection: {reason} (close code {code})")]
+    Closed {
+        /// The WebSocket close code (1013: try again later).
+        code: u16,
+        /// The server's words.
+        reason: String,
+    },
     /// The request could not be encoded.
     #[error("the request could not be encoded: {0}")]
     Encode(String),
@@ -157,6 +168,23 @@ struct Table {
     answered: bool,
     /// Whether the reading task has stopped.
     closed: bool,
+    /// The code and reason of the server's close frame, if it gave one.
+    closed_with: Option<(u16, String)>,
+}
+
+impl Table {
+    /// Why a run cannot start (or did not) on a connection that is over.
+    fn ended(&self) -> RunError {
+        match &self.closed_with {
+            Some((code, reason)) => RunError::Closed {
+                code: *code,
+                reason: reason.clone(),
+            },
+            None => RunError::ConnectionEnded {
+                answered_before: self.answered,
+            },
+        }
+    }
 }
 
 /// What the client's handles and its tasks share.
@@ -318,9 +346,7 @@ impl Client {
         let scope = {
             let mut table = shared.table();
             if table.closed {
-                return Err(RunError::ConnectionEnded {
-                    answered_before: table.answered,
-                });
+                return Err(table.ended());
             }
             let scope = free_number(table.next_scope, |n| table.scopes.contains_key(&n));
             table.next_scope = scope.wrapping_add(1);
@@ -354,9 +380,7 @@ impl Client {
             Ok(Started::Refused(error)) => Err(RunError::Refused(error)),
             Ok(Started::NotServed) => Err(RunError::NotServed),
             Ok(Started::Broken(why)) => Err(RunError::Broken(why)),
-            Err(_) => Err(RunError::ConnectionEnded {
-                answered_before: shared.table().answered,
-            }),
+            Err(_) => Err(shared.table().ended()),
         }
     }
 
@@ -398,7 +422,14 @@ where
             Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {
                 continue;
             }
-            Ok(Message::Close(_)) => return,
+            Ok(Message::Close(frame)) => {
+                if let Some(frame) = frame.filter(|f| !f.reason.is_empty()) {
+                    debug!(code = u16::from(frame.code), reason = %frame.reason, "the server closed the connection");
+                    shared.table().closed_with =
+                        Some((frame.code.into(), frame.reason.to_string()));
+                }
+                return;
+            }
             Err(error) => {
                 debug!(%error, "reading from the server failed");
                 return;

@@ -188,17 +188,32 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
     let _held = Held::new(&shared, |s: &Stats| &s.connections);
     let span = info_span!("connection", %peer);
     async move {
-        let ws = match accept_async_with_config(io, Some(shared.config.limits.websocket())).await {
-            Ok(ws) => ws,
-            Err(error) => {
-                debug!(%error, "WebSocket handshake failed");
-                return;
-            }
+        let Ok(_slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
+            return turn_away(io, &shared).await;
+        };
+        // The grace covers the WebSocket handshake and the authorization
+        // together: a connection that never completes either holds a slot
+        // no longer than one that never authorizes.
+        let grace = shared.config.authorization_grace;
+        let deadline = tokio::time::Instant::now() + grace;
+        let handshake = accept_async_with_config(io, Some(shared.config.limits.websocket()));
+        let ws = tokio::select! {
+            result = tokio::time::timeout_at(deadline, handshake) => match result {
+                Ok(Ok(ws)) => ws,
+                Ok(Err(error)) => {
+                    debug!(%error, "WebSocket handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    info!(?grace, "no WebSocket handshake within the grace period; closing");
+                    return;
+                }
+            },
+            () = shared.shutdown.cancelled() => return,
         };
         let (sink, mut stream) = ws.split();
-        let grace = shared.config.authorization_grace;
         let identity = tokio::select! {
-            result = tokio::time::timeout(grace, authorize(&mut stream, &shared)) => match result {
+            result = tokio::time::timeout_at(deadline, authorize(&mut stream, &shared)) => match result {
                 Ok(Ok(identity)) => identity,
                 Ok(Err(why)) => {
                     info!(%why, "authorization refused; closing without a frame");
@@ -265,18 +280,52 @@ async fn authorize(
 }
 
 /// Closes the WebSocket with a policy-violation close and no frame.
+/// Closes a connection past the connection limit: the WebSocket handshake
+/// (within the authorization grace), then close code 1013 (try again later)
+/// with a reason the caller can show. Nothing it sends is looked at.
+async fn turn_away(io: impl Io, shared: &Shared) {
+    shared.stats.turned_away.fetch_add(1, Ordering::Relaxed);
+    let limit = shared.config.max_connections;
+    warn!(
+        limit,
+        "turned away: the server is serving as many connections as it may"
+    );
+    let grace = shared.config.authorization_grace;
+    let handshake = accept_async_with_config(io, Some(shared.config.limits.websocket()));
+    let Ok(Ok(ws)) = tokio::time::timeout(grace, handshake).await else {
+        return;
+    };
+    let reason =
+        format!("the server is serving as many connections as it may ({limit}); try again later");
+    close_with(ws, CloseCode::Again, reason).await;
+}
+
+/// Ends a connection that was refused at authorization: a close with
+/// code 1008 and no reason, and no frame (SPEC §3).
 async fn close_without_frame<S: Io>(
     sink: SplitSink<WebSocketStream<S>, Message>,
     stream: SplitStream<WebSocketStream<S>>,
 ) {
-    if let Ok(mut ws) = sink.reunite(stream) {
-        let close = CloseFrame {
-            code: CloseCode::Policy,
-            reason: "".into(),
-        };
-        let _ =
-            tokio::time::timeout(std::time::Duration::from_secs(1), ws.close(Some(close))).await;
+    if let Ok(ws) = sink.reunite(stream) {
+        close_with(ws, CloseCode::Policy, String::new()).await;
     }
+}
+
+/// Sends a close frame, then reads and drops whatever the caller still
+/// sends until it answers the close, for a second at most. Closing the
+/// socket on bytes not yet read would reset it, and the caller could lose
+/// the close frame and its reason.
+async fn close_with<S: Io>(mut ws: WebSocketStream<S>, code: CloseCode, reason: String) {
+    let closing = async {
+        let frame = CloseFrame {
+            code,
+            reason: reason.into(),
+        };
+        if ws.close(Some(frame)).await.is_ok() {
+            while let Some(Ok(_)) = ws.next().await {}
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), closing).await;
 }
 
 async fn serve_authorized<S: Io>(

@@ -46,6 +46,7 @@ use std::time::Duration;
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, ToSocketAddrs};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
@@ -103,6 +104,9 @@ impl Credentials {
     }
 }
 
+/// Connections a server serves at once unless configured otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 /// How the server behaves.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -113,17 +117,24 @@ pub struct ServerConfig {
     /// How long a new connection may take to authorize before it is closed
     /// without a frame (SPEC §12). Once authorized, nothing times out.
     pub authorization_grace: Duration,
+    /// Caller connections served at once, authorized or not yet. One more
+    /// is turned away: its WebSocket handshake completes and it is closed
+    /// at once with close code 1013 (try again later) and a reason that
+    /// says so, before anything of it is read.
+    pub max_connections: usize,
     /// The images this server runs.
     pub catalog: Catalog,
 }
 
 impl ServerConfig {
-    /// A configuration with default limits and a 10 s authorization grace.
+    /// A configuration with default limits, a 10 s authorization grace and
+    /// [`DEFAULT_MAX_CONNECTIONS`].
     pub fn new(credentials: Credentials, catalog: Catalog) -> Self {
         ServerConfig {
             credentials,
             limits: Limits::default(),
             authorization_grace: Duration::from_secs(10),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             catalog,
         }
     }
@@ -139,6 +150,7 @@ pub struct Stats {
     relays: AtomicUsize,
     proxy_paths: AtomicUsize,
     disregarded: AtomicU64,
+    turned_away: AtomicU64,
 }
 
 /// A snapshot of [`Stats`].
@@ -157,6 +169,9 @@ pub struct StatsSnapshot {
     pub proxy_paths: usize,
     /// Frames disregarded since the server started (SPEC §2).
     pub disregarded: u64,
+    /// Connections turned away at the connection limit since the server
+    /// started.
+    pub turned_away: u64,
 }
 
 impl Stats {
@@ -168,6 +183,7 @@ impl Stats {
             relays: self.relays.load(Ordering::Relaxed),
             proxy_paths: self.proxy_paths.load(Ordering::Relaxed),
             disregarded: self.disregarded.load(Ordering::Relaxed),
+            turned_away: self.turned_away.load(Ordering::Relaxed),
         }
     }
 }
@@ -201,6 +217,8 @@ struct Shared {
     shutdown: CancellationToken,
     tasks: TaskTracker,
     stats: Stats,
+    /// One permit per connection being served, `max_connections` in all.
+    slots: Arc<Semaphore>,
     /// Ids of running containers, so a new id is unique among them.
     ids: Mutex<HashSet<String>>,
 }
@@ -223,11 +241,15 @@ impl Server {
     /// Binds `addr`.
     pub async fn bind(addr: impl ToSocketAddrs, config: ServerConfig) -> io::Result<Server> {
         let listener = TcpListener::bind(addr).await?;
+        let slots = Arc::new(Semaphore::new(
+            config.max_connections.min(Semaphore::MAX_PERMITS),
+        ));
         let shared = Arc::new(Shared {
             config,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             stats: Stats::default(),
+            slots,
             ids: Mutex::new(HashSet::new()),
         });
         Ok(Server { listener, shared })

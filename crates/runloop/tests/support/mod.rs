@@ -462,12 +462,14 @@ impl From<ServerFrame<'_>> for Owned {
 }
 
 /// Whether the server holds nothing: no connection, scope, container,
-/// relay or proxy path (the disregarded count is a total, not a holding).
+/// relay or proxy path (the disregarded and turned-away counts are totals,
+/// not holdings).
 pub fn holds_nothing(server: &ServerHandle) -> bool {
     let stats = server.stats();
     stats
         == runloop::server::StatsSnapshot {
             disregarded: stats.disregarded,
+            turned_away: stats.turned_away,
             ..Default::default()
         }
 }
