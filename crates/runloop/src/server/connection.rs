@@ -188,28 +188,16 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
     let _held = Held::new(&shared, |s: &Stats| &s.connections);
     let span = info_span!("connection", %peer);
     async move {
-        let Ok(_slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
-            return turn_away(io, &shared).await;
-        };
         // The grace covers the WebSocket handshake and the authorization
         // together: a connection that never completes either holds a slot
         // no longer than one that never authorizes.
         let grace = shared.config.authorization_grace;
         let deadline = tokio::time::Instant::now() + grace;
-        let handshake = accept_async_with_config(io, Some(shared.config.limits.websocket()));
-        let ws = tokio::select! {
-            result = tokio::time::timeout_at(deadline, handshake) => match result {
-                Ok(Ok(ws)) => ws,
-                Ok(Err(error)) => {
-                    debug!(%error, "WebSocket handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    info!(?grace, "no WebSocket handshake within the grace period; closing");
-                    return;
-                }
-            },
-            () = shared.shutdown.cancelled() => return,
+        let Ok(_slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
+            return turn_away(io, &shared, deadline).await;
+        };
+        let Some(ws) = handshake(io, &shared, deadline).await else {
+            return;
         };
         let (sink, mut stream) = ws.split();
         let identity = tokio::select! {
@@ -279,20 +267,43 @@ async fn authorize(
     }
 }
 
-/// Closes the WebSocket with a policy-violation close and no frame.
+/// The WebSocket handshake, by `deadline` and unless the server shuts down
+/// first; `None` (and a log line) when it does not complete.
+async fn handshake<S: Io>(
+    io: S,
+    shared: &Shared,
+    deadline: tokio::time::Instant,
+) -> Option<WebSocketStream<S>> {
+    let handshake = accept_async_with_config(io, Some(shared.config.limits.websocket()));
+    tokio::select! {
+        result = tokio::time::timeout_at(deadline, handshake) => match result {
+            Ok(Ok(ws)) => Some(ws),
+            Ok(Err(error)) => {
+                debug!(%error, "WebSocket handshake failed");
+                None
+            }
+            Err(_) => {
+                let grace = shared.config.authorization_grace;
+                info!(?grace, "no WebSocket handshake within the grace period; closing");
+                None
+            }
+        },
+        () = shared.shutdown.cancelled() => None,
+    }
+}
+
 /// Closes a connection past the connection limit: the WebSocket handshake
-/// (within the authorization grace), then close code 1013 (try again later)
-/// with a reason the caller can show. Nothing it sends is looked at.
-async fn turn_away(io: impl Io, shared: &Shared) {
+/// (by the same deadline as any connection's), then close code 1013 (try
+/// again later) with a reason the caller can show. Nothing it sends is
+/// looked at.
+async fn turn_away(io: impl Io, shared: &Shared, deadline: tokio::time::Instant) {
     shared.stats.turned_away.fetch_add(1, Ordering::Relaxed);
     let limit = shared.config.max_connections;
     warn!(
         limit,
         "turned away: the server is serving as many connections as it may"
     );
-    let grace = shared.config.authorization_grace;
-    let handshake = accept_async_with_config(io, Some(shared.config.limits.websocket()));
-    let Ok(Ok(ws)) = tokio::time::timeout(grace, handshake).await else {
+    let Some(ws) = handshake(io, shared, deadline).await else {
         return;
     };
     let reason =
