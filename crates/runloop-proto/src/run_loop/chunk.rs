@@ -22,7 +22,7 @@
 //! This `Deserialize` is the serde path: it decides every chunk. A payload
 //! that reaches [`Frame::decode`](super::Frame) is first offered to a
 //! hand-written fast path (`scan`) that reads the usual shapes without serde
-//! and gives up on anything else, so it can only be faster, never different.
+//! and gives up on anything else, so what it returns is never different.
 
 use std::fmt;
 
@@ -105,19 +105,9 @@ impl ChunkKind {
 
     /// The kind a `type` string names.
     pub fn from_name(name: &str) -> Option<ChunkKind> {
-        Some(match name {
-            "assistant_reasoning" => ChunkKind::AssistantReasoning,
-            "assistant_text_content" => ChunkKind::AssistantTextContent,
-            "assistant_refusal" => ChunkKind::AssistantRefusal,
-            "assistant_tool_call" => ChunkKind::AssistantToolCall,
-            "assistant_image_content" => ChunkKind::AssistantImageContent,
-            "assistant_audio_content" => ChunkKind::AssistantAudioContent,
-            "tool_response" => ChunkKind::ToolResponse,
-            "user" => ChunkKind::User,
-            "usage" => ChunkKind::Usage,
-            "notification" => ChunkKind::Notification,
-            _ => return None,
-        })
+        ChunkKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
     }
 
     /// Reads the chunk of this kind from the members after `type`.

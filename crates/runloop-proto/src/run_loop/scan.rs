@@ -48,11 +48,7 @@ use super::{
 /// The chunk in `json`, or `None` when the serde path must decide.
 pub(super) fn chunk(json: &str) -> Option<AgenticLoopChunk> {
     use AgenticLoopChunk as C;
-    let mut at = Scanner {
-        text: json,
-        bytes: json.as_bytes(),
-        pos: 0,
-    };
+    let mut at = Scanner { text: json, pos: 0 };
     at.whitespace();
     at.byte(b'{')?;
     at.whitespace();
@@ -73,7 +69,7 @@ pub(super) fn chunk(json: &str) -> Option<AgenticLoopChunk> {
         ChunkKind::Notification => C::Notification(at.notification()?),
     };
     at.whitespace();
-    if at.pos != at.bytes.len() {
+    if at.pos != json.len() {
         return None;
     }
     check_priorities(&chunk).ok()?;
@@ -104,25 +100,28 @@ fn put<T>(slot: &mut Option<T>, value: T) -> Option<()> {
 /// A position in chunk JSON that is known to be UTF-8.
 struct Scanner<'a> {
     text: &'a str,
-    bytes: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Scanner<'a> {
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
     fn whitespace(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.pos) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes().get(self.pos) {
             self.pos += 1;
         }
     }
 
     /// Consumes `want` if it is the next byte.
     fn byte(&mut self, want: u8) -> Option<()> {
-        (*self.bytes.get(self.pos)? == want).then(|| self.pos += 1)
+        (*self.bytes().get(self.pos)? == want).then(|| self.pos += 1)
     }
 
     /// Consumes the next byte.
     fn next_byte(&mut self) -> Option<u8> {
-        let byte = *self.bytes.get(self.pos)?;
+        let byte = *self.bytes().get(self.pos)?;
         self.pos += 1;
         Some(byte)
     }
@@ -130,15 +129,15 @@ impl<'a> Scanner<'a> {
     /// Consumes `word` (`null`, `true`, `false`) if it comes next.
     fn literal(&mut self, word: &[u8]) -> Option<()> {
         let end = self.pos + word.len();
-        (self.bytes.get(self.pos..end)? == word).then(|| self.pos = end)
+        (self.bytes().get(self.pos..end)? == word).then(|| self.pos = end)
     }
 
     /// A string without escapes, borrowed: a member name or the `type`.
     fn plain(&mut self) -> Option<&'a str> {
         self.byte(b'"')?;
         let start = self.pos;
-        let end = plain_run(self.bytes, start)?;
-        (self.bytes[end] == b'"').then_some(())?;
+        let end = plain_run(self.bytes(), start)?;
+        (self.bytes()[end] == b'"').then_some(())?;
         self.pos = end + 1;
         self.text.get(start..end)
     }
@@ -155,7 +154,7 @@ impl<'a> Scanner<'a> {
     /// A string value, unescaped into a string of its own.
     fn string(&mut self) -> Option<String> {
         self.byte(b'"')?;
-        let bytes = self.bytes;
+        let bytes = self.bytes();
         let start = self.pos;
         let mut end = plain_run(bytes, start)?;
         if bytes[end] == b'"' {
@@ -188,7 +187,7 @@ impl<'a> Scanner<'a> {
     /// Appends the character the escape after a backslash at `at - 1`
     /// stands for; returns where the text resumes.
     fn escape(&self, at: usize, out: &mut String) -> Option<usize> {
-        let unescaped = match *self.bytes.get(at)? {
+        let unescaped = match *self.bytes().get(at)? {
             b'"' => '"',
             b'\\' => '\\',
             b'/' => '/',
@@ -201,7 +200,7 @@ impl<'a> Scanner<'a> {
                 let unit = self.hex4(at + 1)?;
                 let (code, next) = match unit {
                     0xD800..=0xDBFF => {
-                        (self.bytes.get(at + 5..at + 7)? == b"\\u").then_some(())?;
+                        (self.bytes().get(at + 5..at + 7)? == b"\\u").then_some(())?;
                         let low = self.hex4(at + 7)?;
                         (0xDC00..=0xDFFF).contains(&low).then_some(())?;
                         (0x10000 + ((unit - 0xD800) << 10 | (low - 0xDC00)), at + 11)
@@ -220,7 +219,7 @@ impl<'a> Scanner<'a> {
 
     /// The four hex digits of a `\u` escape at `at`.
     fn hex4(&self, at: usize) -> Option<u32> {
-        self.bytes
+        self.bytes()
             .get(at..at + 4)?
             .iter()
             .try_fold(0, |code, &digit| {
@@ -228,45 +227,36 @@ impl<'a> Scanner<'a> {
             })
     }
 
-    /// A string or `null`, for an optional string member.
-    fn optional_string(&mut self) -> Option<Option<String>> {
-        if self.bytes.get(self.pos) == Some(&b'n') {
+    /// `null`, or what `read` reads: an optional member's value.
+    fn or_null<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
+        if self.bytes().get(self.pos) == Some(&b'n') {
             self.literal(b"null")?;
             return Some(None);
         }
-        self.string().map(Some)
+        read(self).map(Some)
     }
 
     fn boolean(&mut self) -> Option<bool> {
-        match self.bytes.get(self.pos)? {
+        match self.bytes().get(self.pos)? {
             b't' => self.literal(b"true").map(|()| true),
             b'f' => self.literal(b"false").map(|()| false),
             _ => None,
         }
     }
 
-    /// A boolean or `null`, for an optional flag.
-    fn optional_boolean(&mut self) -> Option<Option<bool>> {
-        if self.bytes.get(self.pos) == Some(&b'n') {
-            self.literal(b"null")?;
-            return Some(None);
-        }
-        self.boolean().map(Some)
-    }
-
     /// A count: digits only, no leading zero, within `u64`.
     fn count(&mut self) -> Option<u64> {
         let start = self.pos;
         let mut count: u64 = 0;
-        while let Some(&digit @ b'0'..=b'9') = self.bytes.get(self.pos) {
+        while let Some(&digit @ b'0'..=b'9') = self.bytes().get(self.pos) {
             count = count
                 .checked_mul(10)?
                 .checked_add(u64::from(digit - b'0'))?;
             self.pos += 1;
         }
         let digits = self.pos - start;
-        let leading_zero = digits > 1 && self.bytes[start] == b'0';
-        let fraction = matches!(self.bytes.get(self.pos), Some(b'.' | b'e' | b'E'));
+        let leading_zero = digits > 1 && self.bytes()[start] == b'0';
+        let fraction = matches!(self.bytes().get(self.pos), Some(b'.' | b'e' | b'E'));
         (digits > 0 && !leading_zero && !fraction).then_some(count)
     }
 
@@ -280,7 +270,7 @@ impl<'a> Scanner<'a> {
         // Only a value of at least two bytes a level can be nested deep
         // enough for the whole-payload reader to refuse it.
         if used >= 2 * (DEPTH_LIMIT - depth)
-            && depth + nesting(&self.bytes[self.pos..][..used]) >= DEPTH_LIMIT
+            && depth + nesting(&self.bytes()[self.pos..][..used]) >= DEPTH_LIMIT
         {
             return None;
         }
@@ -316,7 +306,7 @@ impl<'a> Scanner<'a> {
             "text" => put(&mut text, at.string()?),
             "annotations" => put(&mut annotations, at.nested(TOP)?),
             "_meta" => put(&mut meta, at.nested(TOP)?),
-            "parent_tool_call_id" => put(&mut parent, at.optional_string()?),
+            "parent_tool_call_id" => put(&mut parent, at.or_null(Self::string)?),
             "logprobs" => put(&mut logprobs, at.nested(TOP)?),
             _ => at.nested::<IgnoredAny>(TOP).map(drop),
         })?;
@@ -335,9 +325,9 @@ impl<'a> Scanner<'a> {
         self.members(|at, key| match key {
             "id" => put(&mut id, at.string()?),
             "name" => put(&mut name, at.string()?),
-            "arguments" => put(&mut arguments, at.optional_string()?),
+            "arguments" => put(&mut arguments, at.or_null(Self::string)?),
             "_meta" => put(&mut meta, at.nested(TOP)?),
-            "parent_tool_call_id" => put(&mut parent, at.optional_string()?),
+            "parent_tool_call_id" => put(&mut parent, at.or_null(Self::string)?),
             _ => at.nested::<IgnoredAny>(TOP).map(drop),
         })?;
         Some(ToolCallChunk {
@@ -357,7 +347,7 @@ impl<'a> Scanner<'a> {
             "mimeType" => put(&mut mime_type, at.string()?),
             "annotations" => put(&mut annotations, at.nested(TOP)?),
             "_meta" => put(&mut meta, at.nested(TOP)?),
-            "parent_tool_call_id" => put(&mut parent, at.optional_string()?),
+            "parent_tool_call_id" => put(&mut parent, at.or_null(Self::string)?),
             _ => at.nested::<IgnoredAny>(TOP).map(drop),
         })?;
         Some(MediaChunk {
@@ -376,9 +366,9 @@ impl<'a> Scanner<'a> {
             "id" => put(&mut id, at.string()?),
             "content" => put(&mut content, at.content()?),
             "structuredContent" => put(&mut structured, at.nested(TOP)?),
-            "isError" => put(&mut is_error, at.optional_boolean()?),
+            "isError" => put(&mut is_error, at.or_null(Self::boolean)?),
             "_meta" => put(&mut meta, at.nested(TOP)?),
-            "parent_tool_call_id" => put(&mut parent, at.optional_string()?),
+            "parent_tool_call_id" => put(&mut parent, at.or_null(Self::string)?),
             _ => at.nested::<IgnoredAny>(TOP).map(drop),
         })?;
         Some(ToolResponseChunk {
