@@ -12,12 +12,25 @@ use serde_json::{Map, Value};
 
 use crate::strategy;
 
+/// `Frame::decode` of chunk JSON behind the chunk tag.
+fn decode_chunk(json: &[u8]) -> Result<Frame, FrameError> {
+    let mut payload = vec![CHUNK];
+    payload.extend_from_slice(json);
+    Frame::decode(&payload)
+}
+
+/// A chunk's members as serde_json writes them, `type` first.
+fn members(chunk: &AgenticLoopChunk) -> Vec<(String, Value)> {
+    let Ok(Value::Object(members)) = serde_json::to_value(chunk) else {
+        panic!("a chunk is an object");
+    };
+    members.into_iter().collect()
+}
+
 /// `Frame::decode` and the serde path give the same chunk, or errors with
 /// the same message.
 pub(crate) fn same_verdict(json: &[u8]) -> Result<(), TestCaseError> {
-    let mut payload = vec![CHUNK];
-    payload.extend_from_slice(json);
-    let ours = Frame::decode(&payload);
+    let ours = decode_chunk(json);
     let theirs = serde_json::from_slice::<AgenticLoopChunk>(json);
     match (ours, theirs) {
         (Ok(Frame::Chunk(ours)), Ok(theirs)) => prop_assert_eq!(ours, theirs),
@@ -37,10 +50,7 @@ fn reordered(
     reverse: bool,
     extra: Option<Value>,
 ) -> Map<String, Value> {
-    let Ok(Value::Object(members)) = serde_json::to_value(chunk) else {
-        panic!("a chunk is an object");
-    };
-    let mut members: Vec<(String, Value)> = members.into_iter().collect();
+    let mut members = members(chunk);
     let kind = members.remove(0);
     assert_eq!(kind.0, "type");
     if !members.is_empty() {
@@ -122,28 +132,21 @@ proptest! {
         }
         .expect("serializes");
         same_verdict(&json)?;
-        let mut payload = vec![CHUNK];
-        payload.extend_from_slice(&json);
-        prop_assert_eq!(Frame::decode(&payload).expect("decodes"), Frame::Chunk(chunk));
+        prop_assert_eq!(decode_chunk(&json).expect("decodes"), Frame::Chunk(chunk));
     }
 
     /// A member written twice (`type` included) is refused by both paths
     /// with the same message.
     #[test]
     fn a_member_twice(chunk in strategy::chunk(), which in any::<usize>(), at in any::<usize>()) {
-        let Ok(Value::Object(members)) = serde_json::to_value(&chunk) else {
-            panic!("a chunk is an object");
-        };
-        let members: Vec<(String, Value)> = members.into_iter().collect();
-        let (key, value) = &members[which % members.len()];
-        let member = format!("{}:{}", serde_json::to_string(key).expect("a string"), value);
-        let mut parts: Vec<String> = members
+        let mut parts: Vec<String> = members(&chunk)
             .iter()
             .map(|(k, v)| format!("{}:{}", serde_json::to_string(k).expect("a string"), v))
             .collect();
+        let twice = parts[which % parts.len()].clone();
         // After the first member, so that `type` stays first.
         let at = 1 + at % parts.len();
-        parts.insert(at, member);
+        parts.insert(at, twice);
         let json = format!("{{{}}}", parts.join(","));
         same_verdict(json.as_bytes())?;
         prop_assert!(serde_json::from_str::<AgenticLoopChunk>(&json).is_err());
@@ -157,13 +160,11 @@ proptest! {
     ) {
         let json = format!(r#"{{"type":"assistant_reasoning","text":{}}}"#, escaped(&text, &how));
         same_verdict(json.as_bytes())?;
-        let mut payload = vec![CHUNK];
-        payload.extend_from_slice(json.as_bytes());
         let expected = Frame::Chunk(AgenticLoopChunk::AssistantReasoning(TextChunk {
             text,
             ..TextChunk::default()
         }));
-        prop_assert_eq!(Frame::decode(&payload).expect("decodes"), expected);
+        prop_assert_eq!(decode_chunk(json.as_bytes()).expect("decodes"), expected);
     }
 
     /// Chunk JSON with bytes that matter to JSON replaced, inserted or
