@@ -418,7 +418,7 @@ async fn an_agent_program_killed_mid_stream_is_an_unfinished_loop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_racing_the_end_of_the_container_ends_the_run_once() {
     let proxy = FakeProxy::start().await;
-    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    proxy.script_hang();
     let gated = Gated::new(&proxy);
     let server = gated.server().await;
     let baseline = support::alive_tasks();
@@ -430,8 +430,7 @@ async fn a_stop_racing_the_end_of_the_container_ends_the_run_once() {
             .run(support::run_request())
             .await
             .expect("run starts");
-        let mut run_loop = run.run_loop("hang");
-        assert!(matches!(run_loop.next().await, Some(Event::Chunk { .. })));
+        let run_loop = support::hanging_loop(&run).await;
         // The container ends and the caller stops at the same moment.
         let stop = run.stop();
         gated.end_latest();

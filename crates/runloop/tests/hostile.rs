@@ -89,7 +89,7 @@ async fn refused_authorizations_are_closed_without_a_frame() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_authorization_mid_loop_ends_the_connection_and_its_runs() {
     let proxy = FakeProxy::start().await;
-    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    proxy.script_hang();
     let server = server_for(&proxy, Credentials::Tokens(vec!["right".into()])).await;
     let mut raw = RawClient::authorized(&server.url(), "right").await;
     raw.open_run(3).await;
@@ -339,7 +339,7 @@ async fn thousands_of_malformed_frames_leave_a_running_loop_untouched() {
 async fn floods_past_the_scope_and_channel_limits_are_held_to_them() {
     const FLOOD: u32 = 1000;
     let proxy = FakeProxy::start().await;
-    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    proxy.script_hang();
     proxy.script(
         "alongside",
         vec![

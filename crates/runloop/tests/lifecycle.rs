@@ -70,7 +70,7 @@ async fn dropping_every_handle_stops_the_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_ends_loops_with_an_error_and_finishes_runs() {
     let proxy = FakeProxy::start().await;
-    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    proxy.script_hang();
     let mut catalog = runloop::runtime::Catalog::new();
     catalog.insert(
         "demo",
@@ -86,9 +86,7 @@ async fn graceful_shutdown_ends_loops_with_an_error_and_finishes_runs() {
         .run(support::run_request())
         .await
         .expect("run starts");
-    let mut run_loop = run.run_loop("hang");
-    let first = futures_util::StreamExt::next(&mut run_loop).await;
-    assert!(matches!(first, Some(runloop::client::Event::Chunk { .. })));
+    let run_loop = support::hanging_loop(&run).await;
 
     handle.shutdown();
     assert_eq!(

@@ -184,7 +184,7 @@ async fn a_caller_that_stops_reading_does_not_hold_up_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scopes_and_channels_past_their_limits_get_bare_finishes() {
     let proxy = FakeProxy::start().await;
-    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    proxy.script_hang();
     let server = server_with(&proxy, Credentials::Any, |config| {
         config.limits.max_scopes = 2;
         config.limits.max_channels = 1;
@@ -302,7 +302,7 @@ async fn a_connection_that_never_authorizes_is_closed_after_the_grace_period() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_past_the_limit_is_turned_away_with_a_reason() {
     let proxy = FakeProxy::start().await;
-    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    proxy.script_hang();
     let server = server_with(&proxy, Credentials::Any, |config| {
         config.max_connections = 2;
     })
@@ -339,12 +339,7 @@ async fn a_connection_past_the_limit_is_turned_away_with_a_reason() {
 
     // The connections being served are untouched, and a slot that frees up
     // is served again.
-    let mut run_loop = run.run_loop("hang");
-    assert!(matches!(
-        run_loop.next().await,
-        Some(runloop::client::Event::Chunk { .. })
-    ));
-    drop(run_loop);
+    drop(support::hanging_loop(&run).await);
     drop(run);
     first.close().await;
     support::eventually("one connection", || server.stats().connections == 1).await;

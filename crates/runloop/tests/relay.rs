@@ -265,16 +265,12 @@ async fn a_second_loop_while_one_runs_gets_the_proxys_error_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_in_the_middle_of_a_loop_ends_it_unfinished_and_closes_the_path() {
     let (proxy, server, client) = setup().await;
-    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    proxy.script_hang();
     let run = client
         .run(support::run_request())
         .await
         .expect("run starts");
-    let mut run_loop = run.run_loop("hang");
-    assert!(matches!(
-        futures_util::StreamExt::next(&mut run_loop).await,
-        Some(Event::Chunk { .. })
-    ));
+    let run_loop = support::hanging_loop(&run).await;
     run.stop().await;
     proxy.wait_for("closed hang").await;
     assert_eq!(
@@ -293,16 +289,12 @@ async fn stop_in_the_middle_of_a_loop_ends_it_unfinished_and_closes_the_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_disconnects_mid_loop_leaves_nothing_behind() {
     let (proxy, server, client) = setup().await;
-    proxy.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
+    proxy.script_hang();
     let run = client
         .run(support::run_request())
         .await
         .expect("run starts");
-    let mut run_loop = run.run_loop("hang");
-    assert!(matches!(
-        futures_util::StreamExt::next(&mut run_loop).await,
-        Some(Event::Chunk { .. })
-    ));
+    let run_loop = support::hanging_loop(&run).await;
     assert_eq!(server.stats().proxy_paths, 1);
     client.close().await;
     assert_eq!(

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
+use runloop::client::{Event, Run, RunLoop};
 use runloop::runtime::{Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::Decode;
@@ -110,6 +111,12 @@ impl FakeProxy {
             .lock()
             .expect("lock")
             .insert(prompt.to_owned(), steps);
+    }
+
+    /// Scripts the prompt `hang`: one chunk, then the path held open until
+    /// the server closes it.
+    pub fn script_hang(&self) {
+        self.script("hang", vec![Step::Send(chunk("a")), Step::AwaitClose]);
     }
 
     fn record(&self, event: String) {
@@ -291,6 +298,17 @@ pub async fn texts(
         })
         .collect();
     (texts, outcome)
+}
+
+/// A loop on `run` under the `hang` script ([`FakeProxy::script_hang`]),
+/// past its one chunk: open, with a proxy path, until something ends it.
+pub async fn hanging_loop(run: &Run) -> RunLoop {
+    let mut run_loop = run.run_loop("hang");
+    assert!(
+        matches!(run_loop.next().await, Some(Event::Chunk { .. })),
+        "the hang script's one chunk"
+    );
+    run_loop
 }
 
 /// A valid run request for image `demo`.
