@@ -79,6 +79,15 @@ struct Model {
     scopes: BTreeMap<u32, BTreeMap<u32, bool>>,
 }
 
+/// The hanging loops among a scope's channels.
+fn hanging(channels: &BTreeMap<u32, bool>) -> BTreeSet<u32> {
+    channels
+        .iter()
+        .filter(|(_, hang)| **hang)
+        .map(|(c, _)| *c)
+        .collect()
+}
+
 struct World {
     runtime: tokio::runtime::Runtime,
     server: ServerHandle,
@@ -347,11 +356,7 @@ async fn play(actions: Vec<Action>) {
                 .await;
                 match model.scopes.get(&scope) {
                     Some(channels) if !channels.contains_key(&channel) => {
-                        let hanging: BTreeSet<u32> = channels
-                            .iter()
-                            .filter(|(_, hang)| **hang)
-                            .map(|(c, _)| *c)
-                            .collect();
+                        let hanging = hanging(channels);
                         expect_run_end(&mut raw, scope, &hanging).await;
                         model.scopes.remove(&scope);
                     }
@@ -375,11 +380,7 @@ async fn play(actions: Vec<Action>) {
                 .await;
                 match model.scopes.get(&scope) {
                     Some(channels) => {
-                        let hanging: BTreeSet<u32> = channels
-                            .iter()
-                            .filter(|(_, hang)| **hang)
-                            .map(|(c, _)| *c)
-                            .collect();
+                        let hanging = hanging(channels);
                         // A loop asked for on a number in use is disregarded.
                         let racing = (!channels.contains_key(&channel)).then_some((channel, n));
                         expect_run_end_racing(&mut raw, scope, &hanging, racing).await;
@@ -403,11 +404,7 @@ async fn play(actions: Vec<Action>) {
                 .await;
                 match model.scopes.get(&scope) {
                     Some(channels) if !channels.contains_key(&channel) => {
-                        let hanging: BTreeSet<u32> = channels
-                            .iter()
-                            .filter(|(_, hang)| **hang)
-                            .map(|(c, _)| *c)
-                            .collect();
+                        let hanging = hanging(channels);
                         expect_run_end(&mut raw, scope, &hanging).await;
                         model.scopes.remove(&scope);
                     }
@@ -439,16 +436,7 @@ async fn play(actions: Vec<Action>) {
     let open: Vec<(u32, BTreeSet<u32>)> = model
         .scopes
         .iter()
-        .map(|(s, channels)| {
-            (
-                *s,
-                channels
-                    .iter()
-                    .filter(|(_, h)| **h)
-                    .map(|(c, _)| *c)
-                    .collect(),
-            )
-        })
+        .map(|(s, channels)| (*s, hanging(channels)))
         .collect();
     for (scope, hanging) in open {
         let stop_channel = (0..)
