@@ -33,8 +33,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
+use axum::http::HeaderValue;
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -48,6 +48,10 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+/// The HTTP status of a [`Refusal`], re-exported so that an agent needs no
+/// HTTP crate of its own.
+pub use axum::http::StatusCode;
 
 /// The agent program's port when `$PORT` is unset or not a port (SPEC §10).
 pub const DEFAULT_PORT: u16 = 8080;

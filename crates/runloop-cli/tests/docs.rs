@@ -1,0 +1,334 @@
+//! The documents that ship with the code, held to it: every protocol
+//! section cited anywhere exists in `docs/protocol.md`, the agent guide's
+//! listings are the example files, relative links resolve, and the README's
+//! CLI section names the subcommands and flags `runloop --help` has.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The workspace's root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace's root")
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The repository's text files a citation can be in: sources, manifests,
+/// documents and the CI scripts; build output and VCS data left out.
+fn text_files(dir: &Path, found: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_dir() {
+            if name != "target" && (name == ".ci" || !name.starts_with('.')) {
+                text_files(&path, found);
+            }
+        } else if path.parent().and_then(Path::file_name) == Some(".ci".as_ref())
+            || ["rs", "md", "toml", "py", "mjs"]
+                .iter()
+                .any(|ext| path.extension().is_some_and(|e| e == *ext))
+        {
+            found.push(path);
+        }
+    }
+}
+
+/// Every `§N` in `text`: its line number and N.
+fn citations(text: &str) -> Vec<(usize, u32)> {
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        for (_, rest) in line
+            .match_indices('§')
+            .map(|(i, _)| line.split_at(i + '§'.len_utf8()))
+        {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(section) = digits.parse() {
+                found.push((n + 1, section));
+            }
+        }
+    }
+    found
+}
+
+/// The sections of `docs/protocol.md`: those with both an `<a id="sN">`
+/// anchor and a `## N. ` heading.
+fn protocol_sections() -> BTreeSet<u32> {
+    let protocol = read("docs/protocol.md");
+    (1..=99)
+        .filter(|n| {
+            protocol.contains(&format!("<a id=\"s{n}\"></a>"))
+                && protocol
+                    .lines()
+                    .any(|l| l.starts_with(&format!("## {n}. ")))
+        })
+        .collect()
+}
+
+#[test]
+fn every_cited_protocol_section_exists() {
+    let sections = protocol_sections();
+    assert_eq!(
+        sections,
+        (1..=12).collect(),
+        "docs/protocol.md keeps the sections 1 to 12, each with its anchor"
+    );
+    let mut files = Vec::new();
+    text_files(&root(), &mut files);
+    let mut cited = 0;
+    let mut missing = Vec::new();
+    for file in &files {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        for (line, section) in citations(&text) {
+            cited += 1;
+            if !sections.contains(&section) {
+                missing.push(format!("{}:{line}: §{section}", file.display()));
+            }
+        }
+        // Links to a section name its anchor.
+        for anchor in text.split("protocol.md#s").skip(1) {
+            let digits: String = anchor.chars().take_while(char::is_ascii_digit).collect();
+            if digits
+                .parse()
+                .is_ok_and(|section| !sections.contains(&section))
+            {
+                missing.push(format!("{}: protocol.md#s{digits}", file.display()));
+            }
+        }
+    }
+    assert!(
+        cited > 100,
+        "only {cited} citations found: is the walk right?"
+    );
+    assert!(
+        missing.is_empty(),
+        "sections cited but not in docs/protocol.md:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn citations_are_found_in_every_form() {
+    assert_eq!(
+        citations("protocol §3, §10–§12 and SPEC §7 (§N is not one)"),
+        [(1, 3), (1, 10), (1, 12), (1, 7)]
+    );
+}
+
+/// The guide's listings: (path, the fenced block after its marker).
+fn listings(guide: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for rest in guide.split("<!-- listing: ").skip(1) {
+        let (path, after) = rest.split_once(" -->\n").expect("a listing marker ends");
+        let (fence, block) = after.split_once('\n').expect("a fence after the marker");
+        assert!(
+            fence.starts_with("```"),
+            "{path}: no code block after the marker"
+        );
+        let (body, _) = block
+            .split_once("\n```\n")
+            .unwrap_or_else(|| panic!("{path}: the block does not end"));
+        found.push((path.to_owned(), format!("{body}\n")));
+    }
+    found
+}
+
+#[test]
+fn the_guide_lists_each_example_as_the_file_has_it() {
+    let listed = listings(&read("docs/agents.md"));
+    let paths: Vec<&str> = listed.iter().map(|(path, _)| path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "docs/examples/agent.py",
+            "docs/examples/agent.mjs",
+            "crates/runloop/examples/echo_agent.rs",
+        ]
+    );
+    for (path, listing) in &listed {
+        assert!(
+            listing == &read(path),
+            "docs/agents.md's listing of {path} is not the file"
+        );
+    }
+    let examples: BTreeSet<String> = std::fs::read_dir(root().join("docs/examples"))
+        .expect("docs/examples")
+        .map(|entry| {
+            format!(
+                "docs/examples/{}",
+                entry.expect("entry").file_name().to_string_lossy()
+            )
+        })
+        .collect();
+    for example in &examples {
+        assert!(
+            paths.contains(&example.as_str()),
+            "{example} is not in the guide"
+        );
+    }
+}
+
+#[test]
+fn relative_links_of_the_documents_resolve() {
+    let mut checked = 0;
+    for doc in ["README.md", "docs/agents.md", "docs/protocol.md"] {
+        let text = read(doc);
+        let dir = root().join(doc).parent().expect("a directory").to_owned();
+        for (_, rest) in text.match_indices("](").map(|(i, _)| text.split_at(i + 2)) {
+            let target = rest.split([')', '#']).next().unwrap_or("");
+            if target.is_empty() || target.contains("://") {
+                continue;
+            }
+            checked += 1;
+            assert!(
+                dir.join(target).exists(),
+                "{doc}: the link to {target} resolves to nothing"
+            );
+        }
+    }
+    assert!(checked >= 5, "only {checked} links checked");
+}
+
+/// The help of `runloop ARGS… --help`.
+fn help(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("runloop runs");
+    assert!(output.status.success(), "{args:?} --help: {output:?}");
+    String::from_utf8(output.stdout).expect("UTF-8 help")
+}
+
+/// The lines of a help section (`Commands:`, `Options:`) up to its blank line.
+fn help_section<'a>(help: &'a str, title: &str) -> Vec<&'a str> {
+    help.lines()
+        .skip_while(|line| *line != title)
+        .skip(1)
+        .take_while(|line| !line.is_empty())
+        .collect()
+}
+
+/// Every `--flag` of `text`.
+fn flags(text: &str) -> BTreeSet<String> {
+    text.match_indices("--")
+        .map(|(i, _)| {
+            let name: String = text[i + 2..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                .collect();
+            format!("--{name}")
+        })
+        .filter(|flag| flag.len() > 3 && !["--help", "--version"].contains(&flag.as_str()))
+        .collect()
+}
+
+/// The commands `runloop --help` lists, with nested subcommands as
+/// `agent demo`, and the long flags of each.
+fn commands_in_help(path: &[&str], found: &mut Vec<(String, BTreeSet<String>)>) {
+    let help = help(path);
+    let commands: Vec<&str> = help_section(&help, "Commands:")
+        .iter()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .collect();
+    if commands.is_empty() {
+        let options = help_section(&help, "Options:")
+            .iter()
+            .filter(|line| line.trim_start().starts_with('-'))
+            .map(|line| {
+                line.split_whitespace()
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        found.push((path.join(" "), flags(&options)));
+    }
+    for command in commands {
+        let mut sub = path.to_vec();
+        sub.push(command);
+        commands_in_help(&sub, found);
+    }
+}
+
+/// The README's CLI subsections that document commands: the commands each
+/// heading names (`runloop proxy …` and `runloop agent demo …`) and every
+/// flag the subsection mentions.
+fn commands_in_readme() -> Vec<(Vec<String>, BTreeSet<String>)> {
+    let readme = read("README.md");
+    let (_, cli) = readme
+        .split_once("\n## CLI\n")
+        .expect("the README's CLI section");
+    let cli = cli.split("\n## ").next().unwrap_or(cli);
+    let mut found = Vec::new();
+    for part in cli.split("\n### ").skip(1) {
+        let heading = part.lines().next().unwrap_or("");
+        let named: Vec<String> = heading
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter_map(|code| code.strip_prefix("runloop "))
+            .map(|command| {
+                command
+                    .split_whitespace()
+                    .take_while(|word| word.chars().all(|c| c.is_ascii_lowercase()))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        // A `cargo …` span's flags are cargo's.
+        let own: String = part
+            .split('`')
+            .enumerate()
+            .filter(|(i, span)| i % 2 == 0 || !span.starts_with("cargo "))
+            .map(|(_, span)| span)
+            .collect::<Vec<_>>()
+            .join(" ");
+        if !named.is_empty() {
+            found.push((named, flags(&own)));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_readme_documents_every_subcommand_and_flag_of_the_help() {
+    let mut in_help = Vec::new();
+    commands_in_help(&[], &mut in_help);
+    let in_readme = commands_in_readme();
+
+    let help_names: BTreeSet<&str> = in_help.iter().map(|(name, _)| name.as_str()).collect();
+    let readme_names: BTreeSet<&str> = in_readme
+        .iter()
+        .flat_map(|(names, _)| names.iter().map(String::as_str))
+        .collect();
+    assert_eq!(
+        readme_names, help_names,
+        "the README's CLI headings and `runloop --help` name the same subcommands"
+    );
+    assert!(help_names.contains("agent demo"), "{help_names:?}");
+
+    for (names, readme_flags) in &in_readme {
+        let help_flags: BTreeSet<String> = in_help
+            .iter()
+            .filter(|(name, _)| names.contains(name))
+            .flat_map(|(_, flags)| flags.iter().cloned())
+            .collect();
+        assert_eq!(
+            readme_flags,
+            &help_flags,
+            "README section `runloop {}`: the flags it mentions (left) and the help's (right)",
+            names.join("` and `runloop ")
+        );
+    }
+}
