@@ -128,7 +128,7 @@ impl Args {
         let capture = self.capture.as_ref().map(Capture::create).transpose()?;
         // The embedded server's own account of a loop that failed would only
         // repeat what the rendering says; RUST_LOG brings it back.
-        init_logs("error");
+        let _logs = init_logs("error");
         let format = if self.json {
             Format::Json
         } else {

@@ -127,7 +127,7 @@ impl Args {
     /// Serves until Ctrl-C or SIGTERM.
     pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let config = self.config()?;
-        init_logs("info");
+        let _logs = init_logs("info");
         block_on(async {
             for (name, digest) in config.catalog.names() {
                 info!(
