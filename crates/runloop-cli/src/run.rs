@@ -143,10 +143,7 @@ impl Args {
                     let config = ServerConfig::new(Credentials::Any, Catalog::demo());
                     let server = Server::bind("127.0.0.1:0", config)
                         .await
-                        .map_err(|source| Failure::Listen {
-                            addr: "127.0.0.1:0".into(),
-                            source,
-                        })?;
+                        .map_err(|error| Failure::bind("127.0.0.1:0", error))?;
                     Some(server.spawn().map_err(Failure::Runtime)?)
                 }
             };

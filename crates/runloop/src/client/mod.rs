@@ -43,7 +43,7 @@ use tracing::{debug, warn};
 pub use run::Run;
 pub use run_loop::{Event, RunLoop};
 
-use crate::connection::{Limits, Outbox, Outgoing, Tap, write_frames};
+use crate::connection::{LimitError, Limits, Outbox, Outgoing, Tap, write_frames};
 
 /// How a client behaves.
 #[derive(Clone, Default)]
@@ -72,6 +72,9 @@ pub enum ConnectError {
     /// The authorization frame could not be sent.
     #[error("cannot authorize: {0}")]
     Authorization(#[source] WsError),
+    /// A limit of the configuration is below its minimum.
+    #[error("the client's configuration cannot work: {0}")]
+    Limit(#[source] LimitError),
 }
 
 /// Why a run did not start.
@@ -279,6 +282,7 @@ impl Client {
         credential: &str,
         config: ClientConfig,
     ) -> Result<Client, ConnectError> {
+        config.limits.validate().map_err(ConnectError::Limit)?;
         let (ws, _response) = connect_async_with_config(url, Some(config.limits.websocket()), true)
             .await
             .map_err(ConnectError::WebSocket)?;
@@ -569,6 +573,24 @@ fn end_connection(shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_configuration_that_cannot_work_is_refused_before_connecting() {
+        let config = ClientConfig {
+            limits: Limits {
+                max_queued_responses: 0,
+                ..Limits::default()
+            },
+            tap: None,
+        };
+        // Nothing listens on port 1: only a refusal up front avoids the dial.
+        match Client::connect_with("ws://127.0.0.1:1", "", config).await {
+            Err(ConnectError::Limit(error)) => {
+                assert_eq!(error.limit, crate::connection::Limit::MaxQueuedResponses);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn free_numbers_skip_taken_ones_and_wrap() {

@@ -17,7 +17,9 @@
 //! frames waiting cannot produce another, so a caller that reads slowly slows
 //! the relay's read from the proxy instead of growing a buffer. Control
 //! frames (finishes, main-stream responses) need no permit; there are at most
-//! a few per scope or channel, and those are bounded by the limits below.
+//! a few per scope or channel, and those are bounded by [`Limits`].
+
+mod limits;
 
 use std::sync::Arc;
 
@@ -25,54 +27,10 @@ use bytes::Bytes;
 use futures_util::{Sink, SinkExt};
 use runloop_proto::frame::Role;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
-/// How much one connection may hold. All of them are configurable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest WebSocket message (one frame), bytes. A larger message ends
-    /// the connection with close code 1009: it is a resource bound, and the
-    /// WebSocket layer cannot skip a message it has refused to buffer.
-    pub max_message_size: usize,
-    /// Open scopes per connection. A request past the limit gets a bare
-    /// finish ("received, not served").
-    pub max_scopes: usize,
-    /// Open client channels per scope. A channel request past the limit
-    /// gets a bare channel finish.
-    pub max_channels: usize,
-    /// Channel responses one channel may have queued for the socket before
-    /// its producer waits.
-    pub max_queued_responses: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_message_size: 16 << 20,
-            max_scopes: 256,
-            max_channels: 64,
-            max_queued_responses: 32,
-        }
-    }
-}
-
-/// How much tungstenite reads from the socket at once. Its default
-/// (128 KiB) is zero-filled before every read, which for a stream of small
-/// chunks costs more than the read itself; a larger message simply takes
-/// several reads.
-const READ_BUFFER: usize = 16 << 10;
-
-impl Limits {
-    /// The WebSocket configuration these limits imply.
-    pub fn websocket(&self) -> WebSocketConfig {
-        WebSocketConfig::default()
-            .read_buffer_size(READ_BUFFER)
-            .max_message_size(Some(self.max_message_size))
-            .max_frame_size(Some(self.max_message_size))
-    }
-}
+pub use limits::{Limit, LimitError, Limits};
 
 /// Sees every frame of a connection, in both directions, as its bytes.
 ///
