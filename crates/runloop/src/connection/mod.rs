@@ -1,5 +1,5 @@
-//! The framed connection's shared parts: limits, and the writer that owns
-//! the sending half of a WebSocket.
+//! The framed connection's shared parts: limits, the writer that owns the
+//! sending half of a WebSocket, and how long a close may take.
 //!
 //! Both ends of a connection (the provider's server and the caller's
 //! client) send from many tasks at once — one per scope, one per channel —
@@ -18,19 +18,31 @@
 //! the relay's read from the proxy instead of growing a buffer. Control
 //! frames (finishes, main-stream responses) need no permit; there are at most
 //! a few per scope or channel, and those are bounded by [`Limits`].
+//!
+//! Both ends close on purpose with a close handshake (SPEC §12 "Clean
+//! ends"): the writer's last act is a close frame, or the answer to the
+//! peer's, and the side that closed first waits for the answer, for
+//! [`CLOSE_GRACE`] at most, before it lets the socket go. A socket dropped
+//! without one reads to the other side as a connection that broke.
 
 mod limits;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Sink, SinkExt};
 use runloop_proto::frame::Role;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
 pub use limits::{Limit, LimitError, Limits};
+
+/// How long a side that closes waits for the other side's close answer
+/// before it lets the socket go anyway. An answer takes one round trip.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Sees every frame of a connection, in both directions, as its bytes.
 ///
@@ -72,7 +84,9 @@ pub(crate) type Outbox = mpsc::UnboundedSender<Outgoing>;
 const BATCH: usize = 64;
 
 /// Feeds frames to the socket until every [`Outbox`] is dropped or `close`
-/// fires, then closes the WebSocket. Returns the error that ended it early.
+/// fires, then closes the WebSocket: a close frame, or the answer to the
+/// peer's close if it closed first (frames still queued then are dropped:
+/// nothing may follow a close). Returns the error that ended it early.
 /// A tap sees each frame as sent by `local`.
 pub(crate) async fn write_frames<S>(
     mut sink: S,
@@ -83,23 +97,39 @@ pub(crate) async fn write_frames<S>(
 where
     S: Sink<Message, Error = WsError> + Unpin,
 {
+    match write_until_closing(&mut sink, &mut outbox, &close, tap.as_ref()).await {
+        Ok(()) | Err(WsError::Protocol(ProtocolError::SendAfterClosing)) => sink.close().await,
+        Err(error) => Err(error),
+    }
+}
+
+async fn write_until_closing<S>(
+    sink: &mut S,
+    outbox: &mut mpsc::UnboundedReceiver<Outgoing>,
+    close: &CancellationToken,
+    tap: Option<&(Tap, Role)>,
+) -> Result<(), WsError>
+where
+    S: Sink<Message, Error = WsError> + Unpin,
+{
     loop {
         let first = tokio::select! {
             biased;
             next = outbox.recv() => next,
             () = close.cancelled() => None,
         };
-        let Some(first) = first else { break };
-        feed(&mut sink, first, tap.as_ref()).await?;
+        let Some(first) = first else {
+            return Ok(());
+        };
+        feed(sink, first, tap).await?;
         for _ in 1..BATCH {
             match outbox.try_recv() {
-                Ok(next) => feed(&mut sink, next, tap.as_ref()).await?,
+                Ok(next) => feed(sink, next, tap).await?,
                 Err(_) => break,
             }
         }
         sink.flush().await?;
     }
-    sink.close().await
 }
 
 async fn feed<S>(sink: &mut S, outgoing: Outgoing, tap: Option<&(Tap, Role)>) -> Result<(), WsError>
