@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::process::Stdio;
-
-use common::{Serve, drain, exits, run, runloop};
+use common::{Serve, drain, exits, run, start};
 
 /// Normal runs, one after another; the server at debug sees how each
 /// connection ended, down to the WebSocket library's words.
@@ -22,13 +20,10 @@ fn every_run_that_is_done_closes_with_a_handshake() {
     }
     // A caller whose reader went away, and one whose run was refused, are
     // done too: they close the same way.
-    let mut quiet = runloop()
-        .args(["run", "--url", &server.url, "demo:load=4000x1000"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run starts");
+    let mut quiet = start(
+        "error",
+        &["run", "--url", &server.url, "demo:load=4000x1000"],
+    );
     drop(quiet.stdout.take());
     assert_eq!(
         exits(&mut quiet, "run with its stdout closed").code(),

@@ -8,9 +8,8 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 
-use common::{Serve, drain, exits, run, runloop};
+use common::{Serve, drain, exits, finishes, run, start};
 
 /// Reads `n` lines of a child's stderr, then closes the pipe.
 fn read_lines_then_close(stderr: std::process::ChildStderr, n: usize) -> Vec<String> {
@@ -25,27 +24,13 @@ fn read_lines_then_close(stderr: std::process::ChildStderr, n: usize) -> Vec<Str
 fn run_finishes_its_loop_when_its_stderr_closes_mid_run() {
     for level in ["info", "trace"] {
         // Paced, so that most of the loop's logging comes after the close.
-        let mut child = runloop()
-            .args(["run", "count these words demo:pace=30"])
-            .env("RUST_LOG", level)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run starts");
+        let mut child = start(level, &["run", "count these words demo:pace=30"]);
         let stdout = drain(child.stdout.take().expect("stdout"));
         let first = read_lines_then_close(child.stderr.take().expect("stderr"), 2);
         assert!(first.iter().all(|line| !line.is_empty()), "{first:?}");
-        let status = exits(&mut child, &format!("run at RUST_LOG={level}"));
-        let stdout = stdout.join().expect("stdout read");
         // The panic text itself would go to the closed stderr: what shows it
         // here is the loop, rendered whole, and the exit code of a finish.
-        assert_eq!(status.code(), Some(0), "RUST_LOG={level}: {stdout}");
-        assert_eq!(
-            stdout.lines().last(),
-            Some("the loop finished"),
-            "RUST_LOG={level}: {stdout}"
-        );
+        finishes(child, stdout, &format!("run at RUST_LOG={level}"));
     }
 }
 
@@ -69,13 +54,7 @@ fn run_ends_quietly_with_2_when_its_stdout_closes() {
         &["run", "demo:load=4000x1000"][..],
         &["run", "--json", "demo:load=4000x1000"],
     ] {
-        let mut child = runloop()
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run starts");
+        let mut child = start("error", args);
         // Nobody will read the loop: its first write meets a closed pipe.
         drop(child.stdout.take());
         let stderr = drain(child.stderr.take().expect("stderr"));
@@ -93,21 +72,10 @@ fn serve_and_run_go_on_when_nobody_reads_their_stderr() {
     let mut server = Serve::start("trace", &[]);
     let stalled = server.stderr();
     for n in 0..3 {
-        let mut child = runloop()
-            .args(["run", "--url", &server.url, "demo:load=300"])
-            .env("RUST_LOG", "trace")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run starts");
+        let mut child = start("trace", &["run", "--url", &server.url, "demo:load=300"]);
         let stdout = drain(child.stdout.take().expect("stdout"));
-        let unread = child.stderr.take();
-        let status = exits(&mut child, &format!("run {n} with a stalled stderr"));
-        drop(unread);
-        let stdout = stdout.join().expect("stdout read");
-        assert_eq!(status.code(), Some(0), "run {n}: {stdout}");
-        assert_eq!(stdout.lines().last(), Some("the loop finished"), "run {n}");
+        let _unread = child.stderr.take();
+        finishes(child, stdout, &format!("run {n} with a stalled stderr"));
     }
     assert_eq!(server.terminate().code(), Some(0), "a clean shutdown");
     drop(stalled);

@@ -139,15 +139,15 @@ fn caller_port(raw: &RawClient) -> u16 {
     }
 }
 
-/// The server's log lines of the connection from `port`.
-fn lines_of(port: u16) -> Vec<String> {
+/// The server's "connection ending" line of the connection from `port`.
+fn ending_of(port: u16) -> String {
     let peer = format!("peer=127.0.0.1:{port}");
     logs()
         .text()
         .lines()
-        .filter(|line| line.contains(&peer))
-        .map(str::to_owned)
-        .collect()
+        .find(|line| line.contains(&peer) && line.contains("connection ending"))
+        .expect("the connection's ending is logged")
+        .to_owned()
 }
 
 /// The one log buffer of this binary, at debug.
@@ -203,10 +203,7 @@ async fn the_server_answers_a_callers_close_before_its_runs_have_ended() {
     assert_eq!(server.stats().scopes, 1, "the run is still ending");
     runtime.stops.add_permits(1);
     released(&server).await;
-    let ending = lines_of(port)
-        .into_iter()
-        .find(|line| line.contains("connection ending"))
-        .expect("the connection's ending is logged");
+    let ending = ending_of(port);
     assert!(
         ending.contains(r#"why="the caller closed the connection""#),
         "{ending}"
@@ -236,10 +233,7 @@ async fn the_connection_ending_line_counts_the_frames_it_disregarded() {
     .await;
     raw.ws.close(None).await.expect("closed");
     released(&server).await;
-    let ending = lines_of(port)
-        .into_iter()
-        .find(|line| line.contains("connection ending"))
-        .expect("the connection's ending is logged");
+    let ending = ending_of(port);
     assert!(ending.contains("disregarded=3"), "{ending}");
     assert_eq!(server.stats().disregarded, 3, "the server-wide count too");
 }
@@ -257,10 +251,7 @@ async fn a_message_over_the_limit_is_logged_as_what_it_is_not_as_a_break() {
     raw.send(vec![1; 8192]).await;
     assert_eq!(raw.next_frame().await, None, "the connection ends");
     released(&server).await;
-    let ending = lines_of(port)
-        .into_iter()
-        .find(|line| line.contains("connection ending"))
-        .expect("the connection's ending is logged");
+    let ending = ending_of(port);
     assert!(
         ending.contains(r#"why="the caller sent a message over the size limit""#),
         "{ending}"

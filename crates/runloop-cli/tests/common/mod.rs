@@ -54,14 +54,10 @@ impl Serve {
     /// Starts `runloop serve --listen 127.0.0.1:0 ARGS…` at `RUST_LOG=level`,
     /// its stderr a pipe the caller takes with [`Serve::stderr`].
     pub fn start(level: &str, args: &[&str]) -> Serve {
-        let mut child = runloop()
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", level)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("serve starts");
+        let mut child = start(
+            level,
+            &[&["serve", "--listen", "127.0.0.1:0"], args].concat(),
+        );
         let mut url = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut url)
@@ -96,15 +92,31 @@ impl Drop for Serve {
     }
 }
 
-/// `runloop ARGS…` run to its end (bounded): exit status, stdout, stderr.
-pub fn run(args: &[&str]) -> (ExitStatus, String, String) {
-    let mut child = runloop()
+/// `runloop ARGS…` started at `RUST_LOG=level`, with no stdin, and its
+/// stdout and stderr pipes for the test to take.
+pub fn start(level: &str, args: &[&str]) -> Child {
+    runloop()
         .args(args)
+        .env("RUST_LOG", level)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("runloop starts");
+        .expect("runloop starts")
+}
+
+/// Waits (bounded) for a `run` whose stdout is drained by `stdout`, and
+/// checks that it rendered its loop to the end and exited 0.
+pub fn finishes(mut child: Child, stdout: JoinHandle<String>, what: &str) {
+    let status = exits(&mut child, what);
+    let stdout = stdout.join().expect("stdout read");
+    assert_eq!(status.code(), Some(0), "{what}: {stdout}");
+    assert_eq!(stdout.lines().last(), Some("the loop finished"), "{what}");
+}
+
+/// `runloop ARGS…` run to its end (bounded): exit status, stdout, stderr.
+pub fn run(args: &[&str]) -> (ExitStatus, String, String) {
+    let mut child = start("error", args);
     let stdout = drain(child.stdout.take().expect("stdout"));
     let stderr = drain(child.stderr.take().expect("stderr"));
     let status = exits(&mut child, &format!("runloop {}", args.join(" ")));
