@@ -39,7 +39,7 @@ impl Args {
     /// Serves until Ctrl-C or SIGTERM.
     pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let Which::Demo { listen, pace } = &self.agent;
-        init_logs("info");
+        let _logs = init_logs("info");
         let listen = listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], runloop::agent::port_from_env())));
         let agent = Arc::new(Demo::with_pace(Duration::from_millis(*pace)));

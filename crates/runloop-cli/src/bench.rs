@@ -94,7 +94,7 @@ impl Spawn for ThisBinary {
 impl Args {
     /// Runs the measurement and prints its figures.
     pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
-        init_logs("warn");
+        let _logs = init_logs("warn");
         let exe = std::env::current_exe().map_err(Failure::Runtime)?;
         let spawn = ThisBinary(exe);
         let duration = Duration::try_from_secs_f64(self.duration)

@@ -143,6 +143,17 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// A server that could not be bound at `addr`.
+    pub fn bind(addr: impl ToString, error: runloop::server::BindError) -> Failure {
+        match error {
+            runloop::server::BindError::Listen(source) => Failure::Listen {
+                addr: addr.to_string(),
+                source,
+            },
+            limit @ runloop::server::BindError::Limit(_) => Failure::Argument(limit.to_string()),
+        }
+    }
+
     /// Whether this is the reader of our output going away (`runloop … |
     /// head`): the command stops quietly, since nobody is left to tell.
     pub fn is_broken_pipe(&self) -> bool {

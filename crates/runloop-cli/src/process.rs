@@ -14,27 +14,77 @@ pub fn block_on<F: Future>(future: F) -> Result<F::Output, Failure> {
     Ok(runtime.block_on(future))
 }
 
+/// Log lines queued for stderr, at most, while it is slow; more are dropped.
+pub const QUEUED_LOG_LINES: usize = 8192;
+
 /// Logs to stderr, filtered by `RUST_LOG` (else `default`), in colour only
-/// when stderr is a terminal.
+/// when stderr is a terminal, until the returned [`Logs`] is dropped.
+///
+/// A log sink that goes away or stalls costs log lines, never the work
+/// (SPEC §12 "Logs never hold anything up"). Tasks never write to stderr
+/// themselves: they queue their lines for one thread that does, and when
+/// [`QUEUED_LOG_LINES`] are waiting (a reader that stopped reading) further
+/// lines are dropped. A write that fails (a reader that went away) is
+/// ignored: the formatter's own report of it would write to the same
+/// stderr, and panics on a closed one.
 ///
 /// Crates that log through `log` rather than `tracing` (the WebSocket
 /// library, the HTTP client) reach these logs up to debug, never at trace:
 /// at trace tungstenite writes out every message it reads or sends, byte
 /// for byte, and the first of them carries the connection's credential.
-pub fn init_logs(default: &str) {
+pub fn init_logs(default: &str) -> Logs {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(QUEUED_LOG_LINES)
+        .thread_name("runloop-logs")
+        .finish(std::io::stderr());
+    let dropped = writer.error_counter();
     let subscriber = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_ansi(ansi)
         .with_env_filter(filter)
+        .log_internal_errors(false)
         .finish();
     // A second initialisation (tests running commands in-process) is harmless.
     if tracing::subscriber::set_global_default(subscriber).is_ok() {
         let _ = tracing_log::LogTracer::builder()
             .with_max_level(tracing_log::log::LevelFilter::Debug)
             .init();
+    }
+    Logs {
+        guard: Some(guard),
+        dropped,
+    }
+}
+
+/// Keeps the log thread of [`init_logs`]; dropped at a command's end, it
+/// writes out the lines still queued (waiting a second at most).
+#[must_use = "the logs end when this is dropped"]
+pub struct Logs {
+    guard: Option<tracing_appender::non_blocking::WorkerGuard>,
+    dropped: tracing_appender::non_blocking::ErrorCounter,
+}
+
+impl Drop for Logs {
+    fn drop(&mut self) {
+        // Lines were dropped: the sink is stalled or overwhelmed, and the
+        // queue may be full. The guard would then wait for room and, failing
+        // that, say so on stdout — the command's data. Lines are being lost
+        // anyway; the rest of the queue goes with the process.
+        if self.dropped.dropped_lines() > 0 {
+            std::mem::forget(self.guard.take());
+        }
+    }
+}
+
+impl std::fmt::Debug for Logs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Logs")
+            .field("dropped", &self.dropped.dropped_lines())
+            .finish()
     }
 }
 

@@ -26,7 +26,7 @@ pub struct Args {
 impl Args {
     /// Proxies until Ctrl-C or SIGTERM.
     pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
-        init_logs("info");
+        let _logs = init_logs("info");
         let port = self
             .agent_port
             .unwrap_or_else(runloop::agent::port_from_env);

@@ -128,7 +128,7 @@ impl Args {
         let capture = self.capture.as_ref().map(Capture::create).transpose()?;
         // The embedded server's own account of a loop that failed would only
         // repeat what the rendering says; RUST_LOG brings it back.
-        init_logs("error");
+        let _logs = init_logs("error");
         let format = if self.json {
             Format::Json
         } else {
@@ -143,10 +143,7 @@ impl Args {
                     let config = ServerConfig::new(Credentials::Any, Catalog::demo());
                     let server = Server::bind("127.0.0.1:0", config)
                         .await
-                        .map_err(|source| Failure::Listen {
-                            addr: "127.0.0.1:0".into(),
-                            source,
-                        })?;
+                        .map_err(|error| Failure::bind("127.0.0.1:0", error))?;
                     Some(server.spawn().map_err(Failure::Runtime)?)
                 }
             };
@@ -165,43 +162,65 @@ impl Args {
                     url: url.clone(),
                     source: source.into(),
                 })?;
-            let run = client.run(request).await.map_err(Failure::Run)?;
-            let mut run_loop = run.run_loop(prompt);
-            let mut interrupted = false;
-            let outcome = loop {
-                let event = tokio::select! {
-                    event = run_loop.next() => event,
-                    () = shutdown_signal(), if !interrupted => {
-                        // Stop the run; the loop then ends as it did.
-                        interrupted = true;
-                        let run = run.clone();
-                        tokio::spawn(async move { run.stop().await });
-                        continue;
-                    }
-                };
-                match event {
-                    Some(Event::Chunk { chunk, json }) => render.chunk_with_json(chunk, &json)?,
-                    Some(Event::Error(error)) => render.error(&error)?,
-                    Some(Event::End(outcome)) => {
-                        render.outcome(&outcome)?;
-                        break outcome;
-                    }
-                    None => break Outcome::Broken(Broken::ConnectionEnded),
-                }
-            };
-            run.stop().await;
+            let outcome = run_on(&client, request, prompt, &mut render).await;
+            // Done, whatever happened (a refused run, a reader that went
+            // away): close with a handshake, so that the server does not see
+            // a connection that broke (SPEC §12 "Clean ends").
             client.close().await;
             if let Some((handle, serving)) = embedded {
                 handle.shutdown();
                 let _ = serving.await;
             }
-            Ok::<_, Failure>(outcome)
+            outcome
         })??;
         if let Some(capture) = capture {
             capture.finish()?;
         }
         Ok(Exit::of(&outcome))
     }
+}
+
+/// Runs one loop on `client` and renders it; the run is stopped (and its
+/// end awaited) before this returns, however the rendering went.
+async fn run_on(
+    client: &Client,
+    request: RunRequest,
+    prompt: String,
+    render: &mut Render<impl Write>,
+) -> Result<Outcome, Failure> {
+    let run = client.run(request).await.map_err(Failure::Run)?;
+    let mut run_loop = run.run_loop(prompt);
+    let mut interrupted = false;
+    let outcome = loop {
+        let event = tokio::select! {
+            event = run_loop.next() => event,
+            () = shutdown_signal(), if !interrupted => {
+                // Stop the run; the loop then ends as it did.
+                interrupted = true;
+                let run = run.clone();
+                tokio::spawn(async move { run.stop().await });
+                continue;
+            }
+        };
+        let rendered = match event {
+            Some(Event::Chunk { chunk, json }) => render.chunk_with_json(chunk, &json),
+            Some(Event::Error(error)) => render.error(&error),
+            Some(Event::End(outcome)) => {
+                break render
+                    .outcome(&outcome)
+                    .map(|()| outcome)
+                    .map_err(Failure::from);
+            }
+            None => break Ok(Outcome::Broken(Broken::ConnectionEnded)),
+        };
+        if let Err(error) = rendered {
+            // Nobody to show the rest to (`runloop run | head`).
+            break Err(Failure::from(error));
+        }
+    };
+    drop(run_loop);
+    run.stop().await;
+    outcome
 }
 
 /// The `--capture` file, written by the client's tap.

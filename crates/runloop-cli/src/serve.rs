@@ -12,7 +12,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use runloop::connection::Limits;
+use runloop::connection::{Limit, Limits};
 use runloop::runtime::{AgentSpec, Catalog};
 use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig};
 use tracing::info;
@@ -41,34 +41,39 @@ pub struct Args {
     /// Default: demo=builtin:demo.
     #[arg(long = "agent", value_name = "SPEC")]
     pub agents: Vec<AgentSpec>,
-    /// The largest message a connection may send, bytes (K/M/G suffixes).
+    /// The largest message a connection may send, bytes (K/M/G suffixes;
+    /// at least 4K).
     #[arg(long, default_value = "16M", value_parser = bytes)]
     pub max_message_size: u64,
-    /// Open scopes (runs) per connection.
+    /// Open scopes (runs) per connection (at least 1).
     #[arg(long, default_value_t = Limits::default().max_scopes)]
     pub max_scopes: usize,
-    /// Open channels per scope.
+    /// Open channels per scope (at least 1).
     #[arg(long, default_value_t = Limits::default().max_channels)]
     pub max_channels: usize,
     /// Responses one loop may have queued for a slow caller before the
-    /// server stops reading its proxy.
+    /// server stops reading its proxy (at least 1).
     #[arg(long, default_value_t = Limits::default().max_queued_responses)]
     pub max_queued_responses: usize,
-    /// Seconds a new connection may take to authorize before it is closed.
+    /// Seconds a new connection may take to authorize before it is closed
+    /// (at least 1).
     #[arg(long, default_value_t = 10.0)]
     pub authorization_grace: f64,
     /// Connections served at once; one more is closed at once with close
-    /// code 1013 (try again later) and a reason.
-    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_parser = at_least_one)]
+    /// code 1013 (try again later) and a reason (at least 1).
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
 }
 
-/// A count that must be at least one.
-fn at_least_one(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".to_owned()),
-        Ok(n) => Ok(n),
-        Err(error) => Err(error.to_string()),
+/// The option that sets `limit`.
+fn option(limit: Limit) -> &'static str {
+    match limit {
+        Limit::MaxMessageSize => "--max-message-size",
+        Limit::MaxScopes => "--max-scopes",
+        Limit::MaxChannels => "--max-channels",
+        Limit::MaxQueuedResponses => "--max-queued-responses",
+        Limit::MaxConnections => "--max-connections",
+        Limit::AuthorizationGrace => "--authorization-grace",
     }
 }
 
@@ -119,15 +124,20 @@ impl Args {
                 .map_err(|_| Failure::Argument("--max-message-size is too large".into()))?,
             max_scopes: self.max_scopes,
             max_channels: self.max_channels,
-            max_queued_responses: self.max_queued_responses.max(1),
+            max_queued_responses: self.max_queued_responses,
         };
+        // A limit that would serve nobody is refused now, not met by every
+        // caller later.
+        config
+            .validate()
+            .map_err(|error| Failure::Argument(error.named(option(error.limit))))?;
         Ok(config)
     }
 
     /// Serves until Ctrl-C or SIGTERM.
     pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let config = self.config()?;
-        init_logs("info");
+        let _logs = init_logs("info");
         block_on(async {
             for (name, digest) in config.catalog.names() {
                 info!(
@@ -136,13 +146,9 @@ impl Args {
                     "serving image"
                 );
             }
-            let server =
-                Server::bind(self.listen, config)
-                    .await
-                    .map_err(|source| Failure::Listen {
-                        addr: self.listen.to_string(),
-                        source,
-                    })?;
+            let server = Server::bind(self.listen, config)
+                .await
+                .map_err(|error| Failure::bind(self.listen, error))?;
             let (handle, mut serving) = server.spawn().map_err(Failure::Runtime)?;
             writeln!(out, "{}", handle.url())?;
             out.flush()?;

@@ -43,7 +43,7 @@ use tracing::{debug, warn};
 pub use run::Run;
 pub use run_loop::{Event, RunLoop};
 
-use crate::connection::{Limits, Outbox, Outgoing, Tap, write_frames};
+use crate::connection::{CLOSE_GRACE, LimitError, Limits, Outbox, Outgoing, Tap, write_frames};
 
 /// How a client behaves.
 #[derive(Clone, Default)]
@@ -72,6 +72,9 @@ pub enum ConnectError {
     /// The authorization frame could not be sent.
     #[error("cannot authorize: {0}")]
     Authorization(#[source] WsError),
+    /// A limit of the configuration is below its minimum.
+    #[error("the client's configuration cannot work: {0}")]
+    Limit(#[source] LimitError),
 }
 
 /// Why a run did not start.
@@ -279,10 +282,11 @@ impl Client {
         credential: &str,
         config: ClientConfig,
     ) -> Result<Client, ConnectError> {
+        config.limits.validate().map_err(ConnectError::Limit)?;
         let (ws, _response) = connect_async_with_config(url, Some(config.limits.websocket()), true)
             .await
             .map_err(ConnectError::WebSocket)?;
-        let (mut sink, mut stream) = ws.split();
+        let (mut sink, stream) = ws.split();
         // Authorization first: nothing precedes it (SPEC §3).
         let authorization = Authorization::Unbrokered(credential);
         let mut payload = Vec::new();
@@ -303,28 +307,25 @@ impl Client {
             limits: config.limits,
             closed: CancellationToken::new(),
         });
-        let tap = config.tap.clone().map(|tap| (tap, Role::Client));
-        let writer_close = close.clone();
-        let writer_closed = shared.closed.clone();
-        tokio::spawn(async move {
-            if let Err(error) = write_frames(sink, outgoing, writer_close, tap).await {
-                debug!(%error, "writing to the server failed");
+        let writer_done = CancellationToken::new();
+        let writer = tokio::spawn({
+            let tap = config.tap.clone().map(|tap| (tap, Role::Client));
+            let close = close.clone();
+            let done = writer_done.clone();
+            async move {
+                if let Err(error) = write_frames(sink, outgoing, close, tap).await {
+                    debug!(%error, "writing to the server failed");
+                }
+                done.cancel();
             }
-            writer_closed.cancel();
         });
-        let reader_shared = Arc::clone(&shared);
-        let reader_close = close.clone();
-        let tap = config.tap;
-        tokio::spawn(async move {
-            tokio::select! {
-                () = read_frames(&reader_shared, &mut stream, tap) => {}
-                () = reader_close.cancelled() => {}
-                () = reader_shared.closed.cancelled() => {}
-            }
-            end_connection(&reader_shared);
-            // Nothing more can be answered: let the writer close the socket.
-            reader_close.cancel();
-        });
+        tokio::spawn(run_connection(
+            Arc::clone(&shared),
+            stream,
+            config.tap,
+            close.clone(),
+            (writer, writer_done),
+        ));
         Ok(Client {
             owner: Arc::new(Owner { shared, close }),
         })
@@ -395,7 +396,15 @@ impl Client {
     }
 
     /// Closes the connection: every open run and loop ends as `Broken`
-    /// (on the server, every run ends). Resolves when it is closed.
+    /// (on the server, every run ends). Resolves when it is closed: the
+    /// close handshake is done (the server answered), or the server did not
+    /// answer within [`CLOSE_GRACE`] and the socket was let go.
+    ///
+    /// Dropping the last handle closes the same way, but cannot wait: the
+    /// handshake goes on in the client's tasks, and completes only if the
+    /// runtime keeps running for it (a program that returns from `main`
+    /// right after the drop may cut it short, and the server then sees a
+    /// connection that broke). A caller that is done should call `close`.
     pub async fn close(&self) {
         self.owner.close.cancel();
         self.closed().await;
@@ -409,6 +418,49 @@ fn free_number(start: u32, taken: impl Fn(u32) -> bool) -> u32 {
         n = n.wrapping_add(1);
     }
     n
+}
+
+/// The client's side of the connection from its authorization to its end:
+/// routes server frames until the server ends the connection, the writer
+/// fails or `close` fires; then ends every run and loop, has the writer
+/// close (or answer the server's close), and waits for the handshake to
+/// complete — the server's answer, or the end of a connection it closed —
+/// for [`CLOSE_GRACE`] at most.
+async fn run_connection<S>(
+    shared: Arc<Shared>,
+    mut stream: S,
+    tap: Option<Tap>,
+    close: CancellationToken,
+    (mut writer, writer_done): (tokio::task::JoinHandle<()>, CancellationToken),
+) where
+    S: futures_util::Stream<Item = Result<Message, WsError>> + Unpin,
+{
+    tokio::select! {
+        () = read_frames(&shared, &mut stream, tap) => {}
+        () = close.cancelled() => {}
+        () = writer_done.cancelled() => {}
+    }
+    end_connection(&shared);
+    close.cancel();
+    let handshake = async {
+        while let Some(Ok(message)) = stream.next().await {
+            if let Message::Close(_) = message {
+                break;
+            }
+        }
+        writer_done.cancelled().await;
+    };
+    if tokio::time::timeout(CLOSE_GRACE, handshake).await.is_err() {
+        debug!(
+            ?CLOSE_GRACE,
+            "the server did not complete the close handshake; letting the socket go"
+        );
+        writer.abort();
+    }
+    // Both halves go now: the socket closes.
+    drop(stream);
+    let _ = (&mut writer).await;
+    shared.closed.cancel();
 }
 
 /// Reads server frames until the connection ends.
@@ -552,7 +604,8 @@ fn main_response(shared: &Shared, scope: u32, payload: &[u8]) {
     }
 }
 
-/// The connection is over: every run and loop learns it.
+/// The connection is ending: every run and loop learns it, and no new one
+/// can start.
 fn end_connection(shared: &Shared) {
     let scopes = {
         let mut table = shared.table();
@@ -563,12 +616,29 @@ fn end_connection(shared: &Shared) {
     for (_, slot) in scopes {
         slot.ended.cancel();
     }
-    shared.closed.cancel();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_configuration_that_cannot_work_is_refused_before_connecting() {
+        let config = ClientConfig {
+            limits: Limits {
+                max_queued_responses: 0,
+                ..Limits::default()
+            },
+            tap: None,
+        };
+        // Nothing listens on port 1: only a refusal up front avoids the dial.
+        match Client::connect_with("ws://127.0.0.1:1", "", config).await {
+            Err(ConnectError::Limit(error)) => {
+                assert_eq!(error.limit, crate::connection::Limit::MaxQueuedResponses);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn free_numbers_skip_taken_ones_and_wrap() {

@@ -88,7 +88,7 @@ impl Run {
             return RunLoop::ended(Arc::clone(inner), why);
         };
         let channel = slot.take_channel();
-        let (events_tx, events) = mpsc::channel(shared.limits.max_queued_responses.max(1));
+        let (events_tx, events) = mpsc::channel(shared.limits.max_queued_responses);
         slot.channels.insert(channel, events_tx);
         let Ok(payload) = ChannelRequest::RunLoop(request.clone()).to_vec();
         shared.send(&ClientFrame::ChannelRequest {

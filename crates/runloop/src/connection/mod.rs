@@ -1,5 +1,5 @@
-//! The framed connection's shared parts: limits, and the writer that owns
-//! the sending half of a WebSocket.
+//! The framed connection's shared parts: limits, the writer that owns the
+//! sending half of a WebSocket, and how long a close may take.
 //!
 //! Both ends of a connection (the provider's server and the caller's
 //! client) send from many tasks at once — one per scope, one per channel —
@@ -17,62 +17,32 @@
 //! frames waiting cannot produce another, so a caller that reads slowly slows
 //! the relay's read from the proxy instead of growing a buffer. Control
 //! frames (finishes, main-stream responses) need no permit; there are at most
-//! a few per scope or channel, and those are bounded by the limits below.
+//! a few per scope or channel, and those are bounded by [`Limits`].
+//!
+//! Both ends close on purpose with a close handshake (SPEC §12 "Clean
+//! ends"): the writer's last act is a close frame, or the answer to the
+//! peer's, and the side that closed first waits for the answer, for
+//! [`CLOSE_GRACE`] at most, before it lets the socket go. A socket dropped
+//! without one reads to the other side as a connection that broke.
+
+mod limits;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Sink, SinkExt};
 use runloop_proto::frame::Role;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
-/// How much one connection may hold. All of them are configurable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest WebSocket message (one frame), bytes. A larger message ends
-    /// the connection with close code 1009: it is a resource bound, and the
-    /// WebSocket layer cannot skip a message it has refused to buffer.
-    pub max_message_size: usize,
-    /// Open scopes per connection. A request past the limit gets a bare
-    /// finish ("received, not served").
-    pub max_scopes: usize,
-    /// Open client channels per scope. A channel request past the limit
-    /// gets a bare channel finish.
-    pub max_channels: usize,
-    /// Channel responses one channel may have queued for the socket before
-    /// its producer waits.
-    pub max_queued_responses: usize,
-}
+pub use limits::{Limit, LimitError, Limits};
 
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_message_size: 16 << 20,
-            max_scopes: 256,
-            max_channels: 64,
-            max_queued_responses: 32,
-        }
-    }
-}
-
-/// How much tungstenite reads from the socket at once. Its default
-/// (128 KiB) is zero-filled before every read, which for a stream of small
-/// chunks costs more than the read itself; a larger message simply takes
-/// several reads.
-const READ_BUFFER: usize = 16 << 10;
-
-impl Limits {
-    /// The WebSocket configuration these limits imply.
-    pub fn websocket(&self) -> WebSocketConfig {
-        WebSocketConfig::default()
-            .read_buffer_size(READ_BUFFER)
-            .max_message_size(Some(self.max_message_size))
-            .max_frame_size(Some(self.max_message_size))
-    }
-}
+/// How long a side that closes waits for the other side's close answer
+/// before it lets the socket go anyway. An answer takes one round trip.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Sees every frame of a connection, in both directions, as its bytes.
 ///
@@ -114,7 +84,9 @@ pub(crate) type Outbox = mpsc::UnboundedSender<Outgoing>;
 const BATCH: usize = 64;
 
 /// Feeds frames to the socket until every [`Outbox`] is dropped or `close`
-/// fires, then closes the WebSocket. Returns the error that ended it early.
+/// fires, then closes the WebSocket: a close frame, or the answer to the
+/// peer's close if it closed first (frames still queued then are dropped:
+/// nothing may follow a close). Returns the error that ended it early.
 /// A tap sees each frame as sent by `local`.
 pub(crate) async fn write_frames<S>(
     mut sink: S,
@@ -125,23 +97,39 @@ pub(crate) async fn write_frames<S>(
 where
     S: Sink<Message, Error = WsError> + Unpin,
 {
+    match write_until_closing(&mut sink, &mut outbox, &close, tap.as_ref()).await {
+        Ok(()) | Err(WsError::Protocol(ProtocolError::SendAfterClosing)) => sink.close().await,
+        Err(error) => Err(error),
+    }
+}
+
+async fn write_until_closing<S>(
+    sink: &mut S,
+    outbox: &mut mpsc::UnboundedReceiver<Outgoing>,
+    close: &CancellationToken,
+    tap: Option<&(Tap, Role)>,
+) -> Result<(), WsError>
+where
+    S: Sink<Message, Error = WsError> + Unpin,
+{
     loop {
         let first = tokio::select! {
             biased;
             next = outbox.recv() => next,
             () = close.cancelled() => None,
         };
-        let Some(first) = first else { break };
-        feed(&mut sink, first, tap.as_ref()).await?;
+        let Some(first) = first else {
+            return Ok(());
+        };
+        feed(sink, first, tap).await?;
         for _ in 1..BATCH {
             match outbox.try_recv() {
-                Ok(next) => feed(&mut sink, next, tap.as_ref()).await?,
+                Ok(next) => feed(sink, next, tap).await?,
                 Err(_) => break,
             }
         }
         sink.flush().await?;
     }
-    sink.close().await
 }
 
 async fn feed<S>(sink: &mut S, outgoing: Outgoing, tap: Option<&(Tap, Role)>) -> Result<(), WsError>

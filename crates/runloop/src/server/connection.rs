@@ -22,6 +22,14 @@
 //! the server soon stops reading too, and TCP carries the pressure back.
 //! Everything else a connection queues is bounded by its scopes and
 //! channels, themselves bounded by [`Limits`](crate::connection::Limits).
+//!
+//! A connection ends with a close handshake whichever side closes (SPEC §12
+//! "Clean ends"). A caller's close is answered at once, before its runs
+//! have ended (nothing may be sent after a close anyway); the server's own
+//! close (a refusal, a turn-away, a shutdown, a violation) waits for the
+//! caller's answer, briefly, before the socket goes. The "connection
+//! ending" line says which it was, and says "broke" only for a connection
+//! that ended without either.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -39,9 +47,10 @@ use runloop_proto::run_loop::{Finish, Sender};
 use runloop_proto::{Decode, Writer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, accept_async_with_config};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -49,7 +58,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::scope::{self, Order};
 use super::{Held, Identity, Shared, Stats};
-use crate::connection::{Outbox, Outgoing, write_frames};
+use crate::connection::{CLOSE_GRACE, Outbox, Outgoing, write_frames};
 
 /// What a connection can run over: a TCP stream, or anything else that
 /// reads and writes bytes (an in-memory pipe in tests and fuzzing).
@@ -173,6 +182,7 @@ impl Conn {
     }
 
     fn disregard(&self, what: std::fmt::Arguments<'_>) {
+        self.disregarded.fetch_add(1, Ordering::Relaxed);
         self.shared
             .stats
             .disregarded
@@ -323,9 +333,9 @@ async fn close_without_frame<S: Io>(
 }
 
 /// Sends a close frame, then reads and drops whatever the caller still
-/// sends until it answers the close, for a second at most. Closing the
-/// socket on bytes not yet read would reset it, and the caller could lose
-/// the close frame and its reason.
+/// sends until it answers the close, for [`CLOSE_GRACE`] at most. Closing
+/// the socket on bytes not yet read would reset it, and the caller could
+/// lose the close frame and its reason.
 async fn close_with<S: Io>(mut ws: WebSocketStream<S>, code: CloseCode, reason: String) {
     let closing = async {
         let frame = CloseFrame {
@@ -336,7 +346,7 @@ async fn close_with<S: Io>(mut ws: WebSocketStream<S>, code: CloseCode, reason: 
             while let Some(Ok(_)) = ws.next().await {}
         }
     };
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), closing).await;
+    let _ = tokio::time::timeout(CLOSE_GRACE, closing).await;
 }
 
 async fn serve_authorized<S: Io>(
@@ -355,12 +365,17 @@ async fn serve_authorized<S: Io>(
         identity,
         disregarded: std::sync::atomic::AtomicU64::new(0),
     });
+    // Fires when the caller has closed: the writer answers at once, while
+    // the connection's runs are still ending, since nothing may be sent
+    // after a close anyway.
+    let answer_close = CancellationToken::new();
     let mut writer = tokio::spawn({
         let ended = ended.clone();
+        let answer_close = answer_close.clone();
         async move {
-            // Closed by dropping every outbox, after the last finish is queued.
-            let never = CancellationToken::new();
-            if let Err(error) = write_frames(sink, outgoing, never, None).await {
+            // Otherwise closed by dropping every outbox, after the last
+            // finish is queued.
+            if let Err(error) = write_frames(sink, outgoing, answer_close, None).await {
                 debug!(%error, "writing to the caller failed");
             }
             // Whatever ended the writer ends the connection.
@@ -388,10 +403,13 @@ async fn serve_authorized<S: Io>(
                     }
                 }
                 Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-                Some(Ok(Message::Close(_))) | None => break "the caller closed the connection",
+                Some(Ok(Message::Close(_))) | None => {
+                    answer_close.cancel();
+                    break "the caller closed the connection";
+                }
                 Some(Err(error)) => {
                     debug!(%error, "reading from the caller failed");
-                    break "the connection broke";
+                    break read_failed_why(&error);
                 }
             },
             () = ended.cancelled() => break ended_why(&shared),
@@ -418,8 +436,26 @@ async fn serve_authorized<S: Io>(
             "the caller is not reading; dropping what is left unsent"
         );
         writer.abort();
+    } else {
+        // The writer's close went out (or answered the caller's): read on
+        // until the caller answers it, so that the socket is not closed on
+        // bytes not yet read.
+        let answered = async { while let Some(Ok(_)) = stream.next().await {} };
+        let _ = tokio::time::timeout(CLOSE_GRACE, answered).await;
     }
     info!("connection closed");
+}
+
+/// Why the connection ended when reading from the caller failed.
+fn read_failed_why(error: &WsError) -> &'static str {
+    match error {
+        WsError::Capacity(_) => "the caller sent a message over the size limit",
+        // A caller that went away without a close handshake is the
+        // connection breaking, not the caller breaking the protocol.
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => "the connection broke",
+        WsError::Protocol(_) | WsError::Utf8(_) => "the caller broke the WebSocket protocol",
+        _ => "the connection broke",
+    }
 }
 
 /// Why the connection ended when something other than the caller ended it.

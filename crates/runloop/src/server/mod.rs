@@ -51,7 +51,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::connection::Limits;
+use crate::connection::{Limit, LimitError, Limits};
 use crate::runtime::Catalog;
 
 /// Which credentials the server accepts (SPEC §3).
@@ -115,12 +115,13 @@ pub struct ServerConfig {
     /// Per-connection limits.
     pub limits: Limits,
     /// How long a new connection may take to authorize before it is closed
-    /// without a frame (SPEC §12). Once authorized, nothing times out.
+    /// without a frame (SPEC §12). Once authorized, nothing times out. At
+    /// least [`Limit::MIN_AUTHORIZATION_GRACE`].
     pub authorization_grace: Duration,
     /// Caller connections served at once, authorized or not yet. One more
     /// is turned away: its WebSocket handshake completes and it is closed
     /// at once with close code 1013 (try again later) and a reason that
-    /// says so, before anything of it is read.
+    /// says so, before anything of it is read. At least one.
     pub max_connections: usize,
     /// The images this server runs.
     pub catalog: Catalog,
@@ -138,6 +139,26 @@ impl ServerConfig {
             catalog,
         }
     }
+
+    /// Whether every limit is at least its minimum ([`Limit`]), so that
+    /// the server can serve an ordinary caller; the first that is not is
+    /// the error. [`Server::bind`] refuses a configuration that fails this.
+    pub fn validate(&self) -> Result<(), LimitError> {
+        self.limits.validate()?;
+        Limit::MaxConnections.check(self.max_connections)?;
+        Limit::check_grace(self.authorization_grace)
+    }
+}
+
+/// Why a server could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// A limit of the configuration is below its minimum.
+    #[error("the server's configuration would serve nobody: {0}")]
+    Limit(#[source] LimitError),
+    /// The address could not be listened on.
+    #[error("cannot listen: {0}")]
+    Listen(#[source] io::Error),
 }
 
 /// Live counts of what the server holds; every one returns to zero when
@@ -238,9 +259,10 @@ pub struct ServerHandle {
 }
 
 impl Server {
-    /// Binds `addr`.
-    pub async fn bind(addr: impl ToSocketAddrs, config: ServerConfig) -> io::Result<Server> {
-        let listener = TcpListener::bind(addr).await?;
+    /// Checks the configuration ([`ServerConfig::validate`]) and binds `addr`.
+    pub async fn bind(addr: impl ToSocketAddrs, config: ServerConfig) -> Result<Server, BindError> {
+        config.validate().map_err(BindError::Limit)?;
+        let listener = TcpListener::bind(addr).await.map_err(BindError::Listen)?;
         let slots = Arc::new(Semaphore::new(
             config.max_connections.min(Semaphore::MAX_PERMITS),
         ));
@@ -373,6 +395,51 @@ mod tests {
             Credentials::Any.accept(""),
             Some(Identity("anonymous".into()))
         );
+    }
+
+    #[tokio::test]
+    async fn bind_refuses_a_configuration_that_would_serve_nobody() {
+        let cases = [
+            Limit::MaxMessageSize,
+            Limit::MaxScopes,
+            Limit::MaxChannels,
+            Limit::MaxQueuedResponses,
+            Limit::MaxConnections,
+            Limit::AuthorizationGrace,
+        ];
+        for limit in cases {
+            let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
+            match limit {
+                Limit::MaxMessageSize => config.limits.max_message_size = 8,
+                Limit::MaxScopes => config.limits.max_scopes = 0,
+                Limit::MaxChannels => config.limits.max_channels = 0,
+                Limit::MaxQueuedResponses => config.limits.max_queued_responses = 0,
+                Limit::MaxConnections => config.max_connections = 0,
+                Limit::AuthorizationGrace => {
+                    config.authorization_grace = Duration::from_millis(999);
+                }
+            }
+            match Server::bind("127.0.0.1:0", config).await {
+                Err(BindError::Limit(error)) => {
+                    assert_eq!(error.limit, limit);
+                    let message = BindError::Limit(error.clone()).to_string();
+                    assert!(message.contains(limit.name()), "{message}");
+                    assert!(message.contains(&limit.minimum()), "{message}");
+                    assert!(std::error::Error::source(&BindError::Limit(error)).is_some());
+                }
+                other => panic!("{limit}: {other:?}"),
+            }
+        }
+        let mut least = ServerConfig::new(Credentials::Any, Catalog::new());
+        least.limits = Limits {
+            max_message_size: Limit::MIN_MESSAGE_SIZE,
+            max_scopes: 1,
+            max_channels: 1,
+            max_queued_responses: 1,
+        };
+        least.max_connections = 1;
+        least.authorization_grace = Limit::MIN_AUTHORIZATION_GRACE;
+        assert!(Server::bind("127.0.0.1:0", least).await.is_ok());
     }
 
     #[test]

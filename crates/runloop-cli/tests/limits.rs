@@ -1,0 +1,62 @@
+//! `runloop serve` refuses, at startup, a limit that would make it useless,
+//! and says what the least workable value is; at that least value it serves.
+
+mod common;
+
+use common::{Serve, run};
+
+#[test]
+fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {
+    let cases: [(&str, &str, &str); 9] = [
+        ("--max-message-size", "0", "4096 bytes"),
+        ("--max-message-size", "8", "4096 bytes"),
+        ("--max-message-size", "4095", "4096 bytes"),
+        ("--max-scopes", "0", "minimum of 1:"),
+        ("--max-channels", "0", "minimum of 1:"),
+        ("--max-queued-responses", "0", "minimum of 1:"),
+        ("--max-connections", "0", "minimum of 1:"),
+        ("--authorization-grace", "0", "minimum of 1s:"),
+        ("--authorization-grace", "0.5", "minimum of 1s:"),
+    ];
+    for (option, value, minimum) in cases {
+        // Bounded: a server that starts anyway would never exit.
+        let (status, stdout, stderr) = run(&["serve", "--listen", "127.0.0.1:0", option, value]);
+        assert_eq!(status.code(), Some(2), "{option} {value}: {stdout}{stderr}");
+        assert_eq!(stdout, "", "{option} {value}: it never listened");
+        assert!(
+            stderr.starts_with(&format!("runloop: {option} is ")) && stderr.contains(minimum),
+            "{option} {value}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn serve_at_every_minimum_still_serves_a_loop() {
+    let server = Serve::start(
+        "info",
+        &[
+            "--max-message-size",
+            "4K",
+            "--max-scopes",
+            "1",
+            "--max-channels",
+            "1",
+            "--max-queued-responses",
+            "1",
+            "--max-connections",
+            "1",
+            "--authorization-grace",
+            "1",
+        ],
+    );
+    let (status, stdout, stderr) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--token",
+        &"t".repeat(2000),
+        "at the minimums",
+    ]);
+    assert_eq!(status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(stdout.lines().last(), Some("the loop finished"));
+}

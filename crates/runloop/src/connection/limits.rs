@@ -1,0 +1,280 @@
+//! Limits of a framed connection and of the server that serves them, with
+//! the minimum below which each would make the server useless.
+//!
+//! Every limit bounds a resource, so a smaller value is a tighter bound;
+//! but some values leave nothing to serve: a message limit that an
+//! authorization frame does not fit refuses every caller, a scope limit of
+//! zero serves no run, a queue of zero responses never relays a chunk. Such
+//! a value is refused when the server is built ([`Limits::validate`],
+//! `ServerConfig::validate`), with an error that names the limit, its value
+//! and its minimum, instead of a server that starts and then turns
+//! everyone away.
+//!
+//! The minimums are the least that lets the protocol work for an ordinary
+//! caller, not recommendations:
+//!
+//! ```text
+//! max_message_size      4096 bytes  an authorization frame with a bearer token or a
+//!                                   JWT (usually under 2 KiB), a run request with
+//!                                   its image reference and a small agent value,
+//!                                   a prompt of a few KiB
+//! max_scopes            1           one run at a time
+//! max_channels          1           one loop at a time (a stop needs no place)
+//! max_queued_responses  1           a chunk can be relayed at all
+//! max_connections       1           one caller at a time
+//! authorization_grace   1 s         a caller across a slow network has a few
+//!                                   round trips for the WebSocket handshake and
+//!                                   its authorization
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+
+/// How much one connection may hold. All of them are configurable; each
+/// has a minimum (see [`Limit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest WebSocket message (one frame), bytes. A larger message ends
+    /// the connection with close code 1009: it is a resource bound, and the
+    /// WebSocket layer cannot skip a message it has refused to buffer.
+    pub max_message_size: usize,
+    /// Open scopes per connection. A request past the limit gets a bare
+    /// finish ("received, not served").
+    pub max_scopes: usize,
+    /// Open client channels per scope. A channel request past the limit
+    /// gets a bare channel finish.
+    pub max_channels: usize,
+    /// Channel responses one channel may have queued for the socket before
+    /// its producer waits.
+    pub max_queued_responses: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message_size: 16 << 20,
+            max_scopes: 256,
+            max_channels: 64,
+            max_queued_responses: 32,
+        }
+    }
+}
+
+/// How much tungstenite reads from the socket at once. Its default
+/// (128 KiB) is zero-filled before every read, which for a stream of small
+/// chunks costs more than the read itself; a larger message simply takes
+/// several reads.
+const READ_BUFFER: usize = 16 << 10;
+
+impl Limits {
+    /// The WebSocket configuration these limits imply.
+    pub fn websocket(&self) -> WebSocketConfig {
+        WebSocketConfig::default()
+            .read_buffer_size(READ_BUFFER)
+            .max_message_size(Some(self.max_message_size))
+            .max_frame_size(Some(self.max_message_size))
+    }
+
+    /// Whether every limit is at least its minimum; the first that is not
+    /// is the error.
+    pub fn validate(&self) -> Result<(), LimitError> {
+        Limit::MaxMessageSize.check(self.max_message_size)?;
+        Limit::MaxScopes.check(self.max_scopes)?;
+        Limit::MaxChannels.check(self.max_channels)?;
+        Limit::MaxQueuedResponses.check(self.max_queued_responses)
+    }
+}
+
+/// One configurable limit, named as its configuration field is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// [`Limits::max_message_size`].
+    MaxMessageSize,
+    /// [`Limits::max_scopes`].
+    MaxScopes,
+    /// [`Limits::max_channels`].
+    MaxChannels,
+    /// [`Limits::max_queued_responses`].
+    MaxQueuedResponses,
+    /// The server's `max_connections`.
+    MaxConnections,
+    /// The server's `authorization_grace`.
+    AuthorizationGrace,
+}
+
+impl Limit {
+    /// The least [`Limits::max_message_size`] that serves an ordinary caller.
+    pub const MIN_MESSAGE_SIZE: usize = 4096;
+    /// The least count of scopes, channels, queued responses or connections.
+    pub const MIN_COUNT: usize = 1;
+    /// The least authorization grace.
+    pub const MIN_AUTHORIZATION_GRACE: Duration = Duration::from_secs(1);
+
+    /// The configuration field's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::MaxMessageSize => "max_message_size",
+            Limit::MaxScopes => "max_scopes",
+            Limit::MaxChannels => "max_channels",
+            Limit::MaxQueuedResponses => "max_queued_responses",
+            Limit::MaxConnections => "max_connections",
+            Limit::AuthorizationGrace => "authorization_grace",
+        }
+    }
+
+    /// The minimum, as a person reads it.
+    pub fn minimum(self) -> String {
+        match self {
+            Limit::MaxMessageSize => format!("{} bytes", Limit::MIN_MESSAGE_SIZE),
+            Limit::AuthorizationGrace => format!("{:?}", Limit::MIN_AUTHORIZATION_GRACE),
+            _ => Limit::MIN_COUNT.to_string(),
+        }
+    }
+
+    /// What a smaller value would leave unserved.
+    pub fn why(self) -> &'static str {
+        match self {
+            Limit::MaxMessageSize => {
+                "a message must hold an authorization with its credential, a run request and a prompt"
+            }
+            Limit::MaxScopes => "no run could be served",
+            Limit::MaxChannels => "no loop could be served",
+            Limit::MaxQueuedResponses => "no response could be relayed",
+            Limit::MaxConnections => "every caller would be turned away",
+            Limit::AuthorizationGrace => {
+                "a caller needs a few round trips to complete the WebSocket handshake and authorize"
+            }
+        }
+    }
+
+    /// `Ok` when `value` (a size or a count) is at least the minimum.
+    pub(crate) fn check(self, value: usize) -> Result<(), LimitError> {
+        let (minimum, unit) = match self {
+            Limit::MaxMessageSize => (Limit::MIN_MESSAGE_SIZE, " bytes"),
+            _ => (Limit::MIN_COUNT, ""),
+        };
+        if value >= minimum {
+            return Ok(());
+        }
+        Err(LimitError {
+            limit: self,
+            value: format!("{value}{unit}"),
+        })
+    }
+
+    /// `Ok` when the authorization grace `value` is at least the minimum.
+    pub(crate) fn check_grace(value: Duration) -> Result<(), LimitError> {
+        if value >= Limit::MIN_AUTHORIZATION_GRACE {
+            return Ok(());
+        }
+        Err(LimitError {
+            limit: Limit::AuthorizationGrace,
+            value: format!("{value:?}"),
+        })
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A limit below its minimum: the configuration would serve nobody.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitError {
+    /// Which limit.
+    pub limit: Limit,
+    /// Its value, as a person reads it (`8 bytes`, `0`, `50ms`).
+    pub value: String,
+}
+
+impl LimitError {
+    /// The error, with the limit called `name` (say, the command-line
+    /// option that set it) instead of its field's name.
+    pub fn named(&self, name: &str) -> String {
+        format!(
+            "{name} is {}, below its minimum of {}: {}",
+            self.value,
+            self.limit.minimum(),
+            self.limit.why()
+        )
+    }
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.named(self.limit.name()))
+    }
+}
+
+impl std::error::Error for LimitError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(Limits::default().validate(), Ok(()));
+    }
+
+    /// The field of `limits` that `limit` names.
+    fn field(limits: &mut Limits, limit: Limit) -> &mut usize {
+        match limit {
+            Limit::MaxMessageSize => &mut limits.max_message_size,
+            Limit::MaxScopes => &mut limits.max_scopes,
+            Limit::MaxChannels => &mut limits.max_channels,
+            Limit::MaxQueuedResponses => &mut limits.max_queued_responses,
+            Limit::MaxConnections | Limit::AuthorizationGrace => unreachable!("the server's"),
+        }
+    }
+
+    #[test]
+    fn each_limit_is_refused_below_its_minimum_and_accepted_at_it() {
+        for limit in [
+            Limit::MaxMessageSize,
+            Limit::MaxScopes,
+            Limit::MaxChannels,
+            Limit::MaxQueuedResponses,
+        ] {
+            let minimum = match limit {
+                Limit::MaxMessageSize => Limit::MIN_MESSAGE_SIZE,
+                _ => Limit::MIN_COUNT,
+            };
+            let mut limits = Limits::default();
+            *field(&mut limits, limit) = minimum;
+            assert_eq!(limits.validate(), Ok(()), "{limit} at its minimum");
+            *field(&mut limits, limit) = minimum - 1;
+            let error = limits.validate().expect_err("below the minimum");
+            assert_eq!(error.limit, limit);
+            *field(&mut limits, limit) = 0;
+            assert_eq!(limits.validate().map_err(|e| e.limit), Err(limit));
+        }
+    }
+
+    #[test]
+    fn the_error_names_the_limit_its_value_and_its_minimum() {
+        let limits = Limits {
+            max_message_size: 8,
+            ..Limits::default()
+        };
+        assert_eq!(
+            limits.validate().map_err(|e| e.to_string()),
+            Err(
+                "max_message_size is 8 bytes, below its minimum of 4096 bytes: a message must \
+                 hold an authorization with its credential, a run request and a prompt"
+                    .to_owned()
+            )
+        );
+        let grace = Limit::check_grace(Duration::from_millis(50)).expect_err("too short");
+        assert_eq!(
+            grace.to_string(),
+            "authorization_grace is 50ms, below its minimum of 1s: a caller needs a few round \
+             trips to complete the WebSocket handshake and authorize"
+        );
+        assert_eq!(Limit::check_grace(Duration::from_secs(1)), Ok(()));
+    }
+}
