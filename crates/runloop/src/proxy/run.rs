@@ -30,8 +30,9 @@ use super::{End, SHUTTING_DOWN, Shared, Ws, ask, end, error_message, left, proxy
 
 /// Serves one `/agent/run` path.
 pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {
-    let Some(ask) = ask(&mut ws, shutdown).await else {
-        return;
+    let ask = match ask(&mut ws, shutdown).await {
+        Ok(ask) => ask,
+        Err(left) => return end(ws, left, &shared.config).await,
     };
     if let Err(error) = RunLoopRequest::decode(&ask) {
         let refusal = proxy_error(format!("the run-loop request did not parse: {error}"));
@@ -54,9 +55,9 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
 async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {
     let response = tokio::select! {
         () = shutdown.cancelled() => return End::Answer(Some(proxy_error(SHUTTING_DOWN))),
-        () = left(ws) => {
+        left = left(ws) => {
             info!("the server left before the agent program answered");
-            return End::Abandon;
+            return left;
         }
         response = shared.upstream.run(ask) => response,
     };
@@ -74,9 +75,9 @@ async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellation
         // closes the agent program's connection: the loop is cancelled.
         let next = tokio::select! {
             () = shutdown.cancelled() => return End::Answer(Some(proxy_error(SHUTTING_DOWN))),
-            () = left(ws) => {
+            left = left(ws) => {
                 info!(chunks, "the server left mid-loop; cancelling the agent program's loop");
-                return End::Abandon;
+                return left;
             }
             next = data.next() => next,
         };

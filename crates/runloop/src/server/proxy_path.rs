@@ -83,8 +83,10 @@ pub(crate) async fn register(base: &str, agent: &RawValue, limits: &Limits) -> R
 pub(crate) async fn close(mut path: Path) {
     let closing = async {
         // Our close frame, or, when the proxy closed first, our answer to
-        // it (tungstenite queues the answer; this flushes it).
-        path.close(None).await?;
+        // it: tungstenite queued the answer, and the sink's close flushes it
+        // (the stream's own `close` sends a close frame, which is refused
+        // once the proxy's has come).
+        SinkExt::close(&mut path).await?;
         while let Some(message) = path.next().await {
             message?;
         }
