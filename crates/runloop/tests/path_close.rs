@@ -18,13 +18,7 @@ use support::released;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_loops_through_the_builtin_demo_log_no_broken_path() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+    let logs = Logs::global(tracing::Level::DEBUG);
 
     let config = ServerConfig::new(Credentials::Any, Catalog::demo());
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");

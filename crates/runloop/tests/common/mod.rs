@@ -349,6 +349,21 @@ pub fn reaped(pid: u32) -> bool {
 pub struct Logs(Arc<Mutex<Vec<u8>>>);
 
 impl Logs {
+    /// Captures every event of this test binary at `level` and above, from
+    /// now on. The subscriber is global, so this is called once per binary
+    /// (a thread-local one misses events whose call sites other threads'
+    /// tests cached first).
+    pub fn global(level: tracing::Level) -> Logs {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(level)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        logs
+    }
+
     /// Everything logged so far.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
