@@ -23,7 +23,7 @@ use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, HEADER_LEN, HeaderError, ServerFrame};
 use runloop_proto::run_loop::{
-    Broken, CHUNK, Closing, ERROR, Frame, FrameError, Outcome, Reader, Relay, Relayed, Step,
+    Broken, CHUNK, ERROR, Frame, FrameError, Outcome, Reader, Relay, Relayed, Step,
 };
 use runloop_proto::{Decode, Encode, Error, Writer};
 
@@ -211,7 +211,8 @@ pub fn run_loop_frame(data: &[u8]) -> bool {
 /// tag and bad JSON is passed on as it came and the reader rightly reports
 /// the sequence broken at that message. What must never happen: a broken
 /// sequence when everything the proxy sent was well-formed, a sequence of
-/// the wrong shape, or "finished" when the proxy did not finish.
+/// the wrong shape, "finished" when the proxy did not finish, or a message
+/// read after the proxy's error or a fault.
 pub fn relay(data: &[u8]) -> bool {
     let Some((&ending, rest)) = data.split_first() else {
         return false;
@@ -219,10 +220,12 @@ pub fn relay(data: &[u8]) -> bool {
     let messages = lines(rest);
     let mut relay = Some(Relay::new());
     let mut sent: Vec<Vec<u8>> = Vec::new();
+    let mut read = 0;
     for message in &messages {
         let Some(current) = relay.take() else {
             break;
         };
+        read += 1;
         let mut out = Vec::new();
         match current.message(*message, &mut Writer::new(&mut out)) {
             Relayed::Forward(next, forwarded) => {
@@ -230,9 +233,10 @@ pub fn relay(data: &[u8]) -> bool {
                 sent.push(forwarded.to_vec());
                 relay = Some(next);
             }
-            Relayed::Held(next) => {
+            Relayed::Last(error, _finish) => {
                 assert!(out.is_empty());
-                relay = Some(next);
+                assert_eq!(error.first(), Some(&ERROR));
+                sent.push(error.to_vec());
             }
             Relayed::Fault(_finish) => sent.push(out),
         }
@@ -240,10 +244,9 @@ pub fn relay(data: &[u8]) -> bool {
     if let Some(relay) = relay {
         let mut out = Vec::new();
         match ending % 3 {
-            0 => match relay.closed(&mut Writer::new(&mut out)) {
-                Closing::Finish(_finish) => assert!(out.is_empty()),
-                Closing::ErrorThenFinish(_finish) => sent.push(out),
-            },
+            0 => {
+                let _finish = relay.closed();
+            }
             1 => {
                 let _finish = relay.broke("fuzz", &mut Writer::new(&mut out));
                 sent.push(out);
@@ -254,6 +257,9 @@ pub fn relay(data: &[u8]) -> bool {
             }
         }
     }
+    // The proxy's error or a fault is the end: nothing after it is read.
+    let first_end = messages.iter().position(|m| m.first() != Some(&CHUNK));
+    assert_eq!(read, first_end.map_or(messages.len(), |i| i + 1));
 
     // The shape: chunks, then at most one error, last.
     for (i, payload) in sent.iter().enumerate() {

@@ -32,21 +32,11 @@ fn read_pids(path: &std::path::Path) -> Vec<u32> {
         .collect()
 }
 
-/// The log of this test binary. A global subscriber: a thread-local one
-/// misses events whose call sites other threads' tests cached first.
+/// The log of this test binary, shared by its tests.
 fn logs() -> Logs {
     static LOGS: std::sync::OnceLock<Logs> = std::sync::OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-        logs
-    })
-    .clone()
+    LOGS.get_or_init(|| Logs::global(tracing::Level::INFO))
+        .clone()
 }
 
 #[tokio::test]

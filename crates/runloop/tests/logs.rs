@@ -29,13 +29,7 @@ fn hex(text: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_credential_reaches_the_logs_even_at_trace() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::TRACE)
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+    let logs = Logs::global(tracing::Level::TRACE);
 
     let config = ServerConfig::new(Credentials::Tokens(vec![ACCEPTED.into()]), Catalog::demo());
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");

@@ -271,6 +271,35 @@ async fn an_sse_stream_cut_mid_way_ends_with_an_error() {
     assert_eq!(result, Outcome::Unfinished(Error::new(error)));
 }
 
+/// A good event and bad bytes in one write: the event is relayed, then the
+/// error; the outcome does not depend on where the agent program's writes,
+/// or the proxy's reads, fell.
+#[tokio::test]
+async fn a_good_event_written_with_bad_bytes_is_relayed_before_the_error() {
+    const EVENT: &[u8] = b"data: {\"type\":\"assistant_text_content\",\"text\":\"a\"}\n\n";
+    let (addr, _agent) = agent_program(|mut conn, _| async move {
+        conn.event_stream().await;
+        conn.chunk(&[EVENT, b"data: \xff\xfe\n\n"].concat()).await;
+        conn.end().await;
+    })
+    .await;
+    let proxy = proxy(addr).await;
+    register(&proxy.url).await;
+    let done = exchange(&proxy.url, "/agent/run", br#"{"prompt":"x"}"#).await;
+    assert_eq!(done.end, End::Clean);
+    assert_eq!(done.messages.len(), 2, "the chunk, then the error");
+    assert_eq!(done.messages[0], chunk(&EVENT[6..EVENT.len() - 2]));
+    let error = error_json(&done.messages[1]);
+    let bad_at = EVENT.len() + "data: ".len();
+    assert_eq!(
+        error,
+        json!({"kind": "agent", "error": format!("the event stream is not UTF-8 (bad bytes at offset {bad_at})")})
+    );
+    let (chunks, result) = outcome(&done);
+    assert_eq!(chunks.len(), 1, "a chunk was sent: a loop ran");
+    assert_eq!(result, Outcome::Unfinished(Error::new(error)));
+}
+
 #[tokio::test]
 async fn one_loop_at_a_time() {
     let release = Arc::new(Notify::new());

@@ -32,5 +32,5 @@ pub use chunk::{
 pub use frame::{CHUNK, ERROR, Frame, FrameError, Tag};
 pub use reader::{Broken, Outcome, Reader, Step};
 pub use request::RunLoopRequest;
-pub use sender::{Closing, Erred, Finish, Relay, Relayed, Sender};
+pub use sender::{Erred, Finish, Relay, Relayed, Sender};
 pub use transcript::Transcript;

@@ -15,24 +15,23 @@
 //! ```
 //!
 //! The [`Relay`] reads the first byte of each proxy message and nothing
-//! else. A chunk is passed on as it came. An error is held until the path
-//! ends: a clean close sends it as the last response; anything else (another
-//! message, an abrupt end) is a proxy fault, and the server's own error goes
-//! last instead, carrying the held one inside it so nothing is lost. An empty
-//! message or an unknown tag is a fault too. An abrupt end is never passed on
-//! as a finish alone, which would read as "finished" or "not served".
+//! else. A chunk is passed on as it came. The proxy's error is passed on as
+//! it came too, at once, as the channel's last response: the channel
+//! finishes and the path is closed without waiting for the proxy to close
+//! it, so a proxy that says its error and then hangs cannot hold the caller.
+//! Nothing after the error is read. An empty message or an unknown tag is a
+//! proxy fault: the server's own error goes last. An abrupt end is never
+//! passed on as a finish alone, which would read as "finished" or "not
+//! served".
 //!
 //! ```text
-//!   Relaying ──[0]…──▶ Relaying              (forward the message)
-//!     │ [1]…                 │ closed (clean)      ──▶ finish
-//!     ▼                      │ broke (abrupt)      ──▶ own error, finish
-//!   Holding(error)           │ empty / unknown tag ──▶ own error, finish
-//!     │ closed (clean)   ──▶ the held error, finish
-//!     │ broke (abrupt)   ──▶ own error (with the held one), finish
-//!     └ any message      ──▶ own error (with the held one), finish
-//!
-//!   either state: cut (the server ends the channel: run stopped, shutdown)
-//!                 ──▶ the given error (with any held one), finish
+//!   Relaying ──[0]…──▶ Relaying             (forward the message)
+//!     │ [1]…                ──▶ that message, last; finish; close the path
+//!     │ empty / unknown tag ──▶ own error, finish; close the path
+//!     │ closed (clean)      ──▶ finish
+//!     │ broke (abrupt)      ──▶ own error, finish
+//!     └ cut (the server ends the channel: run stopped, shutdown)
+//!                           ──▶ the given error, finish
 //! ```
 
 use super::AgenticLoopChunk;
@@ -111,47 +110,28 @@ impl Erred {
 pub enum Relayed<M> {
     /// Send this message, as it came, as the next channel response; the
     /// relay goes on.
-    Forward(Relay<M>, M),
-    /// Nothing to send yet: the proxy's error is held until its path ends.
-    Held(Relay<M>),
+    Forward(Relay, M),
+    /// The proxy's error. Send this message, as it came, as the last
+    /// channel response, then the finish, and close the path: nothing after
+    /// it is read.
+    Last(M, Finish),
     /// The proxy broke the sequence. Send the payload written to `out` as
     /// the last channel response, then the finish, and close the path.
     Fault(Finish),
 }
 
-/// What to send when the proxy path closed cleanly.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Closing {
-    /// The finish alone.
-    Finish(Finish),
-    /// The payload written to `out` (the proxy's held error) as the last
-    /// response, then the finish.
-    ErrorThenFinish(Finish),
-}
-
 /// Relays one `/agent/run` path onto one run-loop channel.
-///
-/// `M` is the message type of the transport, kept whole while the proxy's
-/// error is held (no copy).
-#[derive(Debug)]
-#[must_use = "a relay must end with closed()"]
-pub struct Relay<M> {
+#[derive(Debug, Default)]
+#[must_use = "a relay must end with closed(), broke() or cut()"]
+pub struct Relay {
     sender: Sender,
-    held: Option<M>,
 }
 
-impl<M> Default for Relay<M> {
-    fn default() -> Self {
-        Relay::new()
-    }
-}
-
-impl<M> Relay<M> {
+impl Relay {
     /// A relay for a path that was just opened.
     pub fn new() -> Self {
         Relay {
             sender: Sender::new(),
-            held: None,
         }
     }
 
@@ -160,70 +140,42 @@ impl<M> Relay<M> {
         self.sender.chunks
     }
 
-    /// Whether a proxy error is held.
-    pub fn is_holding(&self) -> bool {
-        self.held.is_some()
-    }
-}
-
-impl<M: AsRef<[u8]>> Relay<M> {
-    /// One message from the proxy.
-    pub fn message(self, message: M, out: &mut Writer<'_>) -> Relayed<M> {
-        let Relay { mut sender, held } = self;
-        if let Some(held) = held {
-            let error = fault(
-                "the proxy sent a message after its error",
-                Some(held.as_ref()),
-            );
-            return Relayed::Fault(sender.error(&error, out).finish());
-        }
+    /// One message from the proxy. `M` is the transport's message type,
+    /// handed back whole so a forwarded message is never copied.
+    pub fn message<M: AsRef<[u8]>>(self, message: M, out: &mut Writer<'_>) -> Relayed<M> {
+        let Relay { mut sender } = self;
         match frame::tag(message.as_ref()) {
             Ok(Tag::Chunk) => {
                 sender.chunks += 1;
-                Relayed::Forward(Relay { sender, held: None }, message)
+                Relayed::Forward(Relay { sender }, message)
             }
-            Ok(Tag::Error) => Relayed::Held(Relay {
-                sender,
-                held: Some(message),
-            }),
+            // Already a whole error payload: tag 1 and the proxy's JSON.
+            Ok(Tag::Error) => Relayed::Last(message, Erred(()).finish()),
             Err(why) => {
                 let what = match why {
                     FrameError::Empty => "the proxy sent an empty message".to_owned(),
                     other => format!("the proxy sent a message with {}", tag_words(&other)),
                 };
-                Relayed::Fault(sender.error(&fault(&what, None), out).finish())
+                Relayed::Fault(sender.error(&Error::kind("proxy", what), out).finish())
             }
         }
     }
 
-    /// The proxy closed its path cleanly: it said all it had to say. A held
-    /// error is written to `out` as the last response.
-    pub fn closed(self, out: &mut Writer<'_>) -> Closing {
-        let Relay { sender, held } = self;
-        match held {
-            None => Closing::Finish(sender.finish()),
-            Some(held) => {
-                // Already a whole error payload: tag 1 and the proxy's JSON.
-                out.extend_from_slice(held.as_ref());
-                Closing::ErrorThenFinish(Erred(()).finish())
-            }
-        }
+    /// The proxy closed its path cleanly: the loop finished.
+    pub fn closed(self) -> Finish {
+        self.sender.finish()
     }
 
     /// The proxy path broke (`why` says how): the loop did not finish. The
-    /// server's error, with any held proxy error inside, goes to `out`.
+    /// server's error goes to `out`.
     pub fn broke(self, why: &str, out: &mut Writer<'_>) -> Finish {
-        let what = format!("the proxy path ended abruptly: {why}");
-        let error = fault(&what, self.held.as_ref().map(AsRef::as_ref));
+        let error = Error::kind("proxy", format!("the proxy path ended abruptly: {why}"));
         self.sender.error(&error, out).finish()
     }
 
     /// The server ends the channel itself (the run stopped, the server shuts
-    /// down): `error` goes to `out`, with any held proxy error inside it.
-    pub fn cut(self, mut error: Error, out: &mut Writer<'_>) -> Finish {
-        if let Some(held) = &self.held {
-            attach_held(&mut error, held.as_ref());
-        }
+    /// down): `error` goes to `out`.
+    pub fn cut(self, error: Error, out: &mut Writer<'_>) -> Finish {
         self.sender.error(&error, out).finish()
     }
 }
@@ -232,29 +184,6 @@ fn tag_words(why: &FrameError) -> String {
     match why {
         FrameError::UnknownTag(tag) => format!("unknown tag {tag}"),
         other => other.to_string(),
-    }
-}
-
-/// The server's own error for a proxy fault, with a held proxy error inside.
-fn fault(what: &str, held: Option<&[u8]>) -> Error {
-    let mut error = Error::kind("proxy", what);
-    if let Some(held) = held {
-        attach_held(&mut error, held);
-    }
-    error
-}
-
-/// Puts a held proxy error (a whole `[1][JSON]` payload) inside `error` as
-/// `proxy_error`: as JSON when it is JSON, as text otherwise. An error that
-/// is not an object is wrapped as `{"error": …}` first, so nothing is lost.
-fn attach_held(error: &mut Error, held: &[u8]) {
-    let value = Error::decode_or_text(held.get(1..).unwrap_or_default()).0;
-    if !error.0.is_object() {
-        let previous = std::mem::take(&mut error.0);
-        error.0 = serde_json::json!({ "error": previous });
-    }
-    if let serde_json::Value::Object(object) = &mut error.0 {
-        object.insert("proxy_error".to_owned(), value);
     }
 }
 
@@ -269,33 +198,34 @@ mod tests {
     const ERROR_MSG: &[u8] = b"\x01{\"kind\":\"agent\",\"error\":\"down\"}";
 
     /// Runs a relay over `messages` and `end`, and returns the channel
-    /// responses it produced (finish implied at the end).
-    fn relay(messages: &[&[u8]], end: End) -> Vec<Vec<u8>> {
+    /// responses it produced (finish implied at the end) and how many
+    /// messages it read.
+    fn relay_counted(messages: &[&[u8]], end: End) -> (Vec<Vec<u8>>, usize) {
         let mut relay = Relay::new();
         let mut sent = Vec::new();
-        for message in messages {
+        for (read, message) in messages.iter().enumerate() {
             let mut out = Vec::new();
             relay = match relay.message(*message, &mut Writer::new(&mut out)) {
                 Relayed::Forward(relay, forwarded) => {
                     sent.push(forwarded.to_vec());
                     relay
                 }
-                Relayed::Held(relay) => {
+                Relayed::Last(error, _finish) => {
                     assert!(out.is_empty());
-                    relay
+                    sent.push(error.to_vec());
+                    return (sent, read + 1);
                 }
                 Relayed::Fault(_finish) => {
                     sent.push(out);
-                    return sent;
+                    return (sent, read + 1);
                 }
             };
         }
         let mut out = Vec::new();
         match end {
-            End::Clean => match relay.closed(&mut Writer::new(&mut out)) {
-                Closing::Finish(_) => assert!(out.is_empty()),
-                Closing::ErrorThenFinish(_) => sent.push(out),
-            },
+            End::Clean => {
+                let Finish(()) = relay.closed();
+            }
             End::Abrupt => {
                 let Finish(()) = relay.broke("reset by peer", &mut Writer::new(&mut out));
                 sent.push(out);
@@ -308,7 +238,11 @@ mod tests {
                 sent.push(out);
             }
         }
-        sent
+        (sent, messages.len())
+    }
+
+    fn relay(messages: &[&[u8]], end: End) -> Vec<Vec<u8>> {
+        relay_counted(messages, end).0
     }
 
     #[derive(Clone, Copy)]
@@ -353,16 +287,23 @@ mod tests {
             outcome(&relay(&[TEXT], End::Clean)),
             Outcome::Finished { fatal: false }
         );
-        assert_eq!(relay(&[TEXT, ERROR_MSG], End::Clean), [TEXT, ERROR_MSG]);
-        assert!(matches!(
-            outcome(&relay(&[TEXT, ERROR_MSG], End::Clean)),
-            Outcome::Unfinished(_)
-        ));
-        assert!(matches!(
-            outcome(&relay(&[ERROR_MSG], End::Clean)),
-            Outcome::NoLoop(_)
-        ));
         assert_eq!(outcome(&relay(&[], End::Clean)), Outcome::NotServed);
+    }
+
+    #[test]
+    fn the_proxys_error_is_the_end_however_the_path_goes_on() {
+        for end in [End::Clean, End::Abrupt, End::Cut] {
+            let (sent, read) = relay_counted(&[TEXT, ERROR_MSG, TEXT, b""], end);
+            assert_eq!(sent, [TEXT, ERROR_MSG], "the error as it came, last");
+            assert_eq!(read, 2, "nothing after the error is read");
+            assert_eq!(
+                outcome(&sent),
+                Outcome::Unfinished(Error::new(json!({"kind": "agent", "error": "down"})))
+            );
+            let (sent, read) = relay_counted(&[ERROR_MSG, ERROR_MSG], end);
+            assert_eq!((sent.as_slice(), read), (&[ERROR_MSG.to_vec()][..], 1));
+            assert!(matches!(outcome(&sent), Outcome::NoLoop(_)));
+        }
     }
 
     #[test]
@@ -388,18 +329,6 @@ mod tests {
     }
 
     #[test]
-    fn abrupt_end_after_an_error_keeps_the_proxys_error_inside() {
-        let sent = relay(&[TEXT, ERROR_MSG], End::Abrupt);
-        assert_eq!(sent.len(), 2);
-        assert_eq!(
-            error_of(&sent[1]),
-            json!({"kind": "proxy", "error": "the proxy path ended abruptly: reset by peer",
-                "proxy_error": {"kind": "agent", "error": "down"}})
-        );
-        assert!(matches!(outcome(&sent), Outcome::Unfinished(_)));
-    }
-
-    #[test]
     fn faults() {
         let sent = relay(&[TEXT, b"", TEXT], End::Clean);
         assert_eq!(sent.len(), 2);
@@ -414,18 +343,6 @@ mod tests {
             "the proxy sent a message with unknown tag 9"
         );
         assert!(matches!(outcome(&sent), Outcome::NoLoop(_)));
-
-        let sent = relay(&[TEXT, ERROR_MSG, TEXT], End::Clean);
-        assert_eq!(sent.len(), 2, "the held error is replaced, not sent twice");
-        assert_eq!(
-            error_of(&sent[1])["error"],
-            "the proxy sent a message after its error"
-        );
-        assert_eq!(
-            error_of(&sent[1])["proxy_error"],
-            json!({"kind": "agent", "error": "down"})
-        );
-        assert!(matches!(outcome(&sent), Outcome::Unfinished(_)));
     }
 
     #[test]
@@ -436,25 +353,7 @@ mod tests {
             json!({"kind": "run", "error": "the run was stopped"})
         );
         assert!(matches!(outcome(&sent), Outcome::Unfinished(_)));
-        let sent = relay(&[ERROR_MSG], End::Cut);
-        assert_eq!(
-            error_of(&sent[0]),
-            json!({"kind": "run", "error": "the run was stopped",
-                "proxy_error": {"kind": "agent", "error": "down"}})
-        );
+        let sent = relay(&[], End::Cut);
         assert!(matches!(outcome(&sent), Outcome::NoLoop(_)));
-    }
-
-    #[test]
-    fn a_held_error_goes_inside_errors_of_any_shape() {
-        let mut error = Error::new("plain");
-        attach_held(&mut error, b"\x01[1]");
-        assert_eq!(error.0, json!({"error": "plain", "proxy_error": [1]}));
-    }
-
-    #[test]
-    fn a_held_error_that_is_not_json_is_kept_as_text() {
-        let sent = relay(&[b"\x01not json"], End::Abrupt);
-        assert_eq!(error_of(&sent[0])["proxy_error"], "not json");
     }
 }

@@ -53,10 +53,10 @@ fn decode_everything(bytes: &[u8]) {
 
     let mut out = Vec::new();
     match Relay::new().message(bytes, &mut Writer::new(&mut out)) {
-        Relayed::Forward(relay, _) | Relayed::Held(relay) => {
+        Relayed::Forward(relay, _) => {
             let _ = relay.message(bytes, &mut Writer::new(&mut out));
         }
-        Relayed::Fault(_) => {}
+        Relayed::Last(..) | Relayed::Fault(_) => {}
     }
 }
 

@@ -7,7 +7,7 @@
 
 use proptest::prelude::*;
 use runloop_proto::run_loop::{
-    AgenticLoopChunk, CHUNK, Closing, ERROR, Frame, Outcome, Reader, Relay, Relayed, Step,
+    AgenticLoopChunk, CHUNK, ERROR, Frame, Outcome, Reader, Relay, Relayed, Step,
 };
 use runloop_proto::{Decode, Encode, Error, Writer};
 use serde_json::{Value, json};
@@ -76,12 +76,13 @@ fn ending() -> impl Strategy<Value = Ending> {
     prop_oneof![Just(Ending::Closed), Just(Ending::Broke), Just(Ending::Cut)]
 }
 
-/// Runs the relay; returns the channel responses it produced, in order.
-/// Every path through the relay ends in a finish (its types demand it).
-fn relay(messages: &[Vec<u8>], ending: Ending) -> Vec<Vec<u8>> {
+/// Runs the relay; returns the channel responses it produced, in order,
+/// and how many of the proxy's messages it read. Every path through the
+/// relay ends in a finish (its types demand it).
+fn relay(messages: &[Vec<u8>], ending: Ending) -> (Vec<Vec<u8>>, usize) {
     let mut relay = Relay::new();
     let mut sent = Vec::new();
-    for message in messages {
+    for (read, message) in messages.iter().enumerate() {
         let mut out = Vec::new();
         relay = match relay.message(message.clone(), &mut Writer::new(&mut out)) {
             Relayed::Forward(relay, forwarded) => {
@@ -89,22 +90,25 @@ fn relay(messages: &[Vec<u8>], ending: Ending) -> Vec<Vec<u8>> {
                 sent.push(forwarded);
                 relay
             }
-            Relayed::Held(relay) => {
-                assert!(out.is_empty(), "a held error is not sent yet");
-                relay
+            Relayed::Last(error, _finish) => {
+                assert!(
+                    out.is_empty(),
+                    "the proxy's error is passed on, not rewritten"
+                );
+                sent.push(error);
+                return (sent, read + 1);
             }
             Relayed::Fault(_finish) => {
                 sent.push(out);
-                return sent;
+                return (sent, read + 1);
             }
         };
     }
     let mut out = Vec::new();
     match ending {
-        Ending::Closed => match relay.closed(&mut Writer::new(&mut out)) {
-            Closing::Finish(_finish) => assert!(out.is_empty()),
-            Closing::ErrorThenFinish(_finish) => sent.push(out),
-        },
+        Ending::Closed => {
+            let _finish = relay.closed();
+        }
         Ending::Broke => {
             let _finish = relay.broke("reset", &mut Writer::new(&mut out));
             sent.push(out);
@@ -114,11 +118,11 @@ fn relay(messages: &[Vec<u8>], ending: Ending) -> Vec<Vec<u8>> {
             sent.push(out);
         }
     }
-    sent
+    (sent, messages.len())
 }
 
 /// The caller's view of the responses, finish included.
-fn read(sent: &[Vec<u8>]) -> Outcome {
+fn read_outcome(sent: &[Vec<u8>]) -> Outcome {
     let mut reader = Reader::new();
     for payload in sent {
         if let Some(Step::End(outcome)) = reader.response(payload) {
@@ -132,17 +136,18 @@ proptest! {
     /// Well-formed or not, the proxy's messages become a sequence the
     /// reader accepts; "finished" exactly when the proxy sent only chunks
     /// (at least one) and closed cleanly; chunks are forwarded byte for
-    /// byte; the last error is the proxy's own only when the proxy ended
-    /// with it and closed cleanly, and otherwise the server's, carrying any
-    /// error the proxy had sent.
+    /// byte; the proxy's error is passed on as it came, at once, whatever
+    /// follows it and however the path ends, and nothing after it is read;
+    /// otherwise the last error is the server's own: the path's ending
+    /// decides which.
     #[test]
     fn the_caller_always_gets_a_valid_sequence(
         messages in prop::collection::vec(message(), 0..8),
         ending in ending(),
     ) {
         let bytes: Vec<Vec<u8>> = messages.iter().map(Message::bytes).collect();
-        let sent = relay(&bytes, ending);
-        let outcome = read(&sent);
+        let (sent, read) = relay(&bytes, ending);
+        let outcome = read_outcome(&sent);
         prop_assert!(!matches!(outcome, Outcome::Broken(_)), "broken: {:?}", outcome);
 
         let leading = messages.iter().take_while(|m| matches!(m, Message::Chunk(_))).count();
@@ -171,31 +176,34 @@ proptest! {
             Outcome::NoLoop(e) if leading == 0 => prop_assert_eq!(e, &error),
             other => prop_assert!(false, "{} chunks then an error read as {:?}", leading, other),
         }
-        let held = match messages.get(leading) {
-            Some(Message::Error(value)) => Some(value),
-            _ => None,
-        };
-        let proxy_error_passed_on =
-            held.is_some() && leading + 1 == messages.len() && ending == Ending::Closed;
-        if proxy_error_passed_on {
-            prop_assert_eq!(&sent[leading], &bytes[leading], "the proxy's error, as it came");
-        } else {
-            // No fault on the way: the path's ending decided whose error it is.
-            let reached_the_end = messages.len() == leading + usize::from(held.is_some());
-            let expected_kind = if reached_the_end && ending == Ending::Cut { "run" } else { "proxy" };
-            prop_assert_eq!(&error.0["kind"], &json!(expected_kind), "{}", error);
-            prop_assert!(error.0["error"].is_string(), "{}", error);
-            if let Some(held) = held {
-                prop_assert_eq!(&error.0["proxy_error"], held, "the held error is kept inside");
+        match messages.get(leading) {
+            // The proxy's error, as it came; the relay stopped reading there.
+            Some(Message::Error(_)) => {
+                prop_assert_eq!(&sent[leading], &bytes[leading], "the proxy's error, as it came");
+                prop_assert_eq!(read, leading + 1, "nothing after the error is read");
+            }
+            // A fault: the server's own error; the relay stopped reading there.
+            Some(_) => {
+                prop_assert_eq!(&error.0["kind"], &json!("proxy"), "{}", error);
+                prop_assert!(error.0["error"].is_string(), "{}", error);
+                prop_assert_eq!(read, leading + 1, "nothing after a fault is read");
+            }
+            // Only chunks: the path's ending decided whose error it is.
+            None => {
+                let expected_kind = if ending == Ending::Cut { "run" } else { "proxy" };
+                prop_assert_eq!(&error.0["kind"], &json!(expected_kind), "{}", error);
+                prop_assert!(error.0["error"].is_string(), "{}", error);
+                prop_assert_eq!(read, messages.len());
             }
         }
     }
 
     /// With arbitrary bytes after the tags too: the relay never reads past
-    /// the tag, so the shape of the sequence still holds (chunks, then at
-    /// most one error, last), every response of the server's own is a valid
-    /// error, and the reader can only fail on a message the proxy sent,
-    /// passed on as it came.
+    /// the tag, nor past the first message that is not a chunk, so the
+    /// shape of the sequence still holds (chunks, then at most one error,
+    /// last), every response of the server's own is a valid error, and the
+    /// reader can only fail on a message the proxy sent, passed on as it
+    /// came.
     #[test]
     fn the_relay_only_reads_tags(
         messages in prop::collection::vec(
@@ -212,7 +220,10 @@ proptest! {
         ),
         ending in ending(),
     ) {
-        let sent = relay(&messages, ending);
+        let (sent, read) = relay(&messages, ending);
+        // The relay stops reading at the first message that is not a chunk.
+        let last_read = messages.iter().position(|m| m.first() != Some(&CHUNK));
+        prop_assert_eq!(read, last_read.map_or(messages.len(), |i| i + 1));
         for (i, payload) in sent.iter().enumerate() {
             let last = i + 1 == sent.len();
             match payload.first() {
@@ -226,7 +237,7 @@ proptest! {
                 prop_assert!(matches!(Frame::decode(payload), Ok(Frame::Error(_))));
             }
         }
-        if let Outcome::Broken(why) = read(&sent) {
+        if let Outcome::Broken(why) = read_outcome(&sent) {
             let offending = sent.iter().find(|p| Frame::decode(p).is_err());
             prop_assert!(offending.is_some(), "broken with every response decodable: {}", why);
             prop_assert!(messages.contains(offending.expect("checked")), "the server broke it: {}", why);

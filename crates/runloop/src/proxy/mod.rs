@@ -28,6 +28,10 @@
 //!   reading the path; when the server closes it, the HTTP request to the
 //!   agent program is dropped, which closes its connection: the agent
 //!   program sees its client leave.
+//! - **Every close is a handshake.** The proxy ends an answer with its close
+//!   frame and waits for the server's; it answers a close the server starts.
+//!   Either way the log stays silent, so "broke" in it means something
+//!   broke.
 //! - **Backpressure, not buffers.** An SSE event is read only after the
 //!   previous chunk was written to the path, so a slow server slows the
 //!   agent program instead of filling the proxy's memory; the ask, each
@@ -326,35 +330,38 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellati
 }
 
 /// Reads until the first binary message, the ask. Text messages carry
-/// nothing (SPEC §1); `None` when the path ends, or the proxy shuts down,
-/// before an ask.
-async fn ask(ws: &mut Ws, shutdown: &CancellationToken) -> Option<Bytes> {
+/// nothing (SPEC §1). When the path ends, or the proxy shuts down, before an
+/// ask, how to end it instead.
+async fn ask(ws: &mut Ws, shutdown: &CancellationToken) -> Result<Bytes, End> {
     loop {
         let message = tokio::select! {
-            () = shutdown.cancelled() => return None,
+            () = shutdown.cancelled() => return Err(End::Abandon),
             message = ws.next() => message,
         };
         match message {
-            Some(Ok(Message::Binary(ask))) => return Some(ask),
-            Some(Ok(Message::Close(_))) | None => return None,
+            Some(Ok(Message::Binary(ask))) => return Ok(ask),
+            Some(Ok(Message::Close(_))) => return Err(End::Closed),
+            None => return Err(End::Abandon),
             Some(Ok(other)) => debug!(kind = message_kind(&other), "ignored before the ask"),
             Some(Err(error)) => {
                 debug!(%error, "path broke before the ask");
-                return None;
+                return Err(End::Abandon);
             }
         }
     }
 }
 
-/// Resolves when the server leaves the path (its close, the socket's end);
-/// whatever else it sends after the ask carries nothing and is dropped.
-async fn left(ws: &mut Ws) {
+/// Resolves when the server leaves the path, with how to end it: its close
+/// is answered, a path that broke is dropped. Whatever else it sends after
+/// the ask carries nothing and is dropped.
+async fn left(ws: &mut Ws) -> End {
     loop {
         match ws.next().await {
-            Some(Ok(Message::Close(_))) | None => return,
+            Some(Ok(Message::Close(_))) => return End::Closed,
+            None => return End::Abandon,
             Some(Err(error)) => {
                 debug!(%error, "path broke");
-                return;
+                return End::Abandon;
             }
             Some(Ok(other)) => debug!(kind = message_kind(&other), "ignored after the ask"),
         }
@@ -365,7 +372,9 @@ async fn left(ws: &mut Ws) {
 enum End {
     /// Sends this last message, if any, and closes cleanly.
     Answer(Option<Message>),
-    /// The server left, or the path cannot be written any more: just drop it.
+    /// The server closed the path: answer its close, then end the socket.
+    Closed,
+    /// The path broke, or cannot be written any more: just drop it.
     Abandon,
 }
 
@@ -391,6 +400,7 @@ fn proxy_error(what: impl std::fmt::Display) -> Message {
 async fn end(ws: Ws, end: End, config: &Config) {
     match end {
         End::Answer(last) => finish(ws, last, config.close_timeout).await,
+        End::Closed => answer_close(ws, config.close_timeout).await,
         End::Abandon => debug!("path abandoned"),
     }
 }
@@ -413,6 +423,24 @@ async fn finish(mut ws: Ws, last: Option<Message>, timeout: Duration) {
         }
         Ok::<(), tungstenite::Error>(())
     };
+    closed_within(timeout, closing).await;
+}
+
+/// The server closed the path: sends the answer tungstenite queued for its
+/// close frame, then ends the socket (as the WebSocket server, the proxy
+/// ends it first).
+async fn answer_close(mut ws: Ws, timeout: Duration) {
+    // The sink's close flushes the queued answer; the stream's own `close`
+    // would send a second close frame, which is refused.
+    closed_within(timeout, SinkExt::close(&mut ws)).await;
+}
+
+/// Runs the end of a close handshake for at most `timeout`, and says in
+/// the log only what went wrong: a clean end is silent.
+async fn closed_within(
+    timeout: Duration,
+    closing: impl Future<Output = Result<(), tungstenite::Error>>,
+) {
     match tokio::time::timeout(timeout, closing).await {
         Ok(Ok(()) | Err(tungstenite::Error::ConnectionClosed)) => {}
         Ok(Err(error)) => debug!(%error, "path broke during the close"),

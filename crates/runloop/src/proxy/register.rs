@@ -23,8 +23,9 @@ use super::{End, SHUTTING_DOWN, Shared, Ws, ask, end, error_message, left, proxy
 
 /// Serves one `/agent/register` path.
 pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {
-    let Some(ask) = ask(&mut ws, shutdown).await else {
-        return;
+    let ask = match ask(&mut ws, shutdown).await {
+        Ok(ask) => ask,
+        Err(left) => return end(ws, left, &shared.config).await,
     };
     let outcome = register(&mut ws, shared, ask, shutdown).await;
     end(ws, outcome, &shared.config).await;
@@ -46,7 +47,7 @@ async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellat
     // Dropping the claim on any early return releases it.
     tokio::select! {
         () = shutdown.cancelled() => End::Answer(Some(proxy_error(SHUTTING_DOWN))),
-        () = left(ws) => End::Abandon,
+        left = left(ws) => left,
         registered = shared.upstream.register(ask) => match registered {
             Ok(()) => {
                 claim.confirm();

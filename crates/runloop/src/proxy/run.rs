@@ -10,6 +10,12 @@
 //!                                  cannot dial / non-2xx ──▶ [1], close   no loop
 //! ```
 //!
+//! "End" means the end the body marks: a chunked body's last chunk, or the
+//! last byte of its `Content-Length`. A body that only ends because the
+//! agent program's connection closed (an HTTP/1.0 answer) cannot prove
+//! that the loop finished rather than crashed, so that end is a break too,
+//! with an error that says how to fix the agent program (SPEC §10).
+//!
 //! The loop is claimed before the call and released as soon as the agent
 //! program's stream is over, before the close, so a server that asks for
 //! the next loop the moment it sees the close finds the proxy free.
@@ -25,13 +31,14 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::upstream::Failure;
+use super::upstream::{Failure, Framing};
 use super::{End, SHUTTING_DOWN, Shared, Ws, ask, end, error_message, left, proxy_error, sse};
 
 /// Serves one `/agent/run` path.
 pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {
-    let Some(ask) = ask(&mut ws, shutdown).await else {
-        return;
+    let ask = match ask(&mut ws, shutdown).await {
+        Ok(ask) => ask,
+        Err(left) => return end(ws, left, &shared.config).await,
     };
     if let Err(error) = RunLoopRequest::decode(&ask) {
         let refusal = proxy_error(format!("the run-loop request did not parse: {error}"));
@@ -54,14 +61,14 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
 async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {
     let response = tokio::select! {
         () = shutdown.cancelled() => return End::Answer(Some(proxy_error(SHUTTING_DOWN))),
-        () = left(ws) => {
+        left = left(ws) => {
             info!("the server left before the agent program answered");
-            return End::Abandon;
+            return left;
         }
         response = shared.upstream.run(ask) => response,
     };
-    let response = match response {
-        Ok(response) => response,
+    let (response, framing) = match response {
+        Ok(answer) => answer,
         Err(Failure(json)) => {
             warn!(error = %String::from_utf8_lossy(&json), "no loop");
             return End::Answer(Some(error_message(&json)));
@@ -74,20 +81,28 @@ async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellation
         // closes the agent program's connection: the loop is cancelled.
         let next = tokio::select! {
             () = shutdown.cancelled() => return End::Answer(Some(proxy_error(SHUTTING_DOWN))),
-            () = left(ws) => {
+            left = left(ws) => {
                 info!(chunks, "the server left mid-loop; cancelling the agent program's loop");
-                return End::Abandon;
+                return left;
             }
             next = data.next() => next,
         };
         let data = match next {
+            None if framing == Framing::Close => {
+                warn!(
+                    chunks,
+                    "the loop's body ended with its connection: finished or crashed?"
+                );
+                let Failure(json) = Failure::agent(NOT_DELIMITED);
+                return End::Answer(Some(error_message(&json)));
+            }
             None => {
                 info!(chunks, "loop finished");
                 return End::Answer(None);
             }
             Some(Err(broke)) => {
                 warn!(chunks, error = %broke, "loop cut short");
-                let Failure(json) = Failure::agent(broke);
+                let Failure(json) = Failure::agent(cut_short(&broke, framing));
                 return End::Answer(Some(error_message(&json)));
             }
             Some(Ok(data)) => data,
@@ -102,6 +117,24 @@ async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellation
             },
         }
         chunks += 1;
+    }
+}
+
+/// The error of a loop whose body ended with its connection (SPEC §10).
+const NOT_DELIMITED: &str = "the agent program's /run response ended when its connection closed \
+     (an HTTP/1.0-style body, neither chunked nor with a Content-Length), so the proxy cannot tell \
+     a finished loop from a crashed one; answer /run with HTTP/1.1 chunked transfer encoding or a \
+     Content-Length";
+
+/// What a broken event stream says, with what its `Content-Length` promised
+/// when the body stopped short of it.
+fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
+    match (broke, framing) {
+        (sse::Broke::Transport(_), Framing::Length(length)) => format!(
+            "the agent program's /run body ended before the {length} bytes of its \
+             Content-Length: {broke}"
+        ),
+        _ => broke.to_string(),
     }
 }
 

@@ -10,12 +10,21 @@
 //! non-2xx, other body         {"kind":"agent","status":N,"error":"<body as text>"}
 //! 2xx, not text/event-stream  {"kind":"agent","status":N,"error":"<what came instead>"}
 //! ```
+//!
+//! A 2xx event stream also says how its body ends ([`Framing`]): only a
+//! marked end (chunked, HTTP/2) or a length can prove the loop finished. A
+//! body that ends when the connection closes reads the same whether the
+//! agent program finished or crashed (SPEC §10), so the proxy relays its
+//! events and then says it cannot tell.
 
 use std::io;
 use std::net::SocketAddr;
 
 use bytes::{Bytes, BytesMut};
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{
+    ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, TRANSFER_ENCODING,
+};
+use reqwest::{StatusCode, Version};
 use runloop_proto::Error;
 use serde_json::{Map, Value};
 
@@ -42,6 +51,52 @@ impl Failure {
         let mut json = Vec::new();
         error.write_json(&mut runloop_proto::Writer::new(&mut json));
         Failure(Bytes::from(json))
+    }
+}
+
+/// How a `/run` body shows where it ends, as hyper reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Framing {
+    /// Chunked transfer encoding or HTTP/2: the end is marked.
+    Marked,
+    /// A `Content-Length` of this many bytes.
+    Length(u64),
+    /// Neither: the body ends when the connection closes, which a crash
+    /// does too.
+    Close,
+}
+
+impl Framing {
+    /// The framing hyper gives a response with this version, status and
+    /// headers: a transfer encoding decides over a length (it is chunked
+    /// when its last coding is, and hyper accepts it only on HTTP/1.1),
+    /// a 204 has no body, and without either the connection's close is the
+    /// end.
+    fn of(version: Version, status: StatusCode, headers: &HeaderMap) -> Framing {
+        if version >= Version::HTTP_2 {
+            return Framing::Marked;
+        }
+        if status == StatusCode::NO_CONTENT {
+            return Framing::Length(0);
+        }
+        let mut codings = headers.get_all(TRANSFER_ENCODING).iter().peekable();
+        if codings.peek().is_some() {
+            let last = codings
+                .last()
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.rsplit(',').next())
+                .map(str::trim);
+            return if last.is_some_and(|coding| coding.eq_ignore_ascii_case("chunked")) {
+                Framing::Marked
+            } else {
+                Framing::Close
+            };
+        }
+        headers
+            .get(CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse().ok())
+            .map_or(Framing::Close, Framing::Length)
     }
 }
 
@@ -84,8 +139,8 @@ impl Upstream {
     }
 
     /// `POST /run` with the run-loop request, as it came; the response is
-    /// a 2xx event stream.
-    pub(super) async fn run(&self, ask: Bytes) -> Result<reqwest::Response, Failure> {
+    /// a 2xx event stream, framed as it says.
+    pub(super) async fn run(&self, ask: Bytes) -> Result<(reqwest::Response, Framing), Failure> {
         let response = self.post(&self.run_url, ask, "text/event-stream").await?;
         let status = response.status();
         if !status.is_success() {
@@ -103,7 +158,8 @@ impl Upstream {
                 ),
             ));
         }
-        Ok(response)
+        let framing = Framing::of(response.version(), status, response.headers());
+        Ok((response, framing))
     }
 
     async fn post(
@@ -181,6 +237,56 @@ mod tests {
         assert!(!is("application/json"));
         assert!(!is("text/event-streams"));
         assert!(!is_event_stream(None));
+    }
+
+    #[test]
+    fn framings() {
+        let of = |version, status: u16, headers: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in headers {
+                map.append(*name, HeaderValue::from_static(value));
+            }
+            Framing::of(version, StatusCode::from_u16(status).expect("status"), &map)
+        };
+        let chunked = [("transfer-encoding", "chunked")];
+        assert_eq!(of(Version::HTTP_11, 200, &chunked), Framing::Marked);
+        assert_eq!(
+            of(
+                Version::HTTP_11,
+                200,
+                &[("transfer-encoding", "gzip, Chunked")]
+            ),
+            Framing::Marked
+        );
+        assert_eq!(
+            of(
+                Version::HTTP_11,
+                200,
+                &[
+                    ("transfer-encoding", "chunked"),
+                    ("transfer-encoding", "gzip")
+                ]
+            ),
+            Framing::Close,
+            "not chunked last: the close is the end"
+        );
+        assert_eq!(
+            of(
+                Version::HTTP_11,
+                200,
+                &[("transfer-encoding", "chunked"), ("content-length", "5")]
+            ),
+            Framing::Marked,
+            "the transfer encoding decides"
+        );
+        assert_eq!(
+            of(Version::HTTP_10, 200, &[("content-length", "42")]),
+            Framing::Length(42)
+        );
+        assert_eq!(of(Version::HTTP_10, 200, &[]), Framing::Close);
+        assert_eq!(of(Version::HTTP_11, 200, &[]), Framing::Close);
+        assert_eq!(of(Version::HTTP_11, 204, &[]), Framing::Length(0));
+        assert_eq!(of(Version::HTTP_2, 200, &[]), Framing::Marked);
     }
 
     #[test]

@@ -4,6 +4,15 @@
 //! On these paths messages carry no frame header: the first binary message
 //! is the ask, the answer ends with a clean WebSocket close. Text messages
 //! and pings mean nothing here, as on the framed connection.
+//!
+//! Every path the server is done with ends with a close handshake
+//! ([`close`]): our close frame (or our answer to the proxy's), then the
+//! proxy's, then the end of the socket, which the proxy, as the WebSocket
+//! server, ends first. Dropping the socket instead would leave the proxy
+//! to log a healthy exchange as a broken one. A proxy that does not finish
+//! the handshake within [`CLOSE_GRACE`] has its socket dropped.
+
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::Error;
@@ -11,11 +20,16 @@ use serde_json::value::RawValue;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async_with_config};
+use tracing::debug;
 
 use crate::connection::Limits;
 
 /// An open path to a proxy.
 pub(crate) type Path = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// How long the proxy has to finish a close handshake before its socket is
+/// dropped.
+pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Opens `path` (`/agent/run`, …) on the proxy at `base` (`ws://host:port`).
 pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path, WsError> {
@@ -52,13 +66,37 @@ pub(crate) async fn register(base: &str, agent: &RawValue, limits: &Limits) -> R
             Some(Err(e)) => return Err(fail(format!("/agent/register broke: {e}"))),
         }
     };
-    // The answer is all the proxy has to say; close our side without waiting.
-    let _ = path.close(None).await;
+    // The answer is all the proxy has to say.
+    close(path).await;
     match answer.split_first() {
         Some((0, _)) => Ok(()),
         Some((1, error)) => Err(Error::decode_or_text(error)),
         _ => Err(fail(
             "the proxy's /agent/register answer is not [0] or [1][error]".into(),
         )),
+    }
+}
+
+/// Ends a path the server is done with: the close handshake, then the end
+/// of the socket, within [`CLOSE_GRACE`]. Whatever the proxy sends before
+/// its close frame is dropped unread.
+pub(crate) async fn close(mut path: Path) {
+    let closing = async {
+        // Our close frame, or, when the proxy closed first, our answer to
+        // it: tungstenite queued the answer, and the sink's close flushes it
+        // (the stream's own `close` sends a close frame, which is refused
+        // once the proxy's has come).
+        SinkExt::close(&mut path).await?;
+        while let Some(message) = path.next().await {
+            message?;
+        }
+        Ok::<(), WsError>(())
+    };
+    match tokio::time::timeout(CLOSE_GRACE, closing).await {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => debug!(%why, "a proxy path broke during the close"),
+        Err(_) => {
+            debug!(grace = ?CLOSE_GRACE, "the proxy did not finish the close in time; dropping the socket")
+        }
     }
 }

@@ -8,9 +8,13 @@
 //! The proxy's messages are already run-loop payloads (`[0][chunk]`,
 //! `[1][error]`), so relaying is reading one byte and copying the rest behind
 //! a 9-byte header — one allocation per chunk, no parsing. The sequence
-//! rules (an error is last, a fault or an abrupt end gets the server's own
-//! error, never a finish alone) are `runloop_proto`'s [`Relay`]; this task
-//! only moves bytes and waits.
+//! rules (the proxy's error is the end, a fault or an abrupt end gets the
+//! server's own error, never a finish alone) are `runloop_proto`'s
+//! [`Relay`]; this task only moves bytes and waits.
+//!
+//! The channel's finish goes out first, the path's close handshake after
+//! it ([`proxy_path::close`]), so a proxy that is slow to close never
+//! delays the caller's end of the loop.
 //!
 //! Each forwarded frame holds one of the channel's `max_queued_responses`
 //! permits until the writer takes it, so a caller that reads slowly makes
@@ -19,11 +23,10 @@
 
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::frame::{self, ServerFrame};
-use runloop_proto::run_loop::{Closing, Finish, Relay, Relayed};
+use runloop_proto::run_loop::{Finish, Relay, Relayed};
 use runloop_proto::{Error, Writer};
 use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::tungstenite::Message;
@@ -34,7 +37,13 @@ use super::proxy_path::{self, Path};
 use super::scope::Order;
 use super::{Held, Stats};
 
-/// Relays one run-loop channel until its finish.
+/// A proxy path the relay has opened, counted as held until it is closed.
+struct Open {
+    path: Path,
+    _held: Held,
+}
+
+/// Relays one run-loop channel until its finish, then closes its path.
 ///
 /// Not instrumented with a span: entering one on every poll is a measurable
 /// share of the relay's cost, so the few events it logs name their scope
@@ -48,12 +57,14 @@ pub(crate) async fn serve(
 ) {
     let channel = order.channel;
     let mut last = Vec::new();
+    let mut open = None;
     let finish = relay(
         &conn,
         scope,
         order,
         &proxy_url,
         ending,
+        &mut open,
         &mut Writer::new(&mut last),
     )
     .await;
@@ -72,29 +83,34 @@ pub(crate) async fn serve(
         "run-loop channel finished"
     );
     conn.finish_channel(scope, channel, finish);
+    if let Some(Open { path, _held }) = open {
+        proxy_path::close(path).await;
+    }
 }
 
 /// The relay proper. Forwards chunks as they come; writes the channel's
-/// last payload, if it has one, to `last`.
+/// last payload, if it has one, to `last`. A path that still needs its
+/// close handshake is left in `open`.
 async fn relay(
     conn: &Conn,
     scope: u32,
     order: Order,
     proxy_url: &str,
     ending: watch::Receiver<Option<Error>>,
+    open: &mut Option<Open>,
     last: &mut Writer<'_>,
 ) -> Finish {
     // One future for the run's end, polled by every wait below; making a
     // new one per message would register and drop a waiter each time.
     let mut ending = pin!(ended(ending));
-    let relay = Relay::<bytes::Bytes>::new();
+    let relay = Relay::new();
     let limits = conn.shared().config.limits;
     let dialled = tokio::select! {
         biased;
         why = &mut ending => return relay.cut(why, last),
         dialled = proxy_path::open(proxy_url, "/agent/run", &limits) => dialled,
     };
-    let mut path = match dialled {
+    let path = match dialled {
         Ok(path) => path,
         Err(why) => {
             let error = Error::kind(
@@ -104,7 +120,10 @@ async fn relay(
             return relay.cut(error, last);
         }
     };
-    let _held = Held::new(conn.shared(), |s: &Stats| &s.proxy_paths);
+    let Open { path, .. } = open.insert(Open {
+        path,
+        _held: Held::new(conn.shared(), |s: &Stats| &s.proxy_paths),
+    });
     // A proxy that does not read can hold a large ask forever: the run's end
     // must still reach the loop.
     let sent = tokio::select! {
@@ -113,6 +132,7 @@ async fn relay(
         sent = path.send(Message::Binary(order.request)) => sent,
     };
     if let Err(why) = sent {
+        *open = None;
         return relay.broke(&why.to_string(), last);
     }
     let permits = Arc::new(Semaphore::new(limits.max_queued_responses));
@@ -120,55 +140,57 @@ async fn relay(
     loop {
         let next = tokio::select! {
             biased;
-            why = &mut ending => {
-                close(path).await;
-                return relay.cut(why, last);
-            }
+            why = &mut ending => return relay.cut(why, last),
             next = path.next() => next,
         };
-        match next {
-            Some(Ok(Message::Binary(message))) => match relay.message(message, last) {
-                Relayed::Forward(next, message) => {
-                    relay = next;
-                    let permit = tokio::select! {
-                        biased;
-                        why = &mut ending => {
-                            close(path).await;
-                            return relay.cut(why, last);
-                        }
-                        permit = Arc::clone(&permits).acquire_owned() => permit,
-                    };
-                    let Ok(permit) = permit else {
-                        unreachable!("the semaphore is never closed")
-                    };
-                    let frame = ServerFrame::ChannelResponse {
-                        scope,
-                        channel: order.channel,
-                        payload: &message,
-                    };
-                    conn.queue_data(frame::to_message(&frame), permit);
-                }
-                Relayed::Held(next) => relay = next,
-                Relayed::Fault(finish) => {
-                    debug!(
-                        scope,
-                        channel = order.channel,
-                        "the proxy broke the sequence"
-                    );
-                    close(path).await;
-                    return finish;
-                }
-            },
-            Some(Ok(Message::Close(_))) => {
-                return match relay.closed(last) {
-                    Closing::Finish(finish) | Closing::ErrorThenFinish(finish) => finish,
-                };
-            }
+        let message = match next {
+            Some(Ok(Message::Binary(message))) => message,
+            // The proxy's close: answered by the handshake in `serve`.
+            Some(Ok(Message::Close(_))) => return relay.closed(),
             Some(Ok(
                 Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
-            )) => {}
-            Some(Err(why)) => return relay.broke(&why.to_string(), last),
-            None => return relay.broke("the connection closed without a close frame", last),
+            )) => continue,
+            Some(Err(why)) => {
+                *open = None;
+                return relay.broke(&why.to_string(), last);
+            }
+            None => {
+                *open = None;
+                return relay.broke("the connection closed without a close frame", last);
+            }
+        };
+        match relay.message(message, last) {
+            Relayed::Forward(next, message) => {
+                relay = next;
+                let permit = tokio::select! {
+                    biased;
+                    why = &mut ending => return relay.cut(why, last),
+                    permit = Arc::clone(&permits).acquire_owned() => permit,
+                };
+                let Ok(permit) = permit else {
+                    unreachable!("the semaphore is never closed")
+                };
+                let frame = ServerFrame::ChannelResponse {
+                    scope,
+                    channel: order.channel,
+                    payload: &message,
+                };
+                conn.queue_data(frame::to_message(&frame), permit);
+            }
+            Relayed::Last(error, finish) => {
+                // The proxy's error is the end (SPEC §12): nothing after it
+                // is read, whether or not the proxy goes on to close.
+                last.extend_from_slice(&error);
+                return finish;
+            }
+            Relayed::Fault(finish) => {
+                debug!(
+                    scope,
+                    channel = order.channel,
+                    "the proxy broke the sequence"
+                );
+                return finish;
+            }
         }
     }
 }
@@ -183,10 +205,4 @@ async fn ended(mut ending: watch::Receiver<Option<Error>>) -> Error {
             return Error::kind("server", "the run ended");
         }
     }
-}
-
-/// Closes a proxy path we are done with; a proxy that does not take the
-/// close promptly has its socket dropped instead.
-async fn close(mut path: Path) {
-    let _ = tokio::time::timeout(Duration::from_secs(1), path.close(None)).await;
 }

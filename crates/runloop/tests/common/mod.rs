@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use runloop::proto::Writer;
-use runloop::proto::run_loop::{AgenticLoopChunk, Closing, Outcome, Reader, Relay, Relayed, Step};
+use runloop::proto::run_loop::{AgenticLoopChunk, Outcome, Reader, Relay, Relayed, Step};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -117,7 +117,7 @@ pub async fn register(url: &str) {
 /// caller's reader, as the real chain does: the chunks and the outcome the
 /// caller would see.
 pub fn outcome(exchange: &Exchange) -> (Vec<AgenticLoopChunk>, Outcome) {
-    let mut relay: Relay<Vec<u8>> = Relay::new();
+    let mut relay = Relay::new();
     let mut reader = Reader::new();
     let mut chunks = Vec::new();
     let mut feed = |reader: &mut Reader, payload: &[u8]| -> Option<Outcome> {
@@ -132,31 +132,26 @@ pub fn outcome(exchange: &Exchange) -> (Vec<AgenticLoopChunk>, Outcome) {
     };
     for message in &exchange.messages {
         let mut out = Vec::new();
-        match relay.message(message.clone(), &mut Writer::new(&mut out)) {
+        let last = match relay.message(message.clone(), &mut Writer::new(&mut out)) {
             Relayed::Forward(next, message) => {
                 relay = next;
                 if let Some(outcome) = feed(&mut reader, &message) {
                     return (chunks, outcome);
                 }
+                continue;
             }
-            Relayed::Held(next) => relay = next,
-            Relayed::Fault(_finish) => {
-                let ended = feed(&mut reader, &out);
-                let outcome = ended.or_else(|| reader.finish()).expect("an outcome");
-                return (chunks, outcome);
-            }
-        }
+            Relayed::Last(error, _finish) => error,
+            Relayed::Fault(_finish) => out,
+        };
+        let ended = feed(&mut reader, &last);
+        let outcome = ended.or_else(|| reader.finish()).expect("an outcome");
+        return (chunks, outcome);
     }
     let mut out = Vec::new();
     match &exchange.end {
-        End::Clean => match relay.closed(&mut Writer::new(&mut out)) {
-            Closing::Finish(_finish) => {}
-            Closing::ErrorThenFinish(_finish) => {
-                if let Some(outcome) = feed(&mut reader, &out) {
-                    return (chunks, outcome);
-                }
-            }
-        },
+        End::Clean => {
+            let _finish = relay.closed();
+        }
         End::Abrupt(why) => {
             let _finish = relay.broke(why, &mut Writer::new(&mut out));
             if let Some(outcome) = feed(&mut reader, &out) {
@@ -354,6 +349,21 @@ pub fn reaped(pid: u32) -> bool {
 pub struct Logs(Arc<Mutex<Vec<u8>>>);
 
 impl Logs {
+    /// Captures every event of this test binary at `level` and above, from
+    /// now on. The subscriber is global, so this is called once per binary
+    /// (a thread-local one misses events whose call sites other threads'
+    /// tests cached first).
+    pub fn global(level: tracing::Level) -> Logs {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(level)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        logs
+    }
+
     /// Everything logged so far.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()

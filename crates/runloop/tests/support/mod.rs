@@ -43,6 +43,9 @@ pub enum Step {
     /// Write these bytes on the TCP stream under the WebSocket (not a
     /// WebSocket frame), then drop the connection.
     Garbage(Vec<u8>),
+    /// Hang: send nothing more, never close and never answer the server's
+    /// close; record `dropped <prompt>` once the server drops the socket.
+    Hang,
 }
 
 /// A chunk message: `[0]` + a text chunk's JSON.
@@ -223,6 +226,15 @@ impl FakeProxy {
                     let mut tcp = ws.into_inner();
                     let _ = tcp.write_all(&bytes).await;
                     let _ = tcp.flush().await;
+                    break;
+                }
+                Step::Hang => {
+                    use tokio::io::AsyncReadExt;
+                    // Read under the WebSocket, so nothing answers a close.
+                    let mut tcp = ws.into_inner();
+                    let mut sink = [0u8; 1024];
+                    while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
+                    self.record(format!("dropped {prompt}"));
                     break;
                 }
                 Step::AwaitClose => {
