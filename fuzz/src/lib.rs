@@ -207,7 +207,7 @@ pub fn run_loop_frame(data: &[u8]) -> bool {
 /// abrupt end, or the server cutting it), the rest is the proxy's messages,
 /// one per line. The relay's responses go through a caller's [`Reader`].
 ///
-/// The relay reads tags only (SPEC §7, §12), so a proxy message with a good
+/// The relay reads tags only (protocol §7, §12), so a proxy message with a good
 /// tag and bad JSON is passed on as it came and the reader rightly reports
 /// the sequence broken at that message. What must never happen: a broken
 /// sequence when everything the proxy sent was well-formed, a sequence of

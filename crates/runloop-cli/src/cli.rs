@@ -39,7 +39,7 @@ pub enum Command {
     Decode(decode::Args),
     /// Print the JSON Schema of the chunk vocabulary and of the error value.
     Schema(schema::Args),
-    /// Probe a provider server, case by case, against what SPEC.md requires of it.
+    /// Probe a provider server, case by case, against what docs/protocol.md requires of it.
     Check(check::Args),
     /// Measure the relay against a raw WebSocket forwarder.
     Bench(bench::Args),

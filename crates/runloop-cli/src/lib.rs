@@ -21,7 +21,7 @@
 //! schema   the JSON Schema of the chunk vocabulary and the error value
 //! render   one loop for a terminal, as plain text, or as JSON lines
 //! json     the JSON lines shared by decode and render
-//! check    a provider server probed case by case against SPEC.md §1-§7
+//! check    a provider server probed case by case against protocol §1-§7
 //! exit     exit codes, and the one mapping from an outcome to a code
 //! ```
 

@@ -21,7 +21,7 @@ pub const QUEUED_LOG_LINES: usize = 8192;
 /// when stderr is a terminal, until the returned [`Logs`] is dropped.
 ///
 /// A log sink that goes away or stalls costs log lines, never the work
-/// (SPEC §12 "Logs never hold anything up"). Tasks never write to stderr
+/// (protocol §12 "Logs never hold anything up"). Tasks never write to stderr
 /// themselves: they queue their lines for one thread that does, and when
 /// [`QUEUED_LOG_LINES`] are waiting (a reader that stopped reading) further
 /// lines are dropped. A write that fails (a reader that went away) is

@@ -165,7 +165,7 @@ impl Args {
             let outcome = run_on(&client, request, prompt, &mut render).await;
             // Done, whatever happened (a refused run, a reader that went
             // away): close with a handshake, so that the server does not see
-            // a connection that broke (SPEC §12 "Clean ends").
+            // a connection that broke (protocol §12 "Clean ends").
             client.close().await;
             if let Some((handle, serving)) = embedded {
                 handle.shutdown();

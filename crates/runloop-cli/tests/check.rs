@@ -49,7 +49,7 @@ fn chunk(text: &str) -> Vec<u8> {
     message
 }
 
-/// A proxy (SPEC §10) that registers every agent and answers every loop
+/// A proxy (protocol §10) that registers every agent and answers every loop
 /// with two chunks and a clean close.
 async fn scripted_proxy() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -191,20 +191,22 @@ fn a_wrong_token_skips_what_needs_a_served_connection_and_exits_2() {
     assert_eq!(output.status.code(), Some(2), "{stdout}");
     assert!(
         stdout.contains(
-            "SKIP  §3   an authorized connection is served: a run request gets an answer: \
+            "SKIP  protocol §3   an authorized connection is served: a run request gets an answer: \
              the server closed the connection with no frame"
         ),
         "{stdout}"
     );
     assert!(stdout.contains("is --token right?"), "{stdout}");
     assert!(
-        stdout.contains("SKIP  §4   unknown endpoint tag 200 gets a bare finish: an authorized"),
+        stdout.contains(
+            "SKIP  protocol §4   unknown endpoint tag 200 gets a bare finish: an authorized"
+        ),
         "{stdout}"
     );
     // What needs no credential still runs and passes.
     assert!(
         stdout.contains(
-            "PASS  §3   authorization mode 7 is rejected: the connection is closed with no frame"
+            "PASS  protocol §3   authorization mode 7 is rejected: the connection is closed with no frame"
         ),
         "{stdout}"
     );
@@ -260,7 +262,7 @@ enum Flaw {
     NoFinishOnStop,
 }
 
-/// A framed server written by hand from SPEC.md, with `flaw`.
+/// A framed server written by hand from docs/protocol.md, with `flaw`.
 fn hand_written_server(runtime: &Runtime, flaw: Flaw) -> String {
     runtime.block_on(async move {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -429,12 +431,12 @@ fn a_minimal_hand_written_server_passes_and_its_open_door_is_noted() {
     );
     assert_eq!(
         line(&stdout, "a wrong credential"),
-        "INFO  §3   a wrong credential: the connection is closed with no frame: the server \
+        "INFO  protocol §3   a wrong credential: the connection is closed with no frame: the server \
          accepts any credential: fine for a loopback development server, not for production"
     );
     assert_eq!(
         line(&stdout, "a run-loop's response sequence is valid"),
-        "PASS  §7   a run-loop's response sequence is valid: finished (1 chunk): the loop finished"
+        "PASS  protocol §7   a run-loop's response sequence is valid: finished (1 chunk): the loop finished"
     );
     assert!(
         stdout.contains(" 0 failed, 1 info, 0 skipped: every MUST case holds"),
@@ -448,12 +450,12 @@ fn a_chunk_after_the_error_fails_the_run_loop_case() {
     assert_eq!(code, Some(1), "{stdout}");
     assert_eq!(
         line(&stdout, "a run-loop's response sequence is valid"),
-        "FAIL  §7   a run-loop's response sequence is valid: broken after 0 chunks: a response \
+        "FAIL  protocol §7   a run-loop's response sequence is valid: broken after 0 chunks: a response \
          came after the error"
     );
     assert_eq!(
         line(&stdout, "stop during a run-loop"),
-        "FAIL  §6   stop during a run-loop: the loop's channel ends before the scope's finish: \
+        "FAIL  protocol §6   stop during a run-loop: the loop's channel ends before the scope's finish: \
          the loop's sequence: broken: a response came after the error"
     );
     // Only the loop is wrong: everything else still passes.
@@ -468,14 +470,14 @@ fn an_error_for_an_unknown_endpoint_fails_the_bare_finish_case() {
     assert_eq!(code, Some(1), "{stdout}");
     assert_eq!(
         line(&stdout, "unknown endpoint tag 200 gets a bare finish"),
-        "FAIL  §4   unknown endpoint tag 200 gets a bare finish: expected the finish of scope 1, \
+        "FAIL  protocol §4   unknown endpoint tag 200 gets a bare finish: expected the finish of scope 1, \
          got a response on scope 1: [1]\"unknown endpoint\""
     );
     // The cases that show something with the probe, which is this very
     // request, cannot be judged: skipped, saying why.
     assert!(
         line(&stdout, "an empty request gets a bare finish").starts_with(
-            "SKIP  §4   an empty request gets a bare finish: the probe this case relies on, a \
+            "SKIP  protocol §4   an empty request gets a bare finish: the probe this case relies on, a \
              request with unknown endpoint tag 200, does not get a bare finish"
         ),
         "{stdout}"
@@ -499,7 +501,7 @@ fn a_stop_that_is_never_answered_fails_on_the_timeout() {
     assert_eq!(code, Some(1), "{stdout}");
     let stop = line(&stdout, "stop is answered by the scope's finish alone");
     assert!(
-        stop.starts_with("FAIL  §6   ")
+        stop.starts_with("FAIL  protocol §6   ")
             && stop.ends_with(": after a stop on channel 1: expected the finish of scope 1, got nothing within 3 s"),
         "{stop}"
     );

@@ -131,7 +131,7 @@ fn schema_is_one_json_schema_document_with_the_ten_kinds() {
         ]
     );
 
-    // Required members are required, optional ones are not (SPEC §8).
+    // Required members are required, optional ones are not (protocol §8).
     let defs = &schema["$defs"];
     let required = |name: &str| defs[name]["required"].clone();
     assert_eq!(required("TextChunk"), serde_json::json!(["text"]));

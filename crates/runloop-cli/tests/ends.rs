@@ -1,4 +1,4 @@
-//! Clean ends between caller and server (SPEC §12 "Clean ends"): a
+//! Clean ends between caller and server (protocol §12 "Clean ends"): a
 //! `runloop run` that is done closes its connection with a handshake, so
 //! the server never logs a caller that left normally as broken.
 

@@ -1,5 +1,5 @@
 //! Readers that go away: a log sink closed under `run` and `serve` costs
-//! log lines only (SPEC §12 "Logs never hold anything up"), and a closed
+//! log lines only (protocol §12 "Logs never hold anything up"), and a closed
 //! stdout ends `run` quietly.
 //!
 //! Each test closes a pipe of a real process while it runs, and waits for

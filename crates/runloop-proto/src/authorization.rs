@@ -1,4 +1,4 @@
-//! Authorization: the type-0 payload the dialling party sends first (SPEC §3).
+//! Authorization: the type-0 payload the dialling party sends first (protocol §3).
 //!
 //! ```text
 //! [mode: u8][content …]      mode 0 (unbrokered): content is a UTF-8 credential,

@@ -1,4 +1,4 @@
-//! Client channel requests on a run scope (SPEC §6).
+//! Client channel requests on a run scope (protocol §6).
 //!
 //! ```text
 //! [channel tag: u8][request …]

@@ -1,4 +1,4 @@
-//! Endpoint requests: the type-1 payload that opens a scope (SPEC §4).
+//! Endpoint requests: the type-1 payload that opens a scope (protocol §4).
 //!
 //! ```text
 //! [endpoint tag: u8][request …]

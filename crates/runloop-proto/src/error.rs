@@ -1,4 +1,4 @@
-//! The error value: exactly one JSON value, any JSON value (SPEC §9).
+//! The error value: exactly one JSON value, any JSON value (protocol §9).
 //!
 //! An error on the wire is news for the caller, not a Rust failure, so it is
 //! a plain value type: it has no `std::error::Error` impl and it is never

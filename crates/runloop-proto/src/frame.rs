@@ -1,4 +1,4 @@
-//! Frames: the 9-byte header every protocol message starts with (SPEC §2).
+//! Frames: the 9-byte header every protocol message starts with (protocol §2).
 //!
 //! ```text
 //! [type: u8][scope: u32 BE][channel: u32 BE][payload …to the end of the message]

@@ -3,7 +3,7 @@
 //!
 //! An inspector reading a capture, or a probe watching a live connection,
 //! must reach the same verdict about each loop as the client that was there.
-//! So the observer applies the receiving side's rules of SPEC §2 and §3 to
+//! So the observer applies the receiving side's rules of protocol §2 and §3 to
 //! every message, in the order they were recorded, and hands each run-loop
 //! channel's responses to the same [`Reader`] the client uses: a loop can only
 //! come out finished here if the client would have said so too.

@@ -1,4 +1,4 @@
-//! A loop's end must be provable (SPEC §10): real python3 agent programs
+//! A loop's end must be provable (protocol §10): real python3 agent programs
 //! (`tests/fixtures/framed_agent.py`) answer `/run` with each framing, and
 //! the chain from the proxy to the caller's reader says "finished" only for
 //! a body whose end is marked — chunked, or as long as its `Content-Length`.

@@ -1,4 +1,4 @@
-//! Clean ends between a caller and a server (SPEC §12 "Clean ends"): the
+//! Clean ends between a caller and a server (protocol §12 "Clean ends"): the
 //! client closes with a handshake and waits for the answer, the server
 //! answers a caller's close at once, and the server's account of how a
 //! connection ended says what happened.

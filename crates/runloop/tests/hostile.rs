@@ -1,7 +1,7 @@
 //! Hostile input, over real sockets: refused authorizations, an accepting
 //! side that authorizes, floods of malformed frames and of requests past
 //! the limits, a caller that asks without ever reading, and a request of
-//! the largest size allowed. The connection survives where SPEC.md says it
+//! the largest size allowed. The connection survives where docs/protocol.md says it
 //! must, limits hold, and a loop running alongside finishes untouched.
 
 mod support;

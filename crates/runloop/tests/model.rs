@@ -1,4 +1,4 @@
-//! A stateful property test of the server's connection layer (SPEC §2).
+//! A stateful property test of the server's connection layer (protocol §2).
 //!
 //! Random interleavings of client frames, valid and invalid, run against a
 //! real server over a real socket, while a simple model keeps track of

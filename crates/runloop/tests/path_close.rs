@@ -1,4 +1,4 @@
-//! Clean ends on proxy paths (SPEC §12): every WebSocket the server and the
+//! Clean ends on proxy paths (protocol §12): every WebSocket the server and the
 //! proxy close on purpose closes with a handshake, so a healthy loop through
 //! the builtin demo logs nothing that says "broke", even at debug level.
 //!

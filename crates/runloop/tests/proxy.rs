@@ -92,7 +92,7 @@ async fn sse_with_split_reads_multi_line_data_and_comments_arrives_byte_for_byte
 
     let ask_bytes = br#"{"prompt": "hi",  "extra": [1, 2.50]}"#;
     let mut ws = open(&proxy.url, "/agent/run").await;
-    // Text messages carry nothing (SPEC §1): the binary one is the ask.
+    // Text messages carry nothing (protocol §1): the binary one is the ask.
     ws.send(Message::text("not the ask")).await.expect("sent");
     ask(&mut ws, ask_bytes).await;
     let first = next_binary(&mut ws).await.expect("the first chunk");

@@ -1,5 +1,5 @@
 //! The server's relay and the client's outcomes, over real sockets, against
-//! a scripted proxy (SPEC §5–§7, §12).
+//! a scripted proxy (protocol §5–§7, §12).
 
 mod support;
 
@@ -177,7 +177,7 @@ async fn proxy_faults_end_with_the_servers_error_never_a_bare_finish() {
     );
 }
 
-/// SPEC §12, the proxy's error is the end: passed on at once as the last
+/// protocol §12, the proxy's error is the end: passed on at once as the last
 /// response, the channel finished and the path closed, whatever the proxy
 /// does next — go on sending, break the path, or hang without closing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

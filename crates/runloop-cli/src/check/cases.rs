@@ -1,4 +1,4 @@
-//! The cases: what the check sends, and what SPEC.md §1–§7 requires every
+//! The cases: what the check sends, and what protocol §1–§7 requires every
 //! provider server to do about it.
 //!
 //! Each case is one row of [`CASES`]: the section it checks, whether it is a
@@ -10,7 +10,7 @@
 //! something disregarded needs the probe (see the `wire` module), so the
 //! cases that check the probe's own requests run first.
 //!
-//! Only what SPEC.md requires of every server is a MUST here. What §12 says
+//! Only what docs/protocol.md requires of every server is a MUST here. What §12 says
 //! is this project's policy (which images run, an authorization deadline) is
 //! never required: another provider may decide otherwise. A server that
 //! accepts any credential is conformant (a credential is opaque to the
@@ -54,7 +54,7 @@ type CaseFuture<'a> = Pin<Box<dyn Future<Output = Checked> + 'a>>;
 
 /// One case of the check.
 pub(super) struct Case {
-    /// The section of SPEC.md it checks, `§N`.
+    /// The section of docs/protocol.md it checks, `§N`.
     pub(super) section: &'static str,
     /// What it checks, as a statement that holds when it passes.
     pub(super) name: &'static str,

@@ -5,7 +5,7 @@
 //! failures and bounded-but-long waits: that an authorized connection is not
 //! served at all (a wrong `--token`, a silent server), that no run can be
 //! opened (a refused `--image`), and that a probe is not answered the way
-//! SPEC.md says (then nothing can be shown disregarded with it). Cases that
+//! docs/protocol.md says (then nothing can be shown disregarded with it). Cases that
 //! need what is missing are skipped with the reason instead of failing one
 //! by one; the case that found it has already failed.
 //!

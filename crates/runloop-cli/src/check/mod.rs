@@ -1,8 +1,8 @@
 //! `runloop check`: a conformance probe of a provider server, case by case.
 //!
 //! The check opens runs and run-loop channels on any server that claims to
-//! implement SPEC.md §1–§7, sends it well-formed and malformed requests, and
-//! reports, one case at a time, what the server did against what SPEC.md
+//! implement protocol §1–§7, sends it well-formed and malformed requests, and
+//! reports, one case at a time, what the server did against what docs/protocol.md
 //! requires of every server. It is a client, so it can only judge what a
 //! client can see: the frames that come back, their order, and whether the
 //! connection stays up. That is why "disregarded" is shown with a probe
@@ -78,7 +78,7 @@ pub struct Args {
 
 const CHECK_HELP: &str = "\
 Each case sends something to the server and compares what comes back with
-what SPEC.md §1-§7 requires of every provider server; what §12 calls this
+what protocol §1-§7 requires of every provider server; what §12 calls this
 project's policy is never required. FAIL: a MUST does not hold. INFO: an
 informational case, or a conformant choice worth knowing (a server that
 accepts any credential). SKIP: the case needs something no earlier case could
@@ -86,7 +86,7 @@ get (a served connection, a run). Every wait is bounded by --timeout; after a
 scope's finish the check also waits 0.25 s for stragglers. Each run asks for
 {\"image\":{\"server\":{\"name\",\"digest\"}},\"memory\":1073741824,\"disk\":1073741824,\"agent\"}.
 
-Output: one line per case, 'PASS|FAIL|INFO|SKIP  §N  what: detail', then a
+Output: one line per case, 'PASS|FAIL|INFO|SKIP  protocol §N  what: detail', then a
 summary line. With --json, one object per case,
 {\"case\",\"section\",\"level\":\"must\"|\"info\",\"result\":\"pass\"|\"fail\"|\"info\"|\"skip\",\"detail\"},
 then {\"summary\":{\"url\",\"passed\",\"failed\",\"info\",\"skipped\"},\"exit\"}.
@@ -98,7 +98,7 @@ skipped";
 /// How much a case matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Level {
-    /// SPEC.md requires it of every server: failing it fails the check.
+    /// docs/protocol.md requires it of every server: failing it fails the check.
     Must,
     /// Worth knowing, never a failure.
     Info,

@@ -5,11 +5,11 @@
 //! for as long as the timeout and a person watching should see progress.
 //!
 //! ```text
-//! PASS  §4   unknown endpoint tag 200 gets a bare finish
-//! FAIL  §7   a run-loop's response sequence is valid: broken after 1 chunks: a response came after the error
-//! INFO  §3   a wrong credential: …: the server accepts any credential: …
-//! SKIP  §6   …: needs a run, and none could be opened: …
-//! ws://127.0.0.1:7878: 24 passed, 1 failed, 1 info, 2 skipped: a MUST of SPEC.md does not hold
+//! PASS  protocol §4   unknown endpoint tag 200 gets a bare finish
+//! FAIL  protocol §7   a run-loop's response sequence is valid: broken after 1 chunks: a response came after the error
+//! INFO  protocol §3   a wrong credential: …: the server accepts any credential: …
+//! SKIP  protocol §6   …: needs a run, and none could be opened: …
+//! ws://127.0.0.1:7878: 24 passed, 1 failed, 1 info, 2 skipped: a MUST of docs/protocol.md does not hold
 //!
 //! --json:
 //! {"case":"…","section":"§4","level":"must","result":"pass","detail":""}
@@ -77,7 +77,7 @@ impl<W: Write> Report<W> {
         } else {
             write!(
                 self.out,
-                "{:<4}  {:<4} {}",
+                "{:<4}  protocol {:<4} {}",
                 result.to_uppercase(),
                 case.section,
                 case.name
@@ -100,7 +100,10 @@ impl<W: Write> Report<W> {
             skipped,
         } = self.counts;
         let (exit, verdict) = if failed > 0 {
-            (Exit::NONCONFORMANT, "a MUST of SPEC.md does not hold")
+            (
+                Exit::NONCONFORMANT,
+                "a MUST of docs/protocol.md does not hold",
+            )
         } else if skipped > 0 {
             (
                 Exit::Failed,

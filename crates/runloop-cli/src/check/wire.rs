@@ -11,7 +11,7 @@
 //! Whether a frame was disregarded cannot be seen directly, since the
 //! protocol acknowledges nothing. So after such a frame a case sends a
 //! **probe** — a request with an endpoint tag no server serves, on a fresh
-//! scope, which every server must answer with a bare finish (SPEC §4) —
+//! scope, which every server must answer with a bare finish (protocol §4) —
 //! and requires that bare finish to be the very next frame: anything the
 //! disregarded frame provoked would come before it, and a connection it
 //! closed would not answer at all.
@@ -295,7 +295,7 @@ impl Wire {
     }
 
     /// The next message, waiting at most `wait`. Text and control messages
-    /// carry nothing (SPEC §1) and are skipped.
+    /// carry nothing (protocol §1) and are skipped.
     pub(super) async fn next_within(&mut self, wait: Duration) -> Next {
         let read = async {
             loop {
@@ -375,7 +375,7 @@ impl Wire {
     }
 
     /// Sends a run request on `scope` and reads its answer: the id first, or
-    /// an error and then the finish (SPEC §5).
+    /// an error and then the finish (protocol §5).
     pub(super) async fn answer_run(&mut self, scope: u32, payload: &[u8]) -> Checked<RunAnswer> {
         self.request(scope, payload).await?;
         let first = match self.next().await {

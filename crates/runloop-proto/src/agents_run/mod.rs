@@ -1,6 +1,6 @@
 //! `containers::agents::run` (endpoint tag 0): the request that starts a
 //! container and its agent, the checks a server makes before it starts
-//! anything, and the scope's main-stream response (SPEC §5).
+//! anything, and the scope's main-stream response (protocol §5).
 //!
 //! ```text
 //! request   [0x00]{"image": …, "memory": n, "disk": n, "volume_mounts"?: […], …, "agent": <any JSON>}

@@ -1,4 +1,4 @@
-//! The chunk vocabulary: the ten kinds of [`AgenticLoopChunk`] (SPEC §8).
+//! The chunk vocabulary: the ten kinds of [`AgenticLoopChunk`] (protocol §8).
 //!
 //! A chunk is one JSON object whose `type` member names its kind; the `type`
 //! string is the only thing that tells kinds apart, since three of them share
@@ -58,7 +58,7 @@ pub enum AgenticLoopChunk {
     Notification(NotificationChunk),
 }
 
-/// The ten kinds, by their `type` string, in the order SPEC §8 lists them.
+/// The ten kinds, by their `type` string, in the order protocol §8 lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ChunkKind {
     /// `assistant_reasoning`
@@ -84,7 +84,7 @@ pub enum ChunkKind {
 }
 
 impl ChunkKind {
-    /// Every kind, in the order SPEC §8 lists them.
+    /// Every kind, in the order protocol §8 lists them.
     pub const ALL: [ChunkKind; 10] = [
         ChunkKind::AssistantReasoning,
         ChunkKind::AssistantTextContent,

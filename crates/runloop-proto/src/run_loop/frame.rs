@@ -1,4 +1,4 @@
-//! The run-loop response frame: one channel response payload (SPEC §7).
+//! The run-loop response frame: one channel response payload (protocol §7).
 //!
 //! ```text
 //! [0x00][chunk JSON …]     Frame::Chunk — one piece of the loop (tag CHUNK)

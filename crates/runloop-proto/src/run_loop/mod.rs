@@ -1,6 +1,6 @@
 //! The run-loop channel (client channel tag 5): request, response frame,
 //! chunk vocabulary, and the machines that read, send, relay and coalesce a
-//! loop (SPEC §7, §8, §11, §12).
+//! loop (protocol §7, §8, §11, §12).
 //!
 //! ```text
 //! request   [0x05]{"prompt": "…"}                         RunLoopRequest

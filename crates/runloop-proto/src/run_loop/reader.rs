@@ -1,5 +1,5 @@
 //! The caller's sequence machine: channel responses in, chunks and exactly
-//! one [`Outcome`] out (SPEC §7).
+//! one [`Outcome`] out (protocol §7).
 //!
 //! The whole point of the channel is that a caller can tell a finished loop
 //! from a partial one, from one that never ran, from one nobody served. The

@@ -1,4 +1,4 @@
-//! The run-loop request: `{"prompt": "<string>"}` (SPEC §7).
+//! The run-loop request: `{"prompt": "<string>"}` (protocol §7).
 //!
 //! The server checks that the request decodes, then hands the proxy the
 //! caller's bytes, not a re-encoding of them: members this version does not

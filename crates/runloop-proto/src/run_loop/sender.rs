@@ -1,6 +1,6 @@
 //! The server's sequence machines: the [`Sender`] that cannot write a broken
 //! sequence, and the [`Relay`] that turns a proxy's `/agent/run` messages
-//! into a valid sequence whatever the proxy does (SPEC §7, §12).
+//! into a valid sequence whatever the proxy does (protocol §7, §12).
 //!
 //! A run-loop channel is chunks, at most one error, then the finish. The
 //! [`Sender`] makes that a matter of types: [`Sender::error`] and

@@ -1,4 +1,4 @@
-//! The transcript: a loop's chunks with their fragments merged (SPEC §11).
+//! The transcript: a loop's chunks with their fragments merged (protocol §11).
 //!
 //! Text, reasoning and refusals stream in fragments that belong together only
 //! when they are adjacent: a fragment merges into the chunk right before it

@@ -154,7 +154,7 @@ fn path() -> impl Strategy<Value = Vec<String>> {
     prop::collection::vec(component(), 0..3)
 }
 
-/// The rules a path must keep, restated from SPEC §5 and the mounts module.
+/// The rules a path must keep, restated from protocol §5 and the mounts module.
 fn component_ok(component: &str) -> bool {
     !matches!(component, "" | "." | "..") && !component.contains(['/', '\0'])
 }

@@ -1,5 +1,5 @@
 //! The agent-program contract: what lets a Rust program *be* the HTTP server
-//! a proxy calls (SPEC §10), so that writing an agent is writing a function
+//! a proxy calls (protocol §10), so that writing an agent is writing a function
 //! from a prompt to a stream of chunks.
 //!
 //! ```text
@@ -53,7 +53,7 @@ use tracing::{info, warn};
 /// HTTP crate of its own.
 pub use axum::http::StatusCode;
 
-/// The agent program's port when `$PORT` is unset or not a port (SPEC §10).
+/// The agent program's port when `$PORT` is unset or not a port (protocol §10).
 pub const DEFAULT_PORT: u16 = 8080;
 
 /// The largest request body the agent program reads: the proxy's default

@@ -80,7 +80,7 @@ pub enum ConnectError {
 /// Why a run did not start.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RunError {
-    /// The server refused the run with this error (SPEC §5).
+    /// The server refused the run with this error (protocol §5).
     #[error("the run was refused: {0}")]
     Refused(Error),
     /// The server answered with a bare finish: received, not served.
@@ -91,7 +91,7 @@ pub enum RunError {
     Broken(String),
     /// The connection ended before an answer. When nothing at all came from
     /// the server first, the likeliest cause is a refused credential, since
-    /// a refusal is a close with no frame (SPEC §3).
+    /// a refusal is a close with no frame (protocol §3).
     #[error("{}", if *.answered_before { "the connection ended before the run started" } else {
         "the server closed the connection without answering (is the credential right?)"
     })]
@@ -287,7 +287,7 @@ impl Client {
             .await
             .map_err(ConnectError::WebSocket)?;
         let (mut sink, stream) = ws.split();
-        // Authorization first: nothing precedes it (SPEC §3).
+        // Authorization first: nothing precedes it (protocol §3).
         let authorization = Authorization::Unbrokered(credential);
         let mut payload = Vec::new();
         let Ok(()) = authorization.encode_to(&mut payload);

@@ -107,7 +107,7 @@ impl RunLoop {
         }
     }
 
-    /// Reads the rest of the loop into a coalesced transcript (SPEC §11).
+    /// Reads the rest of the loop into a coalesced transcript (protocol §11).
     pub async fn transcript(self) -> (Transcript, Outcome) {
         let (chunks, outcome) = self.collect_chunks().await;
         (chunks.into_iter().collect(), outcome)

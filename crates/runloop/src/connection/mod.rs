@@ -19,7 +19,7 @@
 //! frames (finishes, main-stream responses) need no permit; there are at most
 //! a few per scope or channel, and those are bounded by [`Limits`].
 //!
-//! Both ends close on purpose with a close handshake (SPEC §12 "Clean
+//! Both ends close on purpose with a close handshake (protocol §12 "Clean
 //! ends"): the writer's last act is a close frame, or the answer to the
 //! peer's, and the side that closed first waits for the answer, for
 //! [`CLOSE_GRACE`] at most, before it lets the socket go. A socket dropped

@@ -1,6 +1,6 @@
 //! The proxy: the WebSocket server a provider places beside an agent's
 //! entrypoint, which turns the server's `/agent/*` paths into HTTP calls on
-//! the agent program (SPEC §10).
+//! the agent program (protocol §10).
 //!
 //! ```text
 //! server ──ws /agent/register, {"agent":…}──▶ proxy ──POST /register──▶ agent program
@@ -67,7 +67,7 @@ use tracing::{debug, info, warn};
 
 use self::upstream::Upstream;
 
-/// The proxy's port (SPEC §10).
+/// The proxy's port (protocol §10).
 pub const DEFAULT_PORT: u16 = 14979;
 
 /// Where a standalone proxy listens: every interface, port 14979.
@@ -330,7 +330,7 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellati
 }
 
 /// Reads until the first binary message, the ask. Text messages carry
-/// nothing (SPEC §1). When the path ends, or the proxy shuts down, before an
+/// nothing (protocol §1). When the path ends, or the proxy shuts down, before an
 /// ask, how to end it instead.
 async fn ask(ws: &mut Ws, shutdown: &CancellationToken) -> Result<Bytes, End> {
     loop {

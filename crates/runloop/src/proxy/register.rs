@@ -1,5 +1,5 @@
 //! The `/agent/register` path: `{"agent": …}` in, exactly one message out
-//! (`[0]` registered, or `[1][error]`), then the close (SPEC §10).
+//! (`[0]` registered, or `[1][error]`), then the close (protocol §10).
 //!
 //! The ask goes to the agent program's `POST /register` as it came; the
 //! proxy only checks that it is an object with an `agent` member, so a

@@ -1,5 +1,5 @@
 //! The `/agent/run` path: the run-loop request in, the loop out as `[0]`
-//! messages, the close at the end (SPEC §10).
+//! messages, the close at the end (protocol §10).
 //!
 //! ```text
 //! ask ──check──▶ claim the loop ──POST /run──▶ 2xx event stream
@@ -14,7 +14,7 @@
 //! last byte of its `Content-Length`. A body that only ends because the
 //! agent program's connection closed (an HTTP/1.0 answer) cannot prove
 //! that the loop finished rather than crashed, so that end is a break too,
-//! with an error that says how to fix the agent program (SPEC §10).
+//! with an error that says how to fix the agent program (protocol §10).
 //!
 //! The loop is claimed before the call and released as soon as the agent
 //! program's stream is over, before the close, so a server that asks for
@@ -120,7 +120,7 @@ async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellation
     }
 }
 
-/// The error of a loop whose body ended with its connection (SPEC §10).
+/// The error of a loop whose body ended with its connection (protocol §10).
 const NOT_DELIMITED: &str = "the agent program's /run response ended when its connection closed \
      (an HTTP/1.0-style body, neither chunked nor with a Content-Length), so the proxy cannot tell \
      a finished loop from a crashed one; answer /run with HTTP/1.1 chunked transfer encoding or a \

@@ -1,5 +1,5 @@
 //! The agent program, as the proxy calls it: `POST /register` and
-//! `POST /run` over HTTP, and the error value each failure becomes (SPEC §10).
+//! `POST /run` over HTTP, and the error value each failure becomes (protocol §10).
 //!
 //! Every failure is turned into error JSON here, once, so the two paths only
 //! decide when to send it:
@@ -14,7 +14,7 @@
 //! A 2xx event stream also says how its body ends ([`Framing`]): only a
 //! marked end (chunked, HTTP/2) or a length can prove the loop finished. A
 //! body that ends when the connection closes reads the same whether the
-//! agent program finished or crashed (SPEC §10), so the proxy relays its
+//! agent program finished or crashed (protocol §10), so the proxy relays its
 //! events and then says it cannot tell.
 
 use std::io;

@@ -3,7 +3,7 @@
 //!
 //! There is nothing to start and nothing to stop, and no way to tell when
 //! the container ends: the server only talks to it. Note that a proxy takes
-//! one registration in its life (SPEC §10), so an attached proxy serves one
+//! one registration in its life (protocol §10), so an attached proxy serves one
 //! run; the next run's registration is refused by the proxy itself.
 
 use std::future;

@@ -2,7 +2,7 @@
 //! server's own process, each on its own loopback port.
 //!
 //! It is the embedded default (`demo=builtin:demo`): nothing to install,
-//! nothing to start, and still the whole path of SPEC §10 — the server
+//! nothing to start, and still the whole path of protocol §10 — the server
 //! talks WebSocket to a real proxy, which talks HTTP and SSE to a real agent
 //! program — so what a user sees with it is what they would see with a
 //! container. There is nothing to limit in-process, so the request's memory

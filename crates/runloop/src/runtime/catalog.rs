@@ -1,4 +1,4 @@
-//! The catalog: which runtime serves which `server` image name (SPEC §12).
+//! The catalog: which runtime serves which `server` image name (protocol §12).
 //!
 //! Only `server` images from the catalog are run. An entry may pin a
 //! digest, and then any other digest is refused; an unpinned entry accepts

@@ -1,5 +1,5 @@
 //! The exec runtime: an agent program started as a child process, with a
-//! proxy of this crate beside it in the server's process (SPEC §12).
+//! proxy of this crate beside it in the server's process (protocol §12).
 //!
 //! ```text
 //! server ──ws──▶ proxy (task, 127.0.0.1:P1) ──HTTP──▶ child process ($PORT = P2, own process group)

@@ -3,7 +3,7 @@
 //! The server does not care whether an agent is a container, a child
 //! process or a task in its own process. It asks a [`Runtime`] for a
 //! [`Container`], talks to that container's proxy over the `/agent/*` paths
-//! (SPEC §10), and stops it when the run ends. The [`Catalog`] decides which
+//! (protocol §10), and stops it when the run ends. The [`Catalog`] decides which
 //! runtime serves which `server` image name.
 //!
 //! The trait is object-safe (boxed futures) so a catalog can hold runtimes of
@@ -26,7 +26,7 @@ pub use exec::{Exec, ExecContainer};
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The limits a run asked for (SPEC §5).
+/// The limits a run asked for (protocol §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Memory limit, bytes.

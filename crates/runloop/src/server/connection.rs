@@ -1,5 +1,5 @@
 //! One caller's connection on the server: authorization, then frames in,
-//! dispatched against the table of open scopes and channels (SPEC §2, §3).
+//! dispatched against the table of open scopes and channels (protocol §2, §3).
 //!
 //! The table is the single source of truth for which numbers are taken. A
 //! number is freed under the table's lock *before* its finish is queued, and
@@ -23,7 +23,7 @@
 //! Everything else a connection queues is bounded by its scopes and
 //! channels, themselves bounded by [`Limits`](crate::connection::Limits).
 //!
-//! A connection ends with a close handshake whichever side closes (SPEC §12
+//! A connection ends with a close handshake whichever side closes (protocol §12
 //! "Clean ends"). A caller's close is answered at once, before its runs
 //! have ended (nothing may be sent after a close anyway); the server's own
 //! close (a refusal, a turn-away, a shutdown, a violation) waits for the
@@ -322,7 +322,7 @@ async fn turn_away(io: impl Io, shared: &Shared, deadline: tokio::time::Instant)
 }
 
 /// Ends a connection that was refused at authorization: a close with
-/// code 1008 and no reason, and no frame (SPEC §3).
+/// code 1008 and no reason, and no frame (protocol §3).
 async fn close_without_frame<S: Io>(
     sink: SplitSink<WebSocketStream<S>, Message>,
     stream: SplitStream<WebSocketStream<S>>,

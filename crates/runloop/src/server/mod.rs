@@ -54,7 +54,7 @@ use tracing::{info, warn};
 use crate::connection::{Limit, LimitError, Limits};
 use crate::runtime::Catalog;
 
-/// Which credentials the server accepts (SPEC §3).
+/// Which credentials the server accepts (protocol §3).
 #[derive(Clone, PartialEq, Eq)]
 pub enum Credentials {
     /// Any credential, empty included. Only sensible on a loopback address;
@@ -115,7 +115,7 @@ pub struct ServerConfig {
     /// Per-connection limits.
     pub limits: Limits,
     /// How long a new connection may take to authorize before it is closed
-    /// without a frame (SPEC §12). Once authorized, nothing times out. At
+    /// without a frame (protocol §12). Once authorized, nothing times out. At
     /// least [`Limit::MIN_AUTHORIZATION_GRACE`].
     pub authorization_grace: Duration,
     /// Caller connections served at once, authorized or not yet. One more
@@ -188,7 +188,7 @@ pub struct StatsSnapshot {
     pub relays: usize,
     /// Open WebSocket paths to proxies.
     pub proxy_paths: usize,
-    /// Frames disregarded since the server started (SPEC §2).
+    /// Frames disregarded since the server started (protocol §2).
     pub disregarded: u64,
     /// Connections turned away at the connection limit since the server
     /// started.

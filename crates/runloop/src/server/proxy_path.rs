@@ -1,4 +1,4 @@
-//! Dialling a proxy's bare paths (SPEC §10): `/agent/register` once per
+//! Dialling a proxy's bare paths (protocol §10): `/agent/register` once per
 //! container, `/agent/run` once per loop.
 //!
 //! On these paths messages carry no frame header: the first binary message

@@ -1,5 +1,5 @@
 //! One run-loop channel on the server: the relay from the proxy's
-//! `/agent/run` to the caller (SPEC §7, §12).
+//! `/agent/run` to the caller (protocol §7, §12).
 //!
 //! ```text
 //! proxy message ──tag byte only──▶ Relay ──▶ [header][message] ──▶ outbox ──▶ caller
@@ -178,7 +178,7 @@ async fn relay(
                 conn.queue_data(frame::to_message(&frame), permit);
             }
             Relayed::Last(error, finish) => {
-                // The proxy's error is the end (SPEC §12): nothing after it
+                // The proxy's error is the end (protocol §12): nothing after it
                 // is read, whether or not the proxy goes on to close.
                 last.extend_from_slice(&error);
                 return finish;

@@ -1,5 +1,5 @@
 //! One run: a `containers::agents::run` scope from its request to its
-//! finish (SPEC §5, §6, §12).
+//! finish (protocol §5, §6, §12).
 //!
 //! ```text
 //! request ──validate, policy, catalog──▶ refused: [1] error, finish
