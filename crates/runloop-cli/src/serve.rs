@@ -104,7 +104,9 @@ impl Args {
         } else {
             let mut catalog = Catalog::new();
             for spec in &self.agents {
-                catalog.add(spec.clone());
+                catalog
+                    .add(spec.clone())
+                    .map_err(|error| Failure::Argument(error.to_string()))?;
             }
             catalog
         };
