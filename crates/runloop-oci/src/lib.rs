@@ -17,13 +17,31 @@
 //! ```
 //!
 //! The modules, in the order an image meets them: [`digest`], [`layout`],
-//! [`image`], [`unpack`], [`store`].
+//! [`image`], [`unpack`], [`store`]; then a run: [`host`] (what runs
+//! share, checked at startup), [`container`] (one container's life), and
+//! the parts it is made of — [`disk`], [`network`], [`user`], [`bundle`],
+//! [`runc`], [`cgroup`], [`link`], [`command`].
 
+pub mod bundle;
+pub mod cgroup;
+pub mod command;
+pub mod container;
 pub mod digest;
+pub mod disk;
+pub mod host;
 pub mod image;
 pub mod layout;
+pub mod link;
+pub mod network;
+pub mod runc;
 pub mod store;
 pub mod unpack;
+pub mod user;
+
+pub use container::{OciContainer, OciRuntime};
+pub use host::{Host, HostConfig, HostError};
+/// The OCI spec types this crate's API speaks (media types, descriptors).
+pub use oci_spec;
 
 /// A random name for a temporary file or a run: 12 lowercase hex digits
 /// (48 bits), short enough for an interface name.

@@ -13,6 +13,7 @@ mod attach;
 mod builtin;
 mod catalog;
 mod exec;
+pub mod output;
 
 use std::fmt;
 use std::future::Future;

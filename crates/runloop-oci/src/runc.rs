@@ -1,0 +1,98 @@
+//! runc: the OCI runtime that runs each container, driven through its
+//! command line.
+//!
+//! A container runs under `runc run --keep` in the foreground: runc stays
+//! the parent of the container's first process, passes its stdout and
+//! stderr through, and exits with its status when it ends — so the host
+//! learns of the end by waiting for a child, with no polling. `--keep`
+//! leaves the stopped container (and its cgroup) in place until `runc
+//! delete`, so the cgroup's OOM count can be read after the end.
+//! Containers are named `runloop-KEY`, and `runc list` shows them under
+//! runc's default state directory like any other.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::process::Command;
+
+use crate::command::{self, CommandError};
+
+/// The container id of a run.
+pub fn id(key: &str) -> String {
+    format!("runloop-{key}")
+}
+
+/// The runc binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Runc {
+    binary: PathBuf,
+}
+
+impl Runc {
+    /// runc at `binary` (a path, or a name looked up in `PATH`).
+    pub fn new(binary: impl Into<PathBuf>) -> Runc {
+        Runc {
+            binary: binary.into(),
+        }
+    }
+
+    async fn run<I, S>(&self, args: I) -> Result<String, CommandError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        command::run(self.binary.as_os_str(), args, None).await
+    }
+
+    /// Its version line.
+    pub async fn version(&self) -> Result<String, CommandError> {
+        let out = self.run(["--version"]).await?;
+        Ok(out.lines().next().unwrap_or_default().to_owned())
+    }
+
+    /// The command that runs the bundle at `bundle` as container `id`, in
+    /// the foreground, keeping it after it ends.
+    pub fn run_command(&self, bundle: &Path, id: &str) -> Command {
+        let mut command = Command::new(&self.binary);
+        let bundle: OsString = bundle.as_os_str().to_owned();
+        command
+            .args([
+                OsStr::new("run"),
+                OsStr::new("--keep"),
+                OsStr::new("--bundle"),
+            ])
+            .arg(bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command
+    }
+
+    /// Sends `signal` to the container's first process, or with `all` to
+    /// every process in it.
+    pub async fn kill(&self, id: &str, signal: &str, all: bool) -> Result<(), CommandError> {
+        let mut args = vec!["kill"];
+        if all {
+            args.push("--all");
+        }
+        args.extend([id, signal]);
+        self.run(args).await.map(drop)
+    }
+
+    /// Deletes the container (killing what is left of it); absent is fine.
+    pub async fn delete(&self, id: &str) -> Result<(), CommandError> {
+        match self.run(["delete", "--force", id]).await {
+            Err(error) if !error.says("does not exist") => Err(error),
+            _ => Ok(()),
+        }
+    }
+
+    /// The ids of every container runc knows.
+    pub async fn list(&self) -> Result<Vec<String>, CommandError> {
+        let out = self.run(["list", "--quiet"]).await?;
+        Ok(out.lines().map(str::to_owned).collect())
+    }
+}
