@@ -17,6 +17,7 @@ use runloop::connection::Limits;
 use runloop::runtime::{AgentSpec, Catalog, RuntimeSpec};
 use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig};
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
+use runloop_oci::registry::{Pull, RegistryConfig};
 use runloop_oci::{Host, HostConfig};
 use tracing::info;
 
@@ -66,8 +67,20 @@ pub struct Args {
     /// code 1013 (try again later) and a reason.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_parser = at_least_one)]
     pub max_connections: usize,
-    /// Containers (`oci:` entries): the store of unpacked images and runs
-    /// [default: /var/lib/runloop for root].
+    /// A registry whose images are run (repeatable): `HOST[:PORT]`, as
+    /// written in the references of `registry` images, pulled over HTTPS.
+    /// Without any, `registry` images are refused.
+    #[arg(long = "registry", value_name = "HOST[:PORT]")]
+    pub registries: Vec<String>,
+    /// A registry pulled from over plain HTTP (repeatable); also allowed.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registries: Vec<String>,
+    /// The largest registry image (manifest, configuration and compressed
+    /// layers), bytes (K/M/G suffixes).
+    #[arg(long, default_value = "2G", value_parser = bytes)]
+    pub max_image_size: u64,
+    /// Containers (`oci:` entries, registry images): the store of pulled
+    /// blobs, unpacked images and runs [default: /var/lib/runloop for root].
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
     /// Containers: the IPv4 network their addresses come from, a /30 each.
@@ -168,20 +181,34 @@ impl Args {
         Ok(config)
     }
 
-    /// Opens the container host, if anything needs one, and adds the
-    /// catalog's `oci:` entries, each pinned to its layout's digest.
+    /// Opens the container host, if anything needs one, adds the catalog's
+    /// `oci:` entries (each pinned to its layout's digest), and the
+    /// registry puller.
     async fn containers(&self, config: &mut ServerConfig) -> Result<(), Failure> {
         let layouts: Vec<&AgentSpec> = self
             .agents
             .iter()
             .filter(|spec| matches!(spec.runtime, RuntimeSpec::Oci(_)))
             .collect();
-        if layouts.is_empty() {
+        let pulls = !self.registries.is_empty() || !self.insecure_registries.is_empty();
+        if layouts.is_empty() && !pulls {
             return Ok(());
         }
         let host = Host::open(self.host_config()?)
             .await
             .map_err(Failure::Containers)?;
+        if pulls {
+            let registry = RegistryConfig {
+                allowed: self.registries.clone(),
+                insecure: self.insecure_registries.clone(),
+                max_image_size: self.max_image_size,
+            };
+            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, max_image_size = registry.max_image_size, "pulling registry images");
+            config.registry = Some(std::sync::Arc::new(Pull::new(
+                std::sync::Arc::clone(&host),
+                registry,
+            )));
+        }
         for spec in layouts {
             let RuntimeSpec::Oci(dir) = &spec.runtime else {
                 continue;

@@ -242,30 +242,37 @@ impl Image {
 /// Picks the manifest for this platform from an index, following one
 /// level of nested index.
 fn select(layout: &Layout, index: &ImageIndex, depth: u8) -> Result<(Digest, u64), ImageError> {
+    let entry = pick(index, depth == 0)?;
+    let digest = digest_of(entry)?;
+    if is_index(entry.media_type().as_ref()) {
+        let (nested, _): (ImageIndex, _) =
+            layout.read_json("index", &digest, Some(entry.size()))?;
+        return select(layout, &nested, depth + 1);
+    }
+    Ok((digest, entry.size()))
+}
+
+/// The one entry of an index for this platform (linux and this host's
+/// architecture, or no platform named): an image manifest or, where
+/// `nested` is allowed, an index to look in.
+pub fn pick(index: &ImageIndex, nested: bool) -> Result<&Descriptor, ImageError> {
     let host = host_arch();
-    let fits = |entry: &&Descriptor| {
-        entry.platform().as_ref().is_none_or(|platform| {
-            platform.os().to_string() == "linux" && platform.architecture().to_string() == host
-        })
-    };
     let candidates: Vec<&Descriptor> = index
         .manifests()
         .iter()
         .filter(|entry| {
-            let media_type = entry.media_type().to_string();
-            is_manifest(&media_type) || (depth == 0 && is_index(&media_type))
+            let media_type = entry.media_type().as_ref();
+            is_manifest(media_type) || (nested && is_index(media_type))
         })
-        .filter(fits)
+        .filter(|entry| {
+            entry.platform().as_ref().is_none_or(|platform| {
+                platform.os().to_string() == "linux" && platform.architecture().to_string() == host
+            })
+        })
         .collect();
     match candidates.as_slice() {
         [] => Err(ImageError::NoImage { arch: host }),
-        [one] if is_index(one.media_type().as_ref()) => {
-            let digest = digest_of(one)?;
-            let (nested, _): (ImageIndex, _) =
-                layout.read_json("index", &digest, Some(one.size()))?;
-            select(layout, &nested, depth + 1)
-        }
-        [one] => Ok((digest_of(one)?, one.size())),
+        [one] => Ok(one),
         many => Err(ImageError::Ambiguous {
             count: many.len(),
             arch: host,

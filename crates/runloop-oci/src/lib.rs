@@ -17,7 +17,8 @@
 //! ```
 //!
 //! The modules, in the order an image meets them: [`digest`], [`layout`],
-//! [`image`], [`unpack`], [`store`]; then a run: [`host`] (what runs
+//! [`image`], [`unpack`], [`store`] — and for `registry` images
+//! [`registry`] before them; then a run: [`host`] (what runs
 //! share, checked at startup), [`container`] (one container's life), and
 //! the parts it is made of — [`disk`], [`network`], [`user`], [`bundle`],
 //! [`runc`], [`cgroup`], [`link`], [`command`].
@@ -33,6 +34,7 @@ pub mod image;
 pub mod layout;
 pub mod link;
 pub mod network;
+pub mod registry;
 pub mod runc;
 pub mod store;
 pub mod unpack;

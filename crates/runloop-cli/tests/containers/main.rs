@@ -8,14 +8,18 @@
 //! veth, mount, loop device or run directory.
 
 mod images;
+mod registry;
 
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use images::Images;
+use registry::LocalRegistry;
+use runloop_oci::layout::Layout;
 use serde_json::Value;
 
 /// A /24 of container addresses no other test of this run uses.
@@ -25,9 +29,10 @@ fn subnet() -> String {
 }
 
 /// A `runloop serve` with a store of its own, stopped with SIGKILL when
-/// dropped (its leftovers are then for the next server on the store).
+/// dropped (its leftovers are then for the next server on the store). The
+/// store lives as long as this value, stopped or not.
 struct Server {
-    child: Option<Child>,
+    child: Mutex<Option<Child>>,
     url: String,
     store: PathBuf,
     log: PathBuf,
@@ -68,15 +73,15 @@ impl Server {
         let mut url = String::new();
         let stdout = child.stdout.take().expect("stdout");
         BufReader::new(stdout).read_line(&mut url).expect("reads");
-        let mut server = Server {
-            child: Some(child),
+        let server = Server {
+            child: Mutex::new(Some(child)),
             url: url.trim().to_owned(),
             store,
             log,
             _scratch: scratch,
         };
         if server.url.is_empty() {
-            let status = server.child.as_mut().map(|c| c.wait());
+            let status = server.take().map(|mut child| child.wait());
             panic!("serve did not start ({status:?}):\n{}", server.log());
         }
         server
@@ -91,9 +96,14 @@ impl Server {
         run_against(&self.url, image, memory, disk, prompt)
     }
 
+    /// The server's process, taken (to stop it).
+    fn take(&self) -> Option<Child> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     /// Stops the server with SIGTERM; returns its exit code.
-    fn terminate(mut self) -> Option<i32> {
-        let mut child = self.child.take().expect("running");
+    fn terminate(&self) -> Option<i32> {
+        let mut child = self.take().expect("running");
         let status = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status()
@@ -119,7 +129,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(mut child) = self.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -128,6 +138,26 @@ impl Drop for Server {
 
 fn fastrand_suffix() -> String {
     runloop_oci::random_name()
+}
+
+/// `runloop run --json` of a registry image.
+fn pull_and_run(url: &str, reference: &str, prompt: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args([
+            "run",
+            "--json",
+            "--url",
+            url,
+            "--registry-image",
+            reference,
+            "--memory",
+            "128M",
+            "--disk",
+            "8M",
+            prompt,
+        ])
+        .output()
+        .expect("run runs")
 }
 
 fn run_against(url: &str, image: &str, memory: &str, disk: &str, prompt: &str) -> Output {
@@ -517,8 +547,7 @@ fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
     let keys = server.keys();
     assert_eq!(keys.len(), 1);
     // SIGKILL: nothing is stopped or removed.
-    let mut server = server;
-    let mut child = server.child.take().expect("running");
+    let mut child = server.take().expect("running");
     child.kill().expect("killed");
     child.wait().expect("reaped");
     let _ = caller.kill();
@@ -545,4 +574,188 @@ fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     drop(server);
     assert_eq!(next.terminate(), Some(0));
+}
+
+/// The builtin demo's chunks for `prompt`, the reference the containers
+/// must match.
+fn builtin_chunks(prompt: &str) -> Vec<String> {
+    let builtin = Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args(["run", "--json", prompt])
+        .output()
+        .expect("runs");
+    chunks(&json_lines(&builtin))
+}
+
+#[test]
+fn a_registry_image_runs_and_two_runs_at_once_pull_it_once() {
+    let images = Images::get();
+    let (path, digest) = images.agent_layout("registry");
+    let registry = LocalRegistry::start();
+    registry.push(
+        &Layout::open(&path).expect("layout"),
+        &digest,
+        "agents/demo",
+        "1",
+    );
+    let server = Server::start(&[], &["--insecure-registry", &registry.host]);
+    let reference = format!("{}/agents/demo:1", registry.host);
+    let prompt = "pulled from a registry";
+    let outputs: Vec<Output> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| scope.spawn(|| pull_and_run(&server.url, &reference, prompt)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("joined"))
+            .collect()
+    });
+    let expected = builtin_chunks(prompt);
+    for output in &outputs {
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{output:?}\n{}",
+            server.log()
+        );
+        assert_eq!(chunks(&json_lines(output)), expected);
+    }
+    // Each blob came from the registry once.
+    let manifest: Value = serde_json::from_slice(
+        &fs::read(Layout::open(&path).expect("layout").blob_path(&digest)).expect("manifest"),
+    )
+    .expect("JSON");
+    let blobs: Vec<&str> = std::iter::once(&manifest["config"])
+        .chain(manifest["layers"].as_array().expect("layers"))
+        .map(|descriptor| descriptor["digest"].as_str().expect("digest"))
+        .collect();
+    for blob in &blobs {
+        assert_eq!(registry.gets(&format!("/blobs/{blob}")), 1, "{blob}");
+    }
+    // Pinned by digest and in the store: the registry is not asked at all.
+    let manifests = registry.gets("/manifests/");
+    let pinned = format!("{}/agents/demo@{digest}", registry.host);
+    let output = pull_and_run(&server.url, &pinned, prompt);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(registry.gets("/manifests/"), manifests);
+    // The store is an OCI layout that names what was pulled.
+    let index = fs::read_to_string(server.store.join("layout/index.json")).expect("index");
+    assert!(index.contains(&reference), "{index}");
+
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys.len(), 3);
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+/// The message of a refused run (`runloop run` exits 2 and says it).
+fn refusal(output: &Output) -> String {
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn registry_images_are_refused_before_anything_starts() {
+    let images = Images::get();
+    let (path, digest) = images.agent_layout("refusals");
+    let layout = Layout::open(&path).expect("layout");
+    let registry = LocalRegistry::start();
+    registry.push(&layout, &digest, "agents/demo", "1");
+    let server = Server::start(&[], &["--insecure-registry", &registry.host]);
+    let host = &registry.host;
+
+    let output = pull_and_run(&server.url, "127.0.0.1:9/agents/demo:1", "x");
+    let said = refusal(&output);
+    assert!(said.contains(r#""kind":"policy""#), "{said}");
+    assert!(
+        said.contains("registry 127.0.0.1:9 is not one this server pulls from"),
+        "{said}"
+    );
+
+    let said = refusal(&pull_and_run(
+        &server.url,
+        &format!("{host}/agents/absent:1"),
+        "x",
+    ));
+    assert!(said.contains("not found"), "{said}");
+
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let said = refusal(&pull_and_run(
+        &server.url,
+        &format!("{host}/agents/demo:1@{wrong}"),
+        "x",
+    ));
+    assert!(said.contains("not found"), "{said}");
+
+    // A manifest whose bytes no longer match its digest.
+    let (tampered_manifest, _) =
+        images::write_image(&layout, "other", &[&images.hog], &["/hog", "disk"]);
+    registry.push(&layout, &tampered_manifest, "agents/tampered-manifest", "1");
+    registry.tamper_manifest(&tampered_manifest);
+    let said = refusal(&pull_and_run(
+        &server.url,
+        &format!("{host}/agents/tampered-manifest:1"),
+        "x",
+    ));
+    assert!(said.contains("digest mismatch"), "{said}");
+
+    // A layer whose bytes no longer match its digest.
+    let odd = images::layer(&[("odd", 0o644, b"a layer only this image has")]);
+    let (tampered_layer, manifest) =
+        images::write_image(&layout, "odd", &[&images.hog, &odd], &["/hog", "disk"]);
+    registry.push(&layout, &tampered_layer, "agents/tampered-layer", "1");
+    let parsed: Value = serde_json::from_slice(&manifest).expect("JSON");
+    let odd_digest: runloop_oci::digest::Digest = parsed["layers"][1]["digest"]
+        .as_str()
+        .expect("digest")
+        .parse()
+        .expect("digest");
+    registry.tamper(&odd_digest);
+    let said = refusal(&pull_and_run(
+        &server.url,
+        &format!("{host}/agents/tampered-layer:1"),
+        "x",
+    ));
+    assert!(said.contains("digest mismatch"), "{said}");
+
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys, Vec::<String>::new(), "no container started");
+    assert_eq!(
+        fs::read_dir(store.join("images")).expect("images").count(),
+        0,
+        "nothing unpacked"
+    );
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+
+    // Too large: refused from the manifest, before any layer is fetched.
+    let small = Server::start(
+        &[],
+        &["--insecure-registry", host, "--max-image-size", "64K"],
+    );
+    let layer_gets = registry.gets("/blobs/");
+    let said = refusal(&pull_and_run(
+        &small.url,
+        &format!("{host}/agents/demo:1"),
+        "x",
+    ));
+    assert!(said.contains("too large"), "{said}");
+    assert!(
+        said.contains("over this server's limit of 65536 bytes"),
+        "{said}"
+    );
+    assert_eq!(registry.gets("/blobs/"), layer_gets, "no blob was fetched");
+    assert_eq!(small.keys(), Vec::<String>::new());
+    assert_eq!(small.terminate(), Some(0));
+}
+
+#[test]
+fn a_server_without_registries_refuses_registry_images() {
+    let images = Images::get();
+    let (path, _) = images.agent_layout("no-registry");
+    let server = Server::start(&[format!("demo=oci:{}", path.display())], &[]);
+    let said = refusal(&pull_and_run(&server.url, "127.0.0.1:9/agents/demo:1", "x"));
+    assert!(said.contains("registry images are not run here"), "{said}");
+    assert_eq!(server.terminate(), Some(0));
 }

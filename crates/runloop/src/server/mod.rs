@@ -52,7 +52,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::connection::Limits;
-use crate::runtime::Catalog;
+use crate::runtime::{Catalog, Registry};
 
 /// Which credentials the server accepts (SPEC §3).
 #[derive(Clone, PartialEq, Eq)]
@@ -124,6 +124,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// The images this server runs.
     pub catalog: Catalog,
+    /// Where `registry` images are pulled from; without one they are refused.
+    pub registry: Option<Arc<dyn Registry>>,
 }
 
 impl ServerConfig {
@@ -136,6 +138,7 @@ impl ServerConfig {
             authorization_grace: Duration::from_secs(10),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             catalog,
+            registry: None,
         }
     }
 }
