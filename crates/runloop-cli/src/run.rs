@@ -54,7 +54,7 @@ pub struct Args {
     /// sha256:0…0 is sent, which unpinned catalog entries accept.
     #[arg(long, default_value = "demo", value_parser = image)]
     pub image: ImageRef,
-    /// Run a registry image instead: HOST[:PORT]/REPO[:TAG][@DIGEST]
+    /// Run a registry image instead: `HOST[:PORT]/REPO[:TAG][@DIGEST]`
     /// (the server must pull from HOST).
     #[arg(long, value_name = "REFERENCE", conflicts_with = "image")]
     pub registry_image: Option<String>,

@@ -419,11 +419,6 @@ pub struct OciContainer {
 }
 
 impl OciContainer {
-    /// The run's key (its container is `runloop-KEY`).
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
     /// Stops the container, tears it down, and says how it ended.
     pub async fn terminate(mut self) -> String {
         self.stop.cancel();

@@ -107,11 +107,6 @@ impl Pull {
         }
     }
 
-    /// The registries this server pulls from.
-    pub fn config(&self) -> &RegistryConfig {
-        &self.config
-    }
-
     /// The runtime for `reference`, pulling what the store lacks.
     pub async fn runtime(&self, text: &str) -> Result<OciRuntime, RegistryError> {
         let reference: Reference = text.parse().map_err(|error| {

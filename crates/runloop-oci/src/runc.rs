@@ -89,10 +89,4 @@ impl Runc {
             _ => Ok(()),
         }
     }
-
-    /// The ids of every container runc knows.
-    pub async fn list(&self) -> Result<Vec<String>, CommandError> {
-        let out = self.run(["list", "--quiet"]).await?;
-        Ok(out.lines().map(str::to_owned).collect())
-    }
 }

@@ -7,6 +7,7 @@
 //! left on the machine: no runc container, cgroup, network namespace,
 //! veth, mount, loop device or run directory.
 
+mod figures;
 mod images;
 mod registry;
 
@@ -14,18 +15,24 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use images::Images;
 use registry::LocalRegistry;
 use runloop_oci::layout::Layout;
 use serde_json::Value;
 
-/// A /24 of container addresses no other test of this run uses.
+/// A /24 of container addresses no other test of this run uses: the
+/// second octet is drawn once per test process (so that two test runs on
+/// one machine are unlikely to meet), the third counts the tests.
 fn subnet() -> String {
+    static SECOND: OnceLock<u8> = OnceLock::new();
     static NEXT: AtomicU8 = AtomicU8::new(1);
-    format!("10.213.{}.0/24", NEXT.fetch_add(1, Ordering::Relaxed))
+    let second = SECOND.get_or_init(|| {
+        64 + u8::from_str_radix(&runloop_oci::random_name()[..2], 16).unwrap_or(0) % 64
+    });
+    format!("10.{second}.{}.0/24", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A `runloop serve` with a store of its own, stopped with SIGKILL when
@@ -55,7 +62,7 @@ impl Server {
     ) -> Server {
         let log = scratch
             .path()
-            .join(format!("serve-{}.log", fastrand_suffix()));
+            .join(format!("serve-{}.log", runloop_oci::random_name()));
         let mut command = Command::new(env!("CARGO_BIN_EXE_runloop"));
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--store"])
@@ -134,10 +141,6 @@ impl Drop for Server {
             let _ = child.wait();
         }
     }
-}
-
-fn fastrand_suffix() -> String {
-    runloop_oci::random_name()
 }
 
 /// `runloop run --json` of a registry image.
@@ -758,4 +761,63 @@ fn a_server_without_registries_refuses_registry_images() {
     let said = refusal(&pull_and_run(&server.url, "127.0.0.1:9/agents/demo:1", "x"));
     assert!(said.contains("registry images are not run here"), "{said}");
     assert_eq!(server.terminate(), Some(0));
+}
+
+/// `runloop serve` that is expected to refuse to start: its stderr.
+fn serve_refuses(prefix: &[&str], agent: &str, env_path: Option<&str>) -> String {
+    let scratch = tempfile::tempdir().expect("temp");
+    let mut command = Command::new(
+        prefix
+            .first()
+            .copied()
+            .unwrap_or(env!("CARGO_BIN_EXE_runloop")),
+    );
+    if !prefix.is_empty() {
+        command
+            .args(&prefix[1..])
+            .arg(env!("CARGO_BIN_EXE_runloop"));
+    }
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(scratch.path().join("store"))
+        .args(["--agent", agent]);
+    if let Some(path) = env_path {
+        command.env("PATH", path);
+    }
+    let output = command.output().expect("serve runs");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(output.stdout.is_empty(), "it never listened: {output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn serve_refuses_at_startup_what_it_cannot_run() {
+    let images = Images::get();
+    let (path, digest) = images.agent_layout("startup");
+    let agent = format!("demo=oci:{}", path.display());
+
+    let said = serve_refuses(&[], &agent, Some("/nonexistent"));
+    assert!(
+        said.contains("cannot run containers: runc does not run"),
+        "{said}"
+    );
+
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let said = serve_refuses(&nobody, &agent, None);
+    assert!(said.contains("running containers needs root"), "{said}");
+
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let said = serve_refuses(&[], &format!("demo@{wrong}=oci:{}", path.display()), None);
+    assert!(
+        said.contains(&format!("holds image {digest}, not the pinned {wrong}")),
+        "{said}"
+    );
+
+    let said = serve_refuses(&[], "demo=oci:/nonexistent/layout", None);
+    assert!(said.contains("is not an OCI image layout"), "{said}");
 }
