@@ -226,8 +226,14 @@ impl Started {
             ended: CancellationToken::new(),
         });
         let stop = CancellationToken::new();
+        let run = self.host.store().runs().join(&self.key);
         let serving = async {
-            listening(&mut self.child, self.agent, timeout).await?;
+            listening(&mut self.child, self.agent, timeout)
+                .await
+                .map_err(|why| match runc::last_error(&run) {
+                    Some(runc) => format!("{why} ({runc})"),
+                    None => why,
+                })?;
             let link = link::bind(self.agent, watch.clone(), stop.clone())
                 .await
                 .map_err(|error| format!("cannot bind the agent link: {error}"))?;

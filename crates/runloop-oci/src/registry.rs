@@ -21,6 +21,9 @@
 //!   manifest declares them) must fit the configured size, checked before
 //!   any layer is fetched, and no blob may run past its declared size.
 //!
+//! A registry that does not connect within 30 s, or goes silent for 60 s
+//! mid-answer, fails the pull.
+//!
 //! Blobs are kept in the store's layout under their digests and shared by
 //! every image; a reference pinned by digest whose image is already there
 //! runs without asking the registry. Two runs that ask for the same
@@ -29,6 +32,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use oci_client::client::{ClientConfig, ClientProtocol};
@@ -45,6 +49,12 @@ use crate::digest::{Digest, Hasher};
 use crate::host::Host;
 use crate::image::{self, ACCEPTED, Image, is_index};
 use crate::layout::{MAX_JSON, check};
+
+/// How long a registry has to accept a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a registry may go silent mid-answer before the pull fails (a
+/// run's start waits on it, and so do the runs asking for the same image).
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Which registries a server pulls from, and how much.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +108,8 @@ impl Pull {
     pub fn new(host: Arc<Host>, config: RegistryConfig) -> Pull {
         let client = Client::new(ClientConfig {
             protocol: ClientProtocol::HttpsExcept(config.insecure.clone()),
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            read_timeout: Some(READ_TIMEOUT),
             ..ClientConfig::default()
         });
         Pull {

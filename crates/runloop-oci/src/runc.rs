@@ -10,7 +10,7 @@
 //! Containers are named `runloop-KEY`, and `runc list` shows them under
 //! runc's default state directory like any other.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -21,6 +21,23 @@ use crate::command::{self, CommandError};
 /// The container id of a run.
 pub fn id(key: &str) -> String {
     format!("runloop-{key}")
+}
+
+/// Where runc logs its own messages about a run (JSON lines).
+pub fn log(bundle: &Path) -> PathBuf {
+    bundle.join("runc.log")
+}
+
+/// The last error runc logged for a run, if any: why a container did not
+/// start (an entrypoint that does not exist, a bad working directory…).
+pub fn last_error(bundle: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log(bundle)).ok()?;
+    text.lines().rev().find_map(|line| {
+        let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+        (entry["level"] == "error")
+            .then(|| entry["msg"].as_str().map(str::to_owned))
+            .flatten()
+    })
 }
 
 /// The runc binary.
@@ -52,16 +69,14 @@ impl Runc {
     }
 
     /// The command that runs the bundle at `bundle` as container `id`, in
-    /// the foreground, keeping it after it ends.
+    /// the foreground, keeping it after it ends; runc's own messages go to
+    /// [`log`]`(bundle)`.
     pub fn run_command(&self, bundle: &Path, id: &str) -> Command {
         let mut command = Command::new(&self.binary);
-        let bundle: OsString = bundle.as_os_str().to_owned();
         command
-            .args([
-                OsStr::new("run"),
-                OsStr::new("--keep"),
-                OsStr::new("--bundle"),
-            ])
+            .arg("--log")
+            .arg(log(bundle))
+            .args(["--log-format", "json", "run", "--keep", "--bundle"])
             .arg(bundle)
             .arg(id)
             .stdin(Stdio::null())

@@ -213,30 +213,16 @@ impl Store {
         let job = Job {
             source: Arc::clone(source),
             image: image.clone(),
-            temporary: temporary.clone(),
+            temporary,
+            dir,
             limits: self.limits,
         };
+        // The job puts the image in place (or removes its temporary
+        // directory) itself: a caller that gives up waiting leaves no
+        // half-made image, and a finished one is cached for the next.
         let unpacked_bytes = tokio::task::spawn_blocking(move || job.run())
             .await
-            .map_err(|error| StoreError::Task(error.to_string()))?;
-        let unpacked_bytes = match unpacked_bytes {
-            Ok(bytes) => bytes,
-            Err(error) => {
-                let _ = unpack::remove_dir_all(&temporary);
-                return Err(error);
-            }
-        };
-        match fs::rename(&temporary, &dir) {
-            Ok(()) => {}
-            // Another server on a shared store got there first.
-            Err(_) if unpacked.rootfs.is_dir() => {
-                let _ = unpack::remove_dir_all(&temporary);
-            }
-            Err(error) => {
-                let _ = unpack::remove_dir_all(&temporary);
-                return Err(io_at(&dir)(error));
-            }
-        }
+            .map_err(|error| StoreError::Task(error.to_string()))??;
         info!(image = %image.digest, layers = image.layers.len(), bytes = unpacked_bytes, "image unpacked");
         unpacked.fresh = true;
         Ok(unpacked)
@@ -254,11 +240,30 @@ struct Job {
     source: Arc<Layout>,
     image: Image,
     temporary: PathBuf,
+    dir: PathBuf,
     limits: UnpackLimits,
 }
 
 impl Job {
+    /// Unpacks into the temporary directory and renames it into place;
+    /// on any failure the temporary directory is removed.
     fn run(self) -> Result<u64, StoreError> {
+        let unpacked = self.unpack().and_then(|bytes| {
+            match fs::rename(&self.temporary, &self.dir) {
+                Ok(()) => Ok(bytes),
+                // An earlier unpack of the same image, whose caller gave
+                // up waiting, finished first.
+                Err(_) if self.dir.join("rootfs").is_dir() => Ok(bytes),
+                Err(error) => Err(io_at(&self.dir)(error)),
+            }
+        });
+        if self.temporary.exists() {
+            let _ = unpack::remove_dir_all(&self.temporary);
+        }
+        unpacked
+    }
+
+    fn unpack(&self) -> Result<u64, StoreError> {
         let rootfs = self.temporary.join("rootfs");
         fs::DirBuilder::new()
             .recursive(true)

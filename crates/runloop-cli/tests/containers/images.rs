@@ -139,25 +139,26 @@ impl Images {
         Images { dir, runloop, hog }
     }
 
-    /// A layout holding the demo agent image (`runloop agent demo`).
-    pub fn agent_layout(&self, name: &str) -> (PathBuf, Digest) {
+    /// A layout of its own (`name`) holding one image.
+    pub fn layout(&self, name: &str, layers: &[&Layer], args: &[&str]) -> (PathBuf, Digest) {
         let path = self.dir.path().join(format!("layout-{name}"));
         let layout = Layout::create(&path).expect("layout");
-        let (digest, _) = write_image(
-            &layout,
-            "latest",
+        let (digest, _) = write_image(&layout, "latest", layers, args);
+        (path, digest)
+    }
+
+    /// A layout holding the demo agent image (`runloop agent demo`).
+    pub fn agent_layout(&self, name: &str) -> (PathBuf, Digest) {
+        self.layout(
+            name,
             &[&self.runloop],
             &["/runloop", "agent", "demo", "--listen", "0.0.0.0:8080"],
-        );
-        (path, digest)
+        )
     }
 
     /// A layout holding the hog image in `mode`.
     pub fn hog_layout(&self, mode: &str) -> (PathBuf, Digest) {
-        let path = self.dir.path().join(format!("layout-hog-{mode}"));
-        let layout = Layout::create(&path).expect("layout");
-        let (digest, _) = write_image(&layout, "latest", &[&self.hog], &["/hog", mode]);
-        (path, digest)
+        self.layout(&format!("hog-{mode}"), &[&self.hog], &["/hog", mode])
     }
 }
 

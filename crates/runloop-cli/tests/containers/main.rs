@@ -821,3 +821,44 @@ fn serve_refuses_at_startup_what_it_cannot_run() {
     let said = serve_refuses(&[], "demo=oci:/nonexistent/layout", None);
     assert!(said.contains("is not an OCI image layout"), "{said}");
 }
+
+#[test]
+fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
+    let images = Images::get();
+    let (missing, missing_digest) = images.layout("missing-entrypoint", &[&images.hog], &["/nope"]);
+    // Listening on the container's loopback only: the host never reaches it.
+    let (quiet, quiet_digest) = images.layout(
+        "loopback-only",
+        &[&images.runloop],
+        &["/runloop", "agent", "demo", "--listen", "127.0.0.1:8080"],
+    );
+    let server = Server::start(
+        &[
+            format!("missing=oci:{}", missing.display()),
+            format!("quiet=oci:{}", quiet.display()),
+        ],
+        &["--container-startup-timeout", "1"],
+    );
+    let said = refusal(&server.run(&format!("missing@{missing_digest}"), "64M", "4M", "x"));
+    assert!(said.contains(r#""kind":"runtime""#), "{said}");
+    assert!(
+        said.contains("the container exited before its agent program listened"),
+        "{said}"
+    );
+    assert!(said.contains("no such file or directory"), "{said}");
+    // Below the minimums: refused before anything is made.
+    let said = refusal(&server.run(&format!("missing@{missing_digest}"), "1M", "4M", "x"));
+    assert!(said.contains("below the container minimum"), "{said}");
+    let said = refusal(&server.run(&format!("missing@{missing_digest}"), "64M", "64K", "x"));
+    assert!(said.contains("below the container minimum"), "{said}");
+    let said = refusal(&server.run(&format!("quiet@{quiet_digest}"), "64M", "4M", "x"));
+    assert!(
+        said.contains("the agent program did not listen on"),
+        "{said}"
+    );
+    assert!(said.contains(":8080 within 1s"), "{said}");
+    let keys = server.keys();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys.len(), 2, "two containers were made, then removed");
+    assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
+}
