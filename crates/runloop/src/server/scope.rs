@@ -2,7 +2,7 @@
 //! finish (SPEC §5, §6, §12).
 //!
 //! ```text
-//! request ──validate, policy, catalog──▶ refused: [1] error, finish
+//! request ──validate, policy, catalog or registry──▶ refused: [1] error, finish
 //!    │
 //!    ▼ runtime.start ──▶ /agent/register ──▶ [0] {"id"} ──▶ serving channels
 //!                                                              │
