@@ -113,6 +113,10 @@ pub enum Failure {
         #[source]
         source: io::Error,
     },
+    /// The container host could not be set up, or an image it was given
+    /// could not be served.
+    #[error("{0}")]
+    Containers(#[source] runloop_oci::HostError),
     /// The async runtime, or the process around it, failed.
     #[error("{0}")]
     Runtime(#[source] io::Error),

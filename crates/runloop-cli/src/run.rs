@@ -16,7 +16,7 @@ use runloop::client::{Client, ClientConfig, Event};
 use runloop::runtime::Catalog;
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::agents_run::{
-    Container, Image, ImageRef, RunRequest, is_valid_digest, is_valid_name,
+    Container, Image, ImageRef, RegistryImage, RunRequest, is_valid_digest, is_valid_name,
 };
 use runloop_proto::capture::{Direction, Line};
 use runloop_proto::frame::{HEADER_LEN, Role};
@@ -54,6 +54,10 @@ pub struct Args {
     /// sha256:0…0 is sent, which unpinned catalog entries accept.
     #[arg(long, default_value = "demo", value_parser = image)]
     pub image: ImageRef,
+    /// Run a registry image instead: `HOST[:PORT]/REPO[:TAG][@DIGEST]`
+    /// (the server must pull from HOST).
+    #[arg(long, value_name = "REFERENCE", conflicts_with = "image")]
+    pub registry_image: Option<String>,
     /// JSON handed verbatim to the agent's registration.
     #[arg(long, default_value = "{}")]
     pub agent_json: String,
@@ -93,7 +97,13 @@ impl Args {
     fn request(&self) -> Result<RunRequest, Failure> {
         let agent = RawValue::from_string(self.agent_json.clone())
             .map_err(|e| Failure::Argument(format!("--agent-json is not JSON: {e}")))?;
-        let container = Container::new(Image::Server(self.image.clone()), self.memory, self.disk);
+        let image = match &self.registry_image {
+            Some(reference) => Image::Registry(RegistryImage {
+                reference: reference.clone(),
+            }),
+            None => Image::Server(self.image.clone()),
+        };
+        let container = Container::new(image, self.memory, self.disk);
         let request = RunRequest::new(container, agent);
         request
             .validate()

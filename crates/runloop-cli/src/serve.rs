@@ -10,11 +10,15 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use runloop::connection::{Limit, Limits};
-use runloop::runtime::{AgentSpec, Catalog};
+use runloop::runtime::{AgentSpec, Catalog, RuntimeSpec};
 use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig};
+use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
+use runloop_oci::registry::{Pull, RegistryConfig};
+use runloop_oci::{Host, HostConfig};
 use tracing::info;
 
 use crate::exit::{Exit, Failure};
@@ -36,8 +40,10 @@ pub struct Args {
     )]
     pub tokens: Vec<String>,
     /// An image the server runs (repeatable):
-    /// `NAME[@DIGEST]=builtin:demo | exec:PROGRAM [ARGS…] | proxy:ws://HOST:PORT`.
-    /// A DIGEST pins the image; without one any well-formed digest is accepted.
+    /// `NAME[@DIGEST]=builtin:demo | exec:PROGRAM [ARGS…] | proxy:ws://HOST:PORT | oci:DIR`.
+    /// A DIGEST pins the image; without one any well-formed digest is accepted,
+    /// except for `oci:DIR` (an OCI image layout, run in a container with runc),
+    /// which serves only the layout's own manifest digest.
     /// Default: demo=builtin:demo.
     #[arg(long = "agent", value_name = "SPEC")]
     pub agents: Vec<AgentSpec>,
@@ -63,6 +69,34 @@ pub struct Args {
     /// code 1013 (try again later) and a reason (at least 1).
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// A registry whose images are run (repeatable): `HOST[:PORT]`, as
+    /// written in the references of `registry` images, pulled over HTTPS.
+    /// Without any, `registry` images are refused.
+    #[arg(long = "registry", value_name = "HOST[:PORT]")]
+    pub registries: Vec<String>,
+    /// A registry pulled from over plain HTTP (repeatable); also allowed.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registries: Vec<String>,
+    /// The largest registry image (manifest, configuration and compressed
+    /// layers), bytes (K/M/G suffixes).
+    #[arg(long, default_value = "2G", value_parser = bytes)]
+    pub max_image_size: u64,
+    /// Containers (`oci:` entries, registry images): the store of pulled
+    /// blobs, unpacked images and runs [default: /var/lib/runloop for root].
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+    /// Containers: the IPv4 network their addresses come from, a /30 each.
+    #[arg(long, value_name = "CIDR", default_value_t = DEFAULT_SUBNET)]
+    pub container_network: Subnet,
+    /// Containers: seconds between the stop signal and SIGKILL.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub container_grace: f64,
+    /// Containers: seconds an agent has to accept TCP on its port.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub container_startup_timeout: f64,
+    /// Containers: processes one container may have at once.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub container_pids: u32,
 }
 
 /// The option that sets `limit`.
@@ -109,7 +143,12 @@ impl Args {
         } else {
             let mut catalog = Catalog::new();
             for spec in &self.agents {
-                catalog.add(spec.clone());
+                // `oci:` entries are added once the container host is up.
+                if !matches!(spec.runtime, RuntimeSpec::Oci(_)) {
+                    catalog
+                        .add(spec.clone())
+                        .map_err(|error| Failure::Argument(error.to_string()))?;
+                }
             }
             catalog
         };
@@ -134,11 +173,76 @@ impl Args {
         Ok(config)
     }
 
+    /// The container host's configuration.
+    fn host_config(&self) -> Result<HostConfig, Failure> {
+        let seconds = |value: f64, flag: &str| {
+            Duration::try_from_secs_f64(value)
+                .map_err(|_| Failure::Argument(format!("{flag} must be a number of seconds")))
+        };
+        let mut config =
+            HostConfig::new(self.store.clone().unwrap_or_else(HostConfig::default_store));
+        config.subnet = self.container_network;
+        config.grace = seconds(self.container_grace, "--container-grace")?;
+        config.startup_timeout = seconds(
+            self.container_startup_timeout,
+            "--container-startup-timeout",
+        )?;
+        config.pids = self.container_pids;
+        Ok(config)
+    }
+
+    /// Opens the container host, if anything needs one, adds the catalog's
+    /// `oci:` entries (each pinned to its layout's digest), and the
+    /// registry puller.
+    async fn containers(&self, config: &mut ServerConfig) -> Result<(), Failure> {
+        let layouts: Vec<&AgentSpec> = self
+            .agents
+            .iter()
+            .filter(|spec| matches!(spec.runtime, RuntimeSpec::Oci(_)))
+            .collect();
+        let pulls = !self.registries.is_empty() || !self.insecure_registries.is_empty();
+        if layouts.is_empty() && !pulls {
+            return Ok(());
+        }
+        let host = Host::open(self.host_config()?)
+            .await
+            .map_err(Failure::Containers)?;
+        if pulls {
+            let registry = RegistryConfig {
+                allowed: self.registries.clone(),
+                insecure: self.insecure_registries.clone(),
+                max_image_size: self.max_image_size,
+            };
+            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, max_image_size = registry.max_image_size, "pulling registry images");
+            config.registry = Some(std::sync::Arc::new(Pull::new(
+                std::sync::Arc::clone(&host),
+                registry,
+            )));
+        }
+        for spec in layouts {
+            let RuntimeSpec::Oci(dir) = &spec.runtime else {
+                continue;
+            };
+            let (digest, runtime) = host
+                .layout(dir, spec.digest.as_deref())
+                .await
+                .map_err(Failure::Containers)?;
+            info!(image = %spec.name, %digest, layout = %dir.display(), "serving an image layout in containers");
+            config.catalog.insert(
+                spec.name.clone(),
+                Some(digest.to_string()),
+                std::sync::Arc::new(runtime),
+            );
+        }
+        Ok(())
+    }
+
     /// Serves until Ctrl-C or SIGTERM.
     pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
-        let config = self.config()?;
+        let mut config = self.config()?;
         let _logs = init_logs("info");
         block_on(async {
+            self.containers(&mut config).await?;
             for (name, digest) in config.catalog.names() {
                 info!(
                     image = name,

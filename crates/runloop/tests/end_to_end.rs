@@ -116,11 +116,13 @@ async fn a_refused_registration_refuses_the_run() {
 async fn an_exec_agent_program_runs_behind_the_server_and_is_reaped() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sse_agent.py");
     let mut catalog = Catalog::new();
-    catalog.add(
-        format!("demo=exec:python3 {fixture}")
-            .parse::<AgentSpec>()
-            .expect("spec"),
-    );
+    catalog
+        .add(
+            format!("demo=exec:python3 {fixture}")
+                .parse::<AgentSpec>()
+                .expect("spec"),
+        )
+        .expect("an exec spec is added");
     let server = serve(catalog).await;
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client

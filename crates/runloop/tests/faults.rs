@@ -292,11 +292,13 @@ async fn endless_pid(run_loop: &mut RunLoop, chunks: usize) -> u32 {
 
 fn exec_catalog(fixture_name: &str) -> Catalog {
     let mut catalog = Catalog::new();
-    catalog.add(
-        format!("demo=exec:python3 {}", fixture(fixture_name))
-            .parse::<AgentSpec>()
-            .expect("spec"),
-    );
+    catalog
+        .add(
+            format!("demo=exec:python3 {}", fixture(fixture_name))
+                .parse::<AgentSpec>()
+                .expect("spec"),
+        )
+        .expect("an exec spec is added");
     catalog
 }
 

@@ -12,6 +12,7 @@
 //! NAME[@DIGEST]=builtin:demo                 the demo agent, in-process       (Builtin)
 //! NAME[@DIGEST]=exec:PROGRAM [ARGS…]         a child process on $PORT         (Exec)
 //! NAME[@DIGEST]=proxy:ws://HOST:PORT         a proxy that already runs        (Attach)
+//! NAME[@DIGEST]=oci:DIR                      an OCI image layout, in a container (runloop-oci)
 //! ```
 //!
 //! `NAME` is a repository path without a host and `DIGEST` is
@@ -19,9 +20,16 @@
 //! an image a request could ask for. Exec arguments are split on
 //! whitespace, with no quoting. A spec that does not parse says which part
 //! is wrong and what was expected.
+//!
+//! An `oci:` entry needs more than its spec to run: a container host (a
+//! store, an address pool, runc), which the catalog does not have. Its
+//! spec parses here like the others, and whoever holds a host (`runloop
+//! serve`) turns it into a runtime and [`Catalog::insert`]s it;
+//! [`Catalog::add`] refuses it.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -55,6 +63,8 @@ pub enum RuntimeSpec {
     },
     /// `proxy:ws://HOST:PORT`: a proxy that already runs.
     Proxy(String),
+    /// `oci:DIR`: an OCI image layout, run in a container by a container host.
+    Oci(PathBuf),
 }
 
 /// Why an agent spec does not parse.
@@ -62,7 +72,7 @@ pub enum RuntimeSpec {
 pub enum SpecError {
     /// No `=` between the image and the runtime.
     #[error(
-        "agent spec {0:?} has no `=`: expected NAME[@DIGEST]=builtin:demo, NAME[@DIGEST]=exec:PROGRAM [ARGS…] or NAME[@DIGEST]=proxy:ws://HOST:PORT"
+        "agent spec {0:?} has no `=`: expected NAME[@DIGEST]=builtin:demo, NAME[@DIGEST]=exec:PROGRAM [ARGS…], NAME[@DIGEST]=proxy:ws://HOST:PORT or NAME[@DIGEST]=oci:DIR"
     )]
     NoEquals(String),
     /// The name is not a repository path without a host.
@@ -72,10 +82,10 @@ pub enum SpecError {
     #[error("digest {0:?} is not ALGORITHM:HEX (such as sha256: and 64 lowercase hex digits)")]
     Digest(String),
     /// The runtime has no `KIND:`.
-    #[error("runtime {0:?} has no kind: expected builtin:, exec: or proxy:")]
+    #[error("runtime {0:?} has no kind: expected builtin:, exec:, proxy: or oci:")]
     NoKind(String),
-    /// The kind is none of the three.
-    #[error("unknown runtime kind {0:?}: expected builtin, exec or proxy")]
+    /// The kind is none of the four.
+    #[error("unknown runtime kind {0:?}: expected builtin, exec, proxy or oci")]
     Kind(String),
     /// `builtin:` names an agent this crate does not have.
     #[error("unknown builtin agent {0:?}: the builtin agents are: demo")]
@@ -83,6 +93,12 @@ pub enum SpecError {
     /// `exec:` with no program.
     #[error("exec: needs a program")]
     NoProgram,
+    /// `oci:` with no directory.
+    #[error("oci: needs an OCI image layout directory")]
+    NoLayout,
+    /// An `oci:` spec given to [`Catalog::add`], which has no container host.
+    #[error("{0} runs an OCI image, which needs a container host: runloop serve sets one up")]
+    NeedsHost(String),
     /// `proxy:` with a URL that is not `ws://HOST:PORT`.
     #[error("proxy URL {url:?} is not ws://HOST:PORT: {why}")]
     ProxyUrl {
@@ -145,6 +161,8 @@ impl FromStr for RuntimeSpec {
                 })?;
                 Ok(RuntimeSpec::Proxy(rest.trim_end_matches('/').to_owned()))
             }
+            "oci" if rest.trim().is_empty() => Err(SpecError::NoLayout),
+            "oci" => Ok(RuntimeSpec::Oci(PathBuf::from(rest))),
             other => Err(SpecError::Kind(other.to_owned())),
         }
     }
@@ -173,16 +191,18 @@ fn check_proxy_url(url: &str) -> Result<(), &'static str> {
 }
 
 impl AgentSpec {
-    /// A runtime that serves this spec.
-    pub fn build(&self) -> Arc<dyn Runtime> {
-        match &self.runtime {
+    /// A runtime that serves this spec; `None` for `oci:`, which needs a
+    /// container host.
+    pub fn build(&self) -> Option<Arc<dyn Runtime>> {
+        Some(match &self.runtime {
             // The parser admits `demo` alone.
             RuntimeSpec::Builtin(_) => Arc::new(Builtin::demo()),
             RuntimeSpec::Exec { program, args } => {
                 Arc::new(Exec::new(program.clone(), args.clone()))
             }
             RuntimeSpec::Proxy(url) => Arc::new(Attach::new(url.clone())),
-        }
+            RuntimeSpec::Oci(_) => return None,
+        })
     }
 }
 
@@ -200,6 +220,7 @@ impl fmt::Display for AgentSpec {
                 args.iter().try_for_each(|arg| write!(f, " {arg}"))
             }
             RuntimeSpec::Proxy(url) => write!(f, "=proxy:{url}"),
+            RuntimeSpec::Oci(dir) => write!(f, "=oci:{}", dir.display()),
         }
     }
 }
@@ -262,9 +283,14 @@ impl Catalog {
     }
 
     /// Serves an agent spec; a second entry for a name replaces the first.
-    pub fn add(&mut self, spec: AgentSpec) {
-        let runtime = spec.build();
+    /// An `oci:` spec is refused: it needs a container host, which builds
+    /// its runtime for [`Catalog::insert`].
+    pub fn add(&mut self, spec: AgentSpec) -> Result<(), SpecError> {
+        let runtime = spec
+            .build()
+            .ok_or_else(|| SpecError::NeedsHost(spec.to_string()))?;
         self.insert(spec.name, spec.digest, runtime);
+        Ok(())
     }
 
     /// The runtime for `image`, or why there is none.
@@ -378,10 +404,19 @@ mod tests {
                 runtime: RuntimeSpec::Proxy("ws://10.0.0.7:14979".into()),
             })
         );
+        assert_eq!(
+            parse("agents/boxed=oci:/srv/images/boxed"),
+            Ok(AgentSpec {
+                name: "agents/boxed".into(),
+                digest: None,
+                runtime: RuntimeSpec::Oci("/srv/images/boxed".into()),
+            })
+        );
         for spec in [
             "demo=builtin:demo".to_owned(),
             format!("a/b@{digest}=exec:prog -v x"),
             "far=proxy:ws://[::1]:14979".to_owned(),
+            format!("boxed@{digest}=oci:images/boxed"),
         ] {
             assert_eq!(parse(&spec).expect("parses").to_string(), spec);
         }
@@ -392,7 +427,7 @@ mod tests {
         let cases = [
             (
                 "demo",
-                "agent spec \"demo\" has no `=`: expected NAME[@DIGEST]=builtin:demo, NAME[@DIGEST]=exec:PROGRAM [ARGS…] or NAME[@DIGEST]=proxy:ws://HOST:PORT",
+                "agent spec \"demo\" has no `=`: expected NAME[@DIGEST]=builtin:demo, NAME[@DIGEST]=exec:PROGRAM [ARGS…], NAME[@DIGEST]=proxy:ws://HOST:PORT or NAME[@DIGEST]=oci:DIR",
             ),
             (
                 "Demo=builtin:demo",
@@ -408,17 +443,18 @@ mod tests {
             ),
             (
                 "demo=demo",
-                "runtime \"demo\" has no kind: expected builtin:, exec: or proxy:",
+                "runtime \"demo\" has no kind: expected builtin:, exec:, proxy: or oci:",
             ),
             (
                 "demo=docker:x",
-                "unknown runtime kind \"docker\": expected builtin, exec or proxy",
+                "unknown runtime kind \"docker\": expected builtin, exec, proxy or oci",
             ),
             (
                 "demo=builtin:echo",
                 "unknown builtin agent \"echo\": the builtin agents are: demo",
             ),
             ("demo=exec:  ", "exec: needs a program"),
+            ("demo=oci:", "oci: needs an OCI image layout directory"),
             (
                 "demo=proxy:http://h:1",
                 "proxy URL \"http://h:1\" is not ws://HOST:PORT: the scheme must be ws",
@@ -456,10 +492,17 @@ mod tests {
         let mut catalog = Catalog::demo();
         assert_eq!(catalog.names().collect::<Vec<_>>(), [("demo", None)]);
         assert!(catalog.resolve(&image("demo", &other)).is_ok());
-        catalog.add(
-            format!("demo@{pinned}=proxy:ws://127.0.0.1:1")
-                .parse()
-                .expect("parses"),
+        catalog
+            .add(
+                format!("demo@{pinned}=proxy:ws://127.0.0.1:1")
+                    .parse()
+                    .expect("parses"),
+            )
+            .expect("added");
+        let boxed: AgentSpec = "boxed=oci:/srv/boxed".parse().expect("parses");
+        assert_eq!(
+            catalog.add(boxed).map_err(|error| error.to_string()),
+            Err("boxed=oci:/srv/boxed runs an OCI image, which needs a container host: runloop serve sets one up".to_owned())
         );
         assert_eq!(
             catalog.names().collect::<Vec<_>>(),

@@ -61,7 +61,6 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -70,11 +69,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::output::log_lines;
 use super::{BoxFuture, Container, Limits, Runtime, StartError};
 use crate::proxy::Proxy;
-
-/// The longest stdout or stderr line logged as one; longer ones are split.
-const MAX_LINE: usize = 16 << 10;
 
 /// A runtime that runs one program, with arguments, per container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -374,45 +371,6 @@ fn describe(status: io::Result<ExitStatus>) -> String {
             (None, None) => status.to_string(),
         },
         Err(error) => format!("its status could not be read: {error}"),
-    }
-}
-
-/// Logs a pipe line by line until it ends; lines over [`MAX_LINE`] bytes are
-/// logged in pieces, bytes that are not UTF-8 are replaced.
-async fn log_lines(
-    pipe: impl AsyncRead + Unpin,
-    program: Arc<str>,
-    pid: u32,
-    stream: &'static str,
-) {
-    let mut reader = BufReader::new(pipe);
-    let mut line = Vec::new();
-    let emit = |line: &[u8]| {
-        let text = String::from_utf8_lossy(line);
-        info!(target: "runloop::agent_program", %program, pid, stream, "{}", text.trim_end_matches(['\n', '\r']));
-    };
-    loop {
-        let buffer = match reader.fill_buf().await {
-            Ok([]) => break,
-            Ok(buffer) => buffer,
-            Err(error) => {
-                debug!(pid, stream, %error, "pipe read failed");
-                break;
-            }
-        };
-        // `line` is emitted whenever it is full, so there is always room.
-        let room = MAX_LINE - line.len();
-        let newline = buffer.iter().take(room).position(|&b| b == b'\n');
-        let take = newline.map_or(buffer.len().min(room), |end| end + 1);
-        line.extend_from_slice(&buffer[..take]);
-        reader.consume(take);
-        if newline.is_some() || line.len() == MAX_LINE {
-            emit(&line);
-            line.clear();
-        }
-    }
-    if !line.is_empty() {
-        emit(&line);
     }
 }
 

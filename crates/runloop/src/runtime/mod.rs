@@ -6,6 +6,9 @@
 //! (protocol §10), and stops it when the run ends. The [`Catalog`] decides which
 //! runtime serves which `server` image name.
 //!
+//! `registry` images go through a [`Registry`] instead, which pulls the
+//! image and hands back a runtime for it (`runloop-oci` has one).
+//!
 //! The trait is object-safe (boxed futures) so a catalog can hold runtimes of
 //! different kinds side by side.
 
@@ -13,10 +16,12 @@ mod attach;
 mod builtin;
 mod catalog;
 mod exec;
+pub mod output;
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 pub use attach::Attach;
 pub use builtin::Builtin;
@@ -40,6 +45,27 @@ pub struct Limits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct StartError(pub String);
+
+/// Why a `registry` image will not run: the kind of the run's error
+/// response (`policy` for a registry the server does not pull from,
+/// `registry` for anything the registry or the image got wrong) and what
+/// happened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RegistryError {
+    /// The error response's `kind`.
+    pub kind: &'static str,
+    /// What happened, for the caller.
+    pub message: String,
+}
+
+/// Where `registry` images come from (SPEC §5): pulls one, checked, and
+/// hands back a runtime that runs it. A server without one refuses
+/// `registry` images.
+pub trait Registry: Send + Sync + fmt::Debug {
+    /// The runtime for the image at `reference`, pulled if need be.
+    fn resolve(&self, reference: &str) -> BoxFuture<'_, Result<Arc<dyn Runtime>, RegistryError>>;
+}
 
 /// Starts containers of one kind.
 pub trait Runtime: Send + Sync + fmt::Debug {

@@ -52,7 +52,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::connection::{Limit, LimitError, Limits};
-use crate::runtime::Catalog;
+use crate::runtime::{Catalog, Registry};
 
 /// Which credentials the server accepts (protocol §3).
 #[derive(Clone, PartialEq, Eq)]
@@ -125,6 +125,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// The images this server runs.
     pub catalog: Catalog,
+    /// Where `registry` images are pulled from; without one they are refused.
+    pub registry: Option<Arc<dyn Registry>>,
 }
 
 impl ServerConfig {
@@ -137,6 +139,7 @@ impl ServerConfig {
             authorization_grace: Duration::from_secs(10),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             catalog,
+            registry: None,
         }
     }
 

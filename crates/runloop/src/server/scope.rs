@@ -2,7 +2,7 @@
 //! finish (protocol §5, §6, §12).
 //!
 //! ```text
-//! request ──validate, policy, catalog──▶ refused: [1] error, finish
+//! request ──validate, policy, catalog or registry──▶ refused: [1] error, finish
 //!    │
 //!    ▼ runtime.start ──▶ /agent/register ──▶ [0] {"id"} ──▶ serving channels
 //!                                                              │
@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use runloop_proto::agents_run::{Image, RunRequest, RunResponse};
+use runloop_proto::agents_run::{Image, ImageRef, RunRequest, RunResponse};
 use runloop_proto::{Encode, Error};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,7 @@ use tracing::{Instrument, info, info_span};
 
 use super::connection::Conn;
 use super::{Held, Shared, Stats, proxy_path, relay};
-use crate::runtime::{Container, Limits};
+use crate::runtime::{Container, Limits, Registry};
 
 /// A run-loop channel request, handed from the connection to its scope.
 #[derive(Debug)]
@@ -92,14 +92,20 @@ impl Run {
             .validate()
             .map_err(|why| Error::kind("request", why))?;
         let container = &request.container;
-        let Image::Server(image) = &container.image else {
-            return Err(Error::kind(
-                "policy",
-                format!(
-                    "{} images are not run here; only server images from this server's catalog",
-                    container.image.source()
-                ),
-            ));
+        let source = match (&container.image, &shared.config.registry) {
+            (Image::Server(image), _) => Source::Catalog(image),
+            (Image::Registry(image), Some(registry)) => {
+                Source::Registry(&image.reference, registry)
+            }
+            _ => {
+                return Err(Error::kind(
+                    "policy",
+                    format!(
+                        "{} images are not run here; only server images from this server's catalog",
+                        container.image.source()
+                    ),
+                ));
+            }
         };
         if let Some(list) = first_mount_list(request) {
             return Err(Error::kind(
@@ -109,16 +115,27 @@ impl Run {
                 ),
             ));
         }
-        let runtime = shared
-            .config
-            .catalog
-            .resolve(image)
-            .map_err(|why| Error::kind("policy", why))?;
+        let (runtime, name) = match source {
+            Source::Catalog(image) => {
+                let runtime = shared
+                    .config
+                    .catalog
+                    .resolve(image)
+                    .map_err(|why| Error::kind("policy", why))?;
+                (runtime, image.name.as_str())
+            }
+            Source::Registry(reference, registry) => {
+                info!(%reference, "pulling the image");
+                let pulled = self.unless_ended(registry.resolve(reference)).await?;
+                let runtime = pulled.map_err(|why| Error::kind(why.kind, why.message))?;
+                (runtime, reference)
+            }
+        };
         let limits = Limits {
             memory: container.memory,
             disk: container.disk,
         };
-        info!(image = %image.name, "starting the container");
+        info!(image = %name, "starting the container");
         let started = self.unless_ended(runtime.start(limits)).await?;
         let running = Running {
             container: started.map_err(|why| Error::kind("runtime", why))?,
@@ -221,6 +238,14 @@ impl Run {
         drop(id);
         self.conn.finish_scope(self.scope, &why);
     }
+}
+
+/// Where a run's image comes from, once policy allows it.
+enum Source<'a> {
+    /// A `server` image of the catalog.
+    Catalog(&'a ImageRef),
+    /// A `registry` image, pulled by the server's registry.
+    Registry(&'a str, &'a Arc<dyn Registry>),
 }
 
 /// The first mount list that is not empty, by its wire name.

@@ -1,0 +1,177 @@
+/* A misbehaving agent program for the container tests: a tiny HTTP server
+ * on 0.0.0.0:$PORT that registers anything and answers a loop according to
+ * its one argument:
+ *
+ *   memory    one chunk, then allocates and touches memory until killed
+ *   disk      says its memory limit as its cgroup shows it, fills /tmp and
+ *             then / until ENOSPC, and says what it saw
+ *   stubborn  ignores SIGTERM, forks children that ignore it too (one in a
+ *             session of its own), and answers one chunk
+ *
+ * Built static by the tests (gcc -static), so the image needs no libraries.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *mode = "";
+
+static void send_all(int fd, const char *data, size_t len) {
+    while (len > 0) {
+        ssize_t n = write(fd, data, len);
+        if (n <= 0) return;
+        data += n;
+        len -= (size_t)n;
+    }
+}
+
+static void send_str(int fd, const char *text) { send_all(fd, text, strlen(text)); }
+
+/* One chunk of a chunked body holding one SSE event with a text chunk. */
+static void send_event(int fd, const char *text) {
+    char event[1024], frame[1100];
+    int n = snprintf(event, sizeof event,
+                     "data: {\"type\":\"assistant_text_content\",\"text\":\"%s\"}\n\n", text);
+    int m = snprintf(frame, sizeof frame, "%x\r\n%s\r\n", n, event);
+    send_all(fd, frame, (size_t)m);
+}
+
+static const char *errno_name(int e) {
+    if (e == ENOSPC) return "ENOSPC";
+    if (e == EDQUOT) return "EDQUOT";
+    return strerror(e);
+}
+
+/* Writes FILE until the write fails; returns the bytes written and the errno. */
+static long long fill(const char *file, int *error) {
+    static char block[65536];
+    memset(block, 'x', sizeof block);
+    int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { *error = errno; return 0; }
+    long long total = 0;
+    for (;;) {
+        ssize_t n = write(fd, block, sizeof block);
+        if (n < 0) { *error = errno; break; }
+        total += n;
+        if (n < (ssize_t)sizeof block) {
+            if (write(fd, block, 1) < 0) *error = errno; else *error = 0;
+            break;
+        }
+    }
+    if (fsync(fd) < 0 && *error == 0) *error = errno;
+    close(fd);
+    return total;
+}
+
+/* The memory limit the container's cgroup shows (v1, then v2), or -1. */
+static long long memory_limit(void) {
+    const char *files[] = {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max"};
+    for (int i = 0; i < 2; i++) {
+        FILE *file = fopen(files[i], "r");
+        if (!file) continue;
+        long long limit = -1;
+        if (fscanf(file, "%lld", &limit) != 1) limit = -1;
+        fclose(file);
+        return limit;
+    }
+    return -1;
+}
+
+static void run_loop(int fd) {
+    send_str(fd, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                 "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    if (strcmp(mode, "memory") == 0) {
+        send_event(fd, "allocating");
+        for (;;) {
+            char *block = malloc(1 << 20);
+            if (block == NULL) continue;
+            memset(block, 1, 1 << 20);
+        }
+    }
+    if (strcmp(mode, "disk") == 0) {
+        int tmp_error = 0, root_error = 0;
+        long long tmp = fill("/tmp/fill", &tmp_error);
+        unlink("/tmp/fill");
+        long long root = fill("/fill", &root_error);
+        char text[512];
+        snprintf(text, sizeof text, "memory limit %lld; tmp: %s after %lld bytes; root: %s after %lld bytes",
+                 memory_limit(), errno_name(tmp_error), tmp, errno_name(root_error), root);
+        send_event(fd, text);
+    } else {
+        send_event(fd, "still here");
+    }
+    send_str(fd, "0\r\n\r\n");
+}
+
+static void serve(int fd) {
+    char request[65536];
+    size_t len = 0;
+    char *end = NULL;
+    while (len < sizeof request - 1) {
+        ssize_t n = read(fd, request + len, sizeof request - 1 - len);
+        if (n <= 0) return;
+        len += (size_t)n;
+        request[len] = 0;
+        end = strstr(request, "\r\n\r\n");
+        if (end) break;
+    }
+    if (!end) return;
+    const char *length = strcasestr(request, "content-length:");
+    size_t body = length ? (size_t)atol(length + 15) : 0;
+    size_t have = len - (size_t)(end + 4 - request);
+    while (have < body) {
+        char sink[4096];
+        ssize_t n = read(fd, sink, sizeof sink);
+        if (n <= 0) return;
+        have += (size_t)n;
+    }
+    if (strncmp(request, "POST /register", 14) == 0) {
+        send_str(fd, "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+    } else if (strncmp(request, "POST /run", 9) == 0) {
+        run_loop(fd);
+    } else {
+        send_str(fd, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) mode = argv[1];
+    const char *port_text = getenv("PORT");
+    int port = port_text ? atoi(port_text) : 8080;
+    if (port <= 0 || port > 65535) port = 8080;
+    signal(SIGPIPE, SIG_IGN);
+    if (strcmp(mode, "stubborn") == 0) {
+        signal(SIGTERM, SIG_IGN);
+        for (int i = 0; i < 3; i++) {
+            if (fork() == 0) {
+                if (i == 0) setsid();
+                for (;;) pause();
+            }
+        }
+    }
+    int server = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in addr = {0};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((unsigned short)port);
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind(server, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(server, 16) < 0) {
+        perror("listen");
+        return 1;
+    }
+    for (;;) {
+        int fd = accept(server, NULL, NULL);
+        if (fd < 0) continue;
+        serve(fd);
+        close(fd);
+    }
+}

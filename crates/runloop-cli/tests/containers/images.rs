@@ -1,0 +1,180 @@
+//! The test images, built with no network: OCI image layouts written with
+//! the store's own layout code, from layers made here.
+//!
+//! - `agent`: this build's `runloop` binary (stripped) and the shared
+//!   libraries `ldd` lists, running `runloop agent demo` on 0.0.0.0:8080
+//!   (inside its own network namespace, so the host-side proxy can reach it
+//!   at the container's address);
+//! - `hog MODE`: a small static C program (`hog.c`) that misbehaves as
+//!   asked: `memory`, `disk` or `stubborn`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use runloop_oci::digest::Digest;
+use runloop_oci::image::host_arch;
+use runloop_oci::layout::Layout;
+use runloop_oci::oci_spec::image::MediaType;
+use serde_json::json;
+
+/// A layer: its tar bytes.
+pub struct Layer(pub Vec<u8>);
+
+/// Builds a tar layer from (path in the image, mode, content) triples.
+pub fn layer(files: &[(&str, u32, &[u8])]) -> Layer {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, mode, data) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(*mode);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(1_700_000_000);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, path, *data)
+            .expect("append");
+    }
+    Layer(builder.into_inner().expect("tar"))
+}
+
+/// Writes an image to `layout` with `layers` and a process of `args`;
+/// returns its manifest digest (and the manifest's bytes).
+pub fn write_image(
+    layout: &Layout,
+    name: &str,
+    layers: &[&Layer],
+    args: &[&str],
+) -> (Digest, Vec<u8>) {
+    let config = json!({
+        "architecture": host_arch(),
+        "os": "linux",
+        "config": {"Entrypoint": args, "Env": ["PATH=/"]},
+        "rootfs": {"type": "layers", "diff_ids": []},
+    });
+    let config = serde_json::to_vec(&config).expect("config");
+    let config_digest = layout.put(&config).expect("config blob");
+    let layers: Vec<_> = layers
+        .iter()
+        .map(|layer| {
+            let digest = layout.put(&layer.0).expect("layer blob");
+            json!({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest.to_string(), "size": layer.0.len()})
+        })
+        .collect();
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest.to_string(), "size": config.len()},
+        "layers": layers,
+    });
+    let manifest = serde_json::to_vec(&manifest).expect("manifest");
+    let digest = layout.put(&manifest).expect("manifest blob");
+    layout
+        .add_manifest(
+            name,
+            &digest,
+            manifest.len() as u64,
+            MediaType::ImageManifest,
+        )
+        .expect("indexed");
+    (digest, manifest)
+}
+
+/// The built images, made once per test run.
+pub struct Images {
+    dir: tempfile::TempDir,
+    /// The layer with `runloop` and its libraries.
+    pub runloop: Layer,
+    /// The layer with the static `hog`.
+    pub hog: Layer,
+}
+
+impl Images {
+    /// The images, built on first use.
+    pub fn get() -> &'static Images {
+        static IMAGES: OnceLock<Images> = OnceLock::new();
+        IMAGES.get_or_init(Images::build)
+    }
+
+    fn build() -> Images {
+        let dir = tempfile::tempdir().expect("temp");
+        let exe = env!("CARGO_BIN_EXE_runloop");
+        let stripped = dir.path().join("runloop");
+        let status = Command::new("strip")
+            .args(["-o"])
+            .arg(&stripped)
+            .arg(exe)
+            .status()
+            .expect("strip runs");
+        assert!(status.success(), "strip failed");
+        let runloop = fs::read(&stripped).expect("stripped binary");
+        let mut files: Vec<(String, u32, Vec<u8>)> = vec![("runloop".to_owned(), 0o755, runloop)];
+        for library in libraries(Path::new(exe)) {
+            let content = fs::read(&library).expect("library");
+            let path = library.to_string_lossy().trim_start_matches('/').to_owned();
+            files.push((path, 0o755, content));
+        }
+        let runloop = layer(
+            &files
+                .iter()
+                .map(|(path, mode, data)| (path.as_str(), *mode, data.as_slice()))
+                .collect::<Vec<_>>(),
+        );
+
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/containers/hog.c");
+        let hog_binary = dir.path().join("hog");
+        let status = Command::new("gcc")
+            .args(["-static", "-O2", "-o"])
+            .arg(&hog_binary)
+            .arg(&source)
+            .status()
+            .expect("gcc runs");
+        assert!(
+            status.success(),
+            "gcc -static hog.c failed (is libc6-dev installed?)"
+        );
+        let hog = layer(&[("hog", 0o755, &fs::read(&hog_binary).expect("hog"))]);
+        Images { dir, runloop, hog }
+    }
+
+    /// A layout of its own (`name`) holding one image.
+    pub fn layout(&self, name: &str, layers: &[&Layer], args: &[&str]) -> (PathBuf, Digest) {
+        let path = self.dir.path().join(format!("layout-{name}"));
+        let layout = Layout::create(&path).expect("layout");
+        let (digest, _) = write_image(&layout, "latest", layers, args);
+        (path, digest)
+    }
+
+    /// A layout holding the demo agent image (`runloop agent demo`).
+    pub fn agent_layout(&self, name: &str) -> (PathBuf, Digest) {
+        self.layout(
+            name,
+            &[&self.runloop],
+            &["/runloop", "agent", "demo", "--listen", "0.0.0.0:8080"],
+        )
+    }
+
+    /// A layout holding the hog image in `mode`.
+    pub fn hog_layout(&self, mode: &str) -> (PathBuf, Digest) {
+        self.layout(&format!("hog-{mode}"), &[&self.hog], &["/hog", mode])
+    }
+}
+
+/// The shared libraries `ldd` lists for `binary`, resolved to the paths
+/// the loader will look them up at.
+fn libraries(binary: &Path) -> Vec<PathBuf> {
+    let output = Command::new("ldd").arg(binary).output().expect("ldd runs");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let path = match line.split_once(" => ") {
+                Some((_, rest)) => rest.split_whitespace().next()?,
+                None => line.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect()
+}

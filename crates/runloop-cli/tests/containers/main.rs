@@ -1,0 +1,864 @@
+//! Agents in real containers, as a provider runs them: `runloop serve` with
+//! `oci:` entries (and registry images) running under runc as root,
+//! `runloop run` as the caller, and the kernel holding memory and disk.
+//!
+//! Every test starts its own server on its own store and its own /24 of
+//! container addresses, and checks afterwards that nothing of its runs is
+//! left on the machine: no runc container, cgroup, network namespace,
+//! veth, mount, loop device or run directory.
+
+mod figures;
+mod images;
+mod registry;
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use images::Images;
+use registry::LocalRegistry;
+use runloop_oci::layout::Layout;
+use serde_json::Value;
+
+/// A /24 of container addresses no other test of this run uses: the
+/// second octet is drawn once per test process (so that two test runs on
+/// one machine are unlikely to meet), the third counts the tests.
+fn subnet() -> String {
+    static SECOND: OnceLock<u8> = OnceLock::new();
+    static NEXT: AtomicU8 = AtomicU8::new(1);
+    let second = SECOND.get_or_init(|| {
+        64 + u8::from_str_radix(&runloop_oci::random_name()[..2], 16).unwrap_or(0) % 64
+    });
+    format!("10.{second}.{}.0/24", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A `runloop serve` with a store of its own, stopped with SIGKILL when
+/// dropped (its leftovers are then for the next server on the store). The
+/// store lives as long as this value, stopped or not.
+struct Server {
+    child: Mutex<Option<Child>>,
+    url: String,
+    store: PathBuf,
+    log: PathBuf,
+    _scratch: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(agents: &[String], extra: &[&str]) -> Server {
+        let scratch = tempfile::tempdir().expect("temp");
+        let store = scratch.path().join("store");
+        Server::start_on(scratch, store, &subnet(), agents, extra)
+    }
+
+    fn start_on(
+        scratch: tempfile::TempDir,
+        store: PathBuf,
+        subnet: &str,
+        agents: &[String],
+        extra: &[&str],
+    ) -> Server {
+        let log = scratch
+            .path()
+            .join(format!("serve-{}.log", runloop_oci::random_name()));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_runloop"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+            .arg(&store)
+            .args(["--container-network", subnet, "--container-grace", "1"]);
+        for agent in agents {
+            command.args(["--agent", agent]);
+        }
+        let mut child = command
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("serve starts");
+        let mut url = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        BufReader::new(stdout).read_line(&mut url).expect("reads");
+        let server = Server {
+            child: Mutex::new(Some(child)),
+            url: url.trim().to_owned(),
+            store,
+            log,
+            _scratch: scratch,
+        };
+        if server.url.is_empty() {
+            let status = server.take().map(|mut child| child.wait());
+            panic!("serve did not start ({status:?}):\n{}", server.log());
+        }
+        server
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `runloop run --json` against this server.
+    fn run(&self, image: &str, memory: &str, disk: &str, prompt: &str) -> Output {
+        run_against(&self.url, image, memory, disk, prompt)
+    }
+
+    /// The server's process, taken (to stop it).
+    fn take(&self) -> Option<Child> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Stops the server with SIGTERM; returns its exit code.
+    fn terminate(&self) -> Option<i32> {
+        let mut child = self.take().expect("running");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        child.wait().expect("exits").code()
+    }
+
+    /// The run keys (container `runloop-KEY`) the server's log names.
+    fn keys(&self) -> Vec<String> {
+        let log = self.log();
+        let mut keys: Vec<String> = log
+            .match_indices("key=")
+            .filter_map(|(at, _)| log.get(at + 4..at + 16))
+            .filter(|key| key.bytes().all(|b| b.is_ascii_hexdigit()))
+            .map(str::to_owned)
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `runloop run --json` of a registry image.
+fn pull_and_run(url: &str, reference: &str, prompt: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args([
+            "run",
+            "--json",
+            "--url",
+            url,
+            "--registry-image",
+            reference,
+            "--memory",
+            "128M",
+            "--disk",
+            "8M",
+            prompt,
+        ])
+        .output()
+        .expect("run runs")
+}
+
+fn run_against(url: &str, image: &str, memory: &str, disk: &str, prompt: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args([
+            "run", "--json", "--url", url, "--image", image, "--memory", memory, "--disk", disk,
+            prompt,
+        ])
+        .output()
+        .expect("run runs")
+}
+
+/// The JSON lines of `run --json`.
+fn json_lines(output: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")))
+        .collect()
+}
+
+/// What of the runs `keys` (on `store`) is still on the machine, in words;
+/// empty when nothing is.
+fn leftovers(store: &Path, keys: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    let runc = Command::new("runc")
+        .args(["list", "--quiet"])
+        .output()
+        .expect("runc list");
+    let containers = String::from_utf8_lossy(&runc.stdout).into_owned();
+    let netns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns");
+    let netns = String::from_utf8_lossy(&netns.stdout).into_owned();
+    let links = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("ip link");
+    let links = String::from_utf8_lossy(&links.stdout).into_owned();
+    for key in keys {
+        let id = format!("runloop-{key}");
+        if containers.lines().any(|line| line == id) {
+            found.push(format!("runc container {id}"));
+        }
+        if netns
+            .lines()
+            .any(|line| line.split_whitespace().next() == Some(id.as_str()))
+        {
+            found.push(format!("network namespace {id}"));
+        }
+        if links.contains(&format!(" rl{key}")) {
+            found.push(format!("veth rl{key}"));
+        }
+        for controller in fs::read_dir("/sys/fs/cgroup").expect("cgroups").flatten() {
+            let dir = controller.path().join(&id);
+            if dir.exists() {
+                found.push(format!("cgroup {}", dir.display()));
+            }
+        }
+    }
+    let mounts = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let store_text = store.display().to_string();
+    for line in mounts.lines().filter(|line| line.contains(&store_text)) {
+        found.push(format!("mount {line}"));
+    }
+    let losetup = Command::new("losetup")
+        .args(["--list", "--noheadings", "--output", "NAME,BACK-FILE"])
+        .output()
+        .expect("losetup");
+    for line in String::from_utf8_lossy(&losetup.stdout).lines() {
+        if line.contains(&store_text) {
+            found.push(format!("loop device {line}"));
+        }
+    }
+    if let Ok(runs) = fs::read_dir(store.join("runs")) {
+        for run in runs.flatten() {
+            found.push(format!("run directory {}", run.path().display()));
+        }
+    }
+    found
+}
+
+/// The chunks of a `run --json` output, as the JSON text of each.
+fn chunks(lines: &[Value]) -> Vec<String> {
+    lines
+        .iter()
+        .filter_map(|line| line.get("chunk"))
+        .map(Value::to_string)
+        .collect()
+}
+
+#[test]
+fn a_loop_through_an_oci_image_is_the_builtin_loop_byte_for_byte() {
+    let images = Images::get();
+    let (layout, digest) = images.agent_layout("demo");
+    let server = Server::start(&[format!("agents/demo=oci:{}", layout.display())], &[]);
+    let prompt = "count these words please";
+    let contained = server.run(&format!("agents/demo@{digest}"), "256M", "64M", prompt);
+    assert_eq!(
+        contained.status.code(),
+        Some(0),
+        "{contained:?}\n{}",
+        server.log()
+    );
+    let builtin = Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args(["run", "--json", prompt])
+        .output()
+        .expect("runs");
+    assert_eq!(builtin.status.code(), Some(0), "{builtin:?}");
+    let (contained_lines, builtin_lines) = (json_lines(&contained), json_lines(&builtin));
+    assert!(chunks(&builtin_lines).len() > 3);
+    assert_eq!(chunks(&contained_lines), chunks(&builtin_lines));
+    assert_eq!(contained_lines.last(), builtin_lines.last());
+
+    // A digest other than the layout's is refused; nothing starts.
+    let other = format!("agents/demo@sha256:{}", "0".repeat(64));
+    let refused = server.run(&other, "256M", "64M", prompt);
+    assert_ne!(refused.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains(&format!("pinned to {digest}")), "{said}");
+
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys.len(), 1, "one container ran");
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+/// The error value of a `run --json` output, as text.
+fn error_text(lines: &[Value]) -> String {
+    lines
+        .iter()
+        .filter_map(|line| line.get("error"))
+        .map(Value::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
+    let images = Images::get();
+    let (hog, hog_digest) = images.hog_layout("memory");
+    let (demo, demo_digest) = images.agent_layout("after-memory");
+    let server = Server::start(
+        &[
+            format!("hog=oci:{}", hog.display()),
+            format!("demo=oci:{}", demo.display()),
+        ],
+        &[],
+    );
+    let output = server.run(&format!("hog@{hog_digest}"), "32M", "8M", "eat");
+    let lines = json_lines(&output);
+    // The loop said something, then ended without finishing.
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{output:?}\n{}",
+        server.log()
+    );
+    assert_eq!(chunks(&lines).len(), 1, "{lines:?}");
+    let error = error_text(&lines);
+    assert!(error.contains("ran out of memory"), "{error}");
+    assert!(error.contains("memory limit"), "{error}");
+    assert_eq!(lines.last().expect("outcome")["outcome"], "unfinished");
+
+    // The server carries on.
+    let after = server.run(
+        &format!("demo@{demo_digest}"),
+        "256M",
+        "16M",
+        "still serving?",
+    );
+    assert_eq!(after.status.code(), Some(0), "{after:?}");
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys.len(), 2);
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+/// The numbers the disk hog reports: (memory limit, tmp error, tmp bytes,
+/// root error, root bytes).
+fn disk_report(lines: &[Value]) -> (i64, String, u64, String, u64) {
+    let text = lines
+        .iter()
+        .filter_map(|line| line.get("chunk"))
+        .find_map(|chunk| chunk["text"].as_str())
+        .expect("the hog's report")
+        .to_owned();
+    // memory limit M; tmp: E after N bytes; root: E after N bytes
+    let words: Vec<&str> = text.split([' ', ';']).filter(|w| !w.is_empty()).collect();
+    let number = |i: usize| words[i].parse::<i64>().unwrap_or_else(|_| panic!("{text}"));
+    (
+        number(2),
+        words[4].to_owned(),
+        number(6) as u64,
+        words[9].to_owned(),
+        number(11) as u64,
+    )
+}
+
+fn tree_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let meta = entry.metadata().expect("metadata");
+            total += if meta.is_dir() {
+                tree_size(&entry.path())
+            } else {
+                meta.len()
+            };
+        }
+    }
+    total
+}
+
+#[test]
+fn writing_past_disk_gets_enospc_and_nothing_outside_grows() {
+    let images = Images::get();
+    let (hog, digest) = images.hog_layout("disk");
+    let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
+    let before = (
+        tree_size(&server.store.join("images")),
+        tree_size(&server.store.join("layout")),
+    );
+    let disk: u64 = 8 << 20;
+    let output = server.run(&format!("hog@{digest}"), "64M", "8M", "fill it");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{output:?}\n{}",
+        server.log()
+    );
+    let (memory, tmp_error, tmp, root_error, root) = disk_report(&json_lines(&output));
+    assert_eq!(
+        memory,
+        64 << 20,
+        "the container's cgroup holds its memory limit"
+    );
+    assert_eq!(
+        (tmp_error.as_str(), root_error.as_str()),
+        ("ENOSPC", "ENOSPC")
+    );
+    // Both /tmp and the root's writable layer are on the run's disk: each
+    // filled it, and neither got more than it holds.
+    for written in [tmp, root] {
+        assert!(
+            written <= disk,
+            "{written} bytes written to an {disk}-byte disk"
+        );
+        assert!(
+            written > disk / 2,
+            "only {written} bytes fit on an {disk}-byte disk"
+        );
+    }
+    let after = (
+        tree_size(&server.store.join("images")),
+        tree_size(&server.store.join("layout")),
+    );
+    assert_eq!(before, after, "the image and the blobs did not grow");
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+/// Processes whose command line is `/hog stubborn`.
+fn stubborn_processes() -> usize {
+    fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter(|entry| {
+            fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| cmdline == b"/hog\0stubborn\0")
+        })
+        .count()
+}
+
+#[test]
+fn an_agent_that_ignores_sigterm_and_forks_is_killed_after_the_grace() {
+    let images = Images::get();
+    let (hog, digest) = images.hog_layout("stubborn");
+    let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
+    let output = server.run(&format!("hog@{digest}"), "64M", "4M", "stay");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{output:?}\n{}",
+        server.log()
+    );
+    let log = server.log();
+    assert!(
+        log.contains("the container ignored its stop signal; killing every process in it"),
+        "{log}"
+    );
+    assert_eq!(
+        stubborn_processes(),
+        0,
+        "every process of the container is gone"
+    );
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+#[test]
+fn twenty_runs_at_once_each_with_its_own_limits() {
+    let images = Images::get();
+    let (hog, digest) = images.hog_layout("disk");
+    let image = format!("hog@{digest}");
+    let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
+    let runs: Vec<(u64, u64)> = (0..20u64)
+        .map(|i| ((32 + i) << 20, (2 << 20) + i * (256 << 10)))
+        .collect();
+    let outputs: Vec<Output> = std::thread::scope(|scope| {
+        let handles: Vec<_> = runs
+            .iter()
+            .map(|(memory, disk)| {
+                let (url, image) = (server.url.clone(), image.clone());
+                scope.spawn(move || {
+                    run_against(&url, &image, &memory.to_string(), &disk.to_string(), "fill")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("joined"))
+            .collect()
+    });
+    for ((memory, disk), output) in runs.iter().zip(&outputs) {
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{output:?}\n{}",
+            server.log()
+        );
+        let (limit, _, tmp, _, root) = disk_report(&json_lines(output));
+        assert_eq!(limit as u64, *memory);
+        for written in [tmp, root] {
+            assert!(
+                written <= *disk && written > disk / 2,
+                "{written} on {disk}"
+            );
+        }
+    }
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys.len(), 20);
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+#[test]
+fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
+    let images = Images::get();
+    let (demo, digest) = images.agent_layout("crash");
+    let image = format!("demo@{digest}");
+    let scratch = tempfile::tempdir().expect("temp");
+    let store = scratch.path().join("store");
+    let subnet = subnet();
+    let agents = [format!("demo=oci:{}", demo.display())];
+    let server = Server::start_on(scratch, store.clone(), &subnet, &agents, &[]);
+    // A slow loop keeps the container running.
+    let mut caller = Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args([
+            "run",
+            "--json",
+            "--url",
+            &server.url,
+            "--image",
+            &image,
+            "--memory",
+            "128M",
+            "--disk",
+            "8M",
+            "slow demo:pace=500 a b c d e f g h",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run starts");
+    let mut first = String::new();
+    BufReader::new(caller.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("a first chunk");
+    assert!(first.contains("chunk"), "{first}");
+    let keys = server.keys();
+    assert_eq!(keys.len(), 1);
+    // SIGKILL: nothing is stopped or removed.
+    let mut child = server.take().expect("running");
+    child.kill().expect("killed");
+    child.wait().expect("reaped");
+    let _ = caller.kill();
+    let _ = caller.wait();
+    let left = leftovers(&store, &keys);
+    assert!(
+        left.iter().any(|thing| thing.starts_with("runc container")),
+        "{left:?}"
+    );
+    assert!(
+        left.iter().any(|thing| thing.starts_with("mount")),
+        "{left:?}"
+    );
+
+    // The next server on the store removes all of it before it serves.
+    let scratch = tempfile::tempdir().expect("temp");
+    let next = Server::start_on(scratch, store.clone(), &subnet, &agents, &[]);
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+    assert!(
+        next.log()
+            .contains("removing the leftovers of a run of an earlier server")
+    );
+    let output = next.run(&image, "128M", "8M", "after the crash");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    drop(server);
+    assert_eq!(next.terminate(), Some(0));
+}
+
+/// The builtin demo's chunks for `prompt`, the reference the containers
+/// must match.
+fn builtin_chunks(prompt: &str) -> Vec<String> {
+    let builtin = Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args(["run", "--json", prompt])
+        .output()
+        .expect("runs");
+    chunks(&json_lines(&builtin))
+}
+
+#[test]
+fn a_registry_image_runs_and_two_runs_at_once_pull_it_once() {
+    let images = Images::get();
+    let (path, digest) = images.agent_layout("registry");
+    let registry = LocalRegistry::start();
+    registry.push(
+        &Layout::open(&path).expect("layout"),
+        &digest,
+        "agents/demo",
+        "1",
+    );
+    let server = Server::start(&[], &["--insecure-registry", &registry.host]);
+    let reference = format!("{}/agents/demo:1", registry.host);
+    let prompt = "pulled from a registry";
+    let outputs: Vec<Output> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| scope.spawn(|| pull_and_run(&server.url, &reference, prompt)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("joined"))
+            .collect()
+    });
+    let expected = builtin_chunks(prompt);
+    for output in &outputs {
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{output:?}\n{}",
+            server.log()
+        );
+        assert_eq!(chunks(&json_lines(output)), expected);
+    }
+    // Each blob came from the registry once.
+    let manifest: Value = serde_json::from_slice(
+        &fs::read(Layout::open(&path).expect("layout").blob_path(&digest)).expect("manifest"),
+    )
+    .expect("JSON");
+    let blobs: Vec<&str> = std::iter::once(&manifest["config"])
+        .chain(manifest["layers"].as_array().expect("layers"))
+        .map(|descriptor| descriptor["digest"].as_str().expect("digest"))
+        .collect();
+    for blob in &blobs {
+        assert_eq!(registry.gets(&format!("/blobs/{blob}")), 1, "{blob}");
+    }
+    // Pinned by digest and in the store: the registry is not asked at all.
+    let manifests = registry.gets("/manifests/");
+    let pinned = format!("{}/agents/demo@{digest}", registry.host);
+    let output = pull_and_run(&server.url, &pinned, prompt);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(registry.gets("/manifests/"), manifests);
+    // The store is an OCI layout that names what was pulled.
+    let index = fs::read_to_string(server.store.join("layout/index.json")).expect("index");
+    assert!(index.contains(&reference), "{index}");
+
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys.len(), 3);
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+/// The message of a refused run (`runloop run` exits 2 and says it).
+fn refusal(output: &Output) -> String {
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn registry_images_are_refused_before_anything_starts() {
+    let images = Images::get();
+    let (path, digest) = images.agent_layout("refusals");
+    let layout = Layout::open(&path).expect("layout");
+    let registry = LocalRegistry::start();
+    registry.push(&layout, &digest, "agents/demo", "1");
+    let server = Server::start(&[], &["--insecure-registry", &registry.host]);
+    let host = &registry.host;
+
+    let output = pull_and_run(&server.url, "127.0.0.1:9/agents/demo:1", "x");
+    let said = refusal(&output);
+    assert!(said.contains(r#""kind":"policy""#), "{said}");
+    assert!(
+        said.contains("registry 127.0.0.1:9 is not one this server pulls from"),
+        "{said}"
+    );
+
+    let said = refusal(&pull_and_run(
+        &server.url,
+        &format!("{host}/agents/absent:1"),
+        "x",
+    ));
+    assert!(said.contains("not found"), "{said}");
+
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let said = refusal(&pull_and_run(
+        &server.url,
+        &format!("{host}/agents/demo:1@{wrong}"),
+        "x",
+    ));
+    assert!(said.contains("not found"), "{said}");
+
+    // A manifest whose bytes no longer match its digest.
+    let (tampered_manifest, _) =
+        images::write_image(&layout, "other", &[&images.hog], &["/hog", "disk"]);
+    registry.push(&layout, &tampered_manifest, "agents/tampered-manifest", "1");
+    registry.tamper_manifest(&tampered_manifest);
+    let said = refusal(&pull_and_run(
+        &server.url,
+        &format!("{host}/agents/tampered-manifest:1"),
+        "x",
+    ));
+    assert!(said.contains("digest mismatch"), "{said}");
+
+    // A layer whose bytes no longer match its digest.
+    let odd = images::layer(&[("odd", 0o644, b"a layer only this image has")]);
+    let (tampered_layer, manifest) =
+        images::write_image(&layout, "odd", &[&images.hog, &odd], &["/hog", "disk"]);
+    registry.push(&layout, &tampered_layer, "agents/tampered-layer", "1");
+    let parsed: Value = serde_json::from_slice(&manifest).expect("JSON");
+    let odd_digest: runloop_oci::digest::Digest = parsed["layers"][1]["digest"]
+        .as_str()
+        .expect("digest")
+        .parse()
+        .expect("digest");
+    registry.tamper(&odd_digest);
+    let said = refusal(&pull_and_run(
+        &server.url,
+        &format!("{host}/agents/tampered-layer:1"),
+        "x",
+    ));
+    assert!(said.contains("digest mismatch"), "{said}");
+
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys, Vec::<String>::new(), "no container started");
+    assert_eq!(
+        fs::read_dir(store.join("images")).expect("images").count(),
+        0,
+        "nothing unpacked"
+    );
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+
+    // Too large: refused from the manifest, before any layer is fetched.
+    let small = Server::start(
+        &[],
+        &["--insecure-registry", host, "--max-image-size", "64K"],
+    );
+    let layer_gets = registry.gets("/blobs/");
+    let said = refusal(&pull_and_run(
+        &small.url,
+        &format!("{host}/agents/demo:1"),
+        "x",
+    ));
+    assert!(said.contains("too large"), "{said}");
+    assert!(
+        said.contains("over this server's limit of 65536 bytes"),
+        "{said}"
+    );
+    assert_eq!(registry.gets("/blobs/"), layer_gets, "no blob was fetched");
+    assert_eq!(small.keys(), Vec::<String>::new());
+    assert_eq!(small.terminate(), Some(0));
+}
+
+#[test]
+fn a_server_without_registries_refuses_registry_images() {
+    let images = Images::get();
+    let (path, _) = images.agent_layout("no-registry");
+    let server = Server::start(&[format!("demo=oci:{}", path.display())], &[]);
+    let said = refusal(&pull_and_run(&server.url, "127.0.0.1:9/agents/demo:1", "x"));
+    assert!(said.contains("registry images are not run here"), "{said}");
+    assert_eq!(server.terminate(), Some(0));
+}
+
+/// `runloop serve` that is expected to refuse to start: its stderr.
+fn serve_refuses(prefix: &[&str], agent: &str, env_path: Option<&str>) -> String {
+    let scratch = tempfile::tempdir().expect("temp");
+    let mut command = Command::new(
+        prefix
+            .first()
+            .copied()
+            .unwrap_or(env!("CARGO_BIN_EXE_runloop")),
+    );
+    if !prefix.is_empty() {
+        command
+            .args(&prefix[1..])
+            .arg(env!("CARGO_BIN_EXE_runloop"));
+    }
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(scratch.path().join("store"))
+        .args(["--agent", agent]);
+    if let Some(path) = env_path {
+        command.env("PATH", path);
+    }
+    let output = command.output().expect("serve runs");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(output.stdout.is_empty(), "it never listened: {output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn serve_refuses_at_startup_what_it_cannot_run() {
+    let images = Images::get();
+    let (path, digest) = images.agent_layout("startup");
+    let agent = format!("demo=oci:{}", path.display());
+
+    let said = serve_refuses(&[], &agent, Some("/nonexistent"));
+    assert!(
+        said.contains("cannot run containers: runc does not run"),
+        "{said}"
+    );
+
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let said = serve_refuses(&nobody, &agent, None);
+    assert!(said.contains("running containers needs root"), "{said}");
+
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let said = serve_refuses(&[], &format!("demo@{wrong}=oci:{}", path.display()), None);
+    assert!(
+        said.contains(&format!("holds image {digest}, not the pinned {wrong}")),
+        "{said}"
+    );
+
+    let said = serve_refuses(&[], "demo=oci:/nonexistent/layout", None);
+    assert!(said.contains("is not an OCI image layout"), "{said}");
+}
+
+#[test]
+fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
+    let images = Images::get();
+    let (missing, missing_digest) = images.layout("missing-entrypoint", &[&images.hog], &["/nope"]);
+    // Listening on the container's loopback only: the host never reaches it.
+    let (quiet, quiet_digest) = images.layout(
+        "loopback-only",
+        &[&images.runloop],
+        &["/runloop", "agent", "demo", "--listen", "127.0.0.1:8080"],
+    );
+    let server = Server::start(
+        &[
+            format!("missing=oci:{}", missing.display()),
+            format!("quiet=oci:{}", quiet.display()),
+        ],
+        &["--container-startup-timeout", "1"],
+    );
+    let said = refusal(&server.run(&format!("missing@{missing_digest}"), "64M", "4M", "x"));
+    assert!(said.contains(r#""kind":"runtime""#), "{said}");
+    assert!(
+        said.contains("the container exited before its agent program listened"),
+        "{said}"
+    );
+    assert!(said.contains("no such file or directory"), "{said}");
+    // Below the minimums: refused before anything is made.
+    let said = refusal(&server.run(&format!("missing@{missing_digest}"), "1M", "4M", "x"));
+    assert!(said.contains("below the container minimum"), "{said}");
+    let said = refusal(&server.run(&format!("missing@{missing_digest}"), "64M", "64K", "x"));
+    assert!(said.contains("below the container minimum"), "{said}");
+    let said = refusal(&server.run(&format!("quiet@{quiet_digest}"), "64M", "4M", "x"));
+    assert!(
+        said.contains("the agent program did not listen on"),
+        "{said}"
+    );
+    assert!(said.contains(":8080 within 1s"), "{said}");
+    let keys = server.keys();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys.len(), 2, "two containers were made, then removed");
+    assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
+}

@@ -1,0 +1,299 @@
+//! The container host: what every container of a server shares — the
+//! store, the address pool, runc, the cgroup hierarchy — checked once,
+//! when the server starts.
+//!
+//! A machine or user that cannot run containers learns it at startup, not
+//! at the first run: [`Host::open`] checks for root, runc, the tools that
+//! make disks and networks, overlayfs, loop devices and the memory and
+//! pids cgroup controllers, and names what is missing.
+//!
+//! One server uses a store at a time: the host holds an exclusive `flock`
+//! on `STORE/lock` for its life (the kernel drops it when the process
+//! dies, however it dies). Holding it, the host owns every run directory
+//! under `STORE/runs/`, and before it serves it removes the leftovers of
+//! each one (container, cgroup, network, mounts, loop device, files): runs
+//! of a server that was killed before it could stop them.
+
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustix::fs::FlockOperation;
+use tracing::{info, warn};
+
+use crate::cgroup;
+use crate::command;
+use crate::container::{OciRuntime, teardown};
+use crate::digest::{Digest, DigestError};
+use crate::disk;
+use crate::image::{Image, ImageError};
+use crate::layout::Layout;
+use crate::network::{DEFAULT_SUBNET, Pool, Subnet};
+use crate::runc::Runc;
+use crate::store::{Store, StoreError, UnpackLimits};
+
+/// How the host runs containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// The store: pulled blobs, unpacked images, runs.
+    pub store: PathBuf,
+    /// Where containers' addresses come from (a /30 each).
+    pub subnet: Subnet,
+    /// The runc binary.
+    pub runc: PathBuf,
+    /// Time between the stop signal and SIGKILL.
+    pub grace: Duration,
+    /// How long an agent has to accept TCP on its port.
+    pub startup_timeout: Duration,
+    /// Processes one container may have at once.
+    pub pids: u32,
+    /// What one image may unpack to.
+    pub unpack: UnpackLimits,
+}
+
+impl HostConfig {
+    /// Defaults around `store`: [`DEFAULT_SUBNET`], `runc` from `PATH`, a
+    /// 5 s grace, 60 s to listen, 1024 processes, images up to 8 GiB and
+    /// a million entries unpacked.
+    pub fn new(store: impl Into<PathBuf>) -> HostConfig {
+        HostConfig {
+            store: store.into(),
+            subnet: DEFAULT_SUBNET,
+            runc: PathBuf::from("runc"),
+            grace: Duration::from_secs(5),
+            startup_timeout: Duration::from_secs(60),
+            pids: 1024,
+            unpack: UnpackLimits {
+                max_bytes: 8 << 30,
+                max_entries: 1_000_000,
+            },
+        }
+    }
+
+    /// The store a server uses unless told otherwise: `/var/lib/runloop`
+    /// for root, `$XDG_DATA_HOME/runloop` (or `~/.local/share/runloop`)
+    /// for anyone else.
+    pub fn default_store() -> PathBuf {
+        if rustix::process::geteuid().is_root() {
+            return PathBuf::from("/var/lib/runloop");
+        }
+        std::env::var_os("XDG_DATA_HOME")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/share"))
+            })
+            .unwrap_or_else(std::env::temp_dir)
+            .join("runloop")
+    }
+}
+
+/// Why the host cannot run containers, or cannot serve an image.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// Not root.
+    #[error(
+        "running containers needs root (runc, mounts, loop devices, network namespaces); this server runs as uid {0}"
+    )]
+    NotRoot(u32),
+    /// A tool or kernel feature is missing.
+    #[error("cannot run containers: {0}")]
+    Missing(String),
+    /// The store.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Another server holds the store.
+    #[error("the store {0} is in use by another server; give each server its own --store")]
+    Locked(PathBuf),
+    /// An image layout of the catalog.
+    #[error("image layout {dir}: {source}")]
+    Image {
+        /// The layout.
+        dir: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: ImageError,
+    },
+    /// A catalog pin that is not a digest this crate reads.
+    #[error("image layout {dir}: {source}")]
+    Pin {
+        /// The layout.
+        dir: PathBuf,
+        /// The pin's problem.
+        #[source]
+        source: DigestError,
+    },
+    /// A catalog pin the layout does not match.
+    #[error("image layout {dir} holds image {actual}, not the pinned {pinned}")]
+    Mismatch {
+        /// The layout.
+        dir: PathBuf,
+        /// The catalog's pin.
+        pinned: Digest,
+        /// The layout's manifest digest.
+        actual: Digest,
+    },
+}
+
+/// The container host.
+#[derive(Debug)]
+pub struct Host {
+    config: HostConfig,
+    store: Store,
+    pool: Pool,
+    runc: Runc,
+    cgroups: cgroup::Version,
+    _lock: File,
+}
+
+impl Host {
+    /// Checks that this machine can run containers, opens and locks the
+    /// store, and removes what earlier servers on it left behind.
+    pub async fn open(config: HostConfig) -> Result<Arc<Host>, HostError> {
+        let uid = rustix::process::geteuid();
+        if !uid.is_root() {
+            return Err(HostError::NotRoot(uid.as_raw()));
+        }
+        let runc = Runc::new(&config.runc);
+        let version = runc.version().await.map_err(|error| {
+            HostError::Missing(format!(
+                "runc does not run (install it, e.g. apt-get install runc): {error}"
+            ))
+        })?;
+        for (tool, flag, package) in [
+            ("mkfs.ext4", "-V", "e2fsprogs"),
+            ("mount", "--version", "mount"),
+            ("losetup", "--version", "mount"),
+            ("ip", "-V", "iproute2"),
+        ] {
+            command::run(OsStr::new(tool), [flag], None)
+                .await
+                .map_err(|error| {
+                    HostError::Missing(format!("{tool} does not run (package {package}): {error}"))
+                })?;
+        }
+        let filesystems = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+        if !filesystems
+            .lines()
+            .any(|line| line.trim_end().ends_with("\toverlay"))
+        {
+            return Err(HostError::Missing(
+                "the kernel has no overlay file system (modprobe overlay)".to_owned(),
+            ));
+        }
+        if !Path::new("/dev/loop-control").exists() {
+            return Err(HostError::Missing(
+                "there is no /dev/loop-control (modprobe loop)".to_owned(),
+            ));
+        }
+        let cgroups = cgroup::detect().map_err(HostError::Missing)?;
+        let store = Store::open(&config.store, config.unpack)?;
+        if !disk::overlay_safe(store.dir()) {
+            return Err(HostError::Missing(format!(
+                "the store's path {} holds `,`, `:` or `\\`, which overlay mounts cannot name",
+                store.dir().display()
+            )));
+        }
+        let lock_path = store.dir().join("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|source| StoreError::Io {
+                path: lock_path.clone(),
+                source,
+            })?;
+        rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| HostError::Locked(store.dir().to_owned()))?;
+        let pool = Pool::new(config.subnet);
+        let host = Host {
+            config,
+            store,
+            pool,
+            runc,
+            cgroups,
+            _lock: lock,
+        };
+        host.sweep().await?;
+        info!(store = %host.store.dir().display(), subnet = %host.pool.subnet(), runc = %version, cgroups = ?host.cgroups, "container host ready");
+        Ok(Arc::new(host))
+    }
+
+    /// Removes the leftovers of every run in the store, and interrupted
+    /// unpacks.
+    async fn sweep(&self) -> Result<(), HostError> {
+        let runs = self.store.runs();
+        let entries = fs::read_dir(&runs).map_err(|source| StoreError::Io {
+            path: runs.clone(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            let key = entry.file_name().to_string_lossy().into_owned();
+            warn!(%key, "removing the leftovers of a run of an earlier server");
+            teardown(self, &key).await;
+        }
+        self.store.sweep()?;
+        Ok(())
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The address pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// runc.
+    pub fn runc(&self) -> &Runc {
+        &self.runc
+    }
+
+    /// The cgroup hierarchy.
+    pub fn cgroups(&self) -> cgroup::Version {
+        self.cgroups
+    }
+
+    /// A runtime for the image layout at `dir` (`oci:DIR`), checked against
+    /// `pin` when given and unpacked into the store; with the image's
+    /// digest, which the catalog entry is pinned to.
+    pub async fn layout(
+        self: &Arc<Self>,
+        dir: &Path,
+        pin: Option<&str>,
+    ) -> Result<(Digest, OciRuntime), HostError> {
+        let image_error = |source| HostError::Image {
+            dir: dir.to_owned(),
+            source,
+        };
+        let layout = Arc::new(Layout::open(dir).map_err(|error| image_error(error.into()))?);
+        let image = Image::from_layout(&layout).map_err(image_error)?;
+        if let Some(pin) = pin {
+            let pinned: Digest = pin.parse().map_err(|source| HostError::Pin {
+                dir: dir.to_owned(),
+                source,
+            })?;
+            if pinned != image.digest {
+                return Err(HostError::Mismatch {
+                    dir: dir.to_owned(),
+                    pinned,
+                    actual: image.digest,
+                });
+            }
+        }
+        let unpacked = self.store.unpack(&layout, &image).await?;
+        Ok((
+            image.digest.clone(),
+            OciRuntime::new(Arc::clone(self), unpacked),
+        ))
+    }
+}

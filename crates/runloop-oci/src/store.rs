@@ -1,0 +1,340 @@
+//! The store: the server's directory of pulled blobs and unpacked images,
+//! shared by every run, and of the runs' own directories.
+//!
+//! ```text
+//! STORE/                       mode 0700: unpacked images keep their set-id bits
+//!   layout/                    an OCI image layout: pulled blobs, pulled images in index.json
+//!   images/sha256-HEX/rootfs   one unpacked image per manifest digest (the overlay's lower layer)
+//!   runs/KEY/                  one run: disk.img, its mount, the overlay root, config.json
+//!   lock                       held (flock) by the one server using the store
+//! ```
+//!
+//! An unpacked image is made under a temporary name and renamed into place
+//! when its last layer is applied, so `images/` holds only whole images: a
+//! crash mid-unpack leaves a temporary directory the next server start
+//! removes. Once in place an image is never written again — every run
+//! writes to its own overlay upper directory — and it is reused by every
+//! later run of the same digest. Two runs that need the same image at the
+//! same time unpack it once: the second waits for the first
+//! ([`Flights`]).
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+use tracing::info;
+
+use crate::image::{Compression, Image};
+use crate::layout::{Layout, LayoutError};
+use crate::unpack::{self, Budget, UnpackError};
+
+/// An image unpacked in the store, ready to be an overlay's lower layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unpacked {
+    /// The image.
+    pub image: Image,
+    /// Its root file system (read-only by convention: no run writes it).
+    pub rootfs: PathBuf,
+    /// Whether this call unpacked it (`false`: it was cached, or another
+    /// caller unpacked it while this one waited).
+    pub fresh: bool,
+}
+
+/// Bounds on what one image may unpack to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnpackLimits {
+    /// Bytes of file content.
+    pub max_bytes: u64,
+    /// Files, directories and links.
+    pub max_entries: u64,
+}
+
+/// Why an image could not be unpacked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A blob of the image's layout.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// A layer was refused or failed.
+    #[error("layer {index} ({digest}): {source}")]
+    Layer {
+        /// The layer's position, from 1 at the bottom.
+        index: usize,
+        /// Its digest.
+        digest: String,
+        /// What was wrong.
+        #[source]
+        source: UnpackError,
+    },
+    /// The store's own files.
+    #[error("the store at {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The blocking unpack task did not finish.
+    #[error("the unpack task failed: {0}")]
+    Task(String),
+}
+
+fn io_at(path: &Path) -> impl Fn(io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Locks by key, for work that must happen once however many ask at once:
+/// the first caller does it, the others wait and then find it done.
+#[derive(Debug, Default)]
+pub struct Flights {
+    keys: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+impl Flights {
+    /// Waits for the lock on `key`; held until the guard drops.
+    pub async fn lock(&self, key: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut keys = self
+                .keys
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            keys.retain(|_, lock| lock.strong_count() > 0);
+            match keys.get(key).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    let lock = Arc::new(tokio::sync::Mutex::new(()));
+                    keys.insert(key.to_owned(), Arc::downgrade(&lock));
+                    lock
+                }
+            }
+        };
+        lock.lock_owned().await
+    }
+}
+
+/// The store.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    layout: Arc<Layout>,
+    limits: UnpackLimits,
+    flights: Flights,
+}
+
+impl Store {
+    /// Opens (making it, mode 0700, if needed) the store at `dir`.
+    pub fn open(dir: impl Into<PathBuf>, limits: UnpackLimits) -> Result<Store, StoreError> {
+        let dir = dir.into();
+        for sub in ["", "images", "runs"] {
+            let path = dir.join(sub);
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&path)
+                .map_err(io_at(&path))?;
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(io_at(&dir))?;
+        let layout = Arc::new(Layout::create(dir.join("layout"))?);
+        Ok(Store {
+            dir,
+            layout,
+            limits,
+            flights: Flights::default(),
+        })
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The layout pulled blobs go to.
+    pub fn layout(&self) -> &Arc<Layout> {
+        &self.layout
+    }
+
+    /// Where runs keep their files.
+    pub fn runs(&self) -> PathBuf {
+        self.dir.join("runs")
+    }
+
+    /// The single-flight locks (shared with the registry's pulls).
+    pub fn flights(&self) -> &Flights {
+        &self.flights
+    }
+
+    /// Removes what an interrupted unpack left: temporary image directories.
+    /// Only safe while no other server uses the store (see the host's lock).
+    pub fn sweep(&self) -> Result<(), StoreError> {
+        let images = self.dir.join("images");
+        for entry in fs::read_dir(&images).map_err(io_at(&images))? {
+            let entry = entry.map_err(io_at(&images))?;
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".unpacking-")
+            {
+                let path = entry.path();
+                info!(path = %path.display(), "removing an interrupted unpack");
+                unpack::remove_dir_all(&path).map_err(io_at(&path))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The image unpacked, from `source` (whose blobs hold its layers),
+    /// unpacking it if it is not cached yet.
+    pub async fn unpack(
+        &self,
+        source: &Arc<Layout>,
+        image: &Image,
+    ) -> Result<Unpacked, StoreError> {
+        let dir = self.image_dir(image);
+        let _flight = self.flights.lock(&format!("unpack {}", image.digest)).await;
+        let mut unpacked = Unpacked {
+            image: image.clone(),
+            rootfs: dir.join("rootfs"),
+            fresh: false,
+        };
+        if unpacked.rootfs.is_dir() {
+            return Ok(unpacked);
+        }
+        let temporary = self
+            .dir
+            .join("images")
+            .join(format!(".unpacking-{}", crate::random_name()));
+        let job = Job {
+            source: Arc::clone(source),
+            image: image.clone(),
+            temporary,
+            dir,
+            limits: self.limits,
+        };
+        // The job puts the image in place (or removes its temporary
+        // directory) itself: a caller that gives up waiting leaves no
+        // half-made image, and a finished one is cached for the next.
+        let unpacked_bytes = tokio::task::spawn_blocking(move || job.run())
+            .await
+            .map_err(|error| StoreError::Task(error.to_string()))??;
+        info!(image = %image.digest, layers = image.layers.len(), bytes = unpacked_bytes, "image unpacked");
+        unpacked.fresh = true;
+        Ok(unpacked)
+    }
+
+    fn image_dir(&self, image: &Image) -> PathBuf {
+        self.dir
+            .join("images")
+            .join(format!("sha256-{}", image.digest.hex()))
+    }
+}
+
+/// One unpack, on a blocking thread.
+struct Job {
+    source: Arc<Layout>,
+    image: Image,
+    temporary: PathBuf,
+    dir: PathBuf,
+    limits: UnpackLimits,
+}
+
+impl Job {
+    /// Unpacks into the temporary directory and renames it into place;
+    /// on any failure the temporary directory is removed.
+    fn run(self) -> Result<u64, StoreError> {
+        let unpacked = self.unpack().and_then(|bytes| {
+            match fs::rename(&self.temporary, &self.dir) {
+                Ok(()) => Ok(bytes),
+                // An earlier unpack of the same image, whose caller gave
+                // up waiting, finished first.
+                Err(_) if self.dir.join("rootfs").is_dir() => Ok(bytes),
+                Err(error) => Err(io_at(&self.dir)(error)),
+            }
+        });
+        if self.temporary.exists() {
+            let _ = unpack::remove_dir_all(&self.temporary);
+        }
+        unpacked
+    }
+
+    fn unpack(&self) -> Result<u64, StoreError> {
+        let rootfs = self.temporary.join("rootfs");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&rootfs)
+            .map_err(io_at(&rootfs))?;
+        let mut budget = Budget::new(self.limits.max_bytes, self.limits.max_entries);
+        for (index, layer) in self.image.layers.iter().enumerate() {
+            let failed = |source| StoreError::Layer {
+                index: index + 1,
+                digest: layer.digest.to_string(),
+                source,
+            };
+            self.source.verify(&layer.digest, layer.size)?;
+            let blob = self.source.open_blob(&layer.digest)?;
+            let reader = decompress(blob, layer.compression)
+                .map_err(|error| failed(UnpackError::Archive(error)))?;
+            unpack::apply(&rootfs, reader, &mut budget).map_err(failed)?;
+        }
+        Ok(budget.bytes())
+    }
+}
+
+/// A layer blob, decompressed as its media type says.
+fn decompress(blob: File, compression: Compression) -> io::Result<Box<dyn Read>> {
+    let blob = BufReader::with_capacity(256 << 10, blob);
+    Ok(match compression {
+        Compression::None => Box::new(blob),
+        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(blob)),
+        Compression::Zstd => Box::new(ZstdFrames::new(blob)?),
+    })
+}
+
+/// A zstd stream of one or more frames (zstd allows them concatenated).
+struct ZstdFrames<R: BufRead> {
+    frame: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
+}
+
+impl<R: BufRead> ZstdFrames<R> {
+    fn new(reader: R) -> io::Result<Self> {
+        Ok(ZstdFrames {
+            frame: Some(start_frame(reader)?),
+        })
+    }
+}
+
+fn start_frame<R: BufRead>(
+    reader: R,
+) -> io::Result<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>> {
+    ruzstd::decoding::StreamingDecoder::new(reader)
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, format!("zstd: {error}")))
+}
+
+impl<R: BufRead> Read for ZstdFrames<R> {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let Some(frame) = self.frame.as_mut() else {
+                return Ok(0);
+            };
+            let read = frame.read(buffer)?;
+            if read > 0 || buffer.is_empty() {
+                return Ok(read);
+            }
+            let Some(frame) = self.frame.take() else {
+                return Ok(0);
+            };
+            let mut reader = frame.into_inner();
+            if reader.fill_buf()?.is_empty() {
+                return Ok(0);
+            }
+            self.frame = Some(start_frame(reader)?);
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Images from layouts into the store: digests checked, layers of every
+//! compression unpacked in order, cached per manifest digest, unpacked once
+//! when asked for at the same time, and refused when anything is off.
+
+use std::fs;
+use std::io::Write;
+use std::sync::Arc;
+
+use oci_spec::image::MediaType;
+use runloop_oci::digest::Digest;
+use runloop_oci::image::{Image, host_arch};
+use runloop_oci::layout::Layout;
+use runloop_oci::store::{Store, UnpackLimits};
+use serde_json::json;
+
+const LIMITS: UnpackLimits = UnpackLimits {
+    max_bytes: 1 << 30,
+    max_entries: 100_000,
+};
+
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o755);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(1_700_000_000);
+        builder
+            .append_data(&mut header, path, *data)
+            .expect("append");
+    }
+    builder.into_inner().expect("tar")
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).expect("gzip");
+    encoder.finish().expect("gzip")
+}
+
+fn zstd(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    ruzstd::encoding::compress(bytes, &mut out, ruzstd::encoding::CompressionLevel::Fastest);
+    out
+}
+
+/// Writes an image (layers given as media type and blob) into `layout`
+/// under `name`; returns the manifest's digest.
+fn image(layout: &Layout, name: &str, layers: &[(&str, Vec<u8>)], arch: &str) -> Digest {
+    let config = json!({
+        "architecture": arch,
+        "os": "linux",
+        "config": {"Entrypoint": ["/bin/agent"], "Cmd": ["--port", "8080"], "Env": ["A=1"], "WorkingDir": "/srv"},
+        "rootfs": {"type": "layers", "diff_ids": []},
+    });
+    let config = serde_json::to_vec(&config).expect("config");
+    let config_digest = layout.put(&config).expect("config blob");
+    let layers: Vec<_> = layers
+        .iter()
+        .map(|(media_type, blob)| {
+            let digest = layout.put(blob).expect("layer blob");
+            json!({"mediaType": media_type, "digest": digest.to_string(), "size": blob.len()})
+        })
+        .collect();
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest.to_string(), "size": config.len()},
+        "layers": layers,
+    });
+    let manifest = serde_json::to_vec(&manifest).expect("manifest");
+    let digest = layout.put(&manifest).expect("manifest blob");
+    layout
+        .add_manifest(
+            name,
+            &digest,
+            manifest.len() as u64,
+            MediaType::ImageManifest,
+        )
+        .expect("indexed");
+    digest
+}
+
+const TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+const GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+
+#[tokio::test]
+async fn layers_of_every_compression_unpack_in_order_and_are_cached() {
+    let scratch = tempfile::tempdir().expect("temp");
+    let layout = Arc::new(Layout::create(scratch.path().join("layout")).expect("layout"));
+    // Two zstd frames in one layer: a concatenation is still one stream.
+    let mut two_frames = zstd(&tar_of(&[("c", b"zstd")])[..512]);
+    two_frames.extend(zstd(&tar_of(&[("c", b"zstd")])[512..]));
+    let digest = image(
+        &layout,
+        "latest",
+        &[
+            (TAR, tar_of(&[("a", b"plain"), ("b", b"below")])),
+            (GZIP, gzip(&tar_of(&[("b", b"gzip wins")]))),
+            (ZSTD, two_frames),
+        ],
+        host_arch(),
+    );
+    let image = Image::from_layout(&layout).expect("image");
+    assert_eq!(image.digest, digest);
+    assert_eq!(image.layers.len(), 3);
+    assert_eq!(
+        image.process.args,
+        ["/bin/agent", "--port", "8080"].map(String::from)
+    );
+    assert_eq!(image.process.cwd, "/srv");
+    assert_eq!(image.process.env, ["A=1"]);
+
+    let store = Arc::new(Store::open(scratch.path().join("store"), LIMITS).expect("store"));
+    // Asked for twice at once: one unpack, the same result.
+    let (first, second) =
+        tokio::join!(store.unpack(&layout, &image), store.unpack(&layout, &image));
+    let (unpacked, second) = (first.expect("unpacked"), second.expect("unpacked"));
+    assert_eq!(second.rootfs, unpacked.rootfs);
+    assert!(
+        unpacked.fresh ^ second.fresh,
+        "exactly one of them unpacked it"
+    );
+    assert_eq!(fs::read(unpacked.rootfs.join("a")).expect("a"), b"plain");
+    assert_eq!(
+        fs::read(unpacked.rootfs.join("b")).expect("b"),
+        b"gzip wins"
+    );
+    assert_eq!(fs::read(unpacked.rootfs.join("c")).expect("c"), b"zstd");
+    let images: Vec<_> = fs::read_dir(store.dir().join("images"))
+        .expect("images")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(images, [format!("sha256-{}", digest.hex())]);
+
+    // Cached: a layout whose blobs are gone still serves the unpacked image.
+    fs::remove_dir_all(layout.dir().join("blobs")).expect("blobs removed");
+    let again = store.unpack(&layout, &image).await.expect("cached");
+    assert_eq!(again.rootfs, unpacked.rootfs);
+    assert!(!again.fresh);
+}
+
+#[tokio::test]
+async fn a_tampered_layer_is_refused_and_leaves_no_image() {
+    let scratch = tempfile::tempdir().expect("temp");
+    let layout = Arc::new(Layout::create(scratch.path().join("layout")).expect("layout"));
+    let layer = tar_of(&[("a", b"honest")]);
+    image(&layout, "latest", &[(TAR, layer.clone())], host_arch());
+    let image = Image::from_layout(&layout).expect("image");
+    let blob = layout.blob_path(&image.layers[0].digest);
+    let mut tampered = layer.clone();
+    let at = tampered
+        .windows(6)
+        .position(|w| w == b"honest")
+        .expect("content");
+    tampered[at..at + 6].copy_from_slice(b"hacked");
+    fs::write(&blob, &tampered).expect("tamper");
+    let store = Store::open(scratch.path().join("store"), LIMITS).expect("store");
+    let error = store.unpack(&layout, &image).await.expect_err("refused");
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "blob {} does not match its digest: its content hashes to {}",
+            image.layers[0].digest,
+            Digest::of(&tampered)
+        )
+    );
+    assert_eq!(
+        fs::read_dir(store.dir().join("images"))
+            .expect("images")
+            .count(),
+        0,
+        "no image, and no temporary directory, is left"
+    );
+}
+
+#[test]
+fn manifests_and_indexes_are_checked_before_use() {
+    let scratch = tempfile::tempdir().expect("temp");
+    let layout = Layout::create(scratch.path().join("layout")).expect("layout");
+    assert_eq!(
+        Image::from_layout(&layout).expect_err("empty").to_string(),
+        format!("the index lists no image for linux/{}", host_arch())
+    );
+    let manifest = image(&layout, "one", &[(TAR, tar_of(&[]))], host_arch());
+    // A manifest blob that no longer matches its digest.
+    let path = layout.blob_path(&manifest);
+    let mut bytes = fs::read(&path).expect("manifest");
+    bytes.push(b' ');
+    fs::write(&path, &bytes).expect("tamper");
+    assert_eq!(
+        Image::from_layout(&layout)
+            .expect_err("tampered")
+            .to_string(),
+        format!(
+            "blob {manifest} is {} bytes; its descriptor says {}",
+            bytes.len(),
+            bytes.len() - 1
+        )
+    );
+    // Two images for this platform: ambiguous.
+    image(
+        &layout,
+        "two",
+        &[(TAR, tar_of(&[("x", b"x")]))],
+        host_arch(),
+    );
+    assert!(
+        Image::from_layout(&layout)
+            .expect_err("ambiguous")
+            .to_string()
+            .starts_with("the index lists 2 images for linux/")
+    );
+    // An image for another architecture.
+    let other = Layout::create(scratch.path().join("other")).expect("layout");
+    image(&other, "latest", &[(TAR, tar_of(&[]))], "s390x");
+    assert_eq!(
+        Image::from_layout(&other)
+            .expect_err("platform")
+            .to_string(),
+        format!(
+            "the image is for linux/s390x; this host runs linux/{}",
+            host_arch()
+        )
+    );
+    assert!(
+        Layout::open(scratch.path())
+            .expect_err("not a layout")
+            .to_string()
+            .contains("is not an OCI image layout: cannot read its oci-layout file")
+    );
+}
