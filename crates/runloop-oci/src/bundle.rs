@@ -30,7 +30,7 @@ use crate::user::Ids;
 /// The path every image's environment gets when it names none.
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// The agent program's port when the image's `PORT` names none (SPEC §10).
+/// The agent program's port when the image's `PORT` names none (protocol §10).
 pub const DEFAULT_PORT: u16 = 8080;
 
 /// What one run's configuration is made of.

@@ -59,7 +59,7 @@ pub struct RegistryError {
     pub message: String,
 }
 
-/// Where `registry` images come from (SPEC §5): pulls one, checked, and
+/// Where `registry` images come from (protocol §5): pulls one, checked, and
 /// hands back a runtime that runs it. A server without one refuses
 /// `registry` images.
 pub trait Registry: Send + Sync + fmt::Debug {
