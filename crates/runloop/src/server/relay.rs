@@ -44,6 +44,8 @@ struct Open {
 }
 
 /// Relays one run-loop channel until its finish, then closes its path.
+/// The channel counts as relayed ([`Stats`]'s `relays`) from the order to
+/// its finish; the close after it counts only as an open proxy path.
 ///
 /// Not instrumented with a span: entering one on every poll is a measurable
 /// share of the relay's cost, so the few events it logs name their scope
@@ -55,6 +57,7 @@ pub(crate) async fn serve(
     proxy_url: String,
     ending: watch::Receiver<Option<Error>>,
 ) {
+    let relaying = Held::new(conn.shared(), |s: &Stats| &s.relays);
     let channel = order.channel;
     let mut last = Vec::new();
     let mut open = None;
@@ -83,6 +86,7 @@ pub(crate) async fn serve(
         "run-loop channel finished"
     );
     conn.finish_channel(scope, channel, finish);
+    drop(relaying);
     if let Some(Open { path, _held }) = open {
         proxy_path::close(path).await;
     }

@@ -215,18 +215,13 @@ impl Run {
                     break Error::kind("container", format!("the container ended: {why}"));
                 }
                 Some(order) = orders.recv() => {
-                    let relay = relay::serve(
+                    relays.spawn(relay::serve(
                         Arc::clone(&self.conn),
                         self.scope,
                         order,
                         proxy_url.clone(),
                         ending_seen.clone(),
-                    );
-                    let held = Held::new(self.conn.shared(), |s: &Stats| &s.relays);
-                    relays.spawn(async move {
-                        relay.await;
-                        drop(held);
-                    });
+                    ));
                 }
             }
         };
