@@ -32,6 +32,7 @@ pub mod authorization;
 pub mod capture;
 pub mod channel;
 pub mod codec;
+pub mod connection;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
