@@ -262,7 +262,7 @@ impl Capture {
         })
     }
 
-    fn tap(&self) -> runloop::connection::Tap {
+    fn tap(&self) -> runloop::client::Tap {
         let file = Arc::clone(&self.file);
         Arc::new(move |sender: Role, message: &[u8]| {
             let direction = match sender {

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use runloop::connection::{Limit, Limits};
+use runloop::limits::{Limit, Limits};
 use runloop::runtime::{AgentSpec, Catalog, RuntimeSpec};
 use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig};
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};

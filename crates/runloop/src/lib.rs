@@ -15,10 +15,11 @@
 
 pub mod agent;
 pub mod client;
-pub mod connection;
+pub mod limits;
 pub mod proxy;
 pub mod runtime;
 pub mod server;
+mod writer;
 
 pub use runloop_proto as proto;
 

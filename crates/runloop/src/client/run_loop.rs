@@ -17,7 +17,7 @@ use runloop_proto::Error;
 use runloop_proto::run_loop::{AgenticLoopChunk, Broken, Outcome, Reader, Step, Transcript};
 use tokio::sync::mpsc;
 
-use super::ChannelEvent;
+use super::connection::ChannelEvent;
 use super::run::RunInner;
 
 /// What a loop says, in order.

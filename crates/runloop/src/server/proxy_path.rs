@@ -22,7 +22,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async_with_config};
 use tracing::debug;
 
-use crate::connection::Limits;
+use crate::limits::Limits;
 
 /// An open path to a proxy.
 pub(crate) type Path = WebSocketStream<MaybeTlsStream<TcpStream>>;

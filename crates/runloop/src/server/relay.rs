@@ -24,18 +24,17 @@
 use std::pin::pin;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use runloop_proto::frame::{self, ServerFrame};
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
 use runloop_proto::{Error, Writer};
 use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::tungstenite::Message;
 use tracing::debug;
 
-use super::connection::Conn;
+use super::outbox::ChannelOutbox;
 use super::proxy_path::{self, Path};
-use super::scope::Order;
-use super::{Held, Stats};
+use super::shared::{Held, Shared, Stats};
 
 /// A proxy path the relay has opened, counted as held until it is closed.
 struct Open {
@@ -51,20 +50,19 @@ struct Open {
 /// share of the relay's cost, so the few events it logs name their scope
 /// and channel instead.
 pub(crate) async fn serve(
-    conn: Arc<Conn>,
-    scope: u32,
-    order: Order,
+    shared: Arc<Shared>,
+    outbox: ChannelOutbox,
+    request: Bytes,
     proxy_url: String,
     ending: watch::Receiver<Option<Error>>,
 ) {
-    let relaying = Held::new(conn.shared(), |s: &Stats| &s.relays);
-    let channel = order.channel;
+    let relaying = Held::new(&shared, |s: &Stats| &s.relays);
     let mut last = Vec::new();
     let mut open = None;
     let finish = relay(
-        &conn,
-        scope,
-        order,
+        &shared,
+        &outbox,
+        request,
         &proxy_url,
         ending,
         &mut open,
@@ -72,20 +70,15 @@ pub(crate) async fn serve(
     )
     .await;
     if !last.is_empty() {
-        let frame = ServerFrame::ChannelResponse {
-            scope,
-            channel,
-            payload: &last,
-        };
-        conn.queue_in_scope(scope, frame::to_message(&frame));
+        outbox.respond_last(&last);
     }
     debug!(
-        scope,
-        channel,
+        scope = outbox.scope(),
+        channel = outbox.channel(),
         ended_with_error = !last.is_empty(),
         "run-loop channel finished"
     );
-    conn.finish_channel(scope, channel, finish);
+    outbox.finish(finish);
     drop(relaying);
     if let Some(Open { path, _held }) = open {
         proxy_path::close(path).await;
@@ -96,9 +89,9 @@ pub(crate) async fn serve(
 /// last payload, if it has one, to `last`. A path that still needs its
 /// close handshake is left in `open`.
 async fn relay(
-    conn: &Conn,
-    scope: u32,
-    order: Order,
+    shared: &Arc<Shared>,
+    outbox: &ChannelOutbox,
+    request: Bytes,
     proxy_url: &str,
     ending: watch::Receiver<Option<Error>>,
     open: &mut Option<Open>,
@@ -108,7 +101,7 @@ async fn relay(
     // new one per message would register and drop a waiter each time.
     let mut ending = pin!(ended(ending));
     let relay = Relay::new();
-    let limits = conn.shared().config.limits;
+    let limits = shared.config.limits;
     let dialled = tokio::select! {
         biased;
         why = &mut ending => return relay.cut(why, last),
@@ -126,14 +119,14 @@ async fn relay(
     };
     let Open { path, .. } = open.insert(Open {
         path,
-        _held: Held::new(conn.shared(), |s: &Stats| &s.proxy_paths),
+        _held: Held::new(shared, |s: &Stats| &s.proxy_paths),
     });
     // A proxy that does not read can hold a large ask forever: the run's end
     // must still reach the loop.
     let sent = tokio::select! {
         biased;
         why = &mut ending => return relay.cut(why, last),
-        sent = path.send(Message::Binary(order.request)) => sent,
+        sent = path.send(Message::Binary(request)) => sent,
     };
     if let Err(why) = sent {
         *open = None;
@@ -174,12 +167,7 @@ async fn relay(
                 let Ok(permit) = permit else {
                     unreachable!("the semaphore is never closed")
                 };
-                let frame = ServerFrame::ChannelResponse {
-                    scope,
-                    channel: order.channel,
-                    payload: &message,
-                };
-                conn.queue_data(frame::to_message(&frame), permit);
+                outbox.respond(&message, permit);
             }
             Relayed::Last(error, finish) => {
                 // The proxy's error is the end (protocol §12): nothing after it
@@ -189,8 +177,8 @@ async fn relay(
             }
             Relayed::Fault(finish) => {
                 debug!(
-                    scope,
-                    channel = order.channel,
+                    scope = outbox.scope(),
+                    channel = outbox.channel(),
                     "the proxy broke the sequence"
                 );
                 return finish;

@@ -20,56 +20,52 @@ use std::future::Future;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use bytes::Bytes;
+use runloop_proto::Error;
 use runloop_proto::agents_run::{Image, ImageRef, RunRequest, RunResponse};
-use runloop_proto::{Encode, Error};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span};
 
-use super::connection::Conn;
-use super::{Held, Shared, Stats, proxy_path, relay};
+use super::config::Identity;
+use super::outbox::{Order, ScopeOutbox};
+use super::shared::{Held, Shared, Stats};
+use super::{proxy_path, relay};
 use crate::runtime::{Container, Limits, Registry};
 
-/// A run-loop channel request, handed from the connection to its scope.
-#[derive(Debug)]
-pub(crate) struct Order {
-    /// The client's channel number.
-    pub(crate) channel: u32,
-    /// The request's JSON, as the caller sent it.
-    pub(crate) request: Bytes,
+/// What a run is served with: the server's shared state, the connection's
+/// end, who it is served as, its outbox, and its stop.
+pub(crate) struct Run {
+    pub(crate) shared: Arc<Shared>,
+    /// Fires when the connection is ending.
+    pub(crate) ended: CancellationToken,
+    pub(crate) identity: Identity,
+    pub(crate) outbox: ScopeOutbox,
+    /// Fires on the caller's stop.
+    pub(crate) stop: CancellationToken,
 }
 
-/// Serves one run scope until its finish.
+/// Serves one run scope until its finish; its run-loop requests come as
+/// `orders`.
 pub(crate) async fn serve(
-    conn: Arc<Conn>,
-    scope: u32,
+    run: Run,
     request: Box<RunRequest>,
-    stop: CancellationToken,
     orders: mpsc::UnboundedReceiver<Order>,
 ) {
-    let _held = Held::new(conn.shared(), |s: &Stats| &s.scopes);
-    let span = info_span!("scope", scope, identity = %conn.identity);
-    let run = Run { conn, scope, stop };
+    let _held = Held::new(&run.shared, |s: &Stats| &s.scopes);
+    let span = info_span!("scope", scope = run.outbox.scope(), identity = %run.identity);
     async move {
         match run.start(&request).await {
             Ok(container) => run.serve(container, orders).await,
             Err(error) => {
                 info!(%error, "run refused");
-                run.respond(&RunResponse::Error(error.clone()));
-                run.conn.finish_scope(scope, &error);
+                run.outbox.respond(&RunResponse::Error(error.clone()));
+                run.outbox.finish(&error);
             }
         }
     }
     .instrument(span)
     .await;
-}
-
-struct Run {
-    conn: Arc<Conn>,
-    scope: u32,
-    stop: CancellationToken,
 }
 
 /// A started container, counted while it runs.
@@ -87,7 +83,7 @@ impl Running {
 impl Run {
     /// Checks the request, starts its container and registers its agent.
     async fn start(&self, request: &RunRequest) -> Result<Running, Error> {
-        let shared = self.conn.shared();
+        let shared = &self.shared;
         request
             .validate()
             .map_err(|why| Error::kind("request", why))?;
@@ -164,44 +160,31 @@ impl Run {
             () = self.stop.cancelled() => {
                 Err(Error::kind("run", "the run was stopped before its container ran"))
             }
-            () = self.conn.ended.cancelled() => Err(self.connection_ending()),
+            () = self.ended.cancelled() => Err(self.connection_ending()),
             output = work => Ok(output),
         }
     }
 
     fn connection_ending(&self) -> Error {
-        if self.conn.shared().shutdown.is_cancelled() {
+        if self.shared.shutdown.is_cancelled() {
             Error::kind("server", "the server is shutting down")
         } else {
             Error::kind("server", "the caller's connection ended")
         }
     }
 
-    fn respond(&self, response: &RunResponse) {
-        let message = runloop_proto::frame::build(
-            runloop_proto::frame::FrameType::Response,
-            self.scope,
-            0,
-            response.size_hint(),
-            |out| response.encode(out),
-        );
-        if let Ok(message) = message {
-            self.conn.queue_in_scope(self.scope, message);
-        }
-    }
-
     /// Serves the running container's channels until the run ends, then
     /// ends everything in order.
     async fn serve(&self, mut running: Running, mut orders: mpsc::UnboundedReceiver<Order>) {
-        let id = match RunId::mint(self.conn.shared()) {
+        let id = match RunId::mint(&self.shared) {
             Ok(id) => id,
             Err(error) => {
                 running.stop().await;
-                self.respond(&RunResponse::Error(error.clone()));
-                return self.conn.finish_scope(self.scope, &error);
+                self.outbox.respond(&RunResponse::Error(error.clone()));
+                return self.outbox.finish(&error);
             }
         };
-        self.respond(&RunResponse::Id(id.0.clone()));
+        self.outbox.respond(&RunResponse::Id(id.0.clone()));
         info!(id = %id.0, "running");
         let proxy_url = running.container.proxy_url().to_owned();
         let (ending, ending_seen) = watch::channel(None::<Error>);
@@ -210,15 +193,15 @@ impl Run {
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => break Error::kind("run", "the run was stopped"),
-                () = self.conn.ended.cancelled() => break self.connection_ending(),
+                () = self.ended.cancelled() => break self.connection_ending(),
                 why = running.container.ended() => {
                     break Error::kind("container", format!("the container ended: {why}"));
                 }
                 Some(order) = orders.recv() => {
                     relays.spawn(relay::serve(
-                        Arc::clone(&self.conn),
-                        self.scope,
-                        order,
+                        Arc::clone(&self.shared),
+                        self.outbox.channel(order.channel),
+                        order.request,
                         proxy_url.clone(),
                         ending_seen.clone(),
                     ));
@@ -231,7 +214,7 @@ impl Run {
         relays.wait().await;
         running.stop().await;
         drop(id);
-        self.conn.finish_scope(self.scope, &why);
+        self.outbox.finish(&why);
     }
 }
 
