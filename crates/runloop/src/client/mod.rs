@@ -8,7 +8,16 @@
 //! ```
 //!
 //! One task reads the socket and routes each server frame to the scope or
-//! channel it names; one task writes. Every loop's responses go through
+//! channel it names, as the connection table says; one task writes. The
+//! pieces, in the order a chunk meets them:
+//!
+//! ```text
+//! connection.rs   the table, the reading task, routing, the end
+//! run_loop.rs     one loop: its queue read through the Reader, a Stream of Event
+//! run.rs          one run: its id, its loops, its stop
+//! mod.rs          Client: connect, authorize, open runs, close
+//! ```
+//! Every loop's responses go through
 //! `runloop_proto`'s [`Reader`](runloop_proto::run_loop::Reader), so a
 //! loop's [`Outcome`](runloop_proto::run_loop::Outcome) means exactly what
 //! the protocol says: a dropped connection or an ended run is `Broken`,

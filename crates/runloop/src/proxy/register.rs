@@ -18,8 +18,9 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::Shared;
+use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error};
 use super::upstream::Failure;
-use super::{End, SHUTTING_DOWN, Shared, Ws, ask, end, error_message, left, proxy_error};
 
 /// Serves one `/agent/register` path.
 pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {

@@ -31,8 +31,9 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error};
 use super::upstream::{Failure, Framing};
-use super::{End, SHUTTING_DOWN, Shared, Ws, ask, end, error_message, left, proxy_error, sse};
+use super::{Shared, sse};
 
 /// Serves one `/agent/run` path.
 pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {

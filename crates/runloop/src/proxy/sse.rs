@@ -91,7 +91,7 @@ where
             }
             Err(sse_stream::Error::Body(inner)) => Some(Err(match inner.downcast::<Broke>() {
                 Ok(broke) => *broke,
-                Err(other) => Broke::Transport(crate::proxy::chain(&*other)),
+                Err(other) => Broke::Transport(super::upstream::chain(&*other)),
             })),
             Err(other) => Some(Err(Broke::Parse(other))),
         })
@@ -175,7 +175,9 @@ where
             if self.pending.is_empty() {
                 match self.body.next().await? {
                     Ok(read) => self.pending = read,
-                    Err(error) => return Some(Err(Broke::Transport(crate::proxy::chain(&error)))),
+                    Err(error) => {
+                        return Some(Err(Broke::Transport(super::upstream::chain(&error))));
+                    }
                 }
                 continue;
             }

@@ -175,7 +175,7 @@ impl Upstream {
             .body(body)
             .send()
             .await
-            .map_err(|error| Failure::agent(super::chain(&error)))
+            .map_err(|error| Failure::agent(chain(&error)))
     }
 
     /// A non-2xx answer: its body verbatim when it is JSON, else wrapped.
@@ -198,10 +198,7 @@ impl Upstream {
                 Err(error) => {
                     return Failure::status(
                         status,
-                        format!(
-                            "the agent program's error body broke: {}",
-                            super::chain(&error)
-                        ),
+                        format!("the agent program's error body broke: {}", chain(&error)),
                     );
                 }
             }
@@ -223,6 +220,22 @@ fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
         .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// An error and its sources, joined with `: `, for an error value that has
+/// to say what happened in one string.
+pub(super) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        let words = inner.to_string();
+        if !text.contains(&words) {
+            text.push_str(": ");
+            text.push_str(&words);
+        }
+        source = inner.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -101,7 +101,7 @@ impl ServerConfig {
 
     /// Whether every limit is at least its minimum ([`Limit`]), so that
     /// the server can serve an ordinary caller; the first that is not is
-    /// the error. [`Server::bind`] refuses a configuration that fails this.
+    /// the error. [`Server::bind`](super::Server::bind) refuses a configuration that fails this.
     pub fn validate(&self) -> Result<(), LimitError> {
         self.limits.validate()?;
         Limit::MaxConnections.check(self.max_connections)?;

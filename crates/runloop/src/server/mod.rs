@@ -1,17 +1,28 @@
 //! The provider's server: accepts framed connections, serves
 //! `containers::agents::run`, and relays run-loop channels from the proxy.
 //!
-//! The pieces, in the order a chunk meets them:
+//! The pieces, in the order a chunk meets them, from the proxy to the
+//! caller:
 //!
 //! ```text
-//! connection.rs   one caller's socket: authorization, the scope and channel
-//!                 tables, frames in, disregarded frames counted
-//! scope.rs        one run: policy, runtime, /agent/register, the id, the
-//!                 channels, and the ending (stop, container end, disconnect)
+//! proxy_path.rs   dialling the proxy's bare /agent/* paths
 //! relay.rs        one run-loop channel: /agent/run, one byte read per proxy
 //!                 message, everything else copied
-//! proxy_path.rs   dialling the proxy's bare /agent/* paths
+//! scope.rs        one run: policy, runtime, /agent/register, the id, the
+//!                 channels, and the ending (stop, container end, disconnect)
+//! outbox.rs       the connection's table and its writer's queue under one
+//!                 lock; a scope and a relay each get a handle that writes
+//!                 only their own frames
+//! connection.rs   one caller's socket: authorization, frames in, each applied
+//!                 to the table (runloop_proto::connection), disregarded
+//!                 frames counted
+//! mod.rs          the listener, the handle; config.rs and shared.rs what
+//!                 every connection shares
 //! ```
+//!
+//! Calls go one way, from the listener down to the relay: a connection
+//! starts its scopes, a scope its relays, and each answers through the
+//! outbox handle it was given, never through the task that started it.
 //!
 //! Every task a connection starts is tied to its cancellation token, and
 //! every run ends the same way whatever ended it: its channels end with an
