@@ -147,7 +147,7 @@ fn world() -> &'static World {
             let server = Server::bind("127.0.0.1:0", config)
                 .await
                 .expect("a loopback port");
-            server.spawn().expect("serving").0
+            server.spawn().0
         });
         World { runtime, server }
     })
@@ -164,9 +164,9 @@ pub struct Played {
 
 /// Plays one input against the server and checks everything it answered.
 /// Panics on any violation.
-pub fn run(input: &[u8]) -> Played {
+pub fn play(input: &[u8]) -> Played {
     let world = world();
-    let played = world.runtime.block_on(play(&world.server, input));
+    let played = world.runtime.block_on(connection(&world.server, input));
     assert!(
         !PANICKED.load(Ordering::SeqCst),
         "a thread panicked while this input played"
@@ -374,7 +374,7 @@ fn authorizes(message: &[u8]) -> bool {
     }
 }
 
-async fn play(server: &ServerHandle, input: &[u8]) -> Played {
+async fn connection(server: &ServerHandle, input: &[u8]) -> Played {
     let (near, far) = tokio::io::duplex(64 << 10);
     let connection = server.serve_connection(far, "fuzz");
     let (ws, _) = tokio_tungstenite::client_async("ws://fuzz/", near)

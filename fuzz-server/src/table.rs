@@ -27,11 +27,12 @@
 //! this one's, at a few hundred thousand messages a second.
 
 use runloop_proto::Decode;
+use runloop_proto::ErrorKind;
 use runloop_proto::agents_run::RunResponse;
 use runloop_proto::connection::{Serve, Table, side};
 use runloop_proto::frame::{self, ClientFrame, ServerFrame};
 use runloop_proto::run_loop::{CHUNK, ERROR};
-use runloop_proto::{Encode, Error};
+use runloop_proto::{Encode, ErrorValue};
 
 use super::{
     Asked, CREDENTIAL, LAST_STOP, NUMBERS, Played, Seen, authorizes, channel_request, check, count,
@@ -117,7 +118,7 @@ impl Sim {
                 let number = scope.scope();
                 scope.open(());
                 let response = if request.agent.get() == "\"demo:refuse\"" {
-                    RunResponse::Error(Error::kind("agent", "registration refused"))
+                    RunResponse::Error(ErrorValue::kind(ErrorKind::Agent, "registration refused"))
                 } else {
                     RunResponse::Id(format!("run-{number}"))
                 };

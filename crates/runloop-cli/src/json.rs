@@ -97,7 +97,7 @@ fn string(out: &mut impl Write, text: &dyn fmt::Display) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use runloop_proto::Error;
+    use runloop_proto::ErrorValue;
     use runloop_proto::run_loop::Broken;
 
     use super::*;
@@ -146,11 +146,11 @@ mod tests {
                 r#"{"outcome":"finished","fatal":true}"#,
             ),
             (
-                Outcome::Unfinished(Error::default()),
+                Outcome::Unfinished(ErrorValue::default()),
                 r#"{"outcome":"unfinished"}"#,
             ),
             (
-                Outcome::NoLoop(Error::default()),
+                Outcome::NoLoop(ErrorValue::default()),
                 r#"{"outcome":"no_loop"}"#,
             ),
             (Outcome::NotServed, r#"{"outcome":"not_served"}"#),

@@ -154,7 +154,7 @@ impl Args {
                     let server = Server::bind("127.0.0.1:0", config)
                         .await
                         .map_err(|error| Failure::bind("127.0.0.1:0", error))?;
-                    Some(server.spawn().map_err(Failure::Runtime)?)
+                    Some(server.spawn())
                 }
             };
             let url = match (&self.url, &embedded) {
@@ -198,7 +198,7 @@ async fn run_on(
     prompt: String,
     render: &mut Render<impl Write>,
 ) -> Result<Outcome, Failure> {
-    let run = client.run(request).await.map_err(Failure::Run)?;
+    let run = client.start(request).await.map_err(Failure::Run)?;
     let mut run_loop = run.run_loop(prompt);
     let mut interrupted = false;
     let outcome = loop {

@@ -253,7 +253,7 @@ impl Args {
             let server = Server::bind(self.listen, config)
                 .await
                 .map_err(|error| Failure::bind(self.listen, error))?;
-            let (handle, mut serving) = server.spawn().map_err(Failure::Runtime)?;
+            let (handle, mut serving) = server.spawn();
             writeln!(out, "{}", handle.url())?;
             out.flush()?;
             tokio::select! {

@@ -34,10 +34,10 @@ pub mod channel;
 pub mod codec;
 pub mod connection;
 pub mod endpoint;
-pub mod error;
+pub mod error_value;
 pub mod frame;
 pub mod observer;
 pub mod run_loop;
 
 pub use codec::{Decode, Encode, Writer};
-pub use error::Error;
+pub use error_value::{ErrorKind, ErrorValue};

@@ -42,7 +42,7 @@ use crate::connection::side::Observer as Watching;
 use crate::connection::{
     Disregarded, Ended, Fault, FromClient, FromServer, NewChannel, Table, Violation,
 };
-use crate::error::Error;
+use crate::error_value::ErrorValue;
 use crate::frame::{ClientFrame, ServerFrame};
 use crate::run_loop::{AgenticLoopChunk, Broken, Outcome, Reader, Step};
 
@@ -84,7 +84,7 @@ pub enum Event<'m> {
         /// The channel.
         at: ChannelId,
         /// The error value.
-        error: Error,
+        error: ErrorValue,
         /// The error's JSON as it came.
         json: &'m [u8],
     },
@@ -394,7 +394,7 @@ mod tests {
                 error,
                 json,
             } => {
-                assert_eq!(Error::decode(json).expect("error JSON"), *error);
+                assert_eq!(ErrorValue::decode(json).expect("error JSON"), *error);
                 format!("error {} {}", at(id), String::from_utf8_lossy(json))
             }
             Event::Outcome { at: id, outcome } => format!("outcome {} {outcome}", at(id)),

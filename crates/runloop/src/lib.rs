@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod client;
 pub mod limits;
+mod listener;
 pub mod proxy;
 pub mod runtime;
 pub mod server;

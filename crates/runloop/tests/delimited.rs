@@ -11,7 +11,7 @@ mod common;
 
 use common::{End, error_json, exchange, outcome, register};
 use runloop::proto::run_loop::{AgenticLoopChunk, Outcome};
-use runloop::runtime::{Exec, Limits};
+use runloop::runtime::{ContainerLimits, Exec};
 
 fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -22,7 +22,7 @@ fn fixture(name: &str) -> String {
 async fn one_loop(mode: &str) -> (Vec<String>, Outcome, Option<String>) {
     let exec = Exec::new("python3", [fixture("framed_agent.py"), mode.to_owned()]);
     let container = exec
-        .spawn(Limits {
+        .spawn(ContainerLimits {
             memory: 1 << 30,
             disk: 0,
         })

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{End, Logs, error_json, exchange, outcome, reaped, register, wait_dead};
 use runloop::proto::run_loop::Outcome;
-use runloop::runtime::{Container, Exec, Limits, Runtime};
+use runloop::runtime::{Container, ContainerLimits, Exec, Runtime};
 
 const GIB: u64 = 1 << 30;
 
@@ -17,8 +17,8 @@ fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-fn limits(memory: u64) -> Limits {
-    Limits { memory, disk: 0 }
+fn limits(memory: u64) -> ContainerLimits {
+    ContainerLimits { memory, disk: 0 }
 }
 
 fn pidfile(test: &str) -> std::path::PathBuf {

@@ -41,7 +41,7 @@ fn play_all(play: impl Fn(&[u8]) -> harness::Played) -> Vec<&'static str> {
 
 #[test]
 fn the_committed_connection_corpus_plays_clean() {
-    let outcomes = play_all(harness::run);
+    let outcomes = play_all(harness::play);
     // The seeds reach every ending a loop can have.
     assert_eq!(
         outcomes,

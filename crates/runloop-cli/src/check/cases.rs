@@ -247,7 +247,7 @@ async fn served(ctx: &mut Ctx) -> Checked {
         Ok(client) => client,
         Err(verdict) => return Err(ctx.unserved(verdict)),
     };
-    let answer = timeout(ctx.timeout, client.run(ctx.request.clone())).await;
+    let answer = timeout(ctx.timeout, client.start(ctx.request.clone())).await;
     let verdict = match answer {
         Ok(Ok(run)) => pass(format!("the id ({} characters)", run.id().len())),
         Ok(Err(RunError::Refused(error))) => pass(format!("an error: {error}")),
@@ -528,7 +528,7 @@ async fn run_loop(ctx: &mut Ctx) -> Checked {
 }
 
 async fn loop_outcome(ctx: &Ctx, client: &Client) -> Checked {
-    let run = match timeout(ctx.timeout, client.run(ctx.request.clone())).await {
+    let run = match timeout(ctx.timeout, client.start(ctx.request.clone())).await {
         Ok(Ok(run)) => run,
         Ok(Err(RunError::Refused(error))) => {
             return Err(Verdict::Skip(format!(

@@ -182,7 +182,7 @@ pub(super) enum RunAnswer {
     /// `[0]{"id"}` first: the run is open.
     Id(String),
     /// `[1]` error, then the finish: refused.
-    Refused(runloop_proto::Error),
+    Refused(runloop_proto::ErrorValue),
 }
 
 /// One WebSocket connection, spoken frame by frame.

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{Decode, Encode, Writer};
-use crate::error::Error;
+use crate::error_value::ErrorValue;
 
 const ID: u8 = 0;
 const ERROR: u8 = 1;
@@ -19,7 +19,7 @@ pub enum RunResponse {
     /// The run's id: the container is running.
     Id(String),
     /// The run will not happen.
-    Error(Error),
+    Error(ErrorValue),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -54,7 +54,7 @@ impl Decode<'_> for RunResponse {
             ID => crate::codec::from_object::<IdObject<'_>>(rest)
                 .map(|object| RunResponse::Id(object.id.into_owned()))
                 .map_err(RunResponseError::Id),
-            ERROR => Error::decode(rest)
+            ERROR => ErrorValue::decode(rest)
                 .map(RunResponse::Error)
                 .map_err(RunResponseError::Error),
             other => Err(RunResponseError::UnknownTag(other)),
@@ -102,7 +102,7 @@ mod tests {
         let error = RunResponse::decode(b"\x01{\"kind\":\"policy\"}").expect("decodes");
         assert_eq!(
             error,
-            RunResponse::Error(Error::new(json!({"kind": "policy"})))
+            RunResponse::Error(ErrorValue::new(json!({"kind": "policy"})))
         );
         assert_eq!(
             error.to_vec().expect("encodes"),

@@ -29,9 +29,9 @@
 
 use std::fmt;
 
-use super::{AgenticLoopChunk, Frame};
+use super::{AgenticLoopChunk, Response};
 use crate::codec::Decode;
-use crate::error::Error;
+use crate::error_value::ErrorValue;
 
 /// How a run-loop channel ended, as the caller must understand it.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,9 +45,9 @@ pub enum Outcome {
     },
     /// Chunks, an error, the finish: the loop ended without finishing; what
     /// came is a partial result.
-    Unfinished(Error),
+    Unfinished(ErrorValue),
     /// An error first, then the finish: no loop ran.
-    NoLoop(Error),
+    NoLoop(ErrorValue),
     /// A finish alone: the proxy did not serve the loop.
     NotServed,
     /// The sequence broke the rules or never ended; nothing about the loop
@@ -98,7 +98,7 @@ impl Outcome {
     }
 
     /// The error the channel carried, if it carried one.
-    pub fn error(&self) -> Option<&Error> {
+    pub fn error(&self) -> Option<&ErrorValue> {
         match self {
             Outcome::Unfinished(error) | Outcome::NoLoop(error) => Some(error),
             _ => None,
@@ -138,7 +138,7 @@ pub enum Step {
     /// A chunk of the loop.
     Chunk(AgenticLoopChunk),
     /// The channel's error; the outcome comes with the finish.
-    Error(Error),
+    Error(ErrorValue),
     /// The sequence broke: this is the channel's outcome.
     End(Outcome),
 }
@@ -146,7 +146,7 @@ pub enum Step {
 #[derive(Debug, Clone, PartialEq)]
 enum State {
     Open { chunks: u64, last_fatal: bool },
-    Erred { error: Error, chunks: u64 },
+    Erred { error: ErrorValue, chunks: u64 },
     Ended,
 }
 
@@ -191,13 +191,13 @@ impl Reader {
         match &mut self.state {
             State::Ended => None,
             State::Erred { .. } => Some(self.end(Outcome::Broken(Broken::ResponseAfterError))),
-            State::Open { chunks, last_fatal } => match Frame::decode(payload) {
-                Ok(Frame::Chunk(chunk)) => {
+            State::Open { chunks, last_fatal } => match Response::decode(payload) {
+                Ok(Response::Chunk(chunk)) => {
                     *chunks += 1;
                     *last_fatal = chunk.is_fatal();
                     Some(Step::Chunk(chunk))
                 }
-                Ok(Frame::Error(error)) => {
+                Ok(Response::Error(error)) => {
                     self.state = State::Erred {
                         error: error.clone(),
                         chunks: *chunks,
@@ -260,8 +260,8 @@ mod tests {
         (steps, outcome)
     }
 
-    fn down() -> Error {
-        Error::new(json!({"kind": "agent", "error": "down"}))
+    fn down() -> ErrorValue {
+        ErrorValue::new(json!({"kind": "agent", "error": "down"}))
     }
 
     #[test]
@@ -349,8 +349,11 @@ mod tests {
     #[test]
     fn outcome_names_and_words() {
         assert_eq!(Outcome::Finished { fatal: false }.name(), "finished");
-        assert_eq!(Outcome::Unfinished(Error::default()).name(), "unfinished");
-        assert_eq!(Outcome::NoLoop(Error::default()).name(), "no_loop");
+        assert_eq!(
+            Outcome::Unfinished(ErrorValue::default()).name(),
+            "unfinished"
+        );
+        assert_eq!(Outcome::NoLoop(ErrorValue::default()).name(), "no_loop");
         assert_eq!(Outcome::NotServed.name(), "not_served");
         assert_eq!(Outcome::Broken(Broken::RunEnded).name(), "broken");
         assert_eq!(

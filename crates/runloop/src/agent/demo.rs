@@ -85,7 +85,10 @@ impl Agent for Demo {
         Box::pin(future::ready(answer))
     }
 
-    fn run(&self, request: RunLoopRequest<'static>) -> BoxFuture<'_, Result<ChunkStream, Refusal>> {
+    fn run_loop(
+        &self,
+        request: RunLoopRequest<'static>,
+    ) -> BoxFuture<'_, Result<ChunkStream, Refusal>> {
         Box::pin(future::ready(self.script(request.prompt())))
     }
 }
@@ -373,7 +376,7 @@ mod tests {
     use super::*;
 
     async fn run(prompt: &str) -> Result<Vec<Result<AgenticLoopChunk, Break>>, Refusal> {
-        let stream = Demo::new().run(RunLoopRequest::new(prompt)).await?;
+        let stream = Demo::new().run_loop(RunLoopRequest::new(prompt)).await?;
         Ok(stream.collect().await)
     }
 

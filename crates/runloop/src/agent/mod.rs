@@ -3,8 +3,8 @@
 //! from a prompt to a stream of chunks.
 //!
 //! ```text
-//! proxy ──POST /register {"agent":…}──▶ serve ──▶ Agent::register ──▶ 204 | refusal
-//! proxy ──POST /run {"prompt":…}──────▶ serve ──▶ Agent::run ──▶ stream of chunks
+//! proxy ──POST /register {"agent":…}──▶ AgentServer ──▶ Agent::register ──▶ 204 | refusal
+//! proxy ──POST /run {"prompt":…}──────▶ AgentServer ──▶ Agent::run_loop ──▶ stream of chunks
 //!       ◀── 200 text/event-stream: one `data:` line per chunk, then the end
 //! ```
 //!
@@ -27,7 +27,10 @@
 
 pub mod demo;
 
+use runloop_proto::ErrorKind;
+use std::fmt;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -46,6 +49,7 @@ use runloop_proto::Decode;
 use runloop_proto::run_loop::{AgenticLoopChunk, RunLoopRequest};
 use serde_json::Value;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -137,7 +141,10 @@ pub trait Agent: Send + Sync + 'static {
 
     /// One loop. Resolves when the loop has started (its stream) or was
     /// refused; the stream's end is the loop's end.
-    fn run(&self, request: RunLoopRequest<'static>) -> BoxFuture<'_, Result<ChunkStream, Refusal>>;
+    fn run_loop(
+        &self,
+        request: RunLoopRequest<'static>,
+    ) -> BoxFuture<'_, Result<ChunkStream, Refusal>>;
 }
 
 /// The port in `$PORT`, or [`DEFAULT_PORT`].
@@ -160,40 +167,119 @@ struct Shared {
     shutdown: CancellationToken,
 }
 
-/// Serves `agent` on `listener` until `shutdown` is cancelled; a loop still
-/// running then is broken, and the call returns once every connection is
-/// done.
-pub async fn serve(
+/// An agent program bound to its listening socket, ready to
+/// [`serve`](AgentServer::serve) an [`Agent`].
+pub struct AgentServer {
     listener: TcpListener,
+    addr: SocketAddr,
     agent: Arc<dyn Agent>,
     shutdown: CancellationToken,
-) -> io::Result<()> {
-    info!(listen = ?listener.local_addr().ok(), "agent program up");
-    let router = Router::new()
-        .route("/register", post(register))
-        .route("/run", post(run))
-        .layer(DefaultBodyLimit::max(MAX_REQUEST))
-        .with_state(Shared {
+}
+
+impl fmt::Debug for AgentServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Controls an agent program from elsewhere: its address and its shutdown.
+#[derive(Debug, Clone)]
+pub struct AgentHandle {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+}
+
+impl AgentServer {
+    /// Binds `addr` for `agent`.
+    pub async fn bind(addr: SocketAddr, agent: Arc<dyn Agent>) -> io::Result<AgentServer> {
+        AgentServer::new(TcpListener::bind(addr).await?, agent)
+    }
+
+    /// An agent program on a listener that is already bound.
+    pub fn new(listener: TcpListener, agent: Arc<dyn Agent>) -> io::Result<AgentServer> {
+        Ok(AgentServer {
+            addr: listener.local_addr()?,
+            listener,
             agent,
-            shutdown: shutdown.clone(),
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A handle for shutting it down.
+    pub fn handle(&self) -> AgentHandle {
+        AgentHandle {
+            addr: self.addr,
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
+    /// Serves the agent until [`AgentHandle::shutdown`]; a loop still
+    /// running then is broken, and the call returns once every connection
+    /// is done.
+    pub async fn serve(self) -> io::Result<()> {
+        let AgentServer {
+            listener,
+            addr,
+            agent,
+            shutdown,
+        } = self;
+        info!(listen = %addr, "agent program up");
+        let router = Router::new()
+            .route("/register", post(register))
+            .route("/run", post(run_loop))
+            .layer(DefaultBodyLimit::max(MAX_REQUEST))
+            .with_state(Shared {
+                agent,
+                shutdown: shutdown.clone(),
+            });
+        // Each SSE event is a small write of its own: Nagle would hold it for
+        // the proxy's delayed ACK.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
         });
-    // Each SSE event is a small write of its own: Nagle would hold it for
-    // the proxy's delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
-    info!("agent program down");
-    Ok(())
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await?;
+        info!("agent program down");
+        Ok(())
+    }
+
+    /// Spawns [`serve`](Self::serve) on the current runtime.
+    pub fn spawn(self) -> (AgentHandle, JoinHandle<io::Result<()>>) {
+        (self.handle(), tokio::spawn(self.serve()))
+    }
+}
+
+impl AgentHandle {
+    /// The agent program's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The agent program's `http://` base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Starts a graceful shutdown; [`AgentServer::serve`] returns when it
+    /// is done.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
 }
 
 /// The agent program's own error body, `{"kind":"agent","error":…}`.
 fn bad_request(what: String) -> Refusal {
     Refusal::json(
         StatusCode::BAD_REQUEST,
-        runloop_proto::Error::kind("agent", what).value(),
+        runloop_proto::ErrorValue::kind(ErrorKind::Agent, what).value(),
     )
 }
 
@@ -223,7 +309,7 @@ async fn register(State(shared): State<Shared>, body: Bytes) -> Response {
     }
 }
 
-async fn run(State(shared): State<Shared>, body: Bytes) -> Response {
+async fn run_loop(State(shared): State<Shared>, body: Bytes) -> Response {
     let request = match RunLoopRequest::decode(&body) {
         Ok(request) => request.into_owned(),
         Err(error) => {
@@ -231,7 +317,7 @@ async fn run(State(shared): State<Shared>, body: Bytes) -> Response {
                 .into_response();
         }
     };
-    let chunks = match shared.agent.run(request).await {
+    let chunks = match shared.agent.run_loop(request).await {
         Ok(chunks) => chunks,
         Err(refusal) => {
             warn!(status = %refusal.status(), "loop refused");

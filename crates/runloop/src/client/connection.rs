@@ -26,7 +26,7 @@ use runloop_proto::channel::ChannelRequest;
 use runloop_proto::connection::{Finished, Route, Table, side};
 use runloop_proto::frame::{self, ClientFrame, Role, ServerFrame};
 use runloop_proto::run_loop::{Broken, RunLoopRequest};
-use runloop_proto::{Decode, Encode, Error};
+use runloop_proto::{Decode, Encode, ErrorValue};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -53,7 +53,7 @@ type ClientTable = Table<side::Client, Scope, mpsc::Sender<ChannelEvent>>;
 #[derive(Debug)]
 pub(super) enum Started {
     Id(String),
-    Refused(Error),
+    Refused(ErrorValue),
     NotServed,
     Broken(String),
 }

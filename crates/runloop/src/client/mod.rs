@@ -2,7 +2,7 @@
 //! runs and loops on it at once.
 //!
 //! ```text
-//! Client::connect ──▶ client.run(request) ──▶ Run (id) ──▶ run.run_loop(prompt) ──▶ RunLoop
+//! Client::connect ──▶ client.start(request) ──▶ Run (id) ──▶ run.run_loop(prompt) ──▶ RunLoop
 //!                                                                                    │ Stream of Event:
 //!                                                                                    │ Chunk… Error? End(Outcome)
 //! ```
@@ -40,7 +40,7 @@ use runloop_proto::agents_run::RunRequest;
 use runloop_proto::authorization::Authorization;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, Role};
-use runloop_proto::{Encode, Error};
+use runloop_proto::{Encode, ErrorValue};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::connect_async_with_config;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -98,7 +98,7 @@ pub enum ConnectError {
 pub enum RunError {
     /// The server refused the run with this error (protocol §5).
     #[error("the run was refused: {0}")]
-    Refused(Error),
+    Refused(ErrorValue),
     /// The server answered with a bare finish: received, not served.
     #[error("the server did not serve the run")]
     NotServed,
@@ -132,7 +132,7 @@ pub enum RunError {
 }
 
 /// Stops a run whose caller stopped waiting for its id (the future of
-/// [`Client::run`] dropped by a timeout, a `select!`, an aborted task), so
+/// [`Client::start`] dropped by a timeout, a `select!`, an aborted task), so
 /// that a run nobody holds does not keep a container for the life of the
 /// connection.
 struct Waiting<'a> {
@@ -217,7 +217,7 @@ impl Client {
     }
 
     /// Opens a run (`containers::agents::run`) and waits for its id.
-    pub async fn run(&self, request: RunRequest) -> Result<Run, RunError> {
+    pub async fn start(&self, request: RunRequest) -> Result<Run, RunError> {
         let shared = self.shared();
         let mut payload = Vec::new();
         EndpointRequest::AgentsRun(Box::new(request))

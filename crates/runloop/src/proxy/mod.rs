@@ -32,7 +32,7 @@
 //! - **Backpressure, not buffers.** An SSE event is read only after the
 //!   previous chunk was written to the path, so a slow server slows the
 //!   agent program instead of filling the proxy's memory; the ask, each
-//!   event and each error body have a bound ([`Config`]).
+//!   event and each error body have a bound ([`ProxyConfig`]).
 //! - **Shutdown is honest.** A loop cut by the proxy's shutdown ends with
 //!   an error and a clean close, never with a close alone that would read as
 //!   "finished".
@@ -63,15 +63,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use self::state::State;
 use self::upstream::Upstream;
+use crate::listener;
 
 /// The proxy's port (protocol §10).
 pub const DEFAULT_PORT: u16 = 14979;
@@ -82,7 +84,7 @@ pub const DEFAULT_LISTEN: SocketAddr =
 
 /// The proxy's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Config {
+pub struct ProxyConfig {
     /// The largest ask (and any message) the server may send on a path.
     pub max_ask: usize,
     /// The largest SSE event the agent program may send, counted in stream
@@ -97,9 +99,9 @@ pub struct Config {
     pub close_timeout: Duration,
 }
 
-impl Default for Config {
+impl Default for ProxyConfig {
     fn default() -> Self {
-        Config {
+        ProxyConfig {
             max_ask: 16 << 20,
             max_event: 16 << 20,
             max_error_body: 64 << 10,
@@ -109,38 +111,49 @@ impl Default for Config {
     }
 }
 
-/// A proxy bound to its listening socket, ready to [`run`](Proxy::run).
+/// A proxy bound to its listening socket, ready to [`serve`](Proxy::serve).
 #[derive(Debug)]
 pub struct Proxy {
     listener: TcpListener,
+    addr: SocketAddr,
     agent: SocketAddr,
-    config: Config,
+    config: ProxyConfig,
+    shutdown: CancellationToken,
+}
+
+/// Controls a proxy from elsewhere: its address and its shutdown.
+#[derive(Debug, Clone)]
+pub struct ProxyHandle {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
 }
 
 impl Proxy {
     /// Binds `listen`; the agent program is at `agent`.
     pub async fn bind(listen: SocketAddr, agent: SocketAddr) -> io::Result<Proxy> {
-        Ok(Proxy::new(TcpListener::bind(listen).await?, agent))
+        Proxy::new(TcpListener::bind(listen).await?, agent)
     }
 
     /// A proxy on a listener that is already bound.
-    pub fn new(listener: TcpListener, agent: SocketAddr) -> Proxy {
-        Proxy {
+    pub fn new(listener: TcpListener, agent: SocketAddr) -> io::Result<Proxy> {
+        Ok(Proxy {
+            addr: listener.local_addr()?,
             listener,
             agent,
-            config: Config::default(),
-        }
+            config: ProxyConfig::default(),
+            shutdown: CancellationToken::new(),
+        })
     }
 
     /// Replaces the default bounds.
-    pub fn with_config(mut self, config: Config) -> Proxy {
+    pub fn with_config(mut self, config: ProxyConfig) -> Proxy {
         self.config = config;
         self
     }
 
     /// The address the proxy listens on.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// The agent program's address.
@@ -148,14 +161,24 @@ impl Proxy {
         self.agent
     }
 
-    /// Serves paths until `shutdown` is cancelled, then ends every path
+    /// A handle for shutting the proxy down.
+    pub fn handle(&self) -> ProxyHandle {
+        ProxyHandle {
+            addr: self.addr,
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
+    /// Serves paths until [`ProxyHandle::shutdown`], then ends every path
     /// (a running loop gets an error and a clean close) and returns once all
     /// of them are done. Fails only if the HTTP client cannot be built.
-    pub async fn run(self, shutdown: CancellationToken) -> io::Result<()> {
+    pub async fn serve(self) -> io::Result<()> {
         let Proxy {
             listener,
+            addr,
             agent,
             config,
+            shutdown,
         } = self;
         let shared = Arc::new(Shared {
             upstream: Upstream::new(agent, config.max_error_body)?,
@@ -163,33 +186,39 @@ impl Proxy {
             state: State::default(),
         });
         let tracker = TaskTracker::new();
-        info!(listen = ?listener.local_addr().ok(), %agent, "proxy up");
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        debug!(%peer, "connection");
-                        // Each chunk is a small message written on its own:
-                        // Nagle would hold it for the server's delayed ACK.
-                        let _ = stream.set_nodelay(true);
-                        let shared = Arc::clone(&shared);
-                        tracker.spawn(connection(stream, shared, shutdown.clone()));
-                    }
-                    Err(error) => {
-                        // Out of descriptors or the like: wait a moment
-                        // rather than spin on the same error.
-                        warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-            }
-        }
+        info!(listen = %addr, %agent, "proxy up");
+        listener::accept_until(&listener, &shutdown, |tcp, peer| {
+            debug!(%peer, "connection");
+            tracker.spawn(connection(tcp, Arc::clone(&shared), shutdown.clone()));
+        })
+        .await;
         drop(listener);
         tracker.close();
         tracker.wait().await;
         info!("proxy down");
         Ok(())
+    }
+
+    /// Spawns [`serve`](Self::serve) on the current runtime.
+    pub fn spawn(self) -> (ProxyHandle, JoinHandle<io::Result<()>>) {
+        (self.handle(), tokio::spawn(self.serve()))
+    }
+}
+
+impl ProxyHandle {
+    /// The proxy's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The proxy's `ws://` base URL; the paths go after it.
+    pub fn url(&self) -> String {
+        format!("ws://{}", self.addr)
+    }
+
+    /// Starts a graceful shutdown; [`Proxy::serve`] returns when it is done.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
     }
 }
 
@@ -197,7 +226,7 @@ impl Proxy {
 #[derive(Debug)]
 struct Shared {
     upstream: Upstream,
-    config: Config,
+    config: ProxyConfig,
     state: State,
 }
 

@@ -6,11 +6,12 @@
 //! frame and waits for the server's; it answers a close the server starts.
 //! Either way the log stays silent, so "broke" in it means something broke.
 
+use runloop_proto::ErrorKind;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use runloop_proto::Error;
+use runloop_proto::ErrorValue;
 use runloop_proto::run_loop::ERROR;
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
@@ -18,7 +19,7 @@ use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::Config;
+use super::ProxyConfig;
 
 /// A path's WebSocket.
 pub(super) type Ws = WebSocketStream<TcpStream>;
@@ -86,12 +87,12 @@ pub(super) fn error_message(json: &[u8]) -> Message {
 /// The proxy's own error answer, `{"kind":"proxy","error":…}`.
 pub(super) fn proxy_error(what: impl std::fmt::Display) -> Message {
     let mut json = Vec::new();
-    Error::kind("proxy", what).write_json(&mut runloop_proto::Writer::new(&mut json));
+    ErrorValue::kind(ErrorKind::Proxy, what).write_json(&mut runloop_proto::Writer::new(&mut json));
     error_message(&json)
 }
 
 /// Ends the path as `end` says.
-pub(super) async fn end(ws: Ws, end: End, config: &Config) {
+pub(super) async fn end(ws: Ws, end: End, config: &ProxyConfig) {
     match end {
         End::Answer(last) => finish(ws, last, config.close_timeout).await,
         End::Closed => answer_close(ws, config.close_timeout).await,

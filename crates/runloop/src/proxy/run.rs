@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::Decode;
 use runloop_proto::Writer;
-use runloop_proto::run_loop::{RunLoopRequest, frame};
+use runloop_proto::run_loop::{RunLoopRequest, response};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -66,7 +66,7 @@ async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellation
             info!("the server left before the agent program answered");
             return left;
         }
-        response = shared.upstream.run(ask) => response,
+        response = shared.upstream.run_loop(ask) => response,
     };
     let (response, framing) = match response {
         Ok(answer) => answer,
@@ -142,6 +142,6 @@ fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
 /// `[0]` and the event's data, unread.
 fn chunk_message(data: &[u8]) -> Message {
     let mut payload = Vec::new();
-    frame::encode_raw_chunk(data, &mut Writer::new(&mut payload));
+    response::encode_raw_chunk(data, &mut Writer::new(&mut payload));
     Message::Binary(Bytes::from(payload))
 }

@@ -17,6 +17,7 @@
 //! agent program finished or crashed (protocol §10), so the proxy relays its
 //! events and then says it cannot tell.
 
+use runloop_proto::ErrorKind;
 use std::io;
 use std::net::SocketAddr;
 
@@ -25,7 +26,7 @@ use reqwest::header::{
     ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, TRANSFER_ENCODING,
 };
 use reqwest::{StatusCode, Version};
-use runloop_proto::Error;
+use runloop_proto::ErrorValue;
 use serde_json::{Map, Value};
 
 /// The error JSON of a failed call, ready to follow the `1` tag.
@@ -35,7 +36,7 @@ pub(super) struct Failure(pub(super) Bytes);
 impl Failure {
     /// This project's own shape, `{"kind":"agent","error":…}`.
     pub(super) fn agent(error: impl std::fmt::Display) -> Failure {
-        Failure::from_error(&Error::kind("agent", error))
+        Failure::from_error(&ErrorValue::kind(ErrorKind::Agent, error))
     }
 
     /// `{"kind":"agent","status":N,"error":…}`.
@@ -44,10 +45,10 @@ impl Failure {
         object.insert("kind".to_owned(), Value::from("agent"));
         object.insert("status".to_owned(), Value::from(status));
         object.insert("error".to_owned(), Value::from(error));
-        Failure::from_error(&Error::new(object))
+        Failure::from_error(&ErrorValue::new(object))
     }
 
-    fn from_error(error: &Error) -> Failure {
+    fn from_error(error: &ErrorValue) -> Failure {
         let mut json = Vec::new();
         error.write_json(&mut runloop_proto::Writer::new(&mut json));
         Failure(Bytes::from(json))
@@ -140,7 +141,10 @@ impl Upstream {
 
     /// `POST /run` with the run-loop request, as it came; the response is
     /// a 2xx event stream, framed as it says.
-    pub(super) async fn run(&self, ask: Bytes) -> Result<(reqwest::Response, Framing), Failure> {
+    pub(super) async fn run_loop(
+        &self,
+        ask: Bytes,
+    ) -> Result<(reqwest::Response, Framing), Failure> {
         let response = self.post(&self.run_url, ask, "text/event-stream").await?;
         let status = response.status();
         if !status.is_success() {

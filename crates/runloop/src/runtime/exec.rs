@@ -70,8 +70,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::output::log_lines;
-use super::{BoxFuture, Container, Limits, Runtime, StartError};
-use crate::proxy::Proxy;
+use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
+use crate::proxy::{Proxy, ProxyHandle};
 
 /// A runtime that runs one program, with arguments, per container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl Exec {
 
     /// Starts one child and its proxy; resolves once both accept
     /// connections. [`Runtime::start`] is this, boxed.
-    pub async fn spawn(&self, limits: Limits) -> Result<ExecContainer, StartError> {
+    pub async fn spawn(&self, limits: ContainerLimits) -> Result<ExecContainer, StartError> {
         let port = free_port().map_err(|error| {
             StartError(format!(
                 "cannot find a free port for the agent program: {error}"
@@ -158,10 +158,7 @@ impl Exec {
             let proxy = Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), agent)
                 .await
                 .map_err(|error| format!("cannot bind the proxy: {error}"))?;
-            let url = proxy
-                .local_addr()
-                .map(|addr| format!("ws://{addr}"))
-                .map_err(|error| format!("cannot read the proxy's address: {error}"))?;
+            let url = format!("ws://{}", proxy.local_addr());
             Ok::<_, String>((proxy, url))
         };
         let (proxy, url) = match ready.await {
@@ -174,8 +171,7 @@ impl Exec {
                 return Err(StartError(why));
             }
         };
-        let proxy_stop = CancellationToken::new();
-        let proxy_task = tokio::spawn(proxy.run(proxy_stop.clone()));
+        let (proxy_stop, proxy_task) = proxy.spawn();
         let stop = CancellationToken::new();
         let (exited_tx, exited) = watch::channel(None);
         let supervisor = tokio::spawn(supervise(child, group, stop.clone(), self.grace, exited_tx));
@@ -215,7 +211,10 @@ impl Exec {
 }
 
 impl Runtime for Exec {
-    fn start(&self, limits: Limits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
+    fn start(
+        &self,
+        limits: ContainerLimits,
+    ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
         Box::pin(async move {
             let container: Box<dyn Container> = Box::new(self.spawn(limits).await?);
             Ok(container)
@@ -382,7 +381,7 @@ pub struct ExecContainer {
     pid: u32,
     grace: Duration,
     stop: CancellationToken,
-    proxy_stop: CancellationToken,
+    proxy_stop: ProxyHandle,
     supervisor: Option<JoinHandle<()>>,
     proxy: Option<JoinHandle<io::Result<()>>>,
     logs: Vec<JoinHandle<()>>,
@@ -398,7 +397,7 @@ impl ExecContainer {
     /// Stops the proxy and the child (`SIGTERM` to its group, the grace,
     /// `SIGKILL`), reaps it, and says how it ended.
     pub async fn terminate(mut self) -> String {
-        self.proxy_stop.cancel();
+        self.proxy_stop.shutdown();
         self.stop.cancel();
         if let Some(supervisor) = self.supervisor.take()
             && let Err(error) = supervisor.await
@@ -453,7 +452,7 @@ impl Drop for ExecContainer {
     /// Dropped without `stop`, the container still ends: the supervisor
     /// terminates and reaps the child, the proxy shuts down.
     fn drop(&mut self) {
-        self.proxy_stop.cancel();
+        self.proxy_stop.shutdown();
         self.stop.cancel();
     }
 }

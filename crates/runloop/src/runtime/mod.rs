@@ -23,9 +23,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use runloop_proto::ErrorKind;
+
 pub use attach::Attach;
 pub use builtin::Builtin;
-pub use catalog::{AgentSpec, Catalog, Refusal, RuntimeSpec, SpecError};
+pub use catalog::{AgentSpec, Catalog, CatalogError, RuntimeSpec, SpecError};
 pub use exec::{Exec, ExecContainer};
 
 /// A boxed, sendable future.
@@ -33,7 +35,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The limits a run asked for (protocol §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub struct ContainerLimits {
     /// Memory limit, bytes.
     pub memory: u64,
     /// Bytes the container may write to its own file system.
@@ -53,8 +55,9 @@ pub struct StartError(pub String);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct RegistryError {
-    /// The error response's `kind`.
-    pub kind: &'static str,
+    /// The error response's `kind`: [`ErrorKind::Policy`] or
+    /// [`ErrorKind::Registry`].
+    pub kind: ErrorKind,
     /// What happened, for the caller.
     pub message: String,
 }
@@ -70,7 +73,10 @@ pub trait Registry: Send + Sync + fmt::Debug {
 /// Starts containers of one kind.
 pub trait Runtime: Send + Sync + fmt::Debug {
     /// Starts one container. Resolves once its proxy accepts connections.
-    fn start(&self, limits: Limits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>>;
+    fn start(
+        &self,
+        limits: ContainerLimits,
+    ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>>;
 }
 
 /// One running container, as the server sees it.

@@ -53,17 +53,17 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, ToSocketAddrs};
-use tracing::{info, warn};
+use tokio::task::JoinHandle;
+use tracing::info;
 
 pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
 pub use shared::{Stats, StatsSnapshot};
 
 use self::shared::Shared;
 use crate::limits::LimitError;
+use crate::listener;
 
 /// Why a server could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +80,7 @@ pub enum BindError {
 #[derive(Debug)]
 pub struct Server {
     listener: TcpListener,
+    addr: SocketAddr,
     shared: Arc<Shared>,
 }
 
@@ -95,52 +96,43 @@ impl Server {
     pub async fn bind(addr: impl ToSocketAddrs, config: ServerConfig) -> Result<Server, BindError> {
         config.validate().map_err(BindError::Limit)?;
         let listener = TcpListener::bind(addr).await.map_err(BindError::Listen)?;
+        let addr = listener.local_addr().map_err(BindError::Listen)?;
         let shared = Arc::new(Shared::new(config));
-        Ok(Server { listener, shared })
+        Ok(Server {
+            listener,
+            addr,
+            shared,
+        })
     }
 
     /// The bound address.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// A handle for shutting the server down and reading its counts.
-    pub fn handle(&self) -> io::Result<ServerHandle> {
-        Ok(ServerHandle {
-            addr: self.local_addr()?,
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle {
+            addr: self.addr,
             shared: Arc::clone(&self.shared),
-        })
+        }
     }
 
     /// Serves until [`ServerHandle::shutdown`]; then stops accepting, ends
     /// every run (channels end with an error, containers stop, scopes
     /// finish), closes every connection, and returns when all of that is done.
-    pub async fn run(self) {
-        let Server { listener, shared } = self;
-        info!(addr = ?listener.local_addr().ok(), "serving");
-        loop {
-            let accepted = tokio::select! {
-                () = shared.shutdown.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((tcp, peer)) => {
-                    // Frames are small and written in batches: Nagle would
-                    // only hold each batch back for an ACK.
-                    let _ = tcp.set_nodelay(true);
-                    let shared_for_task = Arc::clone(&shared);
-                    shared
-                        .tasks
-                        .spawn(connection::serve(tcp, peer, shared_for_task));
-                }
-                Err(error) => {
-                    // Out of file descriptors and the like: back off briefly
-                    // instead of spinning.
-                    warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
+    pub async fn serve(self) {
+        let Server {
+            listener,
+            addr,
+            shared,
+        } = self;
+        info!(%addr, "serving");
+        listener::accept_until(&listener, &shared.shutdown, |tcp, peer| {
+            let for_task = Arc::clone(&shared);
+            shared.tasks.spawn(connection::serve(tcp, peer, for_task));
+        })
+        .await;
         drop(listener);
         info!("shutting down: ending runs and closing connections");
         shared.tasks.close();
@@ -148,10 +140,9 @@ impl Server {
         info!("shut down");
     }
 
-    /// Spawns [`run`](Self::run) on the current runtime.
-    pub fn spawn(self) -> io::Result<(ServerHandle, tokio::task::JoinHandle<()>)> {
-        let handle = self.handle()?;
-        Ok((handle, tokio::spawn(self.run())))
+    /// Spawns [`serve`](Self::serve) on the current runtime.
+    pub fn spawn(self) -> (ServerHandle, JoinHandle<()>) {
+        (self.handle(), tokio::spawn(self.serve()))
     }
 }
 
@@ -166,7 +157,7 @@ impl ServerHandle {
         format!("ws://{}", self.addr)
     }
 
-    /// Starts a graceful shutdown; [`Server::run`] returns when it is done.
+    /// Starts a graceful shutdown; [`Server::serve`] returns when it is done.
     pub fn shutdown(&self) {
         self.shared.shutdown.cancel();
     }
@@ -189,7 +180,7 @@ impl ServerHandle {
         &self,
         io: S,
         peer: impl fmt::Display + Send + 'static,
-    ) -> tokio::task::JoinHandle<()>
+    ) -> JoinHandle<()>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -201,6 +192,8 @@ impl ServerHandle {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::limits::{Limit, Limits};
     use crate::runtime::Catalog;

@@ -22,7 +22,7 @@ use runloop_proto::agents_run::RunResponse;
 use runloop_proto::connection::{Table, side};
 use runloop_proto::frame::{self, FrameType, ServerFrame};
 use runloop_proto::run_loop::{Finish, Sender};
-use runloop_proto::{Encode, Error, Writer};
+use runloop_proto::{Encode, ErrorValue, Writer};
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -131,7 +131,7 @@ impl ScopeOutbox {
     /// be served) ends with `error`, then the scope's finish frees the scope
     /// and all its numbers. Under the table's lock, so no channel can open
     /// in between.
-    pub(crate) fn finish(&self, error: &Error) {
+    pub(crate) fn finish(&self, error: &ErrorValue) {
         let mut table = self.outbox.table();
         let Some(finished) = table.finish_scope(self.scope) else {
             return;

@@ -12,10 +12,11 @@
 //! to log a healthy exchange as a broken one. A proxy that does not finish
 //! the handshake within [`CLOSE_GRACE`] has its socket dropped.
 
+use runloop_proto::ErrorKind;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use runloop_proto::Error;
+use runloop_proto::ErrorValue;
 use serde_json::value::RawValue;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -40,8 +41,12 @@ pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path
 
 /// Registers the agent: sends `{"agent": <the caller's JSON, verbatim>}` and
 /// reads the proxy's one answer, `[0]` or `[1][error]`.
-pub(crate) async fn register(base: &str, agent: &RawValue, limits: &Limits) -> Result<(), Error> {
-    let fail = |what: String| Error::kind("proxy", what);
+pub(crate) async fn register(
+    base: &str,
+    agent: &RawValue,
+    limits: &Limits,
+) -> Result<(), ErrorValue> {
+    let fail = |what: String| ErrorValue::kind(ErrorKind::Proxy, what);
     let mut path = open(base, "/agent/register", limits)
         .await
         .map_err(|e| fail(format!("cannot open the proxy's /agent/register: {e}")))?;
@@ -70,7 +75,7 @@ pub(crate) async fn register(base: &str, agent: &RawValue, limits: &Limits) -> R
     close(path).await;
     match answer.split_first() {
         Some((0, _)) => Ok(()),
-        Some((1, error)) => Err(Error::decode_or_text(error)),
+        Some((1, error)) => Err(ErrorValue::decode_or_text(error)),
         _ => Err(fail(
             "the proxy's /agent/register answer is not [0] or [1][error]".into(),
         )),

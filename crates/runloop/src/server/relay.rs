@@ -21,13 +21,14 @@
 //! this task stop reading the proxy, and TCP carries the pressure back to
 //! the agent program.
 
+use runloop_proto::ErrorKind;
 use std::pin::pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
-use runloop_proto::{Error, Writer};
+use runloop_proto::{ErrorValue, Writer};
 use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::tungstenite::Message;
 use tracing::debug;
@@ -54,7 +55,7 @@ pub(crate) async fn serve(
     outbox: ChannelOutbox,
     request: Bytes,
     proxy_url: String,
-    ending: watch::Receiver<Option<Error>>,
+    ending: watch::Receiver<Option<ErrorValue>>,
 ) {
     let relaying = Held::new(&shared, |s: &Stats| &s.relays);
     let mut last = Vec::new();
@@ -93,7 +94,7 @@ async fn relay(
     outbox: &ChannelOutbox,
     request: Bytes,
     proxy_url: &str,
-    ending: watch::Receiver<Option<Error>>,
+    ending: watch::Receiver<Option<ErrorValue>>,
     open: &mut Option<Open>,
     last: &mut Writer<'_>,
 ) -> Finish {
@@ -110,8 +111,8 @@ async fn relay(
     let path = match dialled {
         Ok(path) => path,
         Err(why) => {
-            let error = Error::kind(
-                "proxy",
+            let error = ErrorValue::kind(
+                ErrorKind::Proxy,
                 format!("cannot open the proxy's /agent/run: {why}"),
             );
             return relay.cut(error, last);
@@ -188,13 +189,13 @@ async fn relay(
 }
 
 /// Resolves with the run's ending reason once it is set.
-async fn ended(mut ending: watch::Receiver<Option<Error>>) -> Error {
+async fn ended(mut ending: watch::Receiver<Option<ErrorValue>>) -> ErrorValue {
     loop {
         if let Some(why) = ending.borrow_and_update().clone() {
             return why;
         }
         if ending.changed().await.is_err() {
-            return Error::kind("server", "the run ended");
+            return ErrorValue::kind(ErrorKind::Server, "the run ended");
         }
     }
 }

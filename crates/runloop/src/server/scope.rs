@@ -16,11 +16,12 @@
 //! reads a bare finish ("not served") for a run that was in fact refused or
 //! abandoned. After the id the main stream carries nothing but the finish.
 
+use runloop_proto::ErrorKind;
 use std::future::Future;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use runloop_proto::Error;
+use runloop_proto::ErrorValue;
 use runloop_proto::agents_run::{Image, ImageRef, RunRequest, RunResponse};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -31,7 +32,7 @@ use super::config::Identity;
 use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
 use super::{proxy_path, relay};
-use crate::runtime::{Container, Limits, Registry};
+use crate::runtime::{Container, ContainerLimits, Registry};
 
 /// What a run is served with: the server's shared state, the connection's
 /// end, who it is served as, its outbox, and its stop.
@@ -82,11 +83,11 @@ impl Running {
 
 impl Run {
     /// Checks the request, starts its container and registers its agent.
-    async fn start(&self, request: &RunRequest) -> Result<Running, Error> {
+    async fn start(&self, request: &RunRequest) -> Result<Running, ErrorValue> {
         let shared = &self.shared;
         request
             .validate()
-            .map_err(|why| Error::kind("request", why))?;
+            .map_err(|why| ErrorValue::kind(ErrorKind::Request, why))?;
         let container = &request.container;
         let source = match (&container.image, &shared.config.registry) {
             (Image::Server(image), _) => Source::Catalog(image),
@@ -94,8 +95,8 @@ impl Run {
                 Source::Registry(&image.reference, registry)
             }
             _ => {
-                return Err(Error::kind(
-                    "policy",
+                return Err(ErrorValue::kind(
+                    ErrorKind::Policy,
                     format!(
                         "{} images are not run here; only server images from this server's catalog",
                         container.image.source()
@@ -104,8 +105,8 @@ impl Run {
             }
         };
         if let Some(list) = first_mount_list(request) {
-            return Err(Error::kind(
-                "policy",
+            return Err(ErrorValue::kind(
+                ErrorKind::Policy,
                 format!(
                     "{list} is refused: this server holds no volumes, identities or FUSE sessions"
                 ),
@@ -117,24 +118,24 @@ impl Run {
                     .config
                     .catalog
                     .resolve(image)
-                    .map_err(|why| Error::kind("policy", why))?;
+                    .map_err(|why| ErrorValue::kind(ErrorKind::Policy, why))?;
                 (runtime, image.name.as_str())
             }
             Source::Registry(reference, registry) => {
                 info!(%reference, "pulling the image");
                 let pulled = self.unless_ended(registry.resolve(reference)).await?;
-                let runtime = pulled.map_err(|why| Error::kind(why.kind, why.message))?;
+                let runtime = pulled.map_err(|why| ErrorValue::kind(why.kind, why.message))?;
                 (runtime, reference)
             }
         };
-        let limits = Limits {
+        let limits = ContainerLimits {
             memory: container.memory,
             disk: container.disk,
         };
         info!(image = %name, "starting the container");
         let started = self.unless_ended(runtime.start(limits)).await?;
         let running = Running {
-            container: started.map_err(|why| Error::kind("runtime", why))?,
+            container: started.map_err(|why| ErrorValue::kind(ErrorKind::Runtime, why))?,
             _held: Held::new(shared, |s: &Stats| &s.containers),
         };
         let registered = self
@@ -154,22 +155,22 @@ impl Run {
     }
 
     /// Runs `work` unless the run is stopped or the connection ends first.
-    async fn unless_ended<F: Future>(&self, work: F) -> Result<F::Output, Error> {
+    async fn unless_ended<F: Future>(&self, work: F) -> Result<F::Output, ErrorValue> {
         tokio::select! {
             biased;
             () = self.stop.cancelled() => {
-                Err(Error::kind("run", "the run was stopped before its container ran"))
+                Err(ErrorValue::kind(ErrorKind::Run, "the run was stopped before its container ran"))
             }
             () = self.ended.cancelled() => Err(self.connection_ending()),
             output = work => Ok(output),
         }
     }
 
-    fn connection_ending(&self) -> Error {
+    fn connection_ending(&self) -> ErrorValue {
         if self.shared.shutdown.is_cancelled() {
-            Error::kind("server", "the server is shutting down")
+            ErrorValue::kind(ErrorKind::Server, "the server is shutting down")
         } else {
-            Error::kind("server", "the caller's connection ended")
+            ErrorValue::kind(ErrorKind::Server, "the caller's connection ended")
         }
     }
 
@@ -187,15 +188,15 @@ impl Run {
         self.outbox.respond(&RunResponse::Id(id.0.clone()));
         info!(id = %id.0, "running");
         let proxy_url = running.container.proxy_url().to_owned();
-        let (ending, ending_seen) = watch::channel(None::<Error>);
+        let (ending, ending_seen) = watch::channel(None::<ErrorValue>);
         let relays = TaskTracker::new();
         let why = loop {
             tokio::select! {
                 biased;
-                () = self.stop.cancelled() => break Error::kind("run", "the run was stopped"),
+                () = self.stop.cancelled() => break ErrorValue::kind(ErrorKind::Run, "the run was stopped"),
                 () = self.ended.cancelled() => break self.connection_ending(),
                 why = running.container.ended() => {
-                    break Error::kind("container", format!("the container ended: {why}"));
+                    break ErrorValue::kind(ErrorKind::Container, format!("the container ended: {why}"));
                 }
                 Some(order) = orders.recv() => {
                     relays.spawn(relay::serve(
@@ -249,11 +250,14 @@ struct RunId(String, Arc<Shared>);
 impl RunId {
     /// 128 bits from the OS's randomness, base64url: unguessable, and not
     /// derived from anything in the request.
-    fn mint(shared: &Arc<Shared>) -> Result<RunId, Error> {
+    fn mint(shared: &Arc<Shared>) -> Result<RunId, ErrorValue> {
         loop {
             let mut bytes = [0u8; 16];
             getrandom::fill(&mut bytes).map_err(|why| {
-                Error::kind("server", format!("no randomness for a run id: {why}"))
+                ErrorValue::kind(
+                    ErrorKind::Server,
+                    format!("no randomness for a run id: {why}"),
+                )
             })?;
             let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
             let mut ids = shared
