@@ -304,11 +304,7 @@ fn record(op: u8, input: &mut Input<'_>) -> Option<Vec<u8>> {
             let frame_type = input.byte();
             let (scope, channel) = (input.number(), input.number());
             let len = usize::from(input.byte() % 64);
-            let mut message = vec![frame_type];
-            message.extend_from_slice(&scope.to_be_bytes());
-            message.extend_from_slice(&channel.to_be_bytes());
-            message.extend(input.take(len));
-            message
+            frame::raw(frame_type, scope, channel, &input.take(len))
         }
         5 => return None,
         6 => {

@@ -27,12 +27,11 @@
 //! this one's, at a few hundred thousand messages a second.
 
 use runloop_proto::Decode;
-use runloop_proto::ErrorKind;
 use runloop_proto::agents_run::RunResponse;
 use runloop_proto::connection::{Serve, Table, side};
 use runloop_proto::frame::{self, ClientFrame, ServerFrame};
 use runloop_proto::run_loop::{CHUNK, ERROR};
-use runloop_proto::{Encode, ErrorValue};
+use runloop_proto::{Encode, ErrorKind, ErrorValue};
 
 use super::{
     Asked, CREDENTIAL, LAST_STOP, NUMBERS, Played, Seen, authorizes, channel_request, check, count,

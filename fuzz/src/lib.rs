@@ -17,7 +17,6 @@
 //! test can tell a corpus that exercises the decoders from one that only
 //! exercises their error paths.
 
-use runloop_proto::ErrorKind;
 use runloop_proto::agents_run::RunRequest;
 use runloop_proto::authorization::Authorization;
 use runloop_proto::channel::ChannelRequest;
@@ -26,7 +25,7 @@ use runloop_proto::frame::{self, ClientFrame, HEADER_LEN, HeaderError, ServerFra
 use runloop_proto::run_loop::{
     Broken, CHUNK, ERROR, Outcome, Reader, Relay, Relayed, Response, ResponseError, Step,
 };
-use runloop_proto::{Decode, Encode, ErrorValue, Writer};
+use runloop_proto::{Decode, Encode, ErrorKind, ErrorValue, Writer};
 
 /// Splits fuzz input into messages at `\n`. Compact JSON never holds a raw
 /// newline, so a seed file can list one frame per line.

@@ -37,7 +37,7 @@ pub enum Which {
 
 impl Args {
     /// Serves until Ctrl-C or SIGTERM.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let Which::Demo { listen, pace } = &self.agent;
         let _logs = init_logs("info");
         let listen = listen

@@ -93,7 +93,7 @@ impl Spawn for ThisBinary {
 
 impl Args {
     /// Runs the measurement and prints its figures.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let _logs = init_logs("warn");
         let exe = std::env::current_exe().map_err(Failure::Runtime)?;
         let spawn = ThisBinary(exe);
@@ -149,7 +149,7 @@ impl Args {
 
 impl ForwardArgs {
     /// Forwards until killed.
-    pub fn run(&self) -> Result<Exit, Failure> {
+    pub fn execute(&self) -> Result<Exit, Failure> {
         block_on(async {
             let listener = tokio::net::TcpListener::bind(self.listen)
                 .await

@@ -24,7 +24,7 @@ pub struct Args {
 
 impl Args {
     /// Proxies until Ctrl-C or SIGTERM.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let _logs = init_logs("info");
         let port = self
             .agent_port

@@ -19,7 +19,7 @@ use runloop_proto::agents_run::{
     Container, Image, ImageRef, RegistryImage, RunRequest, is_valid_digest, is_valid_name,
 };
 use runloop_proto::capture::{Direction, Line};
-use runloop_proto::frame::{HEADER_LEN, Role};
+use runloop_proto::frame::{FrameType, HEADER_LEN, Role};
 use runloop_proto::run_loop::{Broken, Outcome};
 use serde_json::value::RawValue;
 
@@ -132,7 +132,7 @@ impl Args {
     }
 
     /// Runs one loop and renders it to stdout.
-    pub fn run(&self) -> Result<Exit, Failure> {
+    pub fn execute(&self) -> Result<Exit, Failure> {
         let request = self.request()?;
         let prompt = self.prompt()?;
         let capture = self.capture.as_ref().map(Capture::create).transpose()?;
@@ -275,12 +275,14 @@ impl Capture {
             }
             // An authorization frame is kept as its header and mode byte:
             // the credential stays out of the file.
-            let (message, note) = match message.first() {
-                Some(0) if message.len() > HEADER_LEN + 1 => (
+            let authorization = message.first() == Some(&(FrameType::Authorization as u8));
+            let (message, note) = if authorization && message.len() > HEADER_LEN + 1 {
+                (
                     &message[..HEADER_LEN + 1],
                     "# the credential is not recorded\n",
-                ),
-                _ => (message, ""),
+                )
+            } else {
+                (message, "")
             };
             let written = writeln!(file.out, "{note}{}", Line::new(direction, message));
             if let Err(error) = written {

@@ -24,7 +24,7 @@ pub struct Args {}
 
 impl Args {
     /// Prints the schema document, pretty, to `out`.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         serde_json::to_writer_pretty(&mut *out, &document()).map_err(std::io::Error::from)?;
         writeln!(out)?;
         out.flush()?;

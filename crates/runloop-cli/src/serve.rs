@@ -238,7 +238,7 @@ impl Args {
     }
 
     /// Serves until Ctrl-C or SIGTERM.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let mut config = self.config()?;
         let _logs = init_logs("info");
         block_on(async {

@@ -18,6 +18,10 @@ use serde_json::Value;
 
 use crate::codec::{Decode, Encode, Writer};
 
+/// The tag byte before an error's JSON wherever one is answered: a run's
+/// main stream, a run-loop channel, a registration (protocol §5, §7, §10).
+pub const TAG: u8 = 1;
+
 /// An error value: one JSON value, `null` by default.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -124,6 +128,22 @@ impl ErrorValue {
             // Unreachable for a `Value`, which has nothing that can fail.
             debug_assert!(false, "a JSON value failed to serialize");
         }
+    }
+}
+
+impl ErrorValue {
+    /// Appends [`TAG`] and the JSON: an error answer's payload.
+    pub fn write_tagged(&self, out: &mut Writer<'_>) {
+        out.push(TAG);
+        self.write_json(out);
+    }
+
+    /// Appends [`TAG`] and error JSON that is passed on unread (an agent
+    /// program's error body, verbatim).
+    pub fn write_tagged_json(json: &[u8], out: &mut Writer<'_>) {
+        out.reserve(1 + json.len());
+        out.push(TAG);
+        out.extend_from_slice(json);
     }
 }
 

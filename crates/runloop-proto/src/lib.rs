@@ -37,6 +37,7 @@ pub mod endpoint;
 pub mod error_value;
 pub mod frame;
 pub mod observer;
+pub mod registration;
 pub mod run_loop;
 
 pub use codec::{Decode, Encode, Writer};

@@ -9,7 +9,6 @@
 mod common;
 mod support;
 
-use runloop_proto::ErrorKind;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -17,9 +16,9 @@ use futures_util::{FutureExt, StreamExt};
 use runloop::client::{Client, Event, RunLoop};
 use runloop::runtime::{AgentSpec, Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
-use runloop_proto::ErrorValue;
 use runloop_proto::frame::ClientFrame;
 use runloop_proto::run_loop::{Broken, Outcome};
+use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::json;
 use support::{
     FakeProxy, Gated, Owned, RawClient, Step, chunk, eventually, released, server_for,

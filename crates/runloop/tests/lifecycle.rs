@@ -6,9 +6,8 @@ mod support;
 use futures_util::future::join_all;
 use runloop::client::Client;
 use runloop::server::{Credentials, Server, ServerConfig};
-use runloop_proto::ErrorKind;
-use runloop_proto::ErrorValue;
 use runloop_proto::run_loop::{AgenticLoopChunk, Outcome};
+use runloop_proto::{ErrorKind, ErrorValue};
 use support::{FakeProxy, Step, chunk, eventually, server_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,6 @@
 
 mod common;
 
-use runloop_proto::ErrorKind;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -14,8 +13,8 @@ use common::{
     rest, scripted,
 };
 use futures_util::SinkExt;
-use runloop::proto::ErrorValue;
 use runloop::proto::run_loop::Outcome;
+use runloop::proto::{ErrorKind, ErrorValue};
 use serde_json::json;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;

@@ -5,9 +5,8 @@ mod support;
 
 use runloop::client::{Client, Event, RunError};
 use runloop::server::Credentials;
-use runloop_proto::ErrorKind;
-use runloop_proto::ErrorValue;
 use runloop_proto::run_loop::{AgenticLoopChunk, Broken, Outcome};
+use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::json;
 use support::{FakeProxy, Owned, RawClient, Step, chunk, error, eventually, server_for, texts};
 

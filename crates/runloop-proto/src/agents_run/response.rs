@@ -8,10 +8,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{Decode, Encode, Writer};
-use crate::error_value::ErrorValue;
+use crate::error_value::{self, ErrorValue};
 
+/// The tag of the run's id.
 const ID: u8 = 0;
-const ERROR: u8 = 1;
 
 /// One response on a run scope's main stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +54,7 @@ impl Decode<'_> for RunResponse {
             ID => crate::codec::from_object::<IdObject<'_>>(rest)
                 .map(|object| RunResponse::Id(object.id.into_owned()))
                 .map_err(RunResponseError::Id),
-            ERROR => ErrorValue::decode(rest)
+            error_value::TAG => ErrorValue::decode(rest)
                 .map(RunResponse::Error)
                 .map_err(RunResponseError::Error),
             other => Err(RunResponseError::UnknownTag(other)),
@@ -77,8 +77,8 @@ impl Encode for RunResponse {
                 )
             }
             RunResponse::Error(error) => {
-                out.push(ERROR);
-                error.encode(out)
+                error.write_tagged(out);
+                Ok(())
             }
         }
     }

@@ -19,12 +19,13 @@ use std::fmt;
 
 use super::{AgenticLoopChunk, scan};
 use crate::codec::{Decode, Encode, Writer};
-use crate::error_value::ErrorValue;
+use crate::error_value::{self, ErrorValue};
 
 /// Tag of [`Response::Chunk`]; public so a relay can frame JSON it never parsed.
 pub const CHUNK: u8 = 0;
-/// Tag of [`Response::Error`].
-pub const ERROR: u8 = 1;
+/// Tag of [`Response::Error`], the same as every error answer's
+/// ([`error_value::TAG`]).
+pub const ERROR: u8 = error_value::TAG;
 
 /// One run-loop channel response.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,8 +106,8 @@ impl Encode for Response {
                 serde_json::to_writer(out, chunk)
             }
             Response::Error(error) => {
-                out.push(ERROR);
-                error.encode(out)
+                error.write_tagged(out);
+                Ok(())
             }
         }
     }

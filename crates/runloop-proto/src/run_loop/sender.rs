@@ -35,10 +35,9 @@
 //! ```
 
 use super::AgenticLoopChunk;
-use super::response::{self, CHUNK, ERROR, ResponseError, Tag};
+use super::response::{self, CHUNK, ResponseError, Tag};
 use crate::codec::Writer;
-use crate::error_value::ErrorKind;
-use crate::error_value::ErrorValue;
+use crate::error_value::{ErrorKind, ErrorValue};
 
 /// Proof that the channel's finish is due: nothing else may be sent on it.
 #[derive(Debug, PartialEq, Eq)]
@@ -88,8 +87,7 @@ impl Sender {
 
     /// Writes the error response payload; only the finish may follow.
     pub fn error(self, error: &ErrorValue, out: &mut Writer<'_>) -> Erred {
-        out.push(ERROR);
-        error.write_json(out);
+        error.write_tagged(out);
         Erred(())
     }
 
@@ -200,7 +198,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::run_loop::{Outcome, Reader, Step};
+    use crate::run_loop::{ERROR, Outcome, Reader, Step};
 
     const TEXT: &[u8] = b"\x00{\"type\":\"assistant_text_content\",\"text\":\"hi\"}";
     const ERROR_MSG: &[u8] = b"\x01{\"kind\":\"agent\",\"error\":\"down\"}";

@@ -6,11 +6,10 @@
 //! channel responses through the caller's [`Reader`].
 
 use proptest::prelude::*;
-use runloop_proto::ErrorKind;
 use runloop_proto::run_loop::{
     AgenticLoopChunk, CHUNK, ERROR, Outcome, Reader, Relay, Relayed, Response, Step,
 };
-use runloop_proto::{Decode, Encode, ErrorValue, Writer};
+use runloop_proto::{Decode, Encode, ErrorKind, ErrorValue, Writer};
 use serde_json::{Value, json};
 
 use crate::strategy;

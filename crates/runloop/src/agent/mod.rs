@@ -27,7 +27,6 @@
 
 pub mod demo;
 
-use runloop_proto::ErrorKind;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -45,8 +44,9 @@ use axum::serve::ListenerExt;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream};
-use runloop_proto::Decode;
+use runloop_proto::registration::RegistrationAsk;
 use runloop_proto::run_loop::{AgenticLoopChunk, RunLoopRequest};
+use runloop_proto::{Decode, ErrorKind};
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -284,12 +284,10 @@ fn bad_request(what: String) -> Refusal {
 }
 
 async fn register(State(shared): State<Shared>, body: Bytes) -> Response {
-    let agent = serde_json::from_slice::<serde_json::Map<String, Value>>(&body)
+    let agent = RegistrationAsk::decode(&body)
         .map_err(|error| error.to_string())
-        .and_then(|mut members| {
-            members
-                .remove("agent")
-                .ok_or_else(|| "it has no `agent` member".to_owned())
+        .and_then(|ask| {
+            serde_json::from_str::<Value>(ask.agent().get()).map_err(|error| error.to_string())
         });
     let agent = match agent {
         Ok(agent) => agent,

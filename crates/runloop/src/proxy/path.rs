@@ -6,13 +6,11 @@
 //! frame and waits for the server's; it answers a close the server starts.
 //! Either way the log stays silent, so "broke" in it means something broke.
 
-use runloop_proto::ErrorKind;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use runloop_proto::ErrorValue;
-use runloop_proto::run_loop::ERROR;
+use runloop_proto::{ErrorKind, ErrorValue, Writer};
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::{self, Message};
@@ -78,17 +76,16 @@ pub(super) const SHUTTING_DOWN: &str = "the proxy is shutting down";
 
 /// An error answer: `[1]` then the error JSON.
 pub(super) fn error_message(json: &[u8]) -> Message {
-    let mut payload = Vec::with_capacity(1 + json.len());
-    payload.push(ERROR);
-    payload.extend_from_slice(json);
+    let mut payload = Vec::new();
+    ErrorValue::write_tagged_json(json, &mut Writer::new(&mut payload));
     Message::Binary(Bytes::from(payload))
 }
 
 /// The proxy's own error answer, `{"kind":"proxy","error":…}`.
 pub(super) fn proxy_error(what: impl std::fmt::Display) -> Message {
-    let mut json = Vec::new();
-    ErrorValue::kind(ErrorKind::Proxy, what).write_json(&mut runloop_proto::Writer::new(&mut json));
-    error_message(&json)
+    let mut payload = Vec::new();
+    ErrorValue::kind(ErrorKind::Proxy, what).write_tagged(&mut Writer::new(&mut payload));
+    Message::Binary(Bytes::from(payload))
 }
 
 /// Ends the path as `end` says.

@@ -17,7 +17,6 @@
 //! agent program finished or crashed (protocol §10), so the proxy relays its
 //! events and then says it cannot tell.
 
-use runloop_proto::ErrorKind;
 use std::io;
 use std::net::SocketAddr;
 
@@ -26,7 +25,7 @@ use reqwest::header::{
     ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, TRANSFER_ENCODING,
 };
 use reqwest::{StatusCode, Version};
-use runloop_proto::ErrorValue;
+use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::{Map, Value};
 
 /// The error JSON of a failed call, ready to follow the `1` tag.
@@ -42,7 +41,7 @@ impl Failure {
     /// `{"kind":"agent","status":N,"error":…}`.
     fn status(status: u16, error: String) -> Failure {
         let mut object = Map::with_capacity(3);
-        object.insert("kind".to_owned(), Value::from("agent"));
+        object.insert("kind".to_owned(), Value::from(ErrorKind::Agent.as_str()));
         object.insert("status".to_owned(), Value::from(status));
         object.insert("error".to_owned(), Value::from(error));
         Failure::from_error(&ErrorValue::new(object))

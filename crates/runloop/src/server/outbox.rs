@@ -15,15 +15,15 @@
 //! its finish go out only while the table holds the channel open, and the
 //! scope's finish ends every channel still open in it first.
 
-use std::sync::{Mutex, MutexGuard};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use runloop_proto::agents_run::RunResponse;
 use runloop_proto::connection::{Table, side};
 use runloop_proto::frame::{self, FrameType, ServerFrame};
 use runloop_proto::run_loop::{Finish, Sender};
-use runloop_proto::{Encode, ErrorValue, Writer};
-use std::sync::Arc;
+use runloop_proto::{Encode, ErrorValue};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -137,16 +137,18 @@ impl ScopeOutbox {
             return;
         };
         for ended in finished.channels {
-            let mut message = Vec::new();
-            let mut out = Writer::new(&mut message);
-            frame::write_header(
-                &mut out,
+            let error = frame::build(
                 FrameType::ChannelResponse,
                 self.scope,
                 ended.channel,
+                64,
+                |out| {
+                    let Finish { .. } = Sender::new().error(error, out).finish();
+                    Ok::<(), Infallible>(())
+                },
             );
-            let Finish { .. } = Sender::new().error(error, &mut out).finish();
-            self.outbox.queue(message);
+            let Ok(error) = error;
+            self.outbox.queue(error);
             self.outbox
                 .queue_frame(&ServerFrame::ChannelResponseFinish {
                     scope: self.scope,

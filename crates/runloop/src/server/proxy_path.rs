@@ -12,11 +12,12 @@
 //! to log a healthy exchange as a broken one. A proxy that does not finish
 //! the handshake within [`CLOSE_GRACE`] has its socket dropped.
 
-use runloop_proto::ErrorKind;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::ErrorValue;
+use runloop_proto::registration::{RegistrationAnswer, RegistrationAsk};
+use runloop_proto::{Decode, Encode, ErrorKind};
 use serde_json::value::RawValue;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -50,10 +51,7 @@ pub(crate) async fn register(
     let mut path = open(base, "/agent/register", limits)
         .await
         .map_err(|e| fail(format!("cannot open the proxy's /agent/register: {e}")))?;
-    let mut ask = Vec::with_capacity(agent.get().len() + 10);
-    ask.extend_from_slice(b"{\"agent\":");
-    ask.extend_from_slice(agent.get().as_bytes());
-    ask.push(b'}');
+    let Ok(ask) = RegistrationAsk::new(agent).to_vec();
     path.send(Message::Binary(ask.into()))
         .await
         .map_err(|e| fail(format!("cannot send to the proxy's /agent/register: {e}")))?;
@@ -73,10 +71,10 @@ pub(crate) async fn register(
     };
     // The answer is all the proxy has to say.
     close(path).await;
-    match answer.split_first() {
-        Some((0, _)) => Ok(()),
-        Some((1, error)) => Err(ErrorValue::decode_or_text(error)),
-        _ => Err(fail(
+    match RegistrationAnswer::decode(&answer) {
+        Ok(RegistrationAnswer::Registered) => Ok(()),
+        Ok(RegistrationAnswer::Refused(error)) => Err(error),
+        Err(_) => Err(fail(
             "the proxy's /agent/register answer is not [0] or [1][error]".into(),
         )),
     }

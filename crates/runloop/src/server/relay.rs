@@ -21,14 +21,13 @@
 //! this task stop reading the proxy, and TCP carries the pressure back to
 //! the agent program.
 
-use runloop_proto::ErrorKind;
 use std::pin::pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
-use runloop_proto::{ErrorValue, Writer};
+use runloop_proto::{ErrorKind, ErrorValue, Writer};
 use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::tungstenite::Message;
 use tracing::debug;

@@ -16,13 +16,12 @@
 //! reads a bare finish ("not served") for a run that was in fact refused or
 //! abandoned. After the id the main stream carries nothing but the finish.
 
-use runloop_proto::ErrorKind;
 use std::future::Future;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use runloop_proto::ErrorValue;
 use runloop_proto::agents_run::{Image, ImageRef, RunRequest, RunResponse};
+use runloop_proto::{ErrorKind, ErrorValue};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
