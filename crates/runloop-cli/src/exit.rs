@@ -154,7 +154,8 @@ impl Failure {
                 addr: addr.to_string(),
                 source,
             },
-            limit @ runloop::server::BindError::Limit(_) => Failure::Argument(limit.to_string()),
+            // A limit below its minimum: the arguments set it.
+            other => Failure::Argument(other.to_string()),
         }
     }
 

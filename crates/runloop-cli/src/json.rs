@@ -98,7 +98,7 @@ fn string(out: &mut impl Write, text: &dyn fmt::Display) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use runloop_proto::ErrorValue;
-    use runloop_proto::run_loop::Broken;
+    use runloop_proto::run_loop::{Broken, ResponseError};
 
     use super::*;
 
@@ -159,8 +159,10 @@ mod tests {
                 r#"{"outcome":"broken","reason":"capture ended"}"#,
             ),
             (
-                Outcome::Broken(Broken::Undecodable("a \"quoted\" thing".into())),
-                r#"{"outcome":"broken","reason":"a response did not decode: a \"quoted\" thing"}"#,
+                Outcome::Broken(Broken::Undecodable(
+                    ResponseError::Chunk(serde::de::Error::custom("a \"quoted\" thing")).into(),
+                )),
+                r#"{"outcome":"broken","reason":"a response did not decode: agentic loop chunk did not parse: a \"quoted\" thing"}"#,
             ),
         ];
         for (ending, expected) in cases {

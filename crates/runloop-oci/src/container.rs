@@ -73,20 +73,20 @@ impl OciRuntime {
     /// proxy listens. [`Runtime::start`] is this, boxed.
     pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
         if limits.memory < MIN_MEMORY {
-            return Err(StartError(format!(
+            return Err(StartError::new(format!(
                 "memory {} bytes is below the container minimum of {MIN_MEMORY} bytes (6 MiB)",
                 limits.memory
             )));
         }
         if limits.disk < disk::MIN_DISK {
-            return Err(StartError(format!(
+            return Err(StartError::new(format!(
                 "disk {} bytes is below the container minimum of {} bytes (1 MiB)",
                 limits.disk,
                 disk::MIN_DISK
             )));
         }
         let slot = self.host.pool().take().ok_or_else(|| {
-            StartError(format!(
+            StartError::new(format!(
                 "no container addresses are left in {}",
                 self.host.pool().subnet()
             ))
@@ -99,7 +99,7 @@ impl OciRuntime {
             Err(why) => {
                 warn!(%key, %why, "container did not start");
                 teardown(&self.host, &key).await;
-                return Err(StartError(why));
+                return Err(StartError::new(why));
             }
         };
         let port = bundle::port(&self.image.image.process);
@@ -255,7 +255,7 @@ impl Started {
                 let _ = runc.kill(&runc::id(&self.key), "SIGKILL", true).await;
                 let _ = self.child.wait().await;
                 teardown(&self.host, &self.key).await;
-                return Err(StartError(why));
+                return Err(StartError::new(why));
             }
         };
         let (proxy_handle, proxy) = proxy.spawn();

@@ -40,5 +40,5 @@ pub mod observer;
 pub mod registration;
 pub mod run_loop;
 
-pub use codec::{Decode, Encode, Writer};
+pub use codec::{Decode, Encode, Undecodable, Writer};
 pub use error_value::{ErrorKind, ErrorValue};

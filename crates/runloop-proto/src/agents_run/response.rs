@@ -30,6 +30,7 @@ struct IdObject<'a> {
 
 /// A main-stream response that could not be read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunResponseError {
     /// No bytes.
     #[error("run response is empty")]

@@ -29,8 +29,8 @@
 
 use std::fmt;
 
-use super::{AgenticLoopChunk, Response};
-use crate::codec::Decode;
+use super::{AgenticLoopChunk, Response, ResponseError};
+use crate::codec::{Decode, Undecodable};
 use crate::error_value::ErrorValue;
 
 /// How a run-loop channel ended, as the caller must understand it.
@@ -56,32 +56,24 @@ pub enum Outcome {
 }
 
 /// Why a channel's sequence is broken.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Broken {
     /// A response came after the error, which must be last.
+    #[error("a response came after the error")]
     ResponseAfterError,
-    /// A response payload did not decode; the message says how.
-    Undecodable(String),
+    /// A response payload did not decode; the error says how.
+    #[error("a response did not decode: {0}")]
+    Undecodable(#[source] Undecodable<ResponseError>),
     /// The connection ended before the channel's finish.
+    #[error("the connection ended before the channel's finish")]
     ConnectionEnded,
     /// The run's scope ended before the channel's finish.
+    #[error("the run ended before the channel's finish")]
     RunEnded,
     /// The recorded input (a capture) ended before the channel's finish.
+    #[error("capture ended")]
     InputEnded,
-}
-
-impl fmt::Display for Broken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Broken::ResponseAfterError => f.write_str("a response came after the error"),
-            Broken::Undecodable(why) => write!(f, "a response did not decode: {why}"),
-            Broken::ConnectionEnded => {
-                f.write_str("the connection ended before the channel's finish")
-            }
-            Broken::RunEnded => f.write_str("the run ended before the channel's finish"),
-            Broken::InputEnded => f.write_str("capture ended"),
-        }
-    }
 }
 
 impl Outcome {
@@ -204,7 +196,7 @@ impl Reader {
                     };
                     Some(Step::Error(error))
                 }
-                Err(why) => Some(self.end(Outcome::Broken(Broken::Undecodable(why.to_string())))),
+                Err(why) => Some(self.end(Outcome::Broken(Broken::Undecodable(why.into())))),
             },
         }
     }
@@ -363,5 +355,22 @@ mod tests {
         assert_eq!(Broken::InputEnded.to_string(), "capture ended");
         assert!(Outcome::Finished { fatal: false }.is_success());
         assert!(!Outcome::Finished { fatal: true }.is_success());
+    }
+
+    #[test]
+    fn an_undecodable_response_keeps_its_decode_error_as_the_source() {
+        let mut reader = Reader::new();
+        let Some(Step::End(Outcome::Broken(broken))) = reader.response(b"\x00{\"type\":7}") else {
+            panic!("an undecodable chunk breaks the channel")
+        };
+        assert!(
+            broken
+                .to_string()
+                .starts_with("a response did not decode: agentic loop chunk did not parse: "),
+            "{broken}"
+        );
+        let undecodable = std::error::Error::source(&broken).expect("the decode error");
+        let json = undecodable.source().expect("serde_json's error beneath it");
+        assert!(json.downcast_ref::<serde_json::Error>().is_some(), "{json}");
     }
 }

@@ -8,7 +8,9 @@
 //! sequence rather than as a state machine.
 
 use proptest::prelude::*;
-use runloop_proto::run_loop::{AgenticLoopChunk, Broken, CHUNK, Outcome, Reader, Response, Step};
+use runloop_proto::run_loop::{
+    AgenticLoopChunk, Broken, CHUNK, Outcome, Reader, Response, ResponseError, Step,
+};
 use runloop_proto::{Encode, ErrorValue};
 
 use crate::strategy;
@@ -135,7 +137,7 @@ fn model(payloads: &[Payload], ending: &Ending) -> (usize, Outcome) {
 }
 
 fn undecodable() -> Outcome {
-    Outcome::Broken(Broken::Undecodable(String::new()))
+    Outcome::Broken(Broken::Undecodable(ResponseError::Empty.into()))
 }
 
 /// What the reader did: the chunks it handed over, and its one outcome.
@@ -167,7 +169,10 @@ fn run(payloads: &[Payload], ending: &Ending) -> (Vec<AgenticLoopChunk>, Vec<Out
 fn normalized(outcome: Outcome) -> Outcome {
     match outcome {
         Outcome::Broken(Broken::Undecodable(why)) => {
-            assert!(why.contains("agentic loop "), "names the frame: {why}");
+            assert!(
+                why.to_string().contains("agentic loop "),
+                "names the frame: {why}"
+            );
             undecodable()
         }
         other => other,

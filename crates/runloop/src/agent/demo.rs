@@ -314,8 +314,8 @@ fn conversation(prompt: &str, plan: Plan) -> Vec<Result<AgenticLoopChunk, Break>
         }
     }
     if plan == Plan::Break {
-        script.items.push(Err(Break(
-            "the demo agent was asked to break the stream (demo:break)".to_owned(),
+        script.items.push(Err(Break::new(
+            "the demo agent was asked to break the stream (demo:break)",
         )));
         return script.items;
     }
@@ -470,8 +470,8 @@ mod tests {
         assert!(items.len() > 1);
         assert_eq!(
             items.last(),
-            Some(&Err(Break(
-                "the demo agent was asked to break the stream (demo:break)".to_owned()
+            Some(&Err(Break::new(
+                "the demo agent was asked to break the stream (demo:break)"
             )))
         );
         assert_eq!(items.iter().filter(|item| item.is_err()).count(), 1);

@@ -68,10 +68,46 @@ pub const MAX_REQUEST: usize = 16 << 20;
 pub type ChunkStream = BoxStream<'static, Result<AgenticLoopChunk, Break>>;
 
 /// Why a loop stops mid-way without finishing. Yielding it breaks the SSE
-/// stream; the proxy turns that into the loop's final error.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Break(pub String);
+/// stream; the proxy turns that into the loop's final error. The error
+/// underneath, if there is one, stays its source.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct Break {
+    message: String,
+    #[source]
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Break {
+    /// A break for the reason `message` says.
+    pub fn new(message: impl Into<String>) -> Self {
+        Break {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A break while doing `what`, because of `source`: the message is
+    /// `what`, a colon and the source's words.
+    pub fn with_source(
+        what: impl fmt::Display,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Break {
+            message: format!("{what}: {source}"),
+            source: Some(Arc::new(source)),
+        }
+    }
+}
+
+/// Two breaks are the same when they say the same.
+impl PartialEq for Break {
+    fn eq(&self, other: &Self) -> bool {
+        self.message == other.message
+    }
+}
+
+impl Eq for Break {}
 
 /// A loop or a registration refused before it started: a non-2xx status
 /// and a body. A JSON body is passed to the caller verbatim; any other body
@@ -336,7 +372,7 @@ fn events(
         let item = tokio::select! {
             biased;
             () = shutdown.cancelled() => {
-                Err(Break("the agent program is shutting down".to_owned()))
+                Err(Break::new("the agent program is shutting down"))
             }
             item = chunks.next() => match item {
                 Some(item) => item,
@@ -357,7 +393,7 @@ fn events(
             // Compact JSON has no line breaks, so it is one `data:` line.
             serde_json::to_string(&chunk)
                 .map(|json| Event::default().data(json))
-                .map_err(|error| Break(format!("a chunk did not serialize: {error}")))
+                .map_err(|error| Break::with_source("a chunk did not serialize", error))
         });
         // After a break, nothing more is read: the body ends broken.
         let next = event.is_ok().then_some((chunks, shutdown));
@@ -389,5 +425,16 @@ mod tests {
         let refusal = Refusal::json(StatusCode::CONFLICT, &serde_json::json!({"a": 1}));
         assert_eq!(refusal.status(), StatusCode::CONFLICT);
         assert_eq!(refusal.body(), br#"{"a":1}"#);
+    }
+
+    #[test]
+    fn a_break_keeps_what_broke_it_as_its_source() {
+        let cause = std::io::Error::other("disk gone");
+        let broke = Break::with_source("a chunk did not serialize", cause);
+        assert_eq!(broke.to_string(), "a chunk did not serialize: disk gone");
+        let source = std::error::Error::source(&broke).expect("a source");
+        assert_eq!(source.to_string(), "disk gone");
+        assert!(std::error::Error::source(&Break::new("plain")).is_none());
+        assert_eq!(Break::new("same"), Break::new("same"));
     }
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use runloop_proto::agents_run::RunResponse;
+use runloop_proto::agents_run::{RunResponse, RunResponseError};
 use runloop_proto::channel::ChannelRequest;
 use runloop_proto::connection::{Finished, Route, Table, side};
 use runloop_proto::frame::{self, ClientFrame, Role, ServerFrame};
@@ -55,7 +55,7 @@ pub(super) enum Started {
     Id(String),
     Refused(ErrorValue),
     NotServed,
-    Broken(String),
+    Broken(RunResponseError),
 }
 
 /// What a loop's queue carries.
@@ -387,7 +387,7 @@ fn main_response(scope: u32, slot: &mut Scope, payload: &[u8]) {
     let answer = match RunResponse::decode(payload) {
         Ok(RunResponse::Id(id)) => Started::Id(id),
         Ok(RunResponse::Error(error)) => Started::Refused(error),
-        Err(error) => Started::Broken(error.to_string()),
+        Err(error) => Started::Broken(error),
     };
     let _ = started.send(answer);
 }

@@ -36,11 +36,11 @@ mod run_loop;
 use std::sync::Arc;
 
 use futures_util::{SinkExt, StreamExt};
-use runloop_proto::agents_run::RunRequest;
+use runloop_proto::agents_run::{RunRequest, RunResponseError};
 use runloop_proto::authorization::Authorization;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, Role};
-use runloop_proto::{Encode, ErrorValue};
+use runloop_proto::{Encode, ErrorValue, Undecodable};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::connect_async_with_config;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -81,6 +81,7 @@ impl std::fmt::Debug for ClientConfig {
 
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The WebSocket could not be opened.
     #[error("cannot connect: {0}")]
@@ -95,6 +96,7 @@ pub enum ConnectError {
 
 /// Why a run did not start.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunError {
     /// The server refused the run with this error (protocol §5).
     #[error("the run was refused: {0}")]
@@ -104,7 +106,7 @@ pub enum RunError {
     NotServed,
     /// The server's answer broke the rules.
     #[error("the server's answer did not decode: {0}")]
-    Broken(String),
+    Broken(#[source] Undecodable<RunResponseError>),
     /// The connection ended before an answer. When nothing at all came from
     /// the server first, the likeliest cause is a refused credential, since
     /// a refusal is a close with no frame (protocol §3).
@@ -239,7 +241,7 @@ impl Client {
             Ok(Started::Id(id)) => Ok(Run::new(Arc::clone(&self.connection), scope, id, ended)),
             Ok(Started::Refused(error)) => Err(RunError::Refused(error)),
             Ok(Started::NotServed) => Err(RunError::NotServed),
-            Ok(Started::Broken(why)) => Err(RunError::Broken(why)),
+            Ok(Started::Broken(why)) => Err(RunError::Broken(why.into())),
             Err(_) => Err(shared.ended()),
         }
     }
@@ -290,5 +292,16 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_broken_answer_keeps_its_decode_error_as_the_source() {
+        let error = RunError::Broken(RunResponseError::UnknownTag(7).into());
+        assert_eq!(
+            error.to_string(),
+            "the server's answer did not decode: unknown run response tag 7"
+        );
+        let source = std::error::Error::source(&error).expect("the decode error");
+        assert_eq!(source.to_string(), "unknown run response tag 7");
     }
 }

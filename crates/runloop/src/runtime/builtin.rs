@@ -62,10 +62,10 @@ impl Runtime for Builtin {
     ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
         Box::pin(async move {
             let started = self.spawn().await.map_err(|error| {
-                StartError(format!(
-                    "cannot start the builtin agent {}: {error}",
-                    self.name
-                ))
+                StartError::with_source(
+                    format_args!("cannot start the builtin agent {}", self.name),
+                    error,
+                )
             })?;
             let container: Box<dyn Container> = Box::new(started);
             Ok(container)

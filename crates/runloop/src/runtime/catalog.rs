@@ -69,6 +69,7 @@ pub enum RuntimeSpec {
 
 /// Why an agent spec does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpecError {
     /// No `=` between the image and the runtime.
     #[error(
@@ -227,6 +228,7 @@ impl fmt::Display for AgentSpec {
 
 /// Why the catalog will not run an image; the message goes to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CatalogError {
     /// No entry for the name.
     #[error("image {name:?} is not in this server's catalog")]

@@ -123,15 +123,13 @@ impl Exec {
     /// connections. [`Runtime::start`] is this, boxed.
     pub async fn spawn(&self, limits: ContainerLimits) -> Result<ExecContainer, StartError> {
         let port = free_port().map_err(|error| {
-            StartError(format!(
-                "cannot find a free port for the agent program: {error}"
-            ))
+            StartError::with_source("cannot find a free port for the agent program", error)
         })?;
         let mut child = self.command(port, limits.memory).spawn().map_err(|error| {
-            StartError(format!(
-                "cannot start the agent program {:?}: {error}",
-                self.program
-            ))
+            StartError::with_source(
+                format_args!("cannot start the agent program {:?}", self.program),
+                error,
+            )
         })?;
         // `id` is `None` only once the child has been reaped; it was just spawned.
         let pid = child.id().unwrap_or_default();
@@ -168,7 +166,7 @@ impl Exec {
                 group.signal(libc::SIGKILL);
                 let status = child.wait().await;
                 debug!(pid, status = %describe(status), "reaped");
-                return Err(StartError(why));
+                return Err(StartError::new(why));
             }
         };
         let (proxy_stop, proxy_task) = proxy.spawn();

@@ -43,10 +43,38 @@ pub struct ContainerLimits {
 }
 
 /// Why a container did not start. The message reaches the caller inside the
-/// run's error response, so it says what failed without leaking secrets.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StartError(pub String);
+/// run's error response, so it says what failed without leaking secrets;
+/// the error underneath, if there is one, stays its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StartError {
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StartError {
+    /// A start that failed for the reason `message` says.
+    pub fn new(message: impl Into<String>) -> Self {
+        StartError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A start that failed doing `what`, because of `source`: the message
+    /// is `what`, a colon and the source's words.
+    pub fn with_source(
+        what: impl fmt::Display,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        let source = source.into();
+        StartError {
+            message: format!("{what}: {source}"),
+            source: Some(source),
+        }
+    }
+}
 
 /// Why a `registry` image will not run: the kind of the run's error
 /// response (`policy` for a registry the server does not pull from,
@@ -93,4 +121,18 @@ pub trait Container: Send + fmt::Debug {
     /// Stops the container and releases all it holds (processes, ports,
     /// tasks). Resolves when it is gone.
     fn stop(self: Box<Self>) -> BoxFuture<'static, ()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_error_says_what_failed_and_keeps_why_as_its_source() {
+        let error = StartError::with_source("cannot bind", std::io::Error::other("no ports"));
+        assert_eq!(error.to_string(), "cannot bind: no ports");
+        let source = std::error::Error::source(&error).expect("a source");
+        assert_eq!(source.to_string(), "no ports");
+        assert!(std::error::Error::source(&StartError::new("refused")).is_none());
+    }
 }

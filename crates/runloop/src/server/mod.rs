@@ -67,6 +67,7 @@ use crate::listener;
 
 /// Why a server could not be bound.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BindError {
     /// A limit of the configuration is below its minimum.
     #[error("the server's configuration would serve nobody: {0}")]
