@@ -58,6 +58,11 @@
 //!
 //! A violation panics with what was seen, which libFuzzer records as a
 //! crash; `cargo test` replays the committed corpus through the same code.
+//!
+//! The same inputs also play against the connection table alone, in memory
+//! ([`table`], the fuzz target `table`), checked by the same oracle: the
+//! rules at the speed of a function call, where this target spends most of
+//! an input on sockets and tasks.
 
 pub mod table;
 

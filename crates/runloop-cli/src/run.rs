@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use futures_util::StreamExt;
 use runloop::client::{Client, ClientConfig, Event};
 use runloop::runtime::Catalog;
-use runloop::server::{Credentials, Server, ServerConfig};
+use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::agents_run::{
     Container, Image, ImageRef, RegistryImage, RunRequest, is_valid_digest, is_valid_name,
 };
@@ -22,6 +22,7 @@ use runloop_proto::capture::{Direction, Line};
 use runloop_proto::frame::{FrameType, HEADER_LEN, Role};
 use runloop_proto::run_loop::{Broken, Outcome};
 use serde_json::value::RawValue;
+use tokio::task::JoinHandle;
 
 use crate::exit::{Exit, Failure};
 use crate::process::{block_on, init_logs, shutdown_signal};
@@ -146,48 +147,65 @@ impl Args {
         };
         let stdout = io::stdout();
         let mut render = Render::new(anstream::AutoStream::auto(stdout.lock()), format);
-        let outcome = block_on(async {
-            let embedded = match &self.url {
-                Some(_) => None,
-                None => {
-                    let config = ServerConfig::new(Credentials::Any, Catalog::demo());
-                    let server = Server::bind("127.0.0.1:0", config)
-                        .await
-                        .map_err(|error| Failure::bind("127.0.0.1:0", error))?;
-                    Some(server.spawn())
-                }
-            };
-            let url = match (&self.url, &embedded) {
-                (Some(url), _) => url.clone(),
-                (None, Some((handle, _))) => handle.url(),
-                (None, None) => unreachable!("an embedded server is started when no URL is given"),
-            };
-            let config = ClientConfig {
-                tap: capture.as_ref().map(Capture::tap),
-                ..ClientConfig::default()
-            };
-            let client = Client::connect_with(&url, &self.token, config)
-                .await
-                .map_err(|source| Failure::Connect {
-                    url: url.clone(),
-                    source: source.into(),
-                })?;
-            let outcome = run_on(&client, request, prompt, &mut render).await;
-            // Done, whatever happened (a refused run, a reader that went
-            // away): close with a handshake, so that the server does not see
-            // a connection that broke (protocol §12 "Clean ends").
-            client.close().await;
-            if let Some((handle, serving)) = embedded {
-                handle.shutdown();
-                let _ = serving.await;
-            }
-            outcome
-        })??;
+        let tap = capture.as_ref().map(Capture::tap);
+        let outcome = block_on(self.connect_and_run(request, prompt, tap, &mut render))??;
         if let Some(capture) = capture {
             capture.finish()?;
         }
         Ok(Exit::of(&outcome))
     }
+}
+
+impl Args {
+    /// Connects (to the embedded server, without `--url`), runs one loop
+    /// and renders it, then closes the connection and ends the embedded
+    /// server, whatever the loop did.
+    async fn connect_and_run(
+        &self,
+        request: RunRequest,
+        prompt: String,
+        tap: Option<runloop::client::Tap>,
+        render: &mut Render<impl Write>,
+    ) -> Result<Outcome, Failure> {
+        let embedded = match &self.url {
+            Some(_) => None,
+            None => Some(embedded_server().await?),
+        };
+        let url = match (&self.url, &embedded) {
+            (Some(url), _) => url.clone(),
+            (None, Some((handle, _))) => handle.url(),
+            (None, None) => unreachable!("an embedded server is started when no URL is given"),
+        };
+        let config = ClientConfig {
+            tap,
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(&url, &self.token, config)
+            .await
+            .map_err(|source| Failure::Connect {
+                url: url.clone(),
+                source: source.into(),
+            })?;
+        let outcome = run_on(&client, request, prompt, render).await;
+        // Done, whatever happened (a refused run, a reader that went
+        // away): close with a handshake, so that the server does not see
+        // a connection that broke (protocol §12 "Clean ends").
+        client.close().await;
+        if let Some((handle, serving)) = embedded {
+            handle.shutdown();
+            let _ = serving.await;
+        }
+        outcome
+    }
+}
+
+/// A server with the demo agent on a loopback port, serving.
+async fn embedded_server() -> Result<(ServerHandle, JoinHandle<()>), Failure> {
+    let config = ServerConfig::new(Credentials::Any, Catalog::demo());
+    let server = Server::bind("127.0.0.1:0", config)
+        .await
+        .map_err(|error| Failure::bind("127.0.0.1:0", error))?;
+    Ok(server.spawn())
 }
 
 /// Runs one loop on `client` and renders it; the run is stopped (and its

@@ -21,7 +21,8 @@
 //! this task stop reading the proxy, and TCP carries the pressure back to
 //! the agent program.
 
-use std::pin::pin;
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -88,6 +89,9 @@ pub(crate) async fn serve(
 /// The relay proper. Forwards chunks as they come; writes the channel's
 /// last payload, if it has one, to `last`. A path that still needs its
 /// close handshake is left in `open`.
+///
+/// Every wait is also a wait for the run's end ([`RunEnd::or`]): whatever
+/// the relay is waiting for, the run's end cuts the loop with its reason.
 async fn relay(
     shared: &Arc<Shared>,
     outbox: &ChannelOutbox,
@@ -97,15 +101,16 @@ async fn relay(
     open: &mut Option<Open>,
     last: &mut Writer<'_>,
 ) -> Finish {
-    // One future for the run's end, polled by every wait below; making a
-    // new one per message would register and drop a waiter each time.
-    let mut ending = pin!(ended(ending));
-    let relay = Relay::new();
+    let ended = pin!(ended(ending));
+    let mut run_end = RunEnd { ended };
+    let mut relay = Relay::new();
     let limits = shared.config.limits;
-    let dialled = tokio::select! {
-        biased;
-        why = &mut ending => return relay.cut(why, last),
-        dialled = proxy_path::open(proxy_url, "/agent/run", &limits) => dialled,
+    let dialled = match run_end
+        .or(proxy_path::open(proxy_url, "/agent/run", &limits))
+        .await
+    {
+        Ok(dialled) => dialled,
+        Err(why) => return relay.cut(why, last),
     };
     let path = match dialled {
         Ok(path) => path,
@@ -123,51 +128,35 @@ async fn relay(
     });
     // A proxy that does not read can hold a large ask forever: the run's end
     // must still reach the loop.
-    let sent = tokio::select! {
-        biased;
-        why = &mut ending => return relay.cut(why, last),
-        sent = path.send(Message::Binary(request)) => sent,
-    };
-    if let Err(why) = sent {
-        *open = None;
-        return relay.broke(&why.to_string(), last);
+    match run_end.or(path.send(Message::Binary(request))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => {
+            *open = None;
+            return relay.broke(&why.to_string(), last);
+        }
+        Err(why) => return relay.cut(why, last),
     }
-    let permits = Arc::new(Semaphore::new(limits.max_queued_responses));
-    let mut relay = relay;
+    let places = Arc::new(Semaphore::new(limits.max_queued_responses));
     loop {
-        let next = tokio::select! {
-            biased;
-            why = &mut ending => return relay.cut(why, last),
-            next = path.next() => next,
-        };
-        let message = match next {
-            Some(Ok(Message::Binary(message))) => message,
+        let message = match run_end.or(next_message(path)).await {
+            Ok(Next::Message(message)) => message,
             // The proxy's close: answered by the handshake in `serve`.
-            Some(Ok(Message::Close(_))) => return relay.closed(),
-            Some(Ok(
-                Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
-            )) => continue,
-            Some(Err(why)) => {
+            Ok(Next::Closed) => return relay.closed(),
+            Ok(Next::Broke(why)) => {
                 *open = None;
-                return relay.broke(&why.to_string(), last);
+                return relay.broke(&why, last);
             }
-            None => {
-                *open = None;
-                return relay.broke("the connection closed without a close frame", last);
-            }
+            Err(why) => return relay.cut(why, last),
         };
         match relay.message(message, last) {
             Relayed::Forward(next, message) => {
                 relay = next;
-                let permit = tokio::select! {
-                    biased;
-                    why = &mut ending => return relay.cut(why, last),
-                    permit = Arc::clone(&permits).acquire_owned() => permit,
+                let place = match run_end.or(Arc::clone(&places).acquire_owned()).await {
+                    Ok(Ok(place)) => place,
+                    Ok(Err(_)) => unreachable!("the semaphore is never closed"),
+                    Err(why) => return relay.cut(why, last),
                 };
-                let Ok(permit) = permit else {
-                    unreachable!("the semaphore is never closed")
-                };
-                outbox.respond(&message, permit);
+                outbox.respond(&message, place);
             }
             Relayed::Last(error, finish) => {
                 // The proxy's error is the end (protocol §12): nothing after it
@@ -183,6 +172,49 @@ async fn relay(
                 );
                 return finish;
             }
+        }
+    }
+}
+
+/// What came next on the proxy's path.
+enum Next {
+    /// A binary message: a run-loop payload, unread.
+    Message(Bytes),
+    /// The proxy's clean close.
+    Closed,
+    /// The path ended without a close: how.
+    Broke(String),
+}
+
+/// Reads the path up to its next binary message, or its end. Text messages
+/// and pings carry nothing (protocol §1).
+async fn next_message(path: &mut Path) -> Next {
+    while let Some(message) = path.next().await {
+        match message {
+            Ok(Message::Binary(message)) => return Next::Message(message),
+            Ok(Message::Close(_)) => return Next::Closed,
+            Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
+            Err(why) => return Next::Broke(why.to_string()),
+        }
+    }
+    Next::Broke("the connection closed without a close frame".to_owned())
+}
+
+/// The run's end, waited for beside whatever the relay waits for. One
+/// future for the whole relay: making a new one per message would register
+/// and drop a waiter each time.
+struct RunEnd<'a, F> {
+    ended: Pin<&'a mut F>,
+}
+
+impl<F: Future<Output = ErrorValue>> RunEnd<'_, F> {
+    /// `work`'s output, or the run's end (why it ended) if that comes
+    /// first. The run's end wins a tie.
+    async fn or<T>(&mut self, work: impl Future<Output = T>) -> Result<T, ErrorValue> {
+        tokio::select! {
+            biased;
+            why = self.ended.as_mut() => Err(why),
+            output = work => Ok(output),
         }
     }
 }
