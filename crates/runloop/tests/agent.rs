@@ -4,30 +4,39 @@
 
 mod common;
 
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use common::{End, Exchange, error_json, exchange, outcome, register};
 use futures_util::StreamExt;
 use runloop::agent::demo::{Demo, SEQ};
-use runloop::agent::{self, Agent, AgentServer};
+use runloop::agent::{self, Agent, AgentHandle, AgentServer};
 use runloop::proto::ErrorValue;
 use runloop::proto::run_loop::{AgenticLoopChunk, ChunkKind, Outcome, RunLoopRequest};
+use runloop::proxy::{Proxy, ProxyHandle};
 use runloop::runtime::{Builtin, ContainerLimits, Runtime};
 use serde_json::json;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The demo agent program and a proxy in front of it; the proxy's URL.
-async fn demo_behind_proxy(stop: &CancellationToken) -> String {
+/// The demo agent program and a proxy in front of it, serving: the agent
+/// program's handle and task, and the proxy's handle.
+async fn demo_and_proxy() -> (AgentHandle, JoinHandle<io::Result<()>>, ProxyHandle) {
     let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
     let agent = AgentServer::bind(loopback, Arc::new(Demo::new()))
         .await
         .expect("binds");
-    let proxy = runloop::proxy::Proxy::bind(loopback, agent.local_addr())
+    let proxy = Proxy::bind(loopback, agent.local_addr())
         .await
         .expect("binds");
-    let (agent, _) = agent.spawn();
-    let (proxy, _) = proxy.spawn();
+    let (agent, task) = agent.spawn();
+    (agent, task, proxy.spawn().0)
+}
+
+/// The demo agent program and a proxy in front of it; the proxy's URL.
+async fn demo_behind_proxy(stop: &CancellationToken) -> String {
+    let (agent, _, proxy) = demo_and_proxy().await;
     let url = proxy.url();
     // Both end when the test's token fires.
     let stop = stop.clone();
@@ -189,15 +198,7 @@ async fn a_refused_registration_reaches_the_server_verbatim() {
 
 #[tokio::test]
 async fn a_loop_running_when_the_agent_program_shuts_down_is_unfinished() {
-    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
-    let agent = AgentServer::bind(loopback, Arc::new(Demo::new()))
-        .await
-        .expect("binds");
-    let proxy = runloop::proxy::Proxy::bind(loopback, agent.local_addr())
-        .await
-        .expect("binds");
-    let (agent_stop, agent_task) = agent.spawn();
-    let (stop, _) = proxy.spawn();
+    let (agent_stop, agent_task, stop) = demo_and_proxy().await;
     let url = stop.url();
     register(&url).await;
 
