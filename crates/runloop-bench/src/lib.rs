@@ -37,6 +37,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tokio::sync::Barrier;
+use tokio::task::JoinSet;
+
 pub use forwarder::forward;
 pub use mix::{Mix, MixError, parse_bytes};
 pub use process::{Load, Spawn};
@@ -138,18 +141,17 @@ pub enum BenchError {
     Worker(String),
 }
 
-/// Awaits every worker and sums what they saw.
+/// Runs every worker and sums what they saw; the first failure ends them
+/// all (a worker may be waiting for one that failed).
 async fn gather<I, Fut>(workers: I) -> Result<Tally, BenchError>
 where
     I: IntoIterator<Item = Fut>,
     Fut: Future<Output = Result<Tally, BenchError>> + Send + 'static,
 {
-    let tasks: Vec<_> = workers.into_iter().map(tokio::spawn).collect();
+    let mut tasks: JoinSet<_> = workers.into_iter().collect();
     let mut total = Tally::new();
-    for task in tasks {
-        let tally = task
-            .await
-            .map_err(|e| BenchError::Worker(e.to_string()))??;
+    while let Some(done) = tasks.join_next().await {
+        let tally = done.map_err(|e| BenchError::Worker(e.to_string()))??;
         total.merge(&tally);
     }
     Ok(total)
@@ -201,9 +203,11 @@ impl Target {
                     url: self.url.clone(),
                     token: TOKEN,
                 };
-                let connections = shares(params.loops, params.connections());
-                gather(connections.map(|loops| {
-                    relay_connection(server.clone(), loops, plan, epoch, deadline, None)
+                let connections = params.connections();
+                let all_open = Arc::new(Barrier::new(connections));
+                gather(shares(params.loops, connections).map(|loops| {
+                    let all_open = Arc::clone(&all_open);
+                    relay_connection(server.clone(), loops, plan, epoch, deadline, None, all_open)
                 }))
                 .await?
             }
@@ -409,8 +413,17 @@ pub async fn slow_reader(params: &SlowParams, spawn: &dyn Spawn) -> Result<SlowR
         token: TOKEN,
     };
     let plan = LoopPlan { chunks, rate: None };
-    let result =
-        relay_connection(server_url, 0..1, plan, epoch, start, Some(params.read_rate)).await;
+    let alone = Arc::new(Barrier::new(1));
+    let result = relay_connection(
+        server_url,
+        0..1,
+        plan,
+        epoch,
+        start,
+        Some(params.read_rate),
+        alone,
+    )
+    .await;
     let seconds = start.elapsed().as_secs_f64();
     sampler.abort();
     let tally = result?;

@@ -10,12 +10,14 @@
 //! connections cost 100 tasks, and the relay is measured, not the client.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
 use runloop_proto::Decode;
 use runloop_proto::frame::{self, ClientFrame, ServerFrame};
+use tokio::sync::Barrier;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::BenchError;
@@ -207,7 +209,9 @@ impl Lane {
 
 /// One framed connection carrying the loops `loops` (one run each), each
 /// repeated until `deadline` (at least once), reading at no more than
-/// `read_rate` bytes per second when given.
+/// `read_rate` bytes per second when given. The loops start when every
+/// connection waiting on `all_open` has opened its runs, so that they all
+/// run at once.
 pub(crate) async fn relay_connection(
     server: Server,
     loops: Range<usize>,
@@ -215,6 +219,7 @@ pub(crate) async fn relay_connection(
     epoch: Instant,
     deadline: Instant,
     read_rate: Option<u64>,
+    all_open: Arc<Barrier>,
 ) -> Result<Tally, BenchError> {
     let mut ws = socket::connect(&server.url).await?;
     let mut credential = vec![0];
@@ -250,6 +255,7 @@ pub(crate) async fn relay_connection(
             _ => return Err(BenchError::Protocol("the run was not started")),
         }
     }
+    all_open.wait().await;
     for (scope, lane) in lanes.iter_mut().enumerate() {
         lane.ask(&mut ws, scope_number(scope)?, plan).await?;
     }

@@ -347,16 +347,16 @@ fn optional(value: Option<f64>, digits: usize) -> String {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let each = if self.duration_s > 0.0 {
+            format!("at least {} s", self.duration_s)
+        } else {
+            "one round of loops".to_owned()
+        };
         writeln!(
             f,
-            "{} loop(s) over {} connection(s) × {} chunks, mix {}; {} round(s) of at least {:.2} s \
-             per side, sides in turn (baseline relay direct, then the other way round)",
-            self.loops,
-            self.connections,
-            self.chunks_per_loop,
-            self.mix,
-            self.rounds,
-            self.duration_s
+            "{} loop(s) over {} connection(s) × {} chunks, mix {}; {} round(s) of {each} per side, \
+             sides in turn (baseline relay direct, then the other way round)",
+            self.loops, self.connections, self.chunks_per_loop, self.mix, self.rounds
         )?;
         writeln!(
             f,
