@@ -11,8 +11,12 @@
 //! [0]{"type":"tool_response","_meta":{"runloop/bench":"…"},"id":"call_1","content":[{"type":"text","text":"xx…"}]}
 //! ```
 //!
-//! Chunks of 1 KiB and more are tool responses, the rest text deltas. Each
-//! message is sent (and flushed) on its own, as an agent streams tokens.
+//! Chunks of 1 KiB and more are tool responses, the rest text deltas.
+//! Unpaced, the proxy is faster than any reader: it feeds every message to
+//! its socket and lets the WebSocket write buffer (128 KiB) decide when to
+//! send, so it never is the bottleneck and the program in the middle is
+//! measured (a proxy that flushed each message would cap every route at its
+//! own system-call rate). Paced, each message is sent on its own, on time.
 //!
 //! What a loop looks like travels in its prompt (`bench:INDEX:ROUND:CHUNKS:RATE`),
 //! which every program in the middle passes on verbatim: so one proxy serves
@@ -108,7 +112,13 @@ async fn serve(tcp: TcpStream, plan: Arc<Plan>) {
         }
         let size = plan.mix.draw(&mut rng);
         let message = chunk(size, plan.epoch.elapsed().as_nanos() as u64, seq);
-        if ws.send(Message::Binary(message.into())).await.is_err() {
+        let message = Message::Binary(message.into());
+        let sent = if asked.rate.is_some() {
+            ws.send(message).await
+        } else {
+            ws.feed(message).await
+        };
+        if sent.is_err() {
             return;
         }
     }
