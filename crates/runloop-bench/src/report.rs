@@ -347,16 +347,22 @@ fn optional(value: Option<f64>, digits: usize) -> String {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let each = if self.duration_s > 0.0 {
-            format!("at least {} s", self.duration_s)
+        let rounds = if self.duration_s > 0.0 {
+            format!(
+                "{} round(s) of at least {} s per side",
+                self.rounds, self.duration_s
+            )
         } else {
-            "one round of loops".to_owned()
+            format!(
+                "{} round(s), each side running its loops once per round",
+                self.rounds
+            )
         };
         writeln!(
             f,
-            "{} loop(s) over {} connection(s) × {} chunks, mix {}; {} round(s) of {each} per side, \
-             sides in turn (baseline relay direct, then the other way round)",
-            self.loops, self.connections, self.chunks_per_loop, self.mix, self.rounds
+            "{} loop(s) over {} connection(s) × {} chunks, mix {}; {rounds}, sides in turn \
+             (baseline relay direct, then the other way round)",
+            self.loops, self.connections, self.chunks_per_loop, self.mix
         )?;
         writeln!(
             f,
