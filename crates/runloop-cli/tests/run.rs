@@ -298,27 +298,34 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
     assert_eq!(agent.terminate(), Some(0));
 }
 
-#[test]
-fn bench_smoke_prints_its_figures_as_json() {
+/// Runs `runloop bench ARGS --json`, which must exit 0, and returns its
+/// output, its stdout and the JSON object on its last line.
+fn bench(args: &[&str]) -> (std::process::Output, String, Value) {
     let output = runloop()
-        .args([
-            "bench",
-            "--loops",
-            "2",
-            "--chunks",
-            "50",
-            "--duration",
-            "0",
-            "--rounds",
-            "2",
-            "--json",
-        ])
+        .arg("bench")
+        .args(args)
+        .arg("--json")
         .output()
         .expect("runs");
     assert_eq!(output.status.code(), Some(0), "{output:?}");
-    let text = String::from_utf8_lossy(&output.stdout);
-    let last: Value =
-        serde_json::from_str(text.lines().last().expect("a JSON line")).expect("JSON");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let last = serde_json::from_str(text.lines().last().expect("a JSON line")).expect("JSON");
+    (output, text, last)
+}
+
+#[test]
+fn bench_smoke_prints_its_figures_as_json() {
+    let args = [
+        "--loops",
+        "2",
+        "--chunks",
+        "50",
+        "--duration",
+        "0",
+        "--rounds",
+        "2",
+    ];
+    let (output, text, last) = bench(&args);
     for key in [
         "relay_ratio",
         "latency_p50_ratio",
@@ -371,29 +378,20 @@ fn bench_smoke_prints_its_figures_as_json() {
 
 #[test]
 fn bench_shares_connections_among_loops_and_checks_every_chunk() {
-    let output = runloop()
-        .args([
-            "bench",
-            "--loops",
-            "40",
-            "--connections",
-            "4",
-            "--chunks",
-            "20",
-            "--duration",
-            "0",
-            "--rounds",
-            "1",
-            "--pace",
-            "0",
-            "--json",
-        ])
-        .output()
-        .expect("runs");
-    assert_eq!(output.status.code(), Some(0), "{output:?}");
-    let text = String::from_utf8_lossy(&output.stdout);
-    let last: Value =
-        serde_json::from_str(text.lines().last().expect("a JSON line")).expect("JSON");
+    let (_, _, last) = bench(&[
+        "--loops",
+        "40",
+        "--connections",
+        "4",
+        "--chunks",
+        "20",
+        "--duration",
+        "0",
+        "--rounds",
+        "1",
+        "--pace",
+        "0",
+    ]);
     assert_eq!(last["connections"], 4);
     assert_eq!(last["relay"]["loops"], 40);
     assert_eq!(last["relay"]["chunks"], 800);
