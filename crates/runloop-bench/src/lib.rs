@@ -96,7 +96,7 @@ impl Default for Params {
 
 impl Params {
     fn connections(&self) -> usize {
-        self.connections.clamp(1, self.loops.max(1))
+        self.connections.clamp(1, self.loops)
     }
 
     /// Chunks per loop in the paced phase: one loop lasts one round (or
@@ -236,7 +236,7 @@ async fn phase(
     repeat: bool,
 ) -> Result<Vec<Vec<Round>>, BenchError> {
     let mut rounds: Vec<Vec<Round>> = targets.iter().map(|_| Vec::new()).collect();
-    for round in 0..params.rounds.max(1) {
+    for round in 0..params.rounds {
         let mut order: Vec<usize> = (0..targets.len()).collect();
         if round % 2 == 1 {
             order.reverse();
@@ -277,6 +277,12 @@ fn sides(targets: &[Target], rounds: Vec<Vec<Round>>, saturated: bool) -> Sides 
 /// A side whose sockets would not fit in this process's descriptor limit
 /// (raised to its hard limit first) is left out, and the report says why.
 pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, BenchError> {
+    let params = &Params {
+        loops: params.loops.max(1),
+        chunks: params.chunks.max(1),
+        rounds: params.rounds.max(1),
+        ..params.clone()
+    };
     let limit = process::raise_descriptor_limit();
     let epoch = Instant::now();
     let proxy = SyntheticProxy::start(Plan {
@@ -284,7 +290,7 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
         epoch,
     })
     .await?;
-    let loops = params.loops.max(1) as u64;
+    let loops = params.loops as u64;
     let connections = params.connections();
     let mut targets = Vec::new();
     let mut skipped = Vec::new();
@@ -311,7 +317,7 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
                 let command = if route == Route::Relay {
                     let load = Load {
                         connections,
-                        runs_per_connection: params.loops.max(1).div_ceil(connections),
+                        runs_per_connection: params.loops.div_ceil(connections),
                     };
                     spawn.server(addr, &proxy.url(), TOKEN, load)
                 } else {
@@ -333,7 +339,7 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
     }
 
     let saturated_plan = LoopPlan {
-        chunks: params.chunks.max(1),
+        chunks: params.chunks,
         rate: None,
     };
     let saturated = phase(&targets, params, saturated_plan, epoch, true).await?;

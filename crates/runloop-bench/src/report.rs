@@ -301,7 +301,7 @@ impl Report {
             chunks_per_loop: params.chunks,
             mix: params.mix.to_string(),
             duration_s: params.duration.as_secs_f64(),
-            rounds: params.rounds.max(1),
+            rounds: params.rounds,
             pace_per_s: params.pace,
             paced_chunks_per_loop: paced_chunks,
             debug_build: cfg!(debug_assertions),
