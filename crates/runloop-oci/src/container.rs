@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runloop::proxy::Proxy;
-use runloop::runtime::output::{OutputLimit, log_output};
+use runloop::runtime::output::log_output;
 use runloop::runtime::{BoxFuture, Container, Limits, Runtime, StartError};
 use tokio::net::TcpStream;
 use tokio::process::Child;
@@ -199,7 +199,7 @@ impl Started {
     async fn ready(mut self) -> Result<OciContainer, StartError> {
         let pid = self.child.id().unwrap_or_default();
         let program: Arc<str> = Arc::from(runc::id(&self.key));
-        log_output(&mut self.child, program, pid, OutputLimit::default());
+        log_output(&mut self.child, program, pid, self.host.config().output);
         let timeout = self.host.config().startup_timeout;
         let watch = Arc::new(Memory {
             host: Arc::clone(&self.host),

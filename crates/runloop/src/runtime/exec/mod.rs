@@ -348,6 +348,8 @@ impl Exec {
         command
             .args(&self.args)
             .env("PORT", port.to_string())
+            // The server's own credential, when it came from there.
+            .env_remove("RUNLOOP_TOKEN")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
