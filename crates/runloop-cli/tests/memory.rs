@@ -1,0 +1,178 @@
+//! What `runloop serve` holds in memory, read from `/proc/PID/status`
+//! (`VmRSS`, `VmHWM`) while a real client drives it over loopback.
+//!
+//! - A 15.9 MiB prompt into the demo agent (issue 13, row 10): the server's
+//!   peak stays under 256 MiB. Always run with a prompt of few, long words
+//!   (a few hundred chunks); the load version, with a prompt of 3.3 million
+//!   words (as many chunks), is `#[ignore]`d:
+//!   `cargo test --release -p runloop-cli --test memory -- --ignored --nocapture`.
+//! - Memory goes back (row 17, ignored, takes 40 s): eight such loops at
+//!   once, then the server's resident memory 30 s after they ended, against
+//!   its baseline before them.
+//!
+//! `RUNLOOP_BIN` names another `runloop` binary to measure (an older build,
+//! for a before/after figure); the default is this build's.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use runloop::client::Client;
+use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
+use runloop::proto::run_loop::Outcome;
+
+const MIB: u64 = 1 << 20;
+
+/// A `runloop serve` on a loopback port, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start() -> Server {
+        let binary =
+            std::env::var("RUNLOOP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_runloop").into());
+        let mut child = Command::new(binary)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("runloop serve starts");
+        let mut url = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut url)
+            .expect("serve prints its URL");
+        Server {
+            child,
+            url: url.trim().to_owned(),
+        }
+    }
+
+    /// A field of `/proc/PID/status`, bytes.
+    fn status(&self, field: &str) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
+        let line = status
+            .lines()
+            .find(|line| line.starts_with(field))
+            .unwrap_or_else(|| panic!("{field} in {status}"));
+        let kib: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|kib| kib.parse().ok())
+            .expect("a size in kB");
+        kib * 1024
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn demo_request() -> RunRequest {
+    let image = Image::Server(ImageRef {
+        name: "demo".into(),
+        digest: format!("sha256:{}", "0".repeat(64)),
+    });
+    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
+    RunRequest::new(Container::new(image, 1 << 30, 1 << 30), agent)
+}
+
+/// A prompt of `size` bytes: words of `word` letters and a space.
+fn prompt(size: usize, word: usize) -> String {
+    let unit = format!("{} ", "w".repeat(word));
+    let mut prompt = unit.repeat(size / unit.len());
+    prompt.truncate(size);
+    prompt
+}
+
+/// One demo loop with `prompt`, to its end.
+async fn one_loop(url: &str, prompt: String) {
+    let client = Client::connect(url, "").await.expect("connects");
+    let run = client.run(demo_request()).await.expect("the run starts");
+    let outcome = run.run_loop(prompt).outcome().await;
+    assert_eq!(outcome, Outcome::Finished { fatal: false });
+    run.stop().await;
+    client.close().await;
+}
+
+/// The server's peak with one loop of a 15.9 MiB prompt of `word`-letter words.
+fn large_prompt_peak(word: usize) -> u64 {
+    let server = Server::start();
+    let baseline = server.status("VmRSS");
+    let prompt = prompt(15_900 * 1024, word);
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(one_loop(&server.url, prompt));
+    let peak = server.status("VmHWM");
+    println!(
+        "15.9 MiB prompt, {word}-letter words: server baseline {} MiB, peak {} MiB, after {} MiB",
+        baseline / MIB,
+        peak / MIB,
+        server.status("VmRSS") / MIB
+    );
+    peak
+}
+
+#[test]
+fn a_large_prompt_of_long_words_into_the_demo_keeps_the_server_small() {
+    let peak = large_prompt_peak(64 << 10);
+    assert!(peak < 256 * MIB, "peak {} MiB", peak / MIB);
+}
+
+#[test]
+#[ignore = "a load test: 3.3 million chunks"]
+fn a_large_prompt_of_short_words_into_the_demo_keeps_the_server_small() {
+    let peak = large_prompt_peak(4);
+    assert!(peak < 256 * MIB, "peak {} MiB", peak / MIB);
+}
+
+#[test]
+#[ignore = "a load test: waits 30 s after the load"]
+fn memory_goes_back_after_a_wave_of_large_prompts() {
+    let server = Server::start();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    // Warm up: one small loop, so the baseline has the runtime's threads.
+    runtime.block_on(one_loop(&server.url, "warm up".into()));
+    let baseline = server.status("VmRSS");
+    runtime.block_on(async {
+        let loops: Vec<_> = (0..8)
+            .map(|_| {
+                tokio::spawn(one_loop_owned(
+                    server.url.clone(),
+                    prompt(15_900 * 1024, 64 << 10),
+                ))
+            })
+            .collect();
+        for each in loops {
+            each.await.expect("a loop");
+        }
+    });
+    let peak = server.status("VmHWM");
+    let right_after = server.status("VmRSS");
+    std::thread::sleep(Duration::from_secs(30));
+    let after = server.status("VmRSS");
+    println!(
+        "8 loops of 15.9 MiB prompts: server baseline {} MiB, peak {} MiB, right after {} MiB, \
+         30 s after {} MiB",
+        baseline / MIB,
+        peak / MIB,
+        right_after / MIB,
+        after / MIB
+    );
+    assert!(
+        after < baseline + 64 * MIB,
+        "30 s after: {} MiB over a baseline of {} MiB",
+        after / MIB,
+        baseline / MIB
+    );
+}
+
+async fn one_loop_owned(url: String, prompt: String) {
+    one_loop(&url, prompt).await;
+}
