@@ -6,9 +6,10 @@
 //!   (a few hundred chunks); the load version, with a prompt of 3.3 million
 //!   words (as many chunks), is `#[ignore]`d:
 //!   `cargo test --release -p runloop-cli --test memory -- --ignored --nocapture`.
-//! - Memory goes back (row 17, ignored, takes 40 s): eight such loops at
-//!   once, then the server's resident memory 30 s after they ended, against
-//!   its baseline before them.
+//! - Memory goes back (row 17, ignored, takes 40 s): 32 connections that
+//!   each send 15 MiB before authorizing, then eight 15.9 MiB loops at
+//!   once; the server's resident memory 30 s after, against its baseline
+//!   before them.
 //!
 //! `RUNLOOP_BIN` names another `runloop` binary to measure (an older build,
 //! for a before/after figure); the default is this build's.
@@ -30,11 +31,12 @@ struct Server {
 }
 
 impl Server {
-    fn start() -> Server {
+    fn start(args: &[&str]) -> Server {
         let binary =
             std::env::var("RUNLOOP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_runloop").into());
         let mut child = Command::new(binary)
             .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -104,7 +106,7 @@ async fn one_loop(url: &str, prompt: String) {
 
 /// The server's peak with one loop of a 15.9 MiB prompt of `word`-letter words.
 fn large_prompt_peak(word: usize) -> u64 {
-    let server = Server::start();
+    let server = Server::start(&[]);
     let baseline = server.status("VmRSS");
     let prompt = prompt(15_900 * 1024, word);
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
@@ -134,19 +136,23 @@ fn a_large_prompt_of_short_words_into_the_demo_keeps_the_server_small() {
 
 #[test]
 #[ignore = "a load test: waits 30 s after the load"]
-fn memory_goes_back_after_a_wave_of_large_prompts() {
-    let server = Server::start();
+fn memory_goes_back_after_waves_of_large_messages() {
+    let server = Server::start(&["--authorization-grace", "2"]);
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     // Warm up: one small loop, so the baseline has the runtime's threads.
     runtime.block_on(one_loop(&server.url, "warm up".into()));
     let baseline = server.status("VmRSS");
     runtime.block_on(async {
+        let waves: Vec<_> = (0..32)
+            .map(|_| tokio::spawn(unauthorized(server.url.clone())))
+            .collect();
+        for each in waves {
+            each.await.expect("a connection");
+        }
         let loops: Vec<_> = (0..8)
             .map(|_| {
-                tokio::spawn(one_loop_owned(
-                    server.url.clone(),
-                    prompt(15_900 * 1024, 64 << 10),
-                ))
+                let url = server.url.clone();
+                tokio::spawn(async move { one_loop(&url, prompt(15_900 * 1024, 64 << 10)).await })
             })
             .collect();
         for each in loops {
@@ -158,8 +164,8 @@ fn memory_goes_back_after_a_wave_of_large_prompts() {
     std::thread::sleep(Duration::from_secs(30));
     let after = server.status("VmRSS");
     println!(
-        "8 loops of 15.9 MiB prompts: server baseline {} MiB, peak {} MiB, right after {} MiB, \
-         30 s after {} MiB",
+        "32 × 15 MiB before authorization, then 8 loops of 15.9 MiB prompts: server baseline {} \
+         MiB, peak {} MiB, right after {} MiB, 30 s after {} MiB",
         baseline / MIB,
         peak / MIB,
         right_after / MIB,
@@ -173,6 +179,16 @@ fn memory_goes_back_after_a_wave_of_large_prompts() {
     );
 }
 
-async fn one_loop_owned(url: String, prompt: String) {
-    one_loop(&url, prompt).await;
+/// A connection that sends 15 MiB before it authorizes, and waits for the
+/// server to close it.
+async fn unauthorized(url: String) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let Ok((mut socket, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+        return;
+    };
+    let _ = socket
+        .send(Message::Binary(vec![7u8; 15 << 20].into()))
+        .await;
+    while let Some(Ok(_)) = socket.next().await {}
 }
