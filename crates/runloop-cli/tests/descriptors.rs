@@ -1,6 +1,8 @@
 //! `runloop serve` and its descriptor limit: raised to the hard limit at
 //! startup, and a `--max-connections` that cannot fit in it refused.
 
+mod common;
+
 /// `runloop serve ARGS…` under `ulimit -S SOFT -H HARD` (descriptors), run
 /// to its end: exit code, stdout and stderr.
 fn serve_limited(soft: u32, hard: u32, args: &str) -> std::process::Output {
@@ -40,13 +42,7 @@ fn the_soft_limit_is_raised_to_the_hard_one() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("sh runs");
-    let mut url = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.as_mut().expect("stdout")),
-        &mut url,
-    )
-    .expect("it listens");
-    assert!(url.starts_with("ws://"), "{url:?}");
+    common::url(&mut child);
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).expect("limits");
     let open_files = limits
         .lines()

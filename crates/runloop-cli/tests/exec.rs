@@ -5,8 +5,9 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::Serve;
 
 use runloop::client::Client;
 use runloop::proto::Decode;
@@ -32,31 +33,9 @@ fn cgroups() -> bool {
     root && root_user
 }
 
-/// `runloop serve --exec-disk unenforced --agent NAME=exec:… ARGS…`, its
-/// URL read; stderr piped for the test.
-fn serve(agent: &str, args: &[&str]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runloop"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--exec-disk",
-            "unenforced",
-        ])
-        .args(["--agent", agent])
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("runloop serve starts");
-    let mut url = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut url)
-        .expect("serve prints its URL");
-    assert!(url.starts_with("ws://"), "{url:?}");
-    (child, url.trim().to_owned())
+/// `runloop serve --exec-disk unenforced --agent AGENT` at `RUST_LOG=info`.
+fn serve(agent: &str) -> Serve {
+    Serve::start("info", &["--exec-disk", "unenforced", "--agent", agent])
 }
 
 fn request(image: &str) -> RunRequest {
@@ -86,28 +65,20 @@ fn eventually_dead(pid: u32) -> bool {
     false
 }
 
-fn signal(child: &Child, signal: &str) {
-    let sent = Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(sent.success());
-}
-
 /// A server with one open run of `escapes.py`; the pids of its program and
 /// of the program's child that left the session.
 fn server_with_an_escaping_run(
     runtime: &tokio::runtime::Runtime,
     pidfile: &std::path::Path,
-) -> (Child, Client, (u32, u32)) {
+) -> (Serve, Client, (u32, u32)) {
     let agent = format!(
         "esc=exec:python3 {} {}",
         fixture("escapes.py"),
         pidfile.display()
     );
-    let (server, url) = serve(&agent, &[]);
+    let server = serve(&agent);
     let client = runtime.block_on(async {
-        let client = Client::connect(&url, "").await.expect("connects");
+        let client = Client::connect(&server.url, "").await.expect("connects");
         let run = client.run(request("esc")).await.expect("the run starts");
         // The run stays open: its handle goes, the connection stays.
         std::mem::forget(run);
@@ -129,11 +100,9 @@ fn nothing_of_a_run_outlives_the_server_s_exit() {
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let dir = tempfile::tempdir().expect("a scratch directory");
     let pidfile = dir.path().join("pids");
-    let (mut server, _client, (program, escaped)) = server_with_an_escaping_run(&runtime, &pidfile);
+    let (server, _client, (program, escaped)) = server_with_an_escaping_run(&runtime, &pidfile);
     assert!(alive(program) && alive(escaped));
-    signal(&server, "-TERM");
-    let status = common::exits(&mut server, "serve after SIGTERM");
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(server.terminate().code(), Some(0));
     assert!(eventually_dead(program), "the program is gone");
     assert!(
         eventually_dead(escaped),
@@ -150,9 +119,8 @@ fn the_next_start_removes_what_a_killed_server_left() {
     let dir = tempfile::tempdir().expect("a scratch directory");
     let pidfile = dir.path().join("pids");
     let (mut killed, _client, (program, escaped)) = server_with_an_escaping_run(&runtime, &pidfile);
-    let killed_pid = killed.id();
-    signal(&killed, "-KILL");
-    let _ = killed.wait();
+    let killed_pid = killed.pid();
+    killed.kill();
     assert!(
         eventually_dead(program),
         "the program dies with the server (PR_SET_PDEATHSIG)"
@@ -181,19 +149,15 @@ fn the_next_start_removes_what_a_killed_server_left() {
 
     // The next server with an exec entry removes it before it serves.
     let agent = format!("other=exec:python3 {}", fixture("sse_agent.py"));
-    let (mut next, _) = serve(&agent, &[]);
+    let mut next = serve(&agent);
     assert!(
         eventually_dead(escaped),
         "the next start killed what the killed server left"
     );
-    signal(&next, "-TERM");
-    common::exits(&mut next, "the next serve");
+    let mut stderr = next.stderr();
+    assert_eq!(next.terminate().code(), Some(0));
     let mut log = String::new();
-    next.stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut log)
-        .expect("the log");
+    stderr.read_to_string(&mut log).expect("the log");
     assert!(
         log.contains("removed the runs of an exec server that ended without stopping them"),
         "{log}"
@@ -208,8 +172,9 @@ fn a_program_that_floods_its_output_fills_the_log_only_so_far() {
         .map(|size| runloop_cli::serve::bytes(&size).expect("a size"))
         .unwrap_or(256 << 20);
     let agent = format!("flood=exec:python3 {} {total}", fixture("flood.py"));
-    let (mut server, url) = serve(&agent, &[]);
-    let log = server.stderr.take().expect("stderr");
+    let mut server = serve(&agent);
+    let url = server.url.clone();
+    let log = server.stderr();
     let counted = std::thread::spawn(move || {
         let mut reader = BufReader::new(log);
         let (mut bytes, mut suppressed) = (0u64, Vec::new());
@@ -238,8 +203,7 @@ fn a_program_that_floods_its_output_fills_the_log_only_so_far() {
         client.close().await;
     });
     let elapsed = start.elapsed();
-    signal(&server, "-TERM");
-    common::exits(&mut server, "serve after SIGTERM");
+    assert_eq!(server.terminate().code(), Some(0));
     let (bytes, suppressed) = counted.join().expect("the log read");
     // Per 10 s window: 1 MiB of output, and 1000 lines of at most ~300
     // bytes of log around them; plus the server's own lines.

@@ -14,67 +14,30 @@
 //! `RUNLOOP_BIN` names another `runloop` binary to measure (an older build,
 //! for a before/after figure); the default is this build's.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::Duration;
 
+use common::Serve;
 use runloop::client::Client;
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
 
 const MIB: u64 = 1 << 20;
 
-/// A `runloop serve` on a loopback port, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        let binary =
-            std::env::var("RUNLOOP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_runloop").into());
-        let mut child = Command::new(binary)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("runloop serve starts");
-        let mut url = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut url)
-            .expect("serve prints its URL");
-        Server {
-            child,
-            url: url.trim().to_owned(),
-        }
-    }
-
-    /// A field of `/proc/PID/status`, bytes.
-    fn status(&self, field: &str) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
-        let line = status
-            .lines()
-            .find(|line| line.starts_with(field))
-            .unwrap_or_else(|| panic!("{field} in {status}"));
-        let kib: u64 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|kib| kib.parse().ok())
-            .expect("a size in kB");
-        kib * 1024
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A field of the server's `/proc/PID/status`, bytes.
+fn status(server: &Serve, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).expect("status");
+    let line = status
+        .lines()
+        .find(|line| line.starts_with(field))
+        .unwrap_or_else(|| panic!("{field} in {status}"));
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|kib| kib.parse().ok())
+        .expect("a size in kB");
+    kib * 1024
 }
 
 fn demo_request() -> RunRequest {
@@ -106,17 +69,17 @@ async fn one_loop(url: &str, prompt: String) {
 
 /// The server's peak with one loop of a 15.9 MiB prompt of `word`-letter words.
 fn large_prompt_peak(word: usize) -> u64 {
-    let server = Server::start(&[]);
-    let baseline = server.status("VmRSS");
+    let server = Serve::start("error", &[]);
+    let baseline = status(&server, "VmRSS");
     let prompt = prompt(15_900 * 1024, word);
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(one_loop(&server.url, prompt));
-    let peak = server.status("VmHWM");
+    let peak = status(&server, "VmHWM");
     println!(
         "15.9 MiB prompt, {word}-letter words: server baseline {} MiB, peak {} MiB, after {} MiB",
         baseline / MIB,
         peak / MIB,
-        server.status("VmRSS") / MIB
+        status(&server, "VmRSS") / MIB
     );
     peak
 }
@@ -137,11 +100,11 @@ fn a_large_prompt_of_short_words_into_the_demo_keeps_the_server_small() {
 #[test]
 #[ignore = "a load test: waits 30 s after the load"]
 fn memory_goes_back_after_waves_of_large_messages() {
-    let server = Server::start(&["--authorization-grace", "2"]);
+    let server = Serve::start("error", &["--authorization-grace", "2"]);
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     // Warm up: one small loop, so the baseline has the runtime's threads.
     runtime.block_on(one_loop(&server.url, "warm up".into()));
-    let baseline = server.status("VmRSS");
+    let baseline = status(&server, "VmRSS");
     runtime.block_on(async {
         let waves: Vec<_> = (0..32)
             .map(|_| tokio::spawn(unauthorized(server.url.clone())))
@@ -159,10 +122,10 @@ fn memory_goes_back_after_waves_of_large_messages() {
             each.await.expect("a loop");
         }
     });
-    let peak = server.status("VmHWM");
-    let right_after = server.status("VmRSS");
+    let peak = status(&server, "VmHWM");
+    let right_after = status(&server, "VmRSS");
     std::thread::sleep(Duration::from_secs(30));
-    let after = server.status("VmRSS");
+    let after = status(&server, "VmRSS");
     println!(
         "32 × 15 MiB before authorization, then 8 loops of 15.9 MiB prompts: server baseline {} \
          MiB, peak {} MiB, right after {} MiB, 30 s after {} MiB",

@@ -56,13 +56,8 @@ fn serve_also_takes_runloop_token() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("starts");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.as_mut().expect("stdout")),
-        &mut line,
-    )
-    .expect("a URL");
-    let url = line.trim();
+    let url = common::url(&mut child);
+    let url = url.as_str();
     let ok = runloop()
         .args(["run", "--url", url, "hi"])
         .env("RUNLOOP_TOKEN", "from-the-environment")

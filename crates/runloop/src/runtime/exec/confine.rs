@@ -18,7 +18,9 @@
 //! descendants live on, still held by their cgroups' limits. The next
 //! server to start on the machine finds the server cgroups whose process
 //! is gone (no process with that pid and start time) and kills and
-//! removes them before it runs anything. Until then, they run.
+//! removes them before it runs anything. Until then, they run. (A server
+//! judges another one alive by `/proc`, so servers that share a cgroup
+//! hierarchy must share a pid namespace too, as processes of one host do.)
 //!
 //! Without cgroups (not root, no controllers) a run's memory is the
 //! child's `RLIMIT_DATA` and its processes are its process group, which

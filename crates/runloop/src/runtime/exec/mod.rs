@@ -253,17 +253,21 @@ impl Exec {
         };
         // `id` is `None` only once the child has been reaped; it was just spawned.
         let pid = child.id().unwrap_or_default();
-        let hold = match cgroup {
-            Some(cgroup) => Hold::Cgroup(cgroup),
-            None => Hold::Group(pid),
+        // A start given up on (its future dropped) still ends the run.
+        let mut guard = Guard {
+            hold: match cgroup {
+                Some(cgroup) => Hold::Cgroup(cgroup),
+                None => Hold::Group(pid),
+            },
+            armed: true,
         };
         let program: Arc<str> = Arc::from(self.program.as_str());
-        info!(%program, pid, port, memory = limits.memory, cgroup = hold.cgroup().map(Cgroup::path), "agent program started");
+        info!(%program, pid, port, memory = limits.memory, cgroup = guard.hold.cgroup().map(Cgroup::path), "agent program started");
         let logs = log_output(&mut child, Arc::clone(&program), pid, self.config.output);
 
         let agent = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let ready = async {
-            self.listening(&mut child, &hold, port).await?;
+            self.listening(&mut child, &guard.hold, port).await?;
             let proxy = Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), agent)
                 .await
                 .map_err(|error| Failed::Start(format!("cannot bind the proxy: {error}")))?;
@@ -281,7 +285,8 @@ impl Exec {
                 if let Failed::Start(why) = &failed {
                     warn!(%program, pid, %why, "agent program did not start");
                 }
-                hold.end().await;
+                guard.hold.end().await;
+                guard.armed = false;
                 let status = child.wait().await;
                 debug!(pid, status = %describe(status), "reaped");
                 for log in logs {
@@ -294,8 +299,7 @@ impl Exec {
         let proxy_task = tokio::spawn(proxy.run(proxy_stop.clone()));
         let stop = CancellationToken::new();
         let (exited_tx, exited) = watch::channel(None);
-        let cgroup = hold.cgroup().cloned();
-        let guard = Guard { hold, armed: true };
+        let cgroup = guard.hold.cgroup().cloned();
         let supervisor = tokio::spawn(supervise(
             child,
             guard,
