@@ -10,8 +10,9 @@
 //! code: a run's two pipes share one [`OutputLimit`], so many lines and
 //! bytes per window, and what is over it is read (the program never
 //! blocks on a full pipe) and counted but not logged. Once the window in
-//! which lines were dropped is over, one warning says how many, and when
-//! the program goes quiet it still comes at the window's end.
+//! which lines were dropped is over, one warning says how many; when the
+//! program goes quiet it still comes at the window's end, and when its
+//! pipes end, at once.
 //!
 //! ```text
 //! stdout ─┐                     ┌─ within the budget: one log line each
@@ -99,6 +100,15 @@ impl Budget {
         (dropped.lines > 0).then_some(dropped)
     }
 
+    /// What the current window dropped so far, now reported.
+    fn take_dropped(&mut self) -> Option<Dropped> {
+        let dropped = Dropped {
+            lines: std::mem::take(&mut self.dropped_lines),
+            bytes: std::mem::take(&mut self.dropped_bytes),
+        };
+        (dropped.lines > 0).then_some(dropped)
+    }
+
     /// Whether a line of `len` bytes is logged (else it is counted as
     /// dropped).
     fn admit(&mut self, len: usize) -> bool {
@@ -173,6 +183,14 @@ impl Source {
             self.report(dropped);
         }
     }
+
+    /// Reports what was dropped and not reported yet (a pipe's end).
+    fn flush(&self) {
+        let dropped = self.budget().take_dropped();
+        if let Some(dropped) = dropped {
+            self.report(dropped);
+        }
+    }
 }
 
 /// Logs a child's stdout and stderr (whichever are piped) until they end,
@@ -202,10 +220,21 @@ pub fn log_output(
 /// Logs one pipe line by line until it ends; lines over [`MAX_LINE`]
 /// bytes are logged in pieces, bytes that are not UTF-8 are replaced.
 async fn log_lines(pipe: impl AsyncRead + Unpin, source: Source, stream: &'static str) {
-    let mut reader = BufReader::new(pipe);
+    let mut reader = BufReader::with_capacity(64 << 10, pipe);
     let mut line = Vec::new();
+    // One timer for the report of a window that dropped lines, set when
+    // the window first drops one.
+    let report = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(report);
+    let mut armed = None;
     loop {
         let due = source.budget().report_due();
+        if due != armed {
+            if let Some(due) = due {
+                report.as_mut().reset(due);
+            }
+            armed = due;
+        }
         let buffer = tokio::select! {
             read = reader.fill_buf() => match read {
                 Ok([]) => break,
@@ -215,34 +244,32 @@ async fn log_lines(pipe: impl AsyncRead + Unpin, source: Source, stream: &'stati
                     break;
                 }
             },
-            () = sleep_until(due) => {
+            () = &mut report, if armed.is_some() => {
                 source.tick();
                 continue;
             }
         };
-        // `line` is emitted whenever it is full, so there is always room.
-        let room = MAX_LINE - line.len();
-        let newline = buffer.iter().take(room).position(|&b| b == b'\n');
-        let take = newline.map_or(buffer.len().min(room), |end| end + 1);
-        line.extend_from_slice(&buffer[..take]);
-        reader.consume(take);
-        if newline.is_some() || line.len() == MAX_LINE {
-            source.line(&line, stream);
-            line.clear();
+        // Every line the buffer ends; `line` is emitted whenever it is
+        // full, so there is always room.
+        let mut used = 0;
+        while used < buffer.len() {
+            let rest = &buffer[used..];
+            let room = MAX_LINE - line.len();
+            let newline = memchr::memchr(b'\n', &rest[..rest.len().min(room)]);
+            let take = newline.map_or(rest.len().min(room), |end| end + 1);
+            line.extend_from_slice(&rest[..take]);
+            used += take;
+            if newline.is_some() || line.len() == MAX_LINE {
+                source.line(&line, stream);
+                line.clear();
+            }
         }
+        reader.consume(used);
     }
     if !line.is_empty() {
         source.line(&line, stream);
     }
-    source.tick();
-}
-
-/// Sleeps until `due`, or forever.
-async fn sleep_until(due: Option<Instant>) {
-    match due {
-        Some(due) => tokio::time::sleep_until(due).await,
-        None => std::future::pending().await,
-    }
+    source.flush();
 }
 
 #[cfg(test)]
@@ -274,6 +301,9 @@ mod tests {
         );
         assert!(budget.admit(100), "a new window");
         assert_eq!(budget.report_due(), None);
+        assert!(!budget.admit(1));
+        assert_eq!(budget.take_dropped(), Some(Dropped { lines: 1, bytes: 1 }));
+        assert_eq!(budget.take_dropped(), None, "reported once");
         assert_eq!(budget.roll(start + Duration::from_secs(30)), None);
     }
 }
