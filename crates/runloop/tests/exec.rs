@@ -403,6 +403,10 @@ async fn children_count_against_the_limit_together() {
     let peak = cgroup.peak_memory().expect("a peak");
     let kills = cgroup.oom_kills().expect("an OOM count");
     container.terminate().await;
+    println!(
+        "8 children of 200 MiB under 256 MiB: {alive} alive, {kills} OOM kills, peak {} MiB",
+        peak >> 20
+    );
     assert!(
         alive <= 1,
         "{alive} children of 200 MiB outlived a 256 MiB limit"
