@@ -13,6 +13,7 @@
 //! accepting, ends every run (loops end with an error, containers stop,
 //! scopes finish), and closes every connection.
 
+use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -314,33 +315,39 @@ impl Args {
         Ok(limit)
     }
 
+    /// Logs what the operator should know of this server's bounds; with
+    /// `exec:` entries, finds how their programs are held (and removes
+    /// the runs of servers killed before) now, before anything runs.
+    fn say_how(&self, descriptors: u64, exec: bool) {
+        if !self.tokens.is_empty() {
+            warn!("{}", token::COMMAND_LINE_WARNING);
+        }
+        info!(descriptors, "descriptor limit");
+        if !exec {
+            return;
+        }
+        let confinement = Confinement::host();
+        if self.exec_disk == ExecDisk::Unenforced {
+            warn!("exec runs go ahead with their disk unenforced (--exec-disk unenforced)");
+        }
+        if let Confinement::Cgroups(cgroup) = confinement {
+            info!(
+                cgroup = cgroup.path(),
+                pids = self.exec_pids,
+                "exec runs are held by cgroups"
+            );
+        }
+    }
+
     /// Serves until Ctrl-C or SIGTERM.
     pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let mut config = self.config()?;
         let descriptors = self.descriptors()?;
         let _logs = init_logs("info");
-        if !self.tokens.is_empty() {
-            warn!("{}", token::COMMAND_LINE_WARNING);
-        }
-        info!(descriptors, "descriptor limit");
         let exec = self
             .agents
             .iter()
             .any(|spec| matches!(spec.runtime, RuntimeSpec::Exec { .. }));
-        if exec {
-            // Said now, and the runs of servers killed before are removed now.
-            let confinement = Confinement::host();
-            if self.exec_disk == ExecDisk::Unenforced {
-                warn!("exec runs go ahead with their disk unenforced (--exec-disk unenforced)");
-            }
-            if let Confinement::Cgroups(cgroup) = confinement {
-                info!(
-                    cgroup = cgroup.path(),
-                    pids = self.exec_pids,
-                    "exec runs are held by cgroups"
-                );
-            }
-        }
         let served = block_on(async {
             self.containers(&mut config).await?;
             for (name, digest) in config.catalog.names() {
@@ -350,14 +357,25 @@ impl Args {
                     "serving image"
                 );
             }
+            self.say_how(descriptors, exec);
             let server = Server::bind(self.listen, config)
                 .await
                 .map_err(|error| Failure::bind(self.listen, error))?;
             let (handle, mut serving) = server.spawn().map_err(Failure::Runtime)?;
+            // The signal handlers are in place before the URL says the
+            // server is up: a SIGTERM right after it still shuts down
+            // gracefully (runs stopped, exec cgroups removed).
+            let shutdown = shutdown_signal();
+            tokio::pin!(shutdown);
+            std::future::poll_fn(|cx| {
+                let _ = shutdown.as_mut().poll(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
             writeln!(out, "{}", handle.url())?;
             out.flush()?;
             tokio::select! {
-                () = shutdown_signal() => {
+                () = &mut shutdown => {
                     info!("signal received");
                     handle.shutdown();
                     let _ = serving.await;
