@@ -11,16 +11,16 @@
 //! 1. **Refusals.** A host process can write wherever its user may, so no
 //!    `disk` can be held: unless the operator accepted that
 //!    ([`DiskPolicy::Unenforced`]), every run is refused with a reason.
-//! 2. **Start.** A loopback port is leased ([`port`]) and handed to the
+//! 2. **Start.** A loopback port is leased (module `port`) and handed to the
 //!    program as `$PORT`. The child joins the run's cgroup before it execs
-//!    ([`confine`]; memory, swap held to it, pids), or where there are no
+//!    ([`Confinement`]; memory, swap held to it, pids), or where there are no
 //!    cgroups gets the memory limit as `RLIMIT_DATA`. It gets its own
 //!    process group and `PR_SET_PDEATHSIG` = `SIGKILL` (it dies with the
 //!    server even if the server is killed outright). stdin is closed;
 //!    stdout and stderr go to the server's log within a budget
 //!    ([`output`](super::output)).
 //! 3. **Ready.** Once the program accepts TCP on its port, every socket
-//!    listening there must be the run's own ([`port::listener`]). A port
+//!    listening there must be the run's own (`port::listener`). A port
 //!    someone else listens on is given up: the child is killed and the
 //!    start tried again on another port (a few times). If the program
 //!    exits first, the start fails with its exit status; if it neither
@@ -55,7 +55,7 @@
 //!
 //! A server killed outright leaves its runs' descendants running (held by
 //! their cgroups) until the next server starts and removes them
-//! ([`confine`]). After the start, a program that stops listening while it
+//! ([`Confinement`]). After the start, a program that stops listening while it
 //! runs frees its port, and a process that is not a run of this server
 //! could take it: the proxy would then reach that process. Without
 //! cgroups, a descendant that leaves the process group outlives the run.
