@@ -1,22 +1,28 @@
 //! The load clients: one speaks the framed protocol to a runloop server,
-//! the other reads a forwarded `/agent/run` path. Both do the same work per
-//! chunk — read the stamp, check the sequence, record the latency — so the
-//! only difference between the two measurements is what sits in the middle.
+//! the other reads a bare `/agent/run` path (through the forwarder, or from
+//! the synthetic proxy itself). Both do the same work per chunk — read the
+//! stamp, check the sequence, record the latency — so the only difference
+//! between the measurements is what sits in the middle.
+//!
+//! The framed client multiplexes: one task per connection opens a run per
+//! loop on it and reads every loop's frames as they come, starting a loop's
+//! next round as soon as its finish arrives. So 10,000 loops over 100
+//! connections cost 100 tasks, and the relay is measured, not the client.
 
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
 use runloop_proto::Decode;
 use runloop_proto::frame::{self, ClientFrame, ServerFrame};
-use tokio::net::TcpStream;
+use tokio::sync::Barrier;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::BenchError;
-use crate::synthetic::{prompt, stamp};
-
-type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+use crate::socket::{self, Dialled as Socket};
+use crate::synthetic::{LoopPlan, prompt, stamp};
 
 /// What one or more loops delivered.
 #[derive(Debug, Clone)]
@@ -109,9 +115,9 @@ impl Pace {
     }
 }
 
-async fn send(ws: &mut Socket, frame: &ClientFrame<'_>) -> Result<(), BenchError> {
+async fn feed(ws: &mut Socket, frame: &ClientFrame<'_>) -> Result<(), BenchError> {
     Ok(ws
-        .send(Message::Binary(frame::to_message(frame).into()))
+        .feed(Message::Binary(frame::to_message(frame).into()))
         .await?)
 }
 
@@ -137,149 +143,199 @@ fn run_payload() -> Vec<u8> {
     payload
 }
 
-/// An open run on a runloop server, ready for loops.
-pub(crate) struct RelayRun {
-    ws: Socket,
-    next_channel: u32,
+/// Where the framed client connects, and with what.
+#[derive(Debug, Clone)]
+pub(crate) struct Server {
+    /// `ws://host:port`.
+    pub(crate) url: String,
+    /// The credential.
+    pub(crate) token: &'static str,
 }
 
-impl RelayRun {
-    /// Connects, authorizes with `token`, and starts a run of the bench image.
-    pub(crate) async fn open(url: &str, token: &str) -> Result<RelayRun, BenchError> {
-        let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true).await?;
-        let mut credential = vec![0];
-        credential.extend_from_slice(token.as_bytes());
-        send(
-            &mut ws,
-            &ClientFrame::Authorization {
-                payload: &credential,
+/// One run on a framed connection and the loop it is reading (scope =
+/// the lane's place on the connection; one loop at a time, as a proxy
+/// serves them).
+struct Lane {
+    /// The loop's index among all loops, which picks its chunks.
+    index: usize,
+    /// Loops this lane has run, which picks the next one's chunks.
+    round: u64,
+    /// The open run-loop channel.
+    channel: u32,
+    expected: u64,
+    got: u64,
+    errored: bool,
+}
+
+impl Lane {
+    fn new(index: usize) -> Lane {
+        Lane {
+            index,
+            round: 0,
+            channel: 0,
+            expected: 0,
+            got: 0,
+            errored: false,
+        }
+    }
+
+    /// Asks for the lane's next loop on `scope`.
+    async fn ask(&mut self, ws: &mut Socket, scope: u32, plan: LoopPlan) -> Result<(), BenchError> {
+        let mut request = vec![5];
+        request.extend_from_slice(&prompt(self.index, self.round, plan));
+        (self.expected, self.got, self.errored) = (0, 0, false);
+        feed(
+            ws,
+            &ClientFrame::ChannelRequest {
+                scope,
+                channel: self.channel,
+                payload: &request,
             },
         )
-        .await?;
-        send(
+        .await
+    }
+
+    /// The lane's open loop, when `channel` is it.
+    fn reading(&mut self, channel: u32) -> Result<&mut Lane, BenchError> {
+        if channel == self.channel {
+            Ok(self)
+        } else {
+            Err(BenchError::Protocol(
+                "a frame for a channel that is not open",
+            ))
+        }
+    }
+}
+
+/// One framed connection carrying the loops `loops` (one run each), each
+/// repeated until `deadline` (at least once), reading at no more than
+/// `read_rate` bytes per second when given. The loops start when every
+/// connection waiting on `all_open` has opened its runs, so that they all
+/// run at once.
+pub(crate) async fn relay_connection(
+    server: Server,
+    loops: Range<usize>,
+    plan: LoopPlan,
+    epoch: Instant,
+    deadline: Instant,
+    read_rate: Option<u64>,
+    all_open: Arc<Barrier>,
+) -> Result<Tally, BenchError> {
+    let mut ws = socket::connect(&server.url).await?;
+    let mut credential = vec![0];
+    credential.extend_from_slice(server.token.as_bytes());
+    feed(
+        &mut ws,
+        &ClientFrame::Authorization {
+            payload: &credential,
+        },
+    )
+    .await?;
+    // Runs start one at a time, so a connection has at most one
+    // registration in flight: thousands at once would need thousands of
+    // descriptors more.
+    let mut lanes: Vec<Lane> = loops.map(Lane::new).collect();
+    for scope in 0..lanes.len() {
+        let scope = scope_number(scope)?;
+        feed(
             &mut ws,
             &ClientFrame::Request {
-                scope: 0,
+                scope,
                 payload: &run_payload(),
             },
         )
         .await?;
+        ws.flush().await?;
         let answer = next_binary(&mut ws)
             .await?
             .ok_or(BenchError::Protocol("no answer to the run"))?;
         match ServerFrame::decode(&answer) {
-            Ok(ServerFrame::Response { scope: 0, payload }) if payload.first() == Some(&0) => {
-                Ok(RelayRun {
-                    ws,
-                    next_channel: 0,
-                })
-            }
-            _ => Err(BenchError::Protocol("the run was not started")),
+            Ok(ServerFrame::Response { scope: s, payload })
+                if s == scope && payload.first() == Some(&0) => {}
+            _ => return Err(BenchError::Protocol("the run was not started")),
         }
     }
-
-    /// Runs one loop to its finish, reading at `pace`; `prompt` picks the
-    /// loop's chunks.
-    pub(crate) async fn run_loop(
-        &mut self,
-        prompt: &[u8],
-        planned: u64,
-        epoch: Instant,
-        tally: &mut Tally,
-        pace: &mut Pace,
-    ) -> Result<(), BenchError> {
-        let channel = self.next_channel;
-        self.next_channel += 1;
-        let mut request = vec![5];
-        request.extend_from_slice(prompt);
-        send(
-            &mut self.ws,
-            &ClientFrame::ChannelRequest {
-                scope: 0,
-                channel,
-                payload: &request,
-            },
-        )
-        .await?;
-        let (mut expected, mut got, mut errored) = (0, 0, false);
-        loop {
-            let Some(bytes) = next_binary(&mut self.ws).await? else {
-                tally.loop_end(false, got, planned);
-                return Err(BenchError::Protocol("the connection ended mid-loop"));
-            };
-            pace.read(bytes.len()).await;
-            match ServerFrame::decode(&bytes) {
-                Ok(ServerFrame::ChannelResponse {
-                    channel: c,
-                    payload,
-                    ..
-                }) if c == channel => {
-                    if payload.first() == Some(&0) {
-                        got += 1;
-                        tally.chunk(payload, epoch, &mut expected);
-                    } else {
-                        errored = true;
-                    }
-                }
-                Ok(ServerFrame::ChannelResponseFinish { channel: c, .. }) if c == channel => {
-                    tally.loop_end(!errored, got, planned);
-                    return Ok(());
-                }
-                _ => return Err(BenchError::Protocol("an unexpected frame")),
-            }
-        }
+    all_open.wait().await;
+    for (scope, lane) in lanes.iter_mut().enumerate() {
+        lane.ask(&mut ws, scope_number(scope)?, plan).await?;
     }
-
-    pub(crate) async fn close(mut self) {
-        let _ = self.ws.close(None).await;
-    }
-}
-
-/// Loops through the relay until `deadline` (at least one); `index` is the
-/// worker's place, which picks its loops' chunks.
-pub(crate) async fn relay_worker(
-    url: String,
-    token: &'static str,
-    index: usize,
-    planned: u64,
-    epoch: Instant,
-    deadline: Instant,
-) -> Result<Tally, BenchError> {
+    ws.flush().await?;
     let mut tally = Tally::new();
-    let mut run = RelayRun::open(&url, token).await?;
-    for round in 0.. {
-        let prompt = prompt(index, round);
-        run.run_loop(&prompt, planned, epoch, &mut tally, &mut Pace::new(None))
-            .await?;
-        if Instant::now() >= deadline {
-            break;
+    let mut pace = Pace::new(read_rate);
+    let mut open = lanes.len();
+    while open > 0 {
+        let Some(bytes) = next_binary(&mut ws).await? else {
+            return Err(BenchError::Protocol("the connection ended mid-loop"));
+        };
+        pace.read(bytes.len()).await;
+        match ServerFrame::decode(&bytes) {
+            Ok(ServerFrame::ChannelResponse {
+                scope,
+                channel,
+                payload,
+            }) => {
+                let lane = lane(&mut lanes, scope)?.reading(channel)?;
+                if payload.first() == Some(&0) {
+                    lane.got += 1;
+                    tally.chunk(payload, epoch, &mut lane.expected);
+                } else {
+                    lane.errored = true;
+                }
+            }
+            Ok(ServerFrame::ChannelResponseFinish { scope, channel }) => {
+                let lane = lane(&mut lanes, scope)?.reading(channel)?;
+                tally.loop_end(!lane.errored, lane.got, plan.chunks);
+                if Instant::now() < deadline {
+                    lane.round += 1;
+                    lane.channel += 1;
+                    lane.ask(&mut ws, scope, plan).await?;
+                    ws.flush().await?;
+                } else {
+                    open -= 1;
+                }
+            }
+            _ => return Err(BenchError::Protocol("an unexpected frame")),
         }
     }
-    run.close().await;
+    let _ = ws.close(None).await;
     Ok(tally)
 }
 
-/// Loops through the raw forwarder until `deadline` (at least one); `index`
-/// is the worker's place, which picks its loops' chunks.
-pub(crate) async fn baseline_worker(
+fn scope_number(place: usize) -> Result<u32, BenchError> {
+    u32::try_from(place).map_err(|_| BenchError::Protocol("too many runs on one connection"))
+}
+
+fn lane(lanes: &mut [Lane], scope: u32) -> Result<&mut Lane, BenchError> {
+    lanes
+        .get_mut(scope as usize)
+        .ok_or(BenchError::Protocol("a frame for a scope that is not open"))
+}
+
+/// Reads loop `index` from a bare `/agent/run` path at `url` (the forwarder
+/// or the synthetic proxy itself), again until `deadline` (at least once).
+pub(crate) async fn bare_worker(
     url: String,
     index: usize,
-    planned: u64,
+    plan: LoopPlan,
     epoch: Instant,
     deadline: Instant,
 ) -> Result<Tally, BenchError> {
     let mut tally = Tally::new();
+    let url = format!("{url}/agent/run");
     for round in 0.. {
-        let url = format!("{url}/agent/run");
-        let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true).await?;
-        ws.send(Message::Binary(prompt(index, round).into()))
+        let mut ws = socket::connect(&url).await?;
+        ws.send(Message::Binary(prompt(index, round, plan).into()))
             .await?;
-        let (mut expected, mut got) = (0, 0);
+        let (mut expected, mut got, mut errored) = (0, 0, false);
         while let Some(message) = next_binary(&mut ws).await? {
-            got += 1;
-            tally.chunk(&message, epoch, &mut expected);
+            if message.first() == Some(&0) {
+                got += 1;
+                tally.chunk(&message, epoch, &mut expected);
+            } else {
+                errored = true;
+            }
         }
-        tally.loop_end(true, got, planned);
+        tally.loop_end(!errored, got, plan.chunks);
         if Instant::now() >= deadline {
             break;
         }

@@ -1,4 +1,9 @@
 //! The figures a bench run prints, for people and for scripts.
+//!
+//! Throughput and CPU time per chunk are the median over rounds, with the
+//! lowest and highest round beside them; a ratio is the median of the
+//! per-round ratios (each round measures every side back to back).
+//! Latency percentiles are over every chunk of every round.
 
 use std::fmt;
 use std::time::Duration;
@@ -8,7 +13,25 @@ use serde::Serialize;
 use crate::Params;
 use crate::load::Tally;
 
-/// One side of the comparison.
+/// One side measured for one round.
+#[derive(Debug)]
+pub(crate) struct Round {
+    pub(crate) tally: Tally,
+    pub(crate) wall: Duration,
+    /// CPU time the program in the middle used during the round.
+    pub(crate) cpu: Option<Duration>,
+}
+
+/// One round's figures of one side.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RoundFigures {
+    /// Chunks per second.
+    pub chunks_per_s: f64,
+    /// CPU time of the program in the middle per chunk, microseconds.
+    pub cpu_us_per_chunk: Option<f64>,
+}
+
+/// One side of the comparison over every round of a phase.
 #[derive(Debug, Clone, Serialize)]
 pub struct Side {
     /// Loops run.
@@ -17,127 +40,474 @@ pub struct Side {
     pub chunks: u64,
     /// Chunk JSON bytes delivered.
     pub bytes: u64,
-    /// Wall time.
+    /// Wall time, all rounds.
     pub seconds: f64,
-    /// Chunks per second.
+    /// Chunks per second (median of the rounds).
     pub chunks_per_s: f64,
-    /// Payload megabytes (10^6) per second.
+    /// Payload megabytes (10^6) per second (median of the rounds).
     pub payload_mb_per_s: f64,
     /// Median latency from the proxy's send to the client's read.
     pub latency_p50_us: f64,
     /// 99th percentile of the same.
     pub latency_p99_us: f64,
+    /// CPU time (user + system) of the program in the middle per chunk,
+    /// microseconds (median of the rounds); absent for the direct side.
+    pub cpu_us_per_chunk: Option<f64>,
     /// Peak resident memory of the program in the middle.
-    pub peak_rss_mib: f64,
+    pub peak_rss_mib: Option<f64>,
     /// Loops that ended with an error or without their finish.
     pub failed_loops: u64,
     /// Chunks lost, repeated or reordered.
     pub disorder: u64,
+    /// Each round, in the order they ran.
+    pub rounds: Vec<RoundFigures>,
 }
 
 impl Side {
-    pub(crate) fn new(tally: &Tally, wall: Duration, peak_rss: Option<u64>) -> Side {
-        let seconds = wall.as_secs_f64().max(f64::MIN_POSITIVE);
-        Side {
-            loops: tally.loops,
-            chunks: tally.chunks,
-            bytes: tally.bytes,
-            seconds,
-            chunks_per_s: tally.chunks as f64 / seconds,
-            payload_mb_per_s: tally.bytes as f64 / seconds / 1e6,
-            latency_p50_us: tally.latency.value_at_quantile(0.5) as f64 / 1e3,
-            latency_p99_us: tally.latency.value_at_quantile(0.99) as f64 / 1e3,
-            peak_rss_mib: peak_rss.map_or(0.0, |b| b as f64 / (1 << 20) as f64),
-            failed_loops: tally.failed,
-            disorder: tally.disorder,
+    pub(crate) fn new(rounds: &[Round], peak_rss: Option<u64>) -> Side {
+        let mut total = Tally::new();
+        let mut seconds = 0.0;
+        let mut figures = Vec::with_capacity(rounds.len());
+        let mut mb_per_s = Vec::with_capacity(rounds.len());
+        for round in rounds {
+            total.merge(&round.tally);
+            let wall = round.wall.as_secs_f64().max(f64::MIN_POSITIVE);
+            seconds += wall;
+            let chunks = round.tally.chunks.max(1) as f64;
+            figures.push(RoundFigures {
+                chunks_per_s: round.tally.chunks as f64 / wall,
+                cpu_us_per_chunk: round.cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / chunks),
+            });
+            mb_per_s.push(round.tally.bytes as f64 / wall / 1e6);
         }
+        let cpu = figures.iter().filter_map(|f| f.cpu_us_per_chunk);
+        let cpu = Spread::of(cpu).map(|s| s.median);
+        Side {
+            loops: total.loops,
+            chunks: total.chunks,
+            bytes: total.bytes,
+            seconds,
+            chunks_per_s: Spread::of(figures.iter().map(|f| f.chunks_per_s))
+                .map_or(0.0, |s| s.median),
+            payload_mb_per_s: Spread::of(mb_per_s).map_or(0.0, |s| s.median),
+            latency_p50_us: total.latency.value_at_quantile(0.5) as f64 / 1e3,
+            latency_p99_us: total.latency.value_at_quantile(0.99) as f64 / 1e3,
+            cpu_us_per_chunk: cpu,
+            peak_rss_mib: peak_rss.map(|b| b as f64 / (1 << 20) as f64),
+            failed_loops: total.failed,
+            disorder: total.disorder,
+            rounds: figures,
+        }
+    }
+
+    fn is_clean(&self) -> bool {
+        self.failed_loops == 0 && self.disorder == 0
+    }
+
+    fn throughput(&self) -> Option<Spread> {
+        Spread::of(self.rounds.iter().map(|r| r.chunks_per_s))
+    }
+
+    fn cpu(&self) -> Option<Spread> {
+        Spread::of(self.rounds.iter().filter_map(|r| r.cpu_us_per_chunk))
     }
 }
 
-/// The relay against the baseline.
+/// The median of some figures, and their lowest and highest.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(values: impl IntoIterator<Item = f64>) -> Option<Spread> {
+        let mut values: Vec<f64> = values.into_iter().filter(|v| v.is_finite()).collect();
+        values.sort_by(f64::total_cmp);
+        let (min, max) = (*values.first()?, *values.last()?);
+        let middle = values.len() / 2;
+        let median = if values.len().is_multiple_of(2) {
+            (values[middle - 1] + values[middle]) / 2.0
+        } else {
+            values[middle]
+        };
+        Some(Spread { median, min, max })
+    }
+
+    /// Round by round, `metric` of `a` over `metric` of `b`, over the
+    /// rounds that measured both.
+    fn of_ratios(a: &Side, b: &Side, metric: fn(&RoundFigures) -> Option<f64>) -> Option<Spread> {
+        let ratios = a.rounds.iter().zip(&b.rounds).filter_map(|(a, b)| {
+            let (a, b) = (metric(a)?, metric(b)?);
+            (b > 0.0).then(|| a / b)
+        });
+        Spread::of(ratios)
+    }
+
+    fn range(self) -> [f64; 2] {
+        [self.min, self.max]
+    }
+}
+
+fn throughput(round: &RoundFigures) -> Option<f64> {
+    Some(round.chunks_per_s)
+}
+
+fn cpu(round: &RoundFigures) -> Option<f64> {
+    round.cpu_us_per_chunk
+}
+
+/// The three sides of one phase; a side left out is absent.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Sides {
+    /// Framed, through the runloop server.
+    pub relay: Option<Side>,
+    /// Bare, through the batching forwarder.
+    pub baseline: Option<Side>,
+    /// Bare, read straight from the synthetic proxy: the ceiling.
+    pub direct: Option<Side>,
+}
+
+impl Sides {
+    fn all(&self) -> impl Iterator<Item = (&'static str, &Side)> {
+        [
+            ("baseline", &self.baseline),
+            ("relay", &self.relay),
+            ("direct", &self.direct),
+        ]
+        .into_iter()
+        .filter_map(|(name, side)| Some((name, side.as_ref()?)))
+    }
+
+    /// `metric` of the relay over `metric` of `other`.
+    fn relay_over(&self, other: &Option<Side>, metric: fn(&Side) -> f64) -> Option<f64> {
+        let (relay, other) = (self.relay.as_ref()?, other.as_ref()?);
+        Some(metric(relay) / metric(other).max(f64::MIN_POSITIVE))
+    }
+
+    /// Paced: what the relay's hop adds to the median latency over what the
+    /// forwarder's adds (each less the direct path's median).
+    fn added_latency_ratio(&self) -> Option<f64> {
+        let direct = self.direct.as_ref()?.latency_p50_us;
+        let relay = self.relay.as_ref()?.latency_p50_us - direct;
+        let baseline = self.baseline.as_ref()?.latency_p50_us - direct;
+        (baseline > 0.0).then(|| relay / baseline)
+    }
+}
+
+/// The relay against the baseline and the direct read.
+///
+/// Every ratio is the relay's figure over the other side's: above 1 the
+/// relay has more of it (throughput: better; CPU, latency: worse).
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// Relay throughput over baseline throughput (chunks per second).
-    pub relay_ratio: f64,
-    /// Relay median latency over baseline median latency.
-    pub latency_p50_ratio: f64,
+    pub relay_ratio: Option<f64>,
+    /// Lowest and highest round of `relay_ratio`.
+    pub relay_ratio_range: Option<[f64; 2]>,
+    /// Relay median latency over baseline median latency, at saturation
+    /// (mostly queue depth).
+    pub latency_p50_ratio: Option<f64>,
     /// The relay's chunks per second.
     pub relay_chunks_per_s: f64,
     /// The baseline's chunks per second.
-    pub baseline_chunks_per_s: f64,
+    pub baseline_chunks_per_s: Option<f64>,
     /// The runloop server's peak resident memory.
-    pub server_peak_rss_mib: f64,
+    pub server_peak_rss_mib: Option<f64>,
+    /// The server's CPU time per chunk over the forwarder's.
+    pub relay_cpu_per_chunk_ratio: Option<f64>,
+    /// Lowest and highest round of `relay_cpu_per_chunk_ratio`.
+    pub relay_cpu_per_chunk_ratio_range: Option<[f64; 2]>,
+    /// Relay throughput over the direct read's (the ceiling).
+    pub relay_vs_direct: Option<f64>,
+    /// Lowest and highest round of `relay_vs_direct`.
+    pub relay_vs_direct_range: Option<[f64; 2]>,
+    /// Baseline throughput over the direct read's.
+    pub baseline_vs_direct: Option<f64>,
+    /// Paced: relay median latency over baseline median latency, end to end.
+    pub relay_paced_latency_p50_ratio: Option<f64>,
+    /// Paced: the median latency the relay's hop adds over the forwarder's
+    /// (each less the direct read's median).
+    pub relay_paced_added_latency_p50_ratio: Option<f64>,
     /// Concurrent loops.
     pub loops: usize,
-    /// Chunks per loop.
+    /// Framed connections the relay's loops share.
+    pub connections: usize,
+    /// Chunks per loop (saturated phase).
     pub chunks_per_loop: u64,
     /// The size mix.
     pub mix: String,
-    /// The minimum duration of each side.
+    /// The minimum duration of each side in each round.
     pub duration_s: f64,
-    /// The relay's figures.
-    pub relay: Side,
-    /// The baseline's figures.
-    pub baseline: Side,
+    /// Rounds per phase.
+    pub rounds: usize,
+    /// The paced phase's chunks per second per loop.
+    pub pace_per_s: Option<u64>,
+    /// Chunks per loop in the paced phase.
+    pub paced_chunks_per_loop: Option<u64>,
+    /// Whether the bench was built without optimisations (its figures are
+    /// then not worth comparing).
+    pub debug_build: bool,
+    /// Sides left out, and why.
+    pub skipped: Vec<String>,
+    /// The saturated phase.
+    #[serde(flatten)]
+    pub saturated: Sides,
+    /// The paced phase.
+    pub paced: Option<Sides>,
 }
 
 impl Report {
-    pub(crate) fn new(params: &Params, relay: Side, baseline: Side) -> Report {
+    pub(crate) fn new(
+        params: &Params,
+        connections: usize,
+        saturated: Sides,
+        paced: Option<(u64, Sides)>,
+        skipped: Vec<String>,
+    ) -> Report {
+        let pair = |other: &Option<Side>, metric: fn(&RoundFigures) -> Option<f64>| {
+            Spread::of_ratios(saturated.relay.as_ref()?, other.as_ref()?, metric)
+        };
+        let ratio = pair(&saturated.baseline, throughput);
+        let cpu_ratio = pair(&saturated.baseline, cpu);
+        let vs_direct = pair(&saturated.direct, throughput);
+        let baseline_vs_direct = saturated
+            .baseline
+            .as_ref()
+            .zip(saturated.direct.as_ref())
+            .and_then(|(b, d)| Spread::of_ratios(b, d, throughput));
+        let (paced_chunks, paced) = paced.unzip();
         Report {
-            relay_ratio: relay.chunks_per_s / baseline.chunks_per_s.max(f64::MIN_POSITIVE),
-            latency_p50_ratio: relay.latency_p50_us
-                / baseline.latency_p50_us.max(f64::MIN_POSITIVE),
-            relay_chunks_per_s: relay.chunks_per_s,
-            baseline_chunks_per_s: baseline.chunks_per_s,
-            server_peak_rss_mib: relay.peak_rss_mib,
+            relay_ratio: ratio.map(|s| s.median),
+            relay_ratio_range: ratio.map(Spread::range),
+            latency_p50_ratio: saturated.relay_over(&saturated.baseline, |s| s.latency_p50_us),
+            relay_chunks_per_s: saturated.relay.as_ref().map_or(0.0, |s| s.chunks_per_s),
+            baseline_chunks_per_s: saturated.baseline.as_ref().map(|s| s.chunks_per_s),
+            server_peak_rss_mib: saturated.relay.as_ref().and_then(|s| s.peak_rss_mib),
+            relay_cpu_per_chunk_ratio: cpu_ratio.map(|s| s.median),
+            relay_cpu_per_chunk_ratio_range: cpu_ratio.map(Spread::range),
+            relay_vs_direct: vs_direct.map(|s| s.median),
+            relay_vs_direct_range: vs_direct.map(Spread::range),
+            baseline_vs_direct: baseline_vs_direct.map(|s| s.median),
+            relay_paced_latency_p50_ratio: paced
+                .as_ref()
+                .and_then(|p| p.relay_over(&p.baseline, |s| s.latency_p50_us)),
+            relay_paced_added_latency_p50_ratio: paced
+                .as_ref()
+                .and_then(Sides::added_latency_ratio),
             loops: params.loops,
+            connections,
             chunks_per_loop: params.chunks,
             mix: params.mix.to_string(),
             duration_s: params.duration.as_secs_f64(),
-            relay,
-            baseline,
+            rounds: params.rounds,
+            pace_per_s: params.pace,
+            paced_chunks_per_loop: paced_chunks,
+            debug_build: cfg!(debug_assertions),
+            skipped,
+            saturated,
+            paced,
         }
     }
 
-    /// Whether every loop on both sides finished with every chunk in order.
+    /// Whether every loop on every side finished with every chunk in order.
     pub fn is_clean(&self) -> bool {
-        [&self.relay, &self.baseline]
-            .iter()
-            .all(|s| s.failed_loops == 0 && s.disorder == 0)
+        self.saturated
+            .all()
+            .chain(self.paced.iter().flat_map(Sides::all))
+            .all(|(_, side)| side.is_clean())
     }
+}
+
+/// `value` with the range of its rounds, e.g. `812k [790k–830k]`.
+fn spread(spread: Option<Spread>, unit: fn(f64) -> String) -> String {
+    match spread {
+        Some(s) if s.min == s.max => unit(s.median),
+        Some(s) => format!("{} [{}–{}]", unit(s.median), unit(s.min), unit(s.max)),
+        None => "-".to_owned(),
+    }
+}
+
+fn thousands(value: f64) -> String {
+    format!("{:.0}k", value / 1e3)
+}
+
+fn micros(value: f64) -> String {
+    format!("{value:.2}")
+}
+
+fn times(value: f64) -> String {
+    format!("{value:.3}×")
+}
+
+fn optional(value: Option<f64>, digits: usize) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rounds = if self.duration_s > 0.0 {
+            format!(
+                "{} round(s) of at least {} s per side",
+                self.rounds, self.duration_s
+            )
+        } else {
+            format!(
+                "{} round(s), each side running its loops once per round",
+                self.rounds
+            )
+        };
         writeln!(
             f,
-            "{} loop(s) × {} chunks, mix {}, at least {:.1} s per side",
-            self.loops, self.chunks_per_loop, self.mix, self.duration_s
+            "{} loop(s) over {} connection(s) × {} chunks, mix {}; {rounds}, sides in turn \
+             (baseline relay direct, then the other way round)",
+            self.loops, self.connections, self.chunks_per_loop, self.mix
         )?;
         writeln!(
             f,
-            "{:<10} {:>12} {:>10} {:>11} {:>11} {:>10} {:>8} {:>8}",
-            "", "chunks/s", "MB/s", "p50 µs", "p99 µs", "peak MiB", "failed", "disorder"
+            "{:<9} {:>26} {:>8} {:>9} {:>9} {:>24} {:>9} {:>6} {:>8}",
+            "saturated",
+            "chunks/s",
+            "MB/s",
+            "p50 µs",
+            "p99 µs",
+            "CPU µs/chunk",
+            "peak MiB",
+            "failed",
+            "disorder"
         )?;
-        for (name, side) in [("baseline", &self.baseline), ("relay", &self.relay)] {
+        for (name, side) in self.saturated.all() {
             writeln!(
                 f,
-                "{:<10} {:>12.0} {:>10.1} {:>11.1} {:>11.1} {:>10.1} {:>8} {:>8}",
+                "{:<9} {:>26} {:>8.1} {:>9.1} {:>9.1} {:>24} {:>9} {:>6} {:>8}",
                 name,
-                side.chunks_per_s,
+                spread(side.throughput(), thousands),
                 side.payload_mb_per_s,
                 side.latency_p50_us,
                 side.latency_p99_us,
-                side.peak_rss_mib,
+                spread(side.cpu(), micros),
+                optional(side.peak_rss_mib, 1),
                 side.failed_loops,
                 side.disorder
             )?;
         }
-        write!(
-            f,
-            "relay/baseline: throughput {:.3}×, p50 latency {:.3}×",
-            self.relay_ratio, self.latency_p50_ratio
-        )
+        if let (Some(paced), Some(rate), Some(chunks)) =
+            (&self.paced, self.pace_per_s, self.paced_chunks_per_loop)
+        {
+            writeln!(
+                f,
+                "paced at {rate} chunks/s per loop, {chunks} chunks per loop:"
+            )?;
+            writeln!(
+                f,
+                "{:<9} {:>9} {:>9} {:>14} {:>6} {:>8}",
+                "paced", "p50 µs", "p99 µs", "added p50 µs", "failed", "disorder"
+            )?;
+            let direct = paced.direct.as_ref().map(|d| d.latency_p50_us);
+            for (name, side) in paced.all() {
+                writeln!(
+                    f,
+                    "{:<9} {:>9.1} {:>9.1} {:>14} {:>6} {:>8}",
+                    name,
+                    side.latency_p50_us,
+                    side.latency_p99_us,
+                    optional(direct.map(|d| side.latency_p50_us - d), 1),
+                    side.failed_loops,
+                    side.disorder
+                )?;
+            }
+        }
+        for reason in &self.skipped {
+            writeln!(f, "left out: {reason}")?;
+        }
+        let ratio = |spread: Option<Spread>| {
+            spread.map_or_else(|| "-".to_owned(), |s| self::spread(Some(s), times))
+        };
+        let lines = [
+            (
+                "relay/baseline throughput",
+                ratio(self.relay_ratio.zip(self.relay_ratio_range).map(to_spread)),
+                "chunks/s through the server over chunks/s through the batching forwarder (1 = as fast)",
+            ),
+            (
+                "relay/baseline CPU per chunk",
+                ratio(
+                    self.relay_cpu_per_chunk_ratio
+                        .zip(self.relay_cpu_per_chunk_ratio_range)
+                        .map(to_spread),
+                ),
+                "the server's CPU time per chunk over the forwarder's (1 = as cheap)",
+            ),
+            (
+                "relay/direct throughput",
+                ratio(
+                    self.relay_vs_direct
+                        .zip(self.relay_vs_direct_range)
+                        .map(to_spread),
+                ),
+                "chunks/s through the server over chunks/s read straight from the proxy (the ceiling)",
+            ),
+            (
+                "relay/baseline p50 latency",
+                optional_times(self.latency_p50_ratio),
+                "at saturation: mostly how deep the queues are, not what the hop costs",
+            ),
+            (
+                "relay/baseline paced p50",
+                optional_times(self.relay_paced_latency_p50_ratio),
+                "median latency end to end at a fixed rate, through the server over through the forwarder",
+            ),
+            (
+                "relay/baseline paced added",
+                optional_times(self.relay_paced_added_latency_p50_ratio),
+                "the same, each less the direct read's median: what the hop itself adds",
+            ),
+        ];
+        for (i, (name, value, meaning)) in lines.iter().enumerate() {
+            write!(f, "{name:<28} {value:<24} {meaning}")?;
+            if i + 1 < lines.len() {
+                writeln!(f)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn to_spread((median, [min, max]): (f64, [f64; 2])) -> Spread {
+    Spread { median, min, max }
+}
+
+fn optional_times(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), times)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_the_median_and_the_extremes() {
+        let odd = Spread::of([3.0, 1.0, 2.0]).expect("values");
+        assert_eq!(
+            odd,
+            Spread {
+                median: 2.0,
+                min: 1.0,
+                max: 3.0
+            }
+        );
+        let even = Spread::of([4.0, 1.0, 2.0, 10.0]).expect("values");
+        assert_eq!(
+            even,
+            Spread {
+                median: 3.0,
+                min: 1.0,
+                max: 10.0
+            }
+        );
+        assert_eq!(Spread::of([]), None);
+        assert_eq!(Spread::of([f64::NAN]), None);
     }
 }
 

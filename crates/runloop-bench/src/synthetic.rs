@@ -11,30 +11,48 @@
 //! [0]{"type":"tool_response","_meta":{"runloop/bench":"…"},"id":"call_1","content":[{"type":"text","text":"xx…"}]}
 //! ```
 //!
-//! Chunks of 1 KiB and more are tool responses, the rest text deltas. Each
-//! message is sent (and flushed) on its own, as an agent streams tokens.
+//! Chunks of 1 KiB and more are tool responses, the rest text deltas.
+//! Unpaced, the proxy is faster than any reader: it feeds every message to
+//! its socket and lets the WebSocket write buffer (128 KiB) decide when to
+//! send, so it never is the bottleneck and the program in the middle is
+//! measured (a proxy that flushed each message would cap every route at its
+//! own system-call rate). Paced, each message is sent on its own, on time.
+//!
+//! What a loop looks like travels in its prompt (`bench:INDEX:ROUND:CHUNKS:RATE`),
+//! which every program in the middle passes on verbatim: so one proxy serves
+//! loops of any length, as fast as its peer reads them (`RATE` 0) or at a
+//! fixed rate in chunks per second. Paced chunks leave on time whatever the
+//! previous one cost, so latency at a fixed rate measures the hop, not a
+//! queue.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 
 use crate::mix::Mix;
+use crate::socket::accept;
 
 const MARKER: &[u8] = b"\"runloop/bench\":\"";
 
-/// What one loop looks like.
+/// What every loop shares: the size mix and the clock of the stamps.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
-    pub(crate) chunks: u64,
     pub(crate) mix: Mix,
     pub(crate) epoch: Instant,
+}
+
+/// What one loop asks for, carried in its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LoopPlan {
+    /// Chunks in the loop.
+    pub(crate) chunks: u64,
+    /// Chunks per second; `None`: as fast as the peer reads them.
+    pub(crate) rate: Option<u64>,
 }
 
 /// A running synthetic proxy.
@@ -68,22 +86,6 @@ impl SyntheticProxy {
     }
 }
 
-/// Accepts a WebSocket on `tcp` (Nagle off) and says which path it asked for.
-pub(crate) async fn accept(tcp: TcpStream) -> Option<(WebSocketStream<TcpStream>, String)> {
-    let _ = tcp.set_nodelay(true);
-    let mut path = String::new();
-    // The handshake callback's error type is tungstenite's, large by design.
-    #[allow(clippy::result_large_err)]
-    let callback = |request: &Request, response: Response| {
-        path = request.uri().path().to_owned();
-        Ok(response)
-    };
-    let ws = tokio_tungstenite::accept_hdr_async(tcp, callback)
-        .await
-        .ok()?;
-    Some((ws, path))
-}
-
 async fn serve(tcp: TcpStream, plan: Arc<Plan>) {
     let Some((mut ws, path)) = accept(tcp).await else {
         return;
@@ -96,12 +98,27 @@ async fn serve(tcp: TcpStream, plan: Arc<Plan>) {
         let _ = ws.close(None).await;
         return;
     }
-    // The same loop gets the same chunks on both sides of the comparison.
+    let Some(asked) = loop_plan(&ask) else {
+        let _ = ws.close(None).await;
+        return;
+    };
+    // The same loop gets the same chunks on every side of the comparison.
     let mut rng = fastrand::Rng::with_seed(seed_of(&ask));
-    for seq in 0..plan.chunks {
+    let start = tokio::time::Instant::now();
+    for seq in 0..asked.chunks {
+        if let Some(rate) = asked.rate {
+            let due = Duration::from_secs_f64(seq as f64 / rate.max(1) as f64);
+            tokio::time::sleep_until(start + due).await;
+        }
         let size = plan.mix.draw(&mut rng);
         let message = chunk(size, plan.epoch.elapsed().as_nanos() as u64, seq);
-        if ws.send(Message::Binary(message.into())).await.is_err() {
+        let message = Message::Binary(message.into());
+        let sent = if asked.rate.is_some() {
+            ws.send(message).await
+        } else {
+            ws.feed(message).await
+        };
+        if sent.is_err() {
             return;
         }
     }
@@ -110,8 +127,22 @@ async fn serve(tcp: TcpStream, plan: Arc<Plan>) {
 }
 
 /// The prompt a load client sends for loop `index`, round `round`.
-pub(crate) fn prompt(index: usize, round: u64) -> Vec<u8> {
-    format!("{{\"prompt\":\"bench:{index}:{round}\"}}").into_bytes()
+pub(crate) fn prompt(index: usize, round: u64, plan: LoopPlan) -> Vec<u8> {
+    let (chunks, rate) = (plan.chunks, plan.rate.unwrap_or(0));
+    format!("{{\"prompt\":\"bench:{index}:{round}:{chunks}:{rate}\"}}").into_bytes()
+}
+
+/// The plan a prompt carries.
+fn loop_plan(ask: &[u8]) -> Option<LoopPlan> {
+    let ask = std::str::from_utf8(ask).ok()?;
+    let (_, rest) = ask.split_once("\"bench:")?;
+    let (fields, _) = rest.split_once('"')?;
+    let mut numbers = fields.split(':').skip(2).map(str::parse::<u64>);
+    let (chunks, rate) = (numbers.next()?.ok()?, numbers.next()?.ok()?);
+    Some(LoopPlan {
+        chunks,
+        rate: (rate > 0).then_some(rate),
+    })
 }
 
 /// The size sequence's seed, from the ask: the same prompt, the same sizes.
@@ -163,11 +194,37 @@ pub(crate) fn stamp(payload: &[u8]) -> Option<(u64, u64)> {
 mod tests {
     use super::*;
 
+    const PLAN: LoopPlan = LoopPlan {
+        chunks: 20,
+        rate: None,
+    };
+
     #[test]
     fn the_same_prompt_gives_the_same_seed() {
-        assert_eq!(seed_of(&prompt(3, 1)), seed_of(&prompt(3, 1)));
-        assert_ne!(seed_of(&prompt(3, 1)), seed_of(&prompt(3, 2)));
-        assert_ne!(seed_of(&prompt(1, 3)), seed_of(&prompt(3, 1)));
+        assert_eq!(seed_of(&prompt(3, 1, PLAN)), seed_of(&prompt(3, 1, PLAN)));
+        assert_ne!(seed_of(&prompt(3, 1, PLAN)), seed_of(&prompt(3, 2, PLAN)));
+        assert_ne!(seed_of(&prompt(1, 3, PLAN)), seed_of(&prompt(3, 1, PLAN)));
+    }
+
+    #[test]
+    fn the_prompt_carries_the_loop_plan() {
+        let paced = LoopPlan {
+            chunks: 7,
+            rate: Some(1000),
+        };
+        for plan in [PLAN, paced] {
+            let ask = prompt(12, 3, plan);
+            assert_eq!(loop_plan(&ask), Some(plan));
+            let request: serde_json::Value = serde_json::from_slice(&ask).expect("JSON");
+            assert!(request["prompt"].is_string());
+        }
+        for bad in [
+            &b""[..],
+            b"{\"prompt\":\"hello\"}",
+            b"{\"prompt\":\"bench:1:2:x:0\"}",
+        ] {
+            assert_eq!(loop_plan(bad), None);
+        }
     }
 
     #[test]

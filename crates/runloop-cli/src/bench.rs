@@ -1,41 +1,74 @@
-//! `runloop bench`: the relay measured against a raw WebSocket forwarder,
-//! in one run, over real loopback sockets.
+//! `runloop bench`: the relay measured against a batching WebSocket
+//! forwarder and against a direct read, in one run, over real loopback
+//! sockets.
 //!
-//! The program in the middle runs as a child process — this binary again,
+//! The programs in the middle run as child processes — this binary again,
 //! as `runloop serve` for the relay and as the hidden `__forward` for the
-//! baseline — so its peak memory is its own. The figures that matter are
-//! the ratios, printed last; `--json` prints them as one JSON object on the
-//! last line. The command exits 0 when every loop on both sides finished
-//! with every chunk in order, and 5 (broken) otherwise.
+//! baseline — so their memory and CPU time are their own. The figures that
+//! matter are the ratios, printed last, one line each; `--json` prints
+//! everything as one JSON object on the last line. The command exits 0 when
+//! every loop on every side finished with every chunk in order, and 5
+//! (broken) otherwise. A debug build measures the optimiser's absence, so
+//! it says so on stderr.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use runloop_bench::{Mix, Params, SlowParams, Spawn};
+use runloop::limits::Limits;
+use runloop::server::DEFAULT_MAX_CONNECTIONS;
+use runloop_bench::{Load, Mix, Params, SlowParams, Spawn};
 use tokio::process::Command;
 
 use crate::exit::{Exit, Failure};
 use crate::process::{block_on, init_logs};
 use crate::serve::bytes;
 
+/// What `runloop bench --help` says after the flags: the JSON's ratios.
+const JSON_KEYS: &str = "\
+The JSON's ratios (relay over the other side; null when a side was left out):
+  relay_ratio                          throughput, relay / batching forwarder
+  relay_cpu_per_chunk_ratio            CPU time per chunk, server / forwarder
+  relay_vs_direct                      throughput, relay / direct read (the ceiling)
+  latency_p50_ratio                    median latency at saturation (queue depth)
+  relay_paced_latency_p50_ratio        median latency at a fixed rate, end to end
+  relay_paced_added_latency_p50_ratio  the same, each less the direct read's median
+Ratios are medians of per-round ratios; *_range holds the lowest and highest
+round. Each side's figures are under relay, baseline, direct and paced.";
+
 /// Arguments of `runloop bench`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = JSON_KEYS)]
 pub struct Args {
-    /// Concurrent loops, each on its own connection.
+    /// Concurrent loops.
     #[arg(long, default_value_t = 1)]
     pub loops: usize,
+    /// Connections the relay's loops share, one run per loop on them
+    /// (default: one per loop). The forwarder and direct sides need one
+    /// path per loop; a side whose sockets exceed the descriptor limit is
+    /// left out.
+    #[arg(long)]
+    pub connections: Option<usize>,
     /// Chunks per loop.
     #[arg(long, default_value_t = 2000)]
     pub chunks: u64,
     /// Chunk sizes: MIN-MAX:WEIGHT[,…] in bytes (K/M suffixes).
     #[arg(long, default_value_t = Mix::default())]
     pub mix: Mix,
-    /// Each side repeats its loops until this many seconds have passed
-    /// (0: one round).
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds each side runs in each round, repeating its loops
+    /// (0: one round of loops).
+    #[arg(long, default_value_t = 1.0)]
     pub duration: f64,
+    /// Rounds per phase; the sides take turns, in an order reversed each
+    /// round.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+    /// Chunks per second per loop in the paced (latency) phase, which
+    /// follows the saturated one; its loops last --duration. 0: no paced
+    /// phase.
+    #[arg(long, default_value_t = 1000)]
+    pub pace: u64,
     /// Print the figures as one JSON object on the last line.
     #[arg(long)]
     pub json: bool,
@@ -69,12 +102,20 @@ pub struct ForwardArgs {
 struct ThisBinary(PathBuf);
 
 impl Spawn for ThisBinary {
-    fn server(&self, listen: SocketAddr, proxy: &str, token: &str) -> Command {
+    fn server(&self, listen: SocketAddr, proxy: &str, token: &str, load: Load) -> Command {
         let mut command = Command::new(&self.0);
         command
             .args(["serve", "--listen", &listen.to_string(), "--token", token])
             .args(["--agent", &format!("bench=proxy:{proxy}")])
             .env("RUST_LOG", "warn");
+        // Defaults stay defaults; only a load past them raises a limit.
+        if load.runs_per_connection > Limits::default().max_scopes {
+            command.args(["--max-scopes", &load.runs_per_connection.to_string()]);
+        }
+        // One more for the bench's probe while the server starts.
+        if load.connections >= DEFAULT_MAX_CONNECTIONS {
+            command.args(["--max-connections", &(load.connections + 1).to_string()]);
+        }
         command
     }
 
@@ -95,6 +136,14 @@ impl Args {
     /// Runs the measurement and prints its figures.
     pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let _logs = init_logs("warn");
+        if cfg!(debug_assertions) {
+            // Not `eprintln!`: a closed stderr must not panic the command.
+            let _ = writeln!(
+                std::io::stderr(),
+                "warning: this runloop is a debug build, so its figures measure the missing \
+                 optimiser; build with `cargo build --release -p runloop-cli` to measure"
+            );
+        }
         let exe = std::env::current_exe().map_err(Failure::Runtime)?;
         let spawn = ThisBinary(exe);
         let duration = Duration::try_from_secs_f64(self.duration)
@@ -116,11 +165,15 @@ impl Args {
                 Exit::Broken
             });
         }
+        let loops = self.loops.max(1);
         let params = Params {
-            loops: self.loops.max(1),
+            loops,
+            connections: self.connections.unwrap_or(loops),
             chunks: self.chunks.max(1),
             mix: self.mix.clone(),
             duration,
+            rounds: self.rounds.max(1),
+            pace: (self.pace > 0).then_some(self.pace),
         };
         let report = block_on(runloop_bench::compare(&params, &spawn))?.map_err(Failure::Bench)?;
         self.print(out, &report)?;

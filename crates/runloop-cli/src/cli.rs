@@ -41,7 +41,7 @@ pub enum Command {
     Schema(schema::Args),
     /// Probe a provider server, case by case, against what docs/protocol.md requires of it.
     Check(check::Args),
-    /// Measure the relay against a raw WebSocket forwarder.
+    /// Measure the relay against a batching WebSocket forwarder and a direct read.
     Bench(bench::Args),
     /// The bench's baseline forwarder (run by `runloop bench` itself).
     #[command(name = "__forward", hide = true)]

@@ -43,14 +43,13 @@ pub struct Args {
     /// with the built-in demo agent runs on a loopback port.
     #[arg(long)]
     pub url: Option<String>,
-    /// The credential.
-    #[arg(
-        long,
-        env = "RUNLOOP_TOKEN",
-        hide_env_values = true,
-        default_value = ""
-    )]
-    pub token: String,
+    /// The credential. Every local user can read it in /proc/PID/cmdline:
+    /// prefer --token-file or RUNLOOP_TOKEN (the default; empty if unset).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// A file holding the credential (one line).
+    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    pub token_file: Option<std::path::PathBuf>,
     /// The server image to run: NAME or NAME@DIGEST. Without a digest,
     /// sha256:0…0 is sent, which unpinned catalog entries accept.
     #[arg(long, default_value = "demo", value_parser = image)]
@@ -134,6 +133,10 @@ impl Args {
 
     /// Runs one loop and renders it to stdout.
     pub fn execute(&self) -> Result<Exit, Failure> {
+        let token = crate::token::client(self.token.as_deref(), self.token_file.as_deref())?;
+        if self.token.is_some() {
+            crate::token::warn_command_line();
+        }
         let request = self.request()?;
         let prompt = self.prompt()?;
         let capture = self.capture.as_ref().map(Capture::create).transpose()?;
@@ -148,7 +151,7 @@ impl Args {
         let stdout = io::stdout();
         let mut render = Render::new(anstream::AutoStream::auto(stdout.lock()), format);
         let tap = capture.as_ref().map(Capture::tap);
-        let outcome = block_on(self.connect_and_run(request, prompt, tap, &mut render))??;
+        let outcome = block_on(self.connect_and_run(&token, request, prompt, tap, &mut render))??;
         if let Some(capture) = capture {
             capture.finish()?;
         }
@@ -162,6 +165,7 @@ impl Args {
     /// server, whatever the loop did.
     async fn connect_and_run(
         &self,
+        token: &str,
         request: RunRequest,
         prompt: String,
         tap: Option<runloop::client::Tap>,
@@ -180,7 +184,7 @@ impl Args {
             tap,
             ..ClientConfig::default()
         };
-        let client = Client::connect_with(&url, &self.token, config)
+        let client = Client::connect_with(&url, token, config)
             .await
             .map_err(|source| Failure::Connect {
                 url: url.clone(),

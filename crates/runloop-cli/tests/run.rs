@@ -280,6 +280,33 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
         .args(["run", "--json", "--url", &server.url, "through exec"])
         .output()
         .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "a disk it cannot hold: {output:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(
+            "cannot be held for an exec agent program (a host process writes wherever its user \
+             may); this server refuses exec runs until its operator accepts that (runloop serve \
+             --exec-disk unenforced)"
+        ),
+        "{output:?}"
+    );
+    drop(server);
+    let server = Running::start(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--exec-disk",
+        "unenforced",
+        "--agent",
+        &exec,
+    ]);
+    let output = runloop()
+        .args(["run", "--json", "--url", &server.url, "through exec"])
+        .output()
+        .expect("runs");
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     drop(server);
 
@@ -298,38 +325,104 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
     assert_eq!(agent.terminate(), Some(0));
 }
 
-#[test]
-fn bench_smoke_prints_its_figures_as_json() {
+/// Runs `runloop bench ARGS --json`, which must exit 0, and returns its
+/// output, its stdout and the JSON object on its last line.
+fn bench(args: &[&str]) -> (std::process::Output, String, Value) {
     let output = runloop()
-        .args([
-            "bench",
-            "--loops",
-            "2",
-            "--chunks",
-            "50",
-            "--duration",
-            "0",
-            "--json",
-        ])
+        .arg("bench")
+        .args(args)
+        .arg("--json")
         .output()
         .expect("runs");
     assert_eq!(output.status.code(), Some(0), "{output:?}");
-    let text = String::from_utf8_lossy(&output.stdout);
-    let last: Value =
-        serde_json::from_str(text.lines().last().expect("a JSON line")).expect("JSON");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let last = serde_json::from_str(text.lines().last().expect("a JSON line")).expect("JSON");
+    (output, text, last)
+}
+
+#[test]
+fn bench_smoke_prints_its_figures_as_json() {
+    let args = [
+        "--loops",
+        "2",
+        "--chunks",
+        "50",
+        "--duration",
+        "0",
+        "--rounds",
+        "2",
+    ];
+    let (output, text, last) = bench(&args);
     for key in [
         "relay_ratio",
         "latency_p50_ratio",
         "relay_chunks_per_s",
         "baseline_chunks_per_s",
         "server_peak_rss_mib",
+        "relay_vs_direct",
+        "relay_paced_latency_p50_ratio",
     ] {
         assert!(
             last[key].as_f64().is_some_and(|v| v > 0.0),
             "{key} in {last}"
         );
     }
-    assert_eq!(last["relay"]["chunks"], 100);
-    assert_eq!(last["baseline"]["chunks"], 100);
+    // Two loops of 50 chunks, once per round, on every side and in both phases.
+    for side in [&last, &last["paced"]] {
+        for name in ["relay", "baseline", "direct"] {
+            assert_eq!(side[name]["chunks"], 200, "{name} in {side}");
+            assert_eq!(side[name]["disorder"], 0, "{name} in {side}");
+            assert_eq!(side[name]["failed_loops"], 0, "{name} in {side}");
+        }
+    }
+    // Rounds this short use too few clock ticks of CPU time to be a figure
+    // (a unit test of runloop-bench measures a busy process): null, or a
+    // time.
+    for cpu in [
+        &last["relay_cpu_per_chunk_ratio"],
+        &last["relay"]["cpu_us_per_chunk"],
+        &last["baseline"]["cpu_us_per_chunk"],
+    ] {
+        assert!(
+            cpu.is_null() || cpu.as_f64().is_some_and(|v| v > 0.0),
+            "{last}"
+        );
+    }
+    assert!(last.get("relay_cpu_per_chunk_ratio").is_some(), "{last}");
+    assert!(last["direct"]["cpu_us_per_chunk"].is_null(), "{last}");
+    // One explanation per ratio, after the table.
+    for line in [
+        "relay/baseline throughput",
+        "relay/baseline CPU per chunk",
+        "relay/direct throughput",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+    let warned = String::from_utf8_lossy(&output.stderr).contains("debug build");
+    assert_eq!(warned, cfg!(debug_assertions), "{output:?}");
+    assert_eq!(last["debug_build"], cfg!(debug_assertions));
+}
+
+#[test]
+fn bench_shares_connections_among_loops_and_checks_every_chunk() {
+    let (_, _, last) = bench(&[
+        "--loops",
+        "40",
+        "--connections",
+        "4",
+        "--chunks",
+        "20",
+        "--duration",
+        "0",
+        "--rounds",
+        "1",
+        "--pace",
+        "0",
+    ]);
+    assert_eq!(last["connections"], 4);
+    assert_eq!(last["relay"]["loops"], 40);
+    assert_eq!(last["relay"]["chunks"], 800);
     assert_eq!(last["relay"]["disorder"], 0);
+    assert!(last["paced"].is_null(), "--pace 0: no paced phase: {last}");
+    assert!(last["relay_paced_latency_p50_ratio"].is_null(), "{last}");
 }

@@ -15,7 +15,8 @@
 mod attach;
 mod builtin;
 mod catalog;
-mod exec;
+pub mod cgroup;
+pub mod exec;
 pub mod output;
 
 use std::fmt;
@@ -28,7 +29,7 @@ use runloop_proto::ErrorKind;
 pub use attach::Attach;
 pub use builtin::Builtin;
 pub use catalog::{AgentSpec, Catalog, CatalogError, RuntimeSpec, SpecError};
-pub use exec::{Exec, ExecContainer};
+pub use exec::{Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
