@@ -10,20 +10,24 @@ use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use futures_util::StreamExt;
 use runloop::client::{Client, ClientConfig, Event};
 use runloop::runtime::Catalog;
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::agents_run::{
-    Container, Image, ImageRef, RegistryImage, RunRequest, is_valid_digest, is_valid_name,
+    Container, DIGEST_RULE, Image, ImageRef, RegistryImage, RunRequest, is_valid_digest,
+    is_valid_name,
 };
 use runloop_proto::capture::{Direction, Line};
 use runloop_proto::frame::{HEADER_LEN, Role};
 use runloop_proto::run_loop::{Broken, Outcome};
 use serde_json::value::RawValue;
 
+use crate::dial::{DialError, check_url};
 use crate::exit::{Exit, Failure};
+use crate::notes::{DRAIN, Note, Notes};
 use crate::process::{block_on, init_logs, shutdown_signal};
 use crate::render::{Format, Render};
 use crate::serve::bytes;
@@ -40,7 +44,7 @@ pub struct Args {
     pub prompt: Option<String>,
     /// The provider server (ws://HOST:PORT). Without it, an embedded server
     /// with the built-in demo agent runs on a loopback port.
-    #[arg(long)]
+    #[arg(long, env = "RUNLOOP_URL")]
     pub url: Option<String>,
     /// The credential.
     #[arg(
@@ -85,7 +89,9 @@ pub fn image(text: &str) -> Result<ImageRef, String> {
         ));
     }
     if !is_valid_digest(digest) {
-        return Err(format!("{digest:?} is not a digest (<algorithm>:<hex>)"));
+        return Err(format!(
+            "{digest:?} is not a digest runloop takes: a digest is {DIGEST_RULE}"
+        ));
     }
     Ok(ImageRef {
         name: name.to_owned(),
@@ -133,6 +139,9 @@ impl Args {
 
     /// Runs one loop and renders it to stdout.
     pub fn run(&self) -> Result<Exit, Failure> {
+        if let Some(url) = &self.url {
+            check_url(url).map_err(Failure::Dial)?;
+        }
         let request = self.request()?;
         let prompt = self.prompt()?;
         let capture = self.capture.as_ref().map(Capture::create).transpose()?;
@@ -142,10 +151,12 @@ impl Args {
         let format = if self.json {
             Format::Json
         } else {
-            Format::Text
+            Format::Pretty
         };
         let stdout = io::stdout();
         let mut render = Render::new(anstream::AutoStream::auto(stdout.lock()), format);
+        let notes = Notes::new(io::stderr());
+        let note = notes.note();
         let outcome = block_on(async {
             let embedded = match &self.url {
                 Some(_) => None,
@@ -168,11 +179,8 @@ impl Args {
             };
             let client = Client::connect_with(&url, &self.token, config)
                 .await
-                .map_err(|source| Failure::Connect {
-                    url: url.clone(),
-                    source: source.into(),
-                })?;
-            let outcome = run_on(&client, request, prompt, &mut render).await;
+                .map_err(|error| Failure::Dial(DialError::client(&url, error)))?;
+            let outcome = run_on(&client, request, prompt, &mut render, note).await;
             // Done, whatever happened (a refused run, a reader that went
             // away): close with a handshake, so that the server does not see
             // a connection that broke (protocol §12 "Clean ends").
@@ -182,7 +190,9 @@ impl Args {
                 let _ = serving.await;
             }
             outcome
-        })??;
+        });
+        notes.finish(DRAIN);
+        let outcome = outcome??;
         if let Some(capture) = capture {
             capture.finish()?;
         }
@@ -197,6 +207,7 @@ async fn run_on(
     request: RunRequest,
     prompt: String,
     render: &mut Render<impl Write>,
+    note: Note,
 ) -> Result<Outcome, Failure> {
     let run = client.run(request).await.map_err(Failure::Run)?;
     let mut run_loop = run.run_loop(prompt);
@@ -216,10 +227,12 @@ async fn run_on(
             Some(Event::Chunk { chunk, json }) => render.chunk_with_json(chunk, &json),
             Some(Event::Error(error)) => render.error(&error),
             Some(Event::End(outcome)) => {
-                break render
-                    .outcome(&outcome)
-                    .map(|()| outcome)
-                    .map_err(Failure::from);
+                // Styled as stderr takes them, then queued as one note.
+                let choice = anstream::AutoStream::choice(&io::stderr());
+                let mut notes = anstream::AutoStream::new(Vec::new(), choice);
+                let rendered = render.outcome(&outcome, Some(&mut notes));
+                note.line(notes.into_inner());
+                break rendered.map(|()| outcome).map_err(Failure::from);
             }
             None => break Ok(Outcome::Broken(Broken::ConnectionEnded)),
         };
@@ -243,22 +256,29 @@ struct Capture {
 #[derive(Debug)]
 struct CaptureFile {
     out: BufWriter<File>,
+    /// When the file was made: each line's time counts from it.
+    start: Instant,
     /// The first write error; the capture stops there.
     failed: Option<io::Error>,
 }
 
 impl Capture {
     fn create(path: &PathBuf) -> Result<Capture, Failure> {
-        let file = File::create(path).map_err(|source| Failure::Input {
-            name: path.display().to_string(),
+        let file = File::create(path).map_err(|source| Failure::Capture {
+            path: path.display().to_string(),
             source,
         })?;
         let mut out = BufWriter::new(file);
-        let header = "# runloop capture: '>' client to server, '<' server to client\n";
+        let header = "# runloop capture: +seconds since the start, '>' client to server, \
+                      '<' server to client, the message in hex\n";
         let failed = out.write_all(header.as_bytes()).err();
         Ok(Capture {
             path: path.clone(),
-            file: Arc::new(Mutex::new(CaptureFile { out, failed })),
+            file: Arc::new(Mutex::new(CaptureFile {
+                out,
+                start: Instant::now(),
+                failed,
+            })),
         })
     }
 
@@ -282,7 +302,8 @@ impl Capture {
                 ),
                 _ => (message, ""),
             };
-            let written = writeln!(file.out, "{note}{}", Line::new(direction, message));
+            let line = Line::new(direction, message).at(file.start.elapsed());
+            let written = writeln!(file.out, "{note}{line}");
             if let Err(error) = written {
                 file.failed = Some(error);
             }
@@ -322,5 +343,10 @@ mod tests {
         assert_eq!(image(&pinned).map(|i| i.name), Ok("agents/x".into()));
         assert!(image("Demo").is_err());
         assert!(image("demo@md5").is_err());
+        let md5 = image(&format!("demo@md5:{}", "0".repeat(32))).expect_err("md5 is refused");
+        assert!(
+            md5.ends_with("a digest is sha256: followed by 64 lowercase hex digits"),
+            "{md5}"
+        );
     }
 }
