@@ -13,6 +13,8 @@
 //! cli      the argument types, one subcommand per module
 //! run      one loop, end to end, rendered as it streams
 //! serve    the provider server and its catalog
+//! descriptors  the server's RLIMIT_NOFILE, raised, and its limits checked against it
+//! token    credentials from a file or the environment, never needed on the command line
 //! proxy    the proxy on its own
 //! agent    the demo agent program on its own
 //! bench    the relay against a raw forwarder (and the hidden forwarder)
@@ -37,6 +39,7 @@ pub mod check;
 pub mod cli;
 pub mod completions;
 pub mod decode;
+pub mod descriptors;
 pub mod dial;
 pub mod exit;
 pub mod frames;
@@ -50,6 +53,7 @@ pub mod run;
 pub mod schema;
 pub mod seconds;
 pub mod serve;
+pub mod token;
 pub mod verbose;
 
 use std::ffi::OsString;

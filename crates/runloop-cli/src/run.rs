@@ -46,14 +46,13 @@ pub struct Args {
     /// with the built-in demo agent runs on a loopback port.
     #[arg(long, env = "RUNLOOP_URL")]
     pub url: Option<String>,
-    /// The credential.
-    #[arg(
-        long,
-        env = "RUNLOOP_TOKEN",
-        hide_env_values = true,
-        default_value = ""
-    )]
-    pub token: String,
+    /// The credential. Every local user can read it in /proc/PID/cmdline:
+    /// prefer --token-file or RUNLOOP_TOKEN (the default; empty if unset).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// A file holding the credential (one line).
+    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    pub token_file: Option<std::path::PathBuf>,
     /// The server image to run: NAME or NAME@DIGEST. Without a digest,
     /// sha256:0…0 is sent, which unpinned catalog entries accept.
     #[arg(long, default_value = "demo", value_parser = image)]
@@ -142,6 +141,10 @@ impl Args {
         if let Some(url) = &self.url {
             check_url(url).map_err(Failure::Dial)?;
         }
+        let token = crate::token::client(self.token.as_deref(), self.token_file.as_deref())?;
+        if self.token.is_some() {
+            crate::token::warn_command_line();
+        }
         let request = self.request()?;
         let prompt = self.prompt()?;
         let capture = self.capture.as_ref().map(Capture::create).transpose()?;
@@ -177,7 +180,7 @@ impl Args {
                 tap: capture.as_ref().map(Capture::tap),
                 ..ClientConfig::default()
             };
-            let client = Client::connect_with(&url, &self.token, config)
+            let client = Client::connect_with(&url, &token, config)
                 .await
                 .map_err(|error| Failure::Dial(DialError::client(&url, error)))?;
             let outcome = run_on(&client, request, prompt, &mut render, note).await;

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runloop::proxy::Proxy;
-use runloop::runtime::output::log_lines;
+use runloop::runtime::output::log_output;
 use runloop::runtime::{BoxFuture, Container, Limits, Runtime, StartError};
 use tokio::net::TcpStream;
 use tokio::process::Child;
@@ -199,26 +199,7 @@ impl Started {
     async fn ready(mut self) -> Result<OciContainer, StartError> {
         let pid = self.child.id().unwrap_or_default();
         let program: Arc<str> = Arc::from(runc::id(&self.key));
-        for (pipe, stream) in [
-            (
-                self.child
-                    .stdout
-                    .take()
-                    .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-                "stdout",
-            ),
-            (
-                self.child
-                    .stderr
-                    .take()
-                    .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-                "stderr",
-            ),
-        ] {
-            if let Some(pipe) = pipe {
-                tokio::spawn(log_lines(pipe, Arc::clone(&program), pid, stream));
-            }
-        }
+        log_output(&mut self.child, program, pid, self.host.config().output);
         let timeout = self.host.config().startup_timeout;
         let watch = Arc::new(Memory {
             host: Arc::clone(&self.host),
@@ -283,7 +264,10 @@ struct Memory {
 
 impl Watch for Memory {
     fn out_of_memory(&self) -> bool {
-        self.host.cgroups().oom_kills(&self.id).unwrap_or(0) > 0
+        cgroup::Cgroup::new(self.host.cgroups(), &self.id)
+            .oom_kills()
+            .unwrap_or(0)
+            > 0
     }
 
     fn end_for_memory(&self) {
@@ -369,7 +353,7 @@ async fn supervise(
 
 /// Why a container that ended by itself ended, OOM kills first.
 fn ended_by_itself(host: &Host, id: &str, status: io::Result<ExitStatus>) -> String {
-    match host.cgroups().oom_kills(id) {
+    match cgroup::Cgroup::new(host.cgroups(), id).oom_kills() {
         Some(kills) if kills > 0 => format!(
             "the container ran out of memory: the kernel killed {kills} of its processes at its memory limit ({})",
             describe(status)
@@ -399,7 +383,7 @@ pub async fn teardown(host: &Host, key: &str) {
     if let Err(error) = host.runc().delete(&id).await {
         warn!(%id, %error, "cannot delete the container");
     }
-    for dir in host.cgroups().leftovers(&cgroup::path(&id)) {
+    for dir in cgroup::Cgroup::new(host.cgroups(), &cgroup::path(&id)).leftovers() {
         if let Err(error) = std::fs::remove_dir(&dir) {
             warn!(%id, dir = %dir.display(), %error, "cannot remove the container's cgroup");
         }

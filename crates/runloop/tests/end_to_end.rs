@@ -115,7 +115,10 @@ async fn a_refused_registration_refuses_the_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_agent_program_runs_behind_the_server_and_is_reaped() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sse_agent.py");
-    let mut catalog = Catalog::new();
+    let mut catalog = Catalog::new().with_exec(runloop::runtime::ExecConfig {
+        disk: runloop::runtime::DiskPolicy::Unenforced,
+        ..Default::default()
+    });
     catalog
         .add(
             format!("demo=exec:python3 {fixture}")

@@ -291,7 +291,10 @@ async fn endless_pid(run_loop: &mut RunLoop, chunks: usize) -> u32 {
 }
 
 fn exec_catalog(fixture_name: &str) -> Catalog {
-    let mut catalog = Catalog::new();
+    let mut catalog = Catalog::new().with_exec(runloop::runtime::ExecConfig {
+        disk: runloop::runtime::DiskPolicy::Unenforced,
+        ..Default::default()
+    });
     catalog
         .add(
             format!("demo=exec:python3 {}", fixture(fixture_name))

@@ -70,7 +70,7 @@ pub(super) struct Ctx {
 }
 
 impl Ctx {
-    pub(super) fn new(args: &Args) -> Ctx {
+    pub(super) fn new(args: &Args, token: String) -> Ctx {
         let container = Container::new(Image::Server(args.image.clone()), MEMORY, DISK);
         let request = RunRequest::new(container, args.agent.clone());
         let mut with_mount = request.clone();
@@ -83,7 +83,7 @@ impl Ctx {
             ChannelRequest::RunLoop(RunLoopRequest::new(args.prompt.clone())).to_vec();
         Ctx {
             url: args.url.clone(),
-            token: args.token.clone(),
+            token,
             run_request: endpoint_payload(&request),
             mount_request: endpoint_payload(&with_mount),
             request,

@@ -45,16 +45,14 @@ pub struct Args {
     /// The provider server to check (`ws://host:port`).
     #[arg(long, env = "RUNLOOP_URL", default_value = "ws://127.0.0.1:7878")]
     pub url: String,
-    /// The credential to authorize with.
-    #[arg(
-        long,
-        value_name = "T",
-        env = "RUNLOOP_TOKEN",
-        default_value = "",
-        hide_env_values = true,
-        hide_default_value = true
-    )]
-    pub token: String,
+    /// The credential to authorize with. Every local user can read it in
+    /// /proc/PID/cmdline: prefer --token-file or RUNLOOP_TOKEN (the
+    /// default; empty if unset).
+    #[arg(long, value_name = "T")]
+    pub token: Option<String>,
+    /// A file holding the credential (one line).
+    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    pub token_file: Option<std::path::PathBuf>,
     /// The `server` image to run, `NAME[@DIGEST]`; without a digest,
     /// `sha256:` and 64 zeros is sent.
     #[arg(long, value_name = "NAME[@DIGEST]", default_value = "demo", value_parser = crate::run::image)]
@@ -165,6 +163,10 @@ impl Args {
     }
 
     async fn check(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+        let token = crate::token::client(self.token.as_deref(), self.token_file.as_deref())?;
+        if self.token.is_some() {
+            crate::token::warn_command_line();
+        }
         // A server that cannot be reached at all is not a failing case: the
         // check itself could not run.
         check_url(&self.url).map_err(Failure::Dial)?;
@@ -172,7 +174,7 @@ impl Args {
             Ok(wire) => wire.close().await,
             Err(error) => return Err(Failure::Dial(error)),
         }
-        let mut ctx = Ctx::new(self);
+        let mut ctx = Ctx::new(self, token);
         let mut report = Report::new(out, self.json);
         let cases: Vec<&cases::Case> = cases::CASES
             .iter()

@@ -15,7 +15,8 @@
 mod attach;
 mod builtin;
 mod catalog;
-mod exec;
+pub mod cgroup;
+pub mod exec;
 pub mod output;
 
 use std::fmt;
@@ -26,7 +27,7 @@ use std::sync::Arc;
 pub use attach::Attach;
 pub use builtin::Builtin;
 pub use catalog::{AgentSpec, Catalog, Refusal, RuntimeSpec, SpecError};
-pub use exec::{Exec, ExecContainer};
+pub use exec::{Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
