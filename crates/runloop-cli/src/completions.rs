@@ -55,7 +55,7 @@ impl From<Target> for Shell {
 
 impl Args {
     /// Prints the script to `out`.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let mut command = Cli::command();
         command.set_bin_name("runloop");
         command.build();

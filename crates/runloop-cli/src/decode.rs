@@ -97,7 +97,7 @@ pub const HELD: usize = 64;
 
 impl Args {
     /// Reads the input and prints what it carried to `out`.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let input = Input::open(self.file.as_ref())?;
         let mut view = if self.render {
             View::Render {

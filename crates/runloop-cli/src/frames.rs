@@ -35,7 +35,7 @@ use runloop_proto::capture::Direction;
 use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{ClientFrame, Role, ServerFrame};
-use runloop_proto::run_loop::{Tag, frame::tag};
+use runloop_proto::run_loop::{Tag, response::tag};
 
 /// What one message is.
 #[derive(Debug, Clone, PartialEq, Eq)]

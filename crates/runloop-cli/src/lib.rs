@@ -82,7 +82,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> Exit {
             };
         }
     };
-    match cli.command.run() {
+    match cli.command.execute() {
         Ok(exit) => exit,
         Err(failure) if failure.is_broken_pipe() => Exit::Failed,
         Err(failure) => {

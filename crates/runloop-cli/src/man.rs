@@ -35,7 +35,7 @@ pub struct Args {
 
 impl Args {
     /// Prints the page to `out`, or writes every page to `--dir`.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let command = Cli::command();
         if let Some(dir) = &self.dir {
             clap_mangen::generate_to(command, dir).map_err(|source| Failure::Write {

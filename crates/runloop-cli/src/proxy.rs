@@ -6,7 +6,6 @@ use std::io::Write;
 use std::net::SocketAddr;
 
 use runloop::proxy::{DEFAULT_LISTEN, Proxy};
-use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::exit::{Exit, Failure};
@@ -25,7 +24,7 @@ pub struct Args {
 
 impl Args {
     /// Proxies until Ctrl-C or SIGTERM.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let _logs = init_logs("info");
         let port = self
             .agent_port
@@ -39,15 +38,13 @@ impl Args {
                         addr: self.listen.to_string(),
                         source,
                     })?;
-            let addr = proxy.local_addr().map_err(Failure::Runtime)?;
-            writeln!(out, "ws://{addr}")?;
+            let (proxy, serving) = proxy.spawn();
+            writeln!(out, "{}", proxy.url())?;
             out.flush()?;
-            info!(%addr, %agent, "proxying");
-            let shutdown = CancellationToken::new();
-            let running = tokio::spawn(proxy.run(shutdown.clone()));
+            info!(addr = %proxy.local_addr(), %agent, "proxying");
             shutdown_signal().await;
-            shutdown.cancel();
-            let _ = running.await;
+            proxy.shutdown();
+            let _ = serving.await;
             Ok(Exit::Success)
         })?
     }

@@ -47,7 +47,7 @@ use std::io::{self, Write};
 
 use anstyle::{AnsiColor, Style};
 use rmcp::model::{ContentBlock, ResourceContents};
-use runloop_proto::Error;
+use runloop_proto::ErrorValue;
 use runloop_proto::run_loop::{
     AgenticLoopChunk, MediaChunk, NotificationChunk, Outcome, Step, ToolCallChunk,
     ToolResponseChunk, Transcript, UsageCounts,
@@ -101,7 +101,7 @@ pub struct Render<W> {
     /// Tool calls (transcript indices) not shown yet, in the order they came.
     pending: Vec<usize>,
     /// The loop's error, for the transcript's document.
-    error: Option<Error>,
+    error: Option<ErrorValue>,
 }
 
 impl<W: Write> Render<W> {
@@ -245,7 +245,7 @@ impl<W: Write> Render<W> {
 
     /// The loop's error: there was no loop, or it did not finish. JSON
     /// lines print it as a line; for a person it is in the ending.
-    pub fn error(&mut self, error: &Error) -> io::Result<()> {
+    pub fn error(&mut self, error: &ErrorValue) -> io::Result<()> {
         match self.format {
             Format::Json => {
                 let json = serde_json::to_vec(error).map_err(io::Error::other)?;
@@ -655,7 +655,7 @@ Done\u{fffd}[31m!
         assert_eq!(chunks[0]["text"], "The user wants the file.");
         assert_eq!(chunks[2]["arguments"], "{\"path\":\"a.rs\"}");
 
-        let down = Error::new(json!({"kind": "agent", "error": "down"}));
+        let down = ErrorValue::new(json!({"kind": "agent", "error": "down"}));
         let shown = render(
             Format::Transcript,
             ColorChoice::Never,
@@ -709,7 +709,7 @@ Done\u{fffd}[31m!
 
     #[test]
     fn an_unfinished_loop_in_every_format() {
-        let down = Error::new(json!({"kind": "agent", "error": "down"}));
+        let down = ErrorValue::new(json!({"kind": "agent", "error": "down"}));
         let steps = || vec![Step::Chunk(text("Hel")), Step::Error(down.clone())];
         let outcome = Outcome::Unfinished(down.clone());
         assert_eq!(

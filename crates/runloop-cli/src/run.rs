@@ -15,15 +15,16 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use runloop::client::{Client, ClientConfig, Event};
 use runloop::runtime::Catalog;
-use runloop::server::{Credentials, Server, ServerConfig};
+use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::agents_run::{
     Container, DIGEST_RULE, Image, ImageRef, RegistryImage, RunRequest, is_valid_digest,
     is_valid_name,
 };
 use runloop_proto::capture::{Direction, Line};
-use runloop_proto::frame::{HEADER_LEN, Role};
+use runloop_proto::frame::{FrameType, HEADER_LEN, Role};
 use runloop_proto::run_loop::{Broken, Outcome};
 use serde_json::value::RawValue;
+use tokio::task::JoinHandle;
 
 use crate::dial::{DialError, check_url};
 use crate::exit::{Exit, Failure};
@@ -137,7 +138,7 @@ impl Args {
     }
 
     /// Runs one loop and renders it to stdout.
-    pub fn run(&self) -> Result<Exit, Failure> {
+    pub fn execute(&self) -> Result<Exit, Failure> {
         if let Some(url) = &self.url {
             check_url(url).map_err(Failure::Dial)?;
         }
@@ -159,41 +160,9 @@ impl Args {
         let stdout = io::stdout();
         let mut render = Render::new(anstream::AutoStream::auto(stdout.lock()), format);
         let notes = Notes::new(io::stderr());
-        let note = notes.note();
-        let outcome = block_on(async {
-            let embedded = match &self.url {
-                Some(_) => None,
-                None => {
-                    let config = ServerConfig::new(Credentials::Any, Catalog::demo());
-                    let server = Server::bind("127.0.0.1:0", config)
-                        .await
-                        .map_err(|error| Failure::bind("127.0.0.1:0", error))?;
-                    Some(server.spawn().map_err(Failure::Runtime)?)
-                }
-            };
-            let url = match (&self.url, &embedded) {
-                (Some(url), _) => url.clone(),
-                (None, Some((handle, _))) => handle.url(),
-                (None, None) => unreachable!("an embedded server is started when no URL is given"),
-            };
-            let config = ClientConfig {
-                tap: capture.as_ref().map(Capture::tap),
-                ..ClientConfig::default()
-            };
-            let client = Client::connect_with(&url, &token, config)
-                .await
-                .map_err(|error| Failure::Dial(DialError::client(&url, error)))?;
-            let outcome = run_on(&client, request, prompt, &mut render, note).await;
-            // Done, whatever happened (a refused run, a reader that went
-            // away): close with a handshake, so that the server does not see
-            // a connection that broke (protocol §12 "Clean ends").
-            client.close().await;
-            if let Some((handle, serving)) = embedded {
-                handle.shutdown();
-                let _ = serving.await;
-            }
-            outcome
-        });
+        let tap = capture.as_ref().map(Capture::tap);
+        let outcome =
+            block_on(self.connect_and_run(&token, request, prompt, tap, &mut render, notes.note()));
         notes.finish(DRAIN);
         let outcome = outcome??;
         if let Some(capture) = capture {
@@ -201,6 +170,57 @@ impl Args {
         }
         Ok(Exit::of(&outcome))
     }
+}
+
+impl Args {
+    /// Connects (to the embedded server, without `--url`), runs one loop
+    /// and renders it, then closes the connection and ends the embedded
+    /// server, whatever the loop did.
+    async fn connect_and_run(
+        &self,
+        token: &str,
+        request: RunRequest,
+        prompt: String,
+        tap: Option<runloop::client::Tap>,
+        render: &mut Render<impl Write>,
+        note: Note,
+    ) -> Result<Outcome, Failure> {
+        let embedded = match &self.url {
+            Some(_) => None,
+            None => Some(embedded_server().await?),
+        };
+        let url = match (&self.url, &embedded) {
+            (Some(url), _) => url.clone(),
+            (None, Some((handle, _))) => handle.url(),
+            (None, None) => unreachable!("an embedded server is started when no URL is given"),
+        };
+        let config = ClientConfig {
+            tap,
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(&url, token, config)
+            .await
+            .map_err(|error| Failure::Dial(DialError::client(&url, error)))?;
+        let outcome = run_on(&client, request, prompt, render, note).await;
+        // Done, whatever happened (a refused run, a reader that went
+        // away): close with a handshake, so that the server does not see
+        // a connection that broke (protocol §12 "Clean ends").
+        client.close().await;
+        if let Some((handle, serving)) = embedded {
+            handle.shutdown();
+            let _ = serving.await;
+        }
+        outcome
+    }
+}
+
+/// A server with the demo agent on a loopback port, serving.
+async fn embedded_server() -> Result<(ServerHandle, JoinHandle<()>), Failure> {
+    let config = ServerConfig::new(Credentials::Any, Catalog::demo());
+    let server = Server::bind("127.0.0.1:0", config)
+        .await
+        .map_err(|error| Failure::bind("127.0.0.1:0", error))?;
+    Ok(server.spawn())
 }
 
 /// Runs one loop on `client` and renders it; the run is stopped (and its
@@ -212,7 +232,7 @@ async fn run_on(
     render: &mut Render<impl Write>,
     note: Note,
 ) -> Result<Outcome, Failure> {
-    let run = client.run(request).await.map_err(Failure::Run)?;
+    let run = client.start(request).await.map_err(Failure::Run)?;
     let mut run_loop = run.run_loop(prompt);
     let mut interrupted = false;
     let outcome = loop {
@@ -285,7 +305,7 @@ impl Capture {
         })
     }
 
-    fn tap(&self) -> runloop::connection::Tap {
+    fn tap(&self) -> runloop::client::Tap {
         let file = Arc::clone(&self.file);
         Arc::new(move |sender: Role, message: &[u8]| {
             let direction = match sender {
@@ -298,12 +318,14 @@ impl Capture {
             }
             // An authorization frame is kept as its header and mode byte:
             // the credential stays out of the file.
-            let (message, note) = match message.first() {
-                Some(0) if message.len() > HEADER_LEN + 1 => (
+            let authorization = message.first() == Some(&(FrameType::Authorization as u8));
+            let (message, note) = if authorization && message.len() > HEADER_LEN + 1 {
+                (
                     &message[..HEADER_LEN + 1],
                     "# the credential is not recorded\n",
-                ),
-                _ => (message, ""),
+                )
+            } else {
+                (message, "")
             };
             let line = Line::new(direction, message).at(file.start.elapsed());
             let written = writeln!(file.out, "{note}{line}");

@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use runloop::connection::{Limit, Limits};
+use runloop::limits::{Limit, Limits};
 use runloop::runtime::output::OutputLimit;
 use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
 use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig};
@@ -340,7 +340,7 @@ impl Args {
     }
 
     /// Serves until Ctrl-C or SIGTERM.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let mut config = self.config()?;
         let descriptors = self.descriptors()?;
         let _logs = init_logs("info");
@@ -361,7 +361,7 @@ impl Args {
             let server = Server::bind(self.listen, config)
                 .await
                 .map_err(|error| Failure::bind(self.listen, error))?;
-            let (handle, mut serving) = server.spawn().map_err(Failure::Runtime)?;
+            let (handle, mut serving) = server.spawn();
             // The signal handlers are in place before the URL says the
             // server is up: a SIGTERM right after it still shuts down
             // gracefully (runs stopped, exec cgroups removed).

@@ -79,7 +79,7 @@ fn server_with_an_escaping_run(
     let server = serve(&agent);
     let client = runtime.block_on(async {
         let client = Client::connect(&server.url, "").await.expect("connects");
-        let run = client.run(request("esc")).await.expect("the run starts");
+        let run = client.start(request("esc")).await.expect("the run starts");
         // The run stays open: its handle goes, the connection stays.
         std::mem::forget(run);
         client
@@ -193,7 +193,10 @@ fn a_program_that_floods_its_output_fills_the_log_only_so_far() {
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(async {
         let client = Client::connect(&url, "").await.expect("connects");
-        let run = client.run(request("flood")).await.expect("the run starts");
+        let run = client
+            .start(request("flood"))
+            .await
+            .expect("the run starts");
         let outcome = run.run_loop("after the flood").outcome().await;
         assert_eq!(
             outcome,

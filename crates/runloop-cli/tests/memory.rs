@@ -60,7 +60,7 @@ fn prompt(size: usize, word: usize) -> String {
 /// One demo loop with `prompt`, to its end.
 async fn one_loop(url: &str, prompt: String) {
     let client = Client::connect(url, "").await.expect("connects");
-    let run = client.run(demo_request()).await.expect("the run starts");
+    let run = client.start(demo_request()).await.expect("the run starts");
     let outcome = run.run_loop(prompt).outcome().await;
     assert_eq!(outcome, Outcome::Finished { fatal: false });
     run.stop().await;

@@ -45,7 +45,7 @@ fn request(nonce: &str) -> RunRequest {
 }
 
 async fn one_run(client: Arc<Client>, nonce: String) -> Run {
-    let run = match client.run(request(&nonce)).await {
+    let run = match client.start(request(&nonce)).await {
         Ok(run) => run,
         Err(error) => {
             let error = error.to_string();
@@ -94,7 +94,7 @@ async fn concurrent_exec_starts_across_two_tokens_never_cross() {
         catalog,
     );
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
-    let (handle, _task) = server.spawn().expect("spawn");
+    let (handle, _task) = server.spawn();
 
     let mut own = 0;
     let mut crossed = Vec::new();

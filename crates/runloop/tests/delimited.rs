@@ -11,7 +11,7 @@ mod common;
 
 use common::{End, error_json, exchange, outcome, register};
 use runloop::proto::run_loop::{AgenticLoopChunk, Outcome};
-use runloop::runtime::{DiskPolicy, Exec, Limits};
+use runloop::runtime::{ContainerLimits, DiskPolicy, Exec};
 
 fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -23,7 +23,7 @@ async fn one_loop(mode: &str) -> (Vec<String>, Outcome, Option<String>) {
     let exec = Exec::new("python3", [fixture("framed_agent.py"), mode.to_owned()])
         .with_disk(DiskPolicy::Unenforced);
     let container = exec
-        .spawn(Limits {
+        .spawn(ContainerLimits {
             memory: 1 << 30,
             disk: 0,
         })

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use common::{End, Logs, error_json, exchange, outcome, reaped, register, wait_dead};
 use runloop::proto::run_loop::Outcome;
-use runloop::runtime::{Confinement, Container, DiskPolicy, Exec, ExecConfig, Limits, Runtime};
+use runloop::runtime::{
+    Confinement, Container, ContainerLimits, DiskPolicy, Exec, ExecConfig, Runtime,
+};
 
 const GIB: u64 = 1 << 30;
 
@@ -18,8 +20,8 @@ fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-fn limits(memory: u64) -> Limits {
-    Limits { memory, disk: 0 }
+fn limits(memory: u64) -> ContainerLimits {
+    ContainerLimits { memory, disk: 0 }
 }
 
 /// An exec runtime whose runs' `disk` is accepted unenforced.
@@ -296,7 +298,7 @@ async fn without_cgroups_the_memory_limit_is_rlimit_data() {
 async fn a_run_s_disk_is_refused_unless_the_operator_accepts_it_unenforced() {
     let refusing = Exec::new("python3", [fixture("sse_agent.py")]);
     let error = refusing
-        .start(Limits {
+        .start(ContainerLimits {
             memory: GIB,
             disk: 64 << 20,
         })
@@ -310,7 +312,7 @@ async fn a_run_s_disk_is_refused_unless_the_operator_accepts_it_unenforced() {
     );
     let accepting = refusing.with_disk(DiskPolicy::Unenforced);
     let container = accepting
-        .spawn(Limits {
+        .spawn(ContainerLimits {
             memory: GIB,
             disk: 64 << 20,
         })

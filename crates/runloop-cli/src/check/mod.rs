@@ -154,7 +154,7 @@ type Checked<T = Verdict> = Result<T, Verdict>;
 
 impl Args {
     /// Checks the server and prints the report to `out`.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -90,7 +90,10 @@ impl Agent for Demo {
         Box::pin(future::ready(answer))
     }
 
-    fn run(&self, request: RunLoopRequest<'static>) -> BoxFuture<'_, Result<ChunkStream, Refusal>> {
+    fn run_loop(
+        &self,
+        request: RunLoopRequest<'static>,
+    ) -> BoxFuture<'_, Result<ChunkStream, Refusal>> {
         Box::pin(future::ready(self.script(request.prompt())))
     }
 }
@@ -342,8 +345,8 @@ fn conversation(
     }
     drop(quoted);
     if plan == Plan::Break {
-        script.items.push(Err(Break(
-            "the demo agent was asked to break the stream (demo:break)".to_owned(),
+        script.items.push(Err(Break::new(
+            "the demo agent was asked to break the stream (demo:break)",
         )));
         return Box::new(script.items.into_iter());
     }
@@ -416,7 +419,7 @@ mod tests {
     use super::*;
 
     async fn run(prompt: &str) -> Result<Vec<Result<AgenticLoopChunk, Break>>, Refusal> {
-        let stream = Demo::new().run(RunLoopRequest::new(prompt)).await?;
+        let stream = Demo::new().run_loop(RunLoopRequest::new(prompt)).await?;
         Ok(stream.collect().await)
     }
 
@@ -535,8 +538,8 @@ mod tests {
         assert!(items.len() > 1);
         assert_eq!(
             items.last(),
-            Some(&Err(Break(
-                "the demo agent was asked to break the stream (demo:break)".to_owned()
+            Some(&Err(Break::new(
+                "the demo agent was asked to break the stream (demo:break)"
             )))
         );
         assert_eq!(items.iter().filter(|item| item.is_err()).count(), 1);

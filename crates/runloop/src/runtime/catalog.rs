@@ -69,6 +69,7 @@ pub enum RuntimeSpec {
 
 /// Why an agent spec does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpecError {
     /// No `=` between the image and the runtime.
     #[error(
@@ -227,7 +228,8 @@ impl fmt::Display for AgentSpec {
 
 /// Why the catalog will not run an image; the message goes to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+#[non_exhaustive]
+pub enum CatalogError {
     /// No entry for the name.
     #[error("image {name:?} is not in this server's catalog")]
     UnknownImage {
@@ -302,15 +304,15 @@ impl Catalog {
     }
 
     /// The runtime for `image`, or why there is none.
-    pub fn resolve(&self, image: &ImageRef) -> Result<Arc<dyn Runtime>, Refusal> {
+    pub fn resolve(&self, image: &ImageRef) -> Result<Arc<dyn Runtime>, CatalogError> {
         let entry = self
             .entries
             .get(&image.name)
-            .ok_or_else(|| Refusal::UnknownImage {
+            .ok_or_else(|| CatalogError::UnknownImage {
                 name: image.name.clone(),
             })?;
         match &entry.digest {
-            Some(pinned) if *pinned != image.digest => Err(Refusal::WrongDigest {
+            Some(pinned) if *pinned != image.digest => Err(CatalogError::WrongDigest {
                 name: image.name.clone(),
                 pinned: pinned.clone(),
                 requested: image.digest.clone(),
@@ -523,7 +525,7 @@ mod tests {
         assert!(catalog.resolve(&image("demo", &pinned)).is_ok());
         assert!(matches!(
             catalog.resolve(&image("demo", &other)),
-            Err(Refusal::WrongDigest { .. })
+            Err(CatalogError::WrongDigest { .. })
         ));
     }
 }

@@ -1,17 +1,28 @@
 //! The provider's server: accepts framed connections, serves
 //! `containers::agents::run`, and relays run-loop channels from the proxy.
 //!
-//! The pieces, in the order a chunk meets them:
+//! The pieces, in the order a chunk meets them, from the proxy to the
+//! caller:
 //!
 //! ```text
-//! connection.rs   one caller's socket: authorization, the scope and channel
-//!                 tables, frames in, disregarded frames counted
-//! scope.rs        one run: policy, runtime, /agent/register, the id, the
-//!                 channels, and the ending (stop, container end, disconnect)
+//! proxy_path.rs   dialling the proxy's bare /agent/* paths
 //! relay.rs        one run-loop channel: /agent/run, one byte read per proxy
 //!                 message, everything else copied
-//! proxy_path.rs   dialling the proxy's bare /agent/* paths
+//! scope.rs        one run: policy, runtime, /agent/register, the id, the
+//!                 channels, and the ending (stop, container end, disconnect)
+//! outbox.rs       the connection's table and its writer's queue under one
+//!                 lock; a scope and a relay each get a handle that writes
+//!                 only their own frames
+//! connection.rs   one caller's socket: authorization, frames in, each applied
+//!                 to the table (runloop_proto::connection), disregarded
+//!                 frames counted
+//! mod.rs          the listener, the handle; config.rs and shared.rs what
+//!                 every connection shares
 //! ```
+//!
+//! Calls go one way, from the listener down to the relay: a connection
+//! starts its scopes, a scope its relays, and each answers through the
+//! outbox handle it was given, never through the task that started it.
 //!
 //! Every task a connection starts is tied to its cancellation token, and
 //! every run ends the same way whatever ended it: its channels end with an
@@ -30,131 +41,33 @@
 //! included. A subscriber that bridges `log` records must cap them below
 //! trace, as `runloop serve` does.
 
+mod config;
 mod connection;
+mod outbox;
 mod proxy_path;
 mod relay;
 mod scope;
+mod shared;
 
-use std::collections::HashSet;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use subtle::ConstantTimeEq;
+use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, ToSocketAddrs};
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tokio::task::JoinHandle;
+use tracing::info;
 
-use crate::connection::{Limit, LimitError, Limits};
-use crate::runtime::{Catalog, Registry};
+pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
+pub use shared::{Stats, StatsSnapshot};
 
-/// Which credentials the server accepts (protocol §3).
-#[derive(Clone, PartialEq, Eq)]
-pub enum Credentials {
-    /// Any credential, empty included. Only sensible on a loopback address;
-    /// the `runloop serve` command refuses it anywhere else.
-    Any,
-    /// One of these tokens, compared in constant time.
-    Tokens(Vec<String>),
-}
-
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Credentials::Any => f.write_str("Any"),
-            Credentials::Tokens(tokens) => write!(f, "Tokens(<{} redacted>)", tokens.len()),
-        }
-    }
-}
-
-/// Who a connection is served as. It names the credential's position, never
-/// the credential, so it can be logged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity(String);
-
-impl fmt::Display for Identity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl Credentials {
-    /// The identity `credential` is served as, if it is accepted. Every
-    /// configured token is compared, in constant time, whatever matches.
-    pub fn accept(&self, credential: &str) -> Option<Identity> {
-        match self {
-            Credentials::Any => Some(Identity("anonymous".to_owned())),
-            Credentials::Tokens(tokens) => {
-                let mut found = None;
-                for (index, token) in tokens.iter().enumerate() {
-                    let equal: bool = token.as_bytes().ct_eq(credential.as_bytes()).into();
-                    if equal && found.is_none() {
-                        found = Some(Identity(format!("token #{}", index + 1)));
-                    }
-                }
-                found
-            }
-        }
-    }
-}
-
-/// Connections a server serves at once unless configured otherwise.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
-
-/// How the server behaves.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// Accepted credentials.
-    pub credentials: Credentials,
-    /// Per-connection limits.
-    pub limits: Limits,
-    /// How long a new connection may take to authorize before it is closed
-    /// without a frame (protocol §12). Once authorized, nothing times out. At
-    /// least [`Limit::MIN_AUTHORIZATION_GRACE`].
-    pub authorization_grace: Duration,
-    /// Caller connections served at once, authorized or not yet. One more
-    /// is turned away: its WebSocket handshake completes and it is closed
-    /// at once with close code 1013 (try again later) and a reason that
-    /// says so, before anything of it is read. At least one.
-    pub max_connections: usize,
-    /// The images this server runs.
-    pub catalog: Catalog,
-    /// Where `registry` images are pulled from; without one they are refused.
-    pub registry: Option<Arc<dyn Registry>>,
-}
-
-impl ServerConfig {
-    /// A configuration with default limits, a 10 s authorization grace and
-    /// [`DEFAULT_MAX_CONNECTIONS`].
-    pub fn new(credentials: Credentials, catalog: Catalog) -> Self {
-        ServerConfig {
-            credentials,
-            limits: Limits::default(),
-            authorization_grace: Duration::from_secs(10),
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            catalog,
-            registry: None,
-        }
-    }
-
-    /// Whether every limit is at least its minimum ([`Limit`]), so that
-    /// the server can serve an ordinary caller; the first that is not is
-    /// the error. [`Server::bind`] refuses a configuration that fails this.
-    pub fn validate(&self) -> Result<(), LimitError> {
-        self.limits.validate()?;
-        Limit::MaxConnections.check(self.max_connections)?;
-        Limit::check_grace(self.authorization_grace)
-    }
-}
+use self::shared::Shared;
+use crate::limits::LimitError;
+use crate::listener;
 
 /// Why a server could not be bound.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BindError {
     /// A limit of the configuration is below its minimum.
     #[error("the server's configuration would serve nobody: {0}")]
@@ -164,93 +77,11 @@ pub enum BindError {
     Listen(#[source] io::Error),
 }
 
-/// Live counts of what the server holds; every one returns to zero when
-/// the connections that caused it are gone.
-#[derive(Debug, Default)]
-pub struct Stats {
-    connections: AtomicUsize,
-    scopes: AtomicUsize,
-    containers: AtomicUsize,
-    relays: AtomicUsize,
-    proxy_paths: AtomicUsize,
-    disregarded: AtomicU64,
-    turned_away: AtomicU64,
-}
-
-/// A snapshot of [`Stats`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StatsSnapshot {
-    /// Open caller connections (authorized or not yet).
-    pub connections: usize,
-    /// Open scopes (runs being served).
-    pub scopes: usize,
-    /// Running containers.
-    pub containers: usize,
-    /// Run-loop channels being relayed (one task each), from the order to
-    /// the channel's finish.
-    pub relays: usize,
-    /// Open WebSocket paths to proxies.
-    pub proxy_paths: usize,
-    /// Frames disregarded since the server started (protocol §2).
-    pub disregarded: u64,
-    /// Connections turned away at the connection limit since the server
-    /// started.
-    pub turned_away: u64,
-}
-
-impl Stats {
-    fn snapshot(&self) -> StatsSnapshot {
-        StatsSnapshot {
-            connections: self.connections.load(Ordering::Relaxed),
-            scopes: self.scopes.load(Ordering::Relaxed),
-            containers: self.containers.load(Ordering::Relaxed),
-            relays: self.relays.load(Ordering::Relaxed),
-            proxy_paths: self.proxy_paths.load(Ordering::Relaxed),
-            disregarded: self.disregarded.load(Ordering::Relaxed),
-            turned_away: self.turned_away.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// Counts one held thing (a connection, a scope…) for as long as it lives.
-struct Held {
-    shared: Arc<Shared>,
-    counter: fn(&Stats) -> &AtomicUsize,
-}
-
-impl Held {
-    fn new(shared: &Arc<Shared>, counter: fn(&Stats) -> &AtomicUsize) -> Self {
-        counter(&shared.stats).fetch_add(1, Ordering::Relaxed);
-        Held {
-            shared: Arc::clone(shared),
-            counter,
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        (self.counter)(&self.shared.stats).fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// What every connection of a server shares.
-#[derive(Debug)]
-struct Shared {
-    config: ServerConfig,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-    stats: Stats,
-    /// One permit per connection being served, `max_connections` in all.
-    slots: Arc<Semaphore>,
-    /// Ids of running containers, so a new id is unique among them.
-    ids: Mutex<HashSet<String>>,
-}
-
 /// A bound provider server, not yet serving.
 #[derive(Debug)]
 pub struct Server {
     listener: TcpListener,
+    addr: SocketAddr,
     shared: Arc<Shared>,
 }
 
@@ -266,62 +97,43 @@ impl Server {
     pub async fn bind(addr: impl ToSocketAddrs, config: ServerConfig) -> Result<Server, BindError> {
         config.validate().map_err(BindError::Limit)?;
         let listener = TcpListener::bind(addr).await.map_err(BindError::Listen)?;
-        let slots = Arc::new(Semaphore::new(
-            config.max_connections.min(Semaphore::MAX_PERMITS),
-        ));
-        let shared = Arc::new(Shared {
-            config,
-            shutdown: CancellationToken::new(),
-            tasks: TaskTracker::new(),
-            stats: Stats::default(),
-            slots,
-            ids: Mutex::new(HashSet::new()),
-        });
-        Ok(Server { listener, shared })
+        let addr = listener.local_addr().map_err(BindError::Listen)?;
+        let shared = Arc::new(Shared::new(config));
+        Ok(Server {
+            listener,
+            addr,
+            shared,
+        })
     }
 
     /// The bound address.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// A handle for shutting the server down and reading its counts.
-    pub fn handle(&self) -> io::Result<ServerHandle> {
-        Ok(ServerHandle {
-            addr: self.local_addr()?,
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle {
+            addr: self.addr,
             shared: Arc::clone(&self.shared),
-        })
+        }
     }
 
     /// Serves until [`ServerHandle::shutdown`]; then stops accepting, ends
     /// every run (channels end with an error, containers stop, scopes
     /// finish), closes every connection, and returns when all of that is done.
-    pub async fn run(self) {
-        let Server { listener, shared } = self;
-        info!(addr = ?listener.local_addr().ok(), "serving");
-        loop {
-            let accepted = tokio::select! {
-                () = shared.shutdown.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((tcp, peer)) => {
-                    // Frames are small and written in batches: Nagle would
-                    // only hold each batch back for an ACK.
-                    let _ = tcp.set_nodelay(true);
-                    let shared_for_task = Arc::clone(&shared);
-                    shared
-                        .tasks
-                        .spawn(connection::serve(tcp, peer, shared_for_task));
-                }
-                Err(error) => {
-                    // Out of file descriptors and the like: back off briefly
-                    // instead of spinning.
-                    warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
+    pub async fn serve(self) {
+        let Server {
+            listener,
+            addr,
+            shared,
+        } = self;
+        info!(%addr, "serving");
+        listener::accept_until(&listener, &shared.shutdown, |tcp, peer| {
+            let for_task = Arc::clone(&shared);
+            shared.tasks.spawn(connection::serve(tcp, peer, for_task));
+        })
+        .await;
         drop(listener);
         info!("shutting down: ending runs and closing connections");
         shared.tasks.close();
@@ -329,10 +141,9 @@ impl Server {
         info!("shut down");
     }
 
-    /// Spawns [`run`](Self::run) on the current runtime.
-    pub fn spawn(self) -> io::Result<(ServerHandle, tokio::task::JoinHandle<()>)> {
-        let handle = self.handle()?;
-        Ok((handle, tokio::spawn(self.run())))
+    /// Spawns [`serve`](Self::serve) on the current runtime.
+    pub fn spawn(self) -> (ServerHandle, JoinHandle<()>) {
+        (self.handle(), tokio::spawn(self.serve()))
     }
 }
 
@@ -347,7 +158,7 @@ impl ServerHandle {
         format!("ws://{}", self.addr)
     }
 
-    /// Starts a graceful shutdown; [`Server::run`] returns when it is done.
+    /// Starts a graceful shutdown; [`Server::serve`] returns when it is done.
     pub fn shutdown(&self) {
         self.shared.shutdown.cancel();
     }
@@ -370,7 +181,7 @@ impl ServerHandle {
         &self,
         io: S,
         peer: impl fmt::Display + Send + 'static,
-    ) -> tokio::task::JoinHandle<()>
+    ) -> JoinHandle<()>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -382,23 +193,11 @@ impl ServerHandle {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
 
-    #[test]
-    fn tokens_are_matched_and_named_by_position() {
-        let credentials = Credentials::Tokens(vec!["alpha".into(), "beta".into()]);
-        assert_eq!(
-            credentials.accept("beta"),
-            Some(Identity("token #2".into()))
-        );
-        assert_eq!(credentials.accept("gamma"), None);
-        assert_eq!(credentials.accept(""), None);
-        assert_eq!(credentials.accept("alph"), None);
-        assert_eq!(
-            Credentials::Any.accept(""),
-            Some(Identity("anonymous".into()))
-        );
-    }
+    use super::*;
+    use crate::limits::{Limit, Limits};
+    use crate::runtime::Catalog;
 
     #[tokio::test]
     async fn bind_refuses_a_configuration_that_would_serve_nobody() {
@@ -443,11 +242,5 @@ mod tests {
         least.max_connections = 1;
         least.authorization_grace = Limit::MIN_AUTHORIZATION_GRACE;
         assert!(Server::bind("127.0.0.1:0", least).await.is_ok());
-    }
-
-    #[test]
-    fn debug_never_shows_tokens() {
-        let shown = format!("{:?}", Credentials::Tokens(vec!["s3cret".into()]));
-        assert!(!shown.contains("s3cret"), "{shown}");
     }
 }

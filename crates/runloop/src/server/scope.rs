@@ -20,56 +20,52 @@ use std::future::Future;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use bytes::Bytes;
 use runloop_proto::agents_run::{Image, ImageRef, RunRequest, RunResponse};
-use runloop_proto::{Encode, Error};
+use runloop_proto::{ErrorKind, ErrorValue};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span};
 
-use super::connection::Conn;
-use super::{Held, Shared, Stats, proxy_path, relay};
-use crate::runtime::{Container, Limits, Registry};
+use super::config::Identity;
+use super::outbox::{Order, ScopeOutbox};
+use super::shared::{Held, Shared, Stats};
+use super::{proxy_path, relay};
+use crate::runtime::{Container, ContainerLimits, Registry};
 
-/// A run-loop channel request, handed from the connection to its scope.
-#[derive(Debug)]
-pub(crate) struct Order {
-    /// The client's channel number.
-    pub(crate) channel: u32,
-    /// The request's JSON, as the caller sent it.
-    pub(crate) request: Bytes,
+/// What a run is served with: the server's shared state, the connection's
+/// end, who it is served as, its outbox, and its stop.
+pub(crate) struct Run {
+    pub(crate) shared: Arc<Shared>,
+    /// Fires when the connection is ending.
+    pub(crate) ended: CancellationToken,
+    pub(crate) identity: Identity,
+    pub(crate) outbox: ScopeOutbox,
+    /// Fires on the caller's stop.
+    pub(crate) stop: CancellationToken,
 }
 
-/// Serves one run scope until its finish.
+/// Serves one run scope until its finish; its run-loop requests come as
+/// `orders`.
 pub(crate) async fn serve(
-    conn: Arc<Conn>,
-    scope: u32,
+    run: Run,
     request: Box<RunRequest>,
-    stop: CancellationToken,
     orders: mpsc::UnboundedReceiver<Order>,
 ) {
-    let _held = Held::new(conn.shared(), |s: &Stats| &s.scopes);
-    let span = info_span!("scope", scope, identity = %conn.identity);
-    let run = Run { conn, scope, stop };
+    let _held = Held::new(&run.shared, |s: &Stats| &s.scopes);
+    let span = info_span!("scope", scope = run.outbox.scope(), identity = %run.identity);
     async move {
         match run.start(&request).await {
             Ok(container) => run.serve(container, orders).await,
             Err(error) => {
                 info!(%error, "run refused");
-                run.respond(&RunResponse::Error(error.clone()));
-                run.conn.finish_scope(scope, &error);
+                run.outbox.respond(&RunResponse::Error(error.clone()));
+                run.outbox.finish(&error);
             }
         }
     }
     .instrument(span)
     .await;
-}
-
-struct Run {
-    conn: Arc<Conn>,
-    scope: u32,
-    stop: CancellationToken,
 }
 
 /// A started container, counted while it runs.
@@ -86,11 +82,11 @@ impl Running {
 
 impl Run {
     /// Checks the request, starts its container and registers its agent.
-    async fn start(&self, request: &RunRequest) -> Result<Running, Error> {
-        let shared = self.conn.shared();
+    async fn start(&self, request: &RunRequest) -> Result<Running, ErrorValue> {
+        let shared = &self.shared;
         request
             .validate()
-            .map_err(|why| Error::kind("request", why))?;
+            .map_err(|why| ErrorValue::kind(ErrorKind::Request, why))?;
         let container = &request.container;
         let source = match (&container.image, &shared.config.registry) {
             (Image::Server(image), _) => Source::Catalog(image),
@@ -98,8 +94,8 @@ impl Run {
                 Source::Registry(&image.reference, registry)
             }
             _ => {
-                return Err(Error::kind(
-                    "policy",
+                return Err(ErrorValue::kind(
+                    ErrorKind::Policy,
                     format!(
                         "{} images are not run here; only server images from this server's catalog",
                         container.image.source()
@@ -108,8 +104,8 @@ impl Run {
             }
         };
         if let Some(list) = first_mount_list(request) {
-            return Err(Error::kind(
-                "policy",
+            return Err(ErrorValue::kind(
+                ErrorKind::Policy,
                 format!(
                     "{list} is refused: this server holds no volumes, identities or FUSE sessions"
                 ),
@@ -121,24 +117,24 @@ impl Run {
                     .config
                     .catalog
                     .resolve(image)
-                    .map_err(|why| Error::kind("policy", why))?;
+                    .map_err(|why| ErrorValue::kind(ErrorKind::Policy, why))?;
                 (runtime, image.name.as_str())
             }
             Source::Registry(reference, registry) => {
                 info!(%reference, "pulling the image");
                 let pulled = self.unless_ended(registry.resolve(reference)).await?;
-                let runtime = pulled.map_err(|why| Error::kind(why.kind, why.message))?;
+                let runtime = pulled.map_err(|why| ErrorValue::kind(why.kind, why.message))?;
                 (runtime, reference)
             }
         };
-        let limits = Limits {
+        let limits = ContainerLimits {
             memory: container.memory,
             disk: container.disk,
         };
         info!(image = %name, "starting the container");
         let started = self.unless_ended(runtime.start(limits)).await?;
         let running = Running {
-            container: started.map_err(|why| Error::kind("runtime", why))?,
+            container: started.map_err(|why| ErrorValue::kind(ErrorKind::Runtime, why))?,
             _held: Held::new(shared, |s: &Stats| &s.containers),
         };
         let registered = self
@@ -158,67 +154,54 @@ impl Run {
     }
 
     /// Runs `work` unless the run is stopped or the connection ends first.
-    async fn unless_ended<F: Future>(&self, work: F) -> Result<F::Output, Error> {
+    async fn unless_ended<F: Future>(&self, work: F) -> Result<F::Output, ErrorValue> {
         tokio::select! {
             biased;
             () = self.stop.cancelled() => {
-                Err(Error::kind("run", "the run was stopped before its container ran"))
+                Err(ErrorValue::kind(ErrorKind::Run, "the run was stopped before its container ran"))
             }
-            () = self.conn.ended.cancelled() => Err(self.connection_ending()),
+            () = self.ended.cancelled() => Err(self.connection_ending()),
             output = work => Ok(output),
         }
     }
 
-    fn connection_ending(&self) -> Error {
-        if self.conn.shared().shutdown.is_cancelled() {
-            Error::kind("server", "the server is shutting down")
+    fn connection_ending(&self) -> ErrorValue {
+        if self.shared.shutdown.is_cancelled() {
+            ErrorValue::kind(ErrorKind::Server, "the server is shutting down")
         } else {
-            Error::kind("server", "the caller's connection ended")
-        }
-    }
-
-    fn respond(&self, response: &RunResponse) {
-        let message = runloop_proto::frame::build(
-            runloop_proto::frame::FrameType::Response,
-            self.scope,
-            0,
-            response.size_hint(),
-            |out| response.encode(out),
-        );
-        if let Ok(message) = message {
-            self.conn.queue_in_scope(self.scope, message);
+            ErrorValue::kind(ErrorKind::Server, "the caller's connection ended")
         }
     }
 
     /// Serves the running container's channels until the run ends, then
     /// ends everything in order.
     async fn serve(&self, mut running: Running, mut orders: mpsc::UnboundedReceiver<Order>) {
-        let id = match RunId::mint(self.conn.shared()) {
+        let id = match RunId::mint(&self.shared) {
             Ok(id) => id,
             Err(error) => {
                 running.stop().await;
-                self.respond(&RunResponse::Error(error.clone()));
-                return self.conn.finish_scope(self.scope, &error);
+                self.outbox.respond(&RunResponse::Error(error.clone()));
+                return self.outbox.finish(&error);
             }
         };
-        self.respond(&RunResponse::Id(id.0.clone()));
+        self.outbox.respond(&RunResponse::Id(id.0.clone()));
         info!(id = %id.0, "running");
         let proxy_url = running.container.proxy_url().to_owned();
-        let (ending, ending_seen) = watch::channel(None::<Error>);
+        let (ending, ending_seen) = watch::channel(None::<ErrorValue>);
         let relays = TaskTracker::new();
         let why = loop {
             tokio::select! {
                 biased;
-                () = self.stop.cancelled() => break Error::kind("run", "the run was stopped"),
-                () = self.conn.ended.cancelled() => break self.connection_ending(),
+                () = self.stop.cancelled() => break ErrorValue::kind(ErrorKind::Run, "the run was stopped"),
+                () = self.ended.cancelled() => break self.connection_ending(),
                 why = running.container.ended() => {
-                    break Error::kind("container", format!("the container ended: {why}"));
+                    break ErrorValue::kind(ErrorKind::Container, format!("the container ended: {why}"));
                 }
                 Some(order) = orders.recv() => {
                     relays.spawn(relay::serve(
-                        Arc::clone(&self.conn),
-                        self.scope,
-                        order,
+                        Arc::clone(&self.shared),
+                        self.outbox.channel(order.channel),
+                        order.request,
                         proxy_url.clone(),
                         ending_seen.clone(),
                     ));
@@ -231,7 +214,7 @@ impl Run {
         relays.wait().await;
         running.stop().await;
         drop(id);
-        self.conn.finish_scope(self.scope, &why);
+        self.outbox.finish(&why);
     }
 }
 
@@ -266,11 +249,14 @@ struct RunId(String, Arc<Shared>);
 impl RunId {
     /// 128 bits from the OS's randomness, base64url: unguessable, and not
     /// derived from anything in the request.
-    fn mint(shared: &Arc<Shared>) -> Result<RunId, Error> {
+    fn mint(shared: &Arc<Shared>) -> Result<RunId, ErrorValue> {
         loop {
             let mut bytes = [0u8; 16];
             getrandom::fill(&mut bytes).map_err(|why| {
-                Error::kind("server", format!("no randomness for a run id: {why}"))
+                ErrorValue::kind(
+                    ErrorKind::Server,
+                    format!("no randomness for a run id: {why}"),
+                )
             })?;
             let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
             let mut ids = shared

@@ -81,8 +81,8 @@ pub use confine::{Confinement, PARENT};
 
 use super::cgroup::{Bounds, Cgroup, Joiner};
 use super::output::{OutputLimit, log_output};
-use super::{BoxFuture, Container, Limits, Runtime, StartError};
-use crate::proxy::Proxy;
+use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
+use crate::proxy::{Proxy, ProxyHandle};
 use port::{Lease, Listener};
 
 /// Ports tried before a start gives up on finding one nobody else takes.
@@ -202,9 +202,9 @@ impl Exec {
 
     /// Starts one child and its proxy; resolves once both accept
     /// connections. [`Runtime::start`] is this, boxed.
-    pub async fn spawn(&self, limits: Limits) -> Result<ExecContainer, StartError> {
+    pub async fn spawn(&self, limits: ContainerLimits) -> Result<ExecContainer, StartError> {
         if self.config.disk == DiskPolicy::Refuse {
-            return Err(StartError(format!(
+            return Err(StartError::new(format!(
                 "disk {} bytes cannot be held for an exec agent program (a host process writes \
                  wherever its user may); this server refuses exec runs until its operator accepts \
                  that (runloop serve --exec-disk unenforced)",
@@ -219,10 +219,10 @@ impl Exec {
                     warn!(program = %self.program, port, "another process listens on the agent program's port; trying another");
                     taken.push(port.to_string());
                 }
-                Err(Failed::Start(why)) => return Err(StartError(why)),
+                Err(Failed::Start(why)) => return Err(StartError::new(why)),
             }
         }
-        Err(StartError(format!(
+        Err(StartError::new(format!(
             "the agent program's port was taken by another process {PORT_ATTEMPTS} times in a row \
              (ports {})",
             taken.join(", ")
@@ -230,7 +230,7 @@ impl Exec {
     }
 
     /// One try at a start, on one port.
-    async fn attempt(&self, limits: Limits) -> Result<ExecContainer, Failed> {
+    async fn attempt(&self, limits: ContainerLimits) -> Result<ExecContainer, Failed> {
         let lease = Lease::take().map_err(|error| {
             Failed::Start(format!(
                 "cannot find a free port for the agent program: {error}"
@@ -271,12 +271,7 @@ impl Exec {
             let proxy = Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), agent)
                 .await
                 .map_err(|error| Failed::Start(format!("cannot bind the proxy: {error}")))?;
-            let url = proxy
-                .local_addr()
-                .map(|addr| format!("ws://{addr}"))
-                .map_err(|error| {
-                    Failed::Start(format!("cannot read the proxy's address: {error}"))
-                })?;
+            let url = format!("ws://{}", proxy.local_addr());
             Ok::<_, Failed>((proxy, url))
         };
         let (proxy, url) = match ready.await {
@@ -295,8 +290,7 @@ impl Exec {
                 return Err(failed);
             }
         };
-        let proxy_stop = CancellationToken::new();
-        let proxy_task = tokio::spawn(proxy.run(proxy_stop.clone()));
+        let (proxy_stop, proxy_task) = proxy.spawn();
         let stop = CancellationToken::new();
         let (exited_tx, exited) = watch::channel(None);
         let cgroup = guard.hold.cgroup().cloned();
@@ -325,7 +319,7 @@ impl Exec {
 
     /// The run's cgroup, made, and what the child does to join it; or,
     /// without cgroups, the memory limit for `RLIMIT_DATA`.
-    fn hold(&self, limits: Limits) -> Result<(Option<Cgroup>, Setup), Failed> {
+    fn hold(&self, limits: ContainerLimits) -> Result<(Option<Cgroup>, Setup), Failed> {
         let Confinement::Cgroups(parent) = self.confinement() else {
             return Ok((None, Setup::Data(limits.memory)));
         };
@@ -409,7 +403,10 @@ impl Exec {
 }
 
 impl Runtime for Exec {
-    fn start(&self, limits: Limits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
+    fn start(
+        &self,
+        limits: ContainerLimits,
+    ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
         Box::pin(async move {
             let container: Box<dyn Container> = Box::new(self.spawn(limits).await?);
             Ok(container)
@@ -642,7 +639,7 @@ pub struct ExecContainer {
     cgroup: Option<Cgroup>,
     grace: Duration,
     stop: CancellationToken,
-    proxy_stop: CancellationToken,
+    proxy_stop: ProxyHandle,
     supervisor: Option<JoinHandle<()>>,
     proxy: Option<JoinHandle<io::Result<()>>>,
     logs: Vec<JoinHandle<()>>,
@@ -664,7 +661,7 @@ impl ExecContainer {
     /// run, the grace, `SIGKILL`), reaps it, removes its cgroup, and says
     /// how it ended.
     pub async fn terminate(mut self) -> String {
-        self.proxy_stop.cancel();
+        self.proxy_stop.shutdown();
         self.stop.cancel();
         if let Some(supervisor) = self.supervisor.take()
             && let Err(error) = supervisor.await
@@ -720,7 +717,7 @@ impl Drop for ExecContainer {
     /// Dropped without `stop`, the container still ends: the supervisor
     /// terminates and reaps the child, the proxy shuts down.
     fn drop(&mut self) {
-        self.proxy_stop.cancel();
+        self.proxy_stop.shutdown();
         self.stop.cancel();
     }
 }
