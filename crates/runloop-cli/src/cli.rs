@@ -27,7 +27,8 @@ pub struct Cli {
 const EXIT_CODES: &str = "\
 Exit codes: 0 finished · 1 ran and ended without finishing · 2 the command
 failed · 3 no loop ran · 4 not served · 5 broken · 6 finished, but the last
-chunk was a fatal notification";
+chunk was a fatal notification · 7 the run was refused · 8 a time limit of
+run ran out · 130 interrupted (Ctrl-C)";
 
 /// The subcommands.
 #[derive(Debug, clap::Subcommand)]

@@ -3,14 +3,18 @@
 //! Without `--url` it starts an embedded server with the built-in demo
 //! agent on a loopback port and runs against it over real sockets, so the
 //! command works on a fresh machine with no setup. The exit code is the
-//! loop's ending (see [`Exit`]); Ctrl-C stops the run, and the loop then
-//! ends unfinished, as it did.
+//! loop's ending (see [`Exit`]); Ctrl-C stops the run, the loop's ending is
+//! shown as it came, and the command exits 130. Three time limits bound
+//! the wait — for the connection, for the whole run, and between two
+//! things from the server — and each that runs out says which it was, with
+//! its value, and exits 8.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
+use std::future::Future;
+use std::io::{self, BufWriter, IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use runloop::client::{Client, ClientConfig, Event};
@@ -31,7 +35,9 @@ use crate::exit::{Exit, Failure};
 use crate::notes::{DRAIN, Note, Notes};
 use crate::process::{block_on, init_logs, shutdown_signal};
 use crate::render::{Format, Render};
+use crate::seconds;
 use crate::serve::bytes;
+use crate::verbose::Verbose;
 
 /// The digest sent when `--image` names none: any unpinned catalog entry
 /// accepts it.
@@ -72,12 +78,127 @@ pub struct Args {
     #[arg(long, default_value = "1G", value_parser = bytes)]
     pub disk: u64,
     /// One JSON object per line: {"chunk":…}, {"error":…}, then {"outcome":…}.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["pretty", "text", "transcript", "quiet"])]
     pub json: bool,
+    /// Every chunk, for a person (the default).
+    #[arg(long, conflicts_with_all = ["text", "transcript", "quiet"])]
+    pub pretty: bool,
+    /// Only the assistant's text, as it streams.
+    #[arg(long, conflicts_with_all = ["transcript", "quiet"])]
+    pub text: bool,
+    /// At the end, one JSON object: the loop coalesced, its error, its outcome.
+    #[arg(long, conflicts_with = "quiet")]
+    pub transcript: bool,
+    /// No output unless the loop did not finish: the exit code tells.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Styles: auto (a terminal, unless NO_COLOR is set or CLICOLOR_FORCE
+    /// forces them), always, never.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = Color::Auto)]
+    pub color: Color,
+    /// On stderr: each frame as it is sent and received, and a timing line
+    /// at the end.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Seconds to connect and send the credential (TCP, WebSocket upgrade,
+    /// authorization frame).
+    #[arg(long, value_name = "SECONDS", value_parser = seconds::parse, default_value = "10")]
+    pub connect_timeout: Duration,
+    /// Seconds the whole run may take, connection included.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds::parse)]
+    pub timeout: Option<Duration>,
+    /// Seconds the server may stay silent: the run's answer, then each chunk.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds::parse)]
+    pub idle_timeout: Option<Duration>,
     /// Record every frame of the connection, both directions, to FILE, in
     /// the format `runloop decode` reads. The credential is not recorded.
     #[arg(long, value_name = "FILE")]
     pub capture: Option<PathBuf>,
+}
+
+/// When to style the output (`--color`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Color {
+    /// On a terminal, unless `NO_COLOR` is set; `CLICOLOR_FORCE` forces them.
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// How long a run waits for a server that stops at the command's end
+/// (a time limit, Ctrl-C) to end the run.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// The three limits of `run`, counted from the command's start.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    started: Instant,
+    connect: Duration,
+    whole: Option<Duration>,
+    idle: Option<Duration>,
+}
+
+impl Limits {
+    /// Waits for the connection: `--connect-timeout`, within `--timeout`.
+    async fn connect<T>(&self, connecting: impl Future<Output = T>) -> Result<T, Failure> {
+        let connected = tokio::time::timeout(self.connect, connecting);
+        self.within(None, connected)
+            .await?
+            .map_err(|_| Failure::TimedOut {
+                what: "no connection was made and authorized",
+                option: "--connect-timeout",
+                after: self.connect,
+            })
+    }
+
+    /// Waits for something from the server: `--idle-timeout`, within
+    /// `--timeout`.
+    async fn next<T>(&self, answer: impl Future<Output = T>) -> Result<T, Failure> {
+        self.within(self.idle, answer).await
+    }
+
+    async fn within<T>(
+        &self,
+        idle: Option<Duration>,
+        future: impl Future<Output = T>,
+    ) -> Result<T, Failure> {
+        let left = self
+            .whole
+            .map(|whole| whole.saturating_sub(self.started.elapsed()));
+        tokio::select! {
+            value = future => Ok(value),
+            () = sleep(left) => Err(Failure::TimedOut {
+                what: "the run did not end",
+                option: "--timeout",
+                after: self.whole.unwrap_or_default(),
+            }),
+            () = sleep(idle) => Err(Failure::TimedOut {
+                what: "nothing came from the server",
+                option: "--idle-timeout",
+                after: idle.unwrap_or_default(),
+            }),
+        }
+    }
+}
+
+/// Sleeps for `after`; forever without it.
+async fn sleep(after: Option<Duration>) {
+    match after {
+        Some(after) => tokio::time::sleep(after).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How the loop ended for the command.
+#[derive(Debug)]
+struct Ending {
+    /// The loop's outcome; none when Ctrl-C stopped a run that then did
+    /// not end within [`STOP_GRACE`].
+    outcome: Option<Outcome>,
+    /// Whether Ctrl-C (or SIGTERM) stopped the run.
+    interrupted: bool,
 }
 
 /// `NAME` or `NAME@DIGEST`, checked as the server will check it.
@@ -118,8 +239,16 @@ impl Args {
     }
 
     fn prompt(&self) -> Result<String, Failure> {
-        if let Some(prompt) = &self.prompt {
+        if let Some(prompt) = self.prompt.as_ref().filter(|prompt| *prompt != "-") {
             return Ok(prompt.clone());
+        }
+        if io::stdin().is_terminal() {
+            // Not a hang: the command waits for the person at the terminal.
+            let _ = writeln!(
+                io::stderr(),
+                "runloop: reading the prompt from standard input; end it with Ctrl-D \
+                 (or give it as an argument)"
+            );
         }
         let mut prompt = String::new();
         io::stdin()
@@ -152,23 +281,75 @@ impl Args {
         // The embedded server's own account of a loop that failed would only
         // repeat what the rendering says; RUST_LOG brings it back.
         let _logs = init_logs("error");
-        let format = if self.json {
-            Format::Json
-        } else {
-            Format::Pretty
+        let limits = Limits {
+            started: Instant::now(),
+            connect: self.connect_timeout,
+            whole: self.timeout,
+            idle: self.idle_timeout,
         };
+        match self.color {
+            Color::Auto => {}
+            Color::Always => anstream::ColorChoice::Always.write_global(),
+            Color::Never => anstream::ColorChoice::Never.write_global(),
+        }
         let stdout = io::stdout();
-        let mut render = Render::new(anstream::AutoStream::auto(stdout.lock()), format);
-        let notes = Notes::new(io::stderr());
-        let tap = capture.as_ref().map(Capture::tap);
-        let outcome =
-            block_on(self.connect_and_run(&token, request, prompt, tap, &mut render, notes.note()));
+        let mut render = Render::new(anstream::AutoStream::auto(stdout.lock()), self.format());
+        let notes = Notes::new(anstream::AutoStream::auto(io::stderr()));
+        let verbose = self
+            .verbose
+            .then(|| Verbose::new(notes.note(), limits.started));
+        let mut taps: Vec<runloop::client::Tap> = Vec::new();
+        taps.extend(capture.as_ref().map(Capture::tap));
+        if let Some(verbose) = &verbose {
+            let verbose = Arc::clone(verbose);
+            taps.push(Arc::new(move |sender, message: &[u8]| {
+                verbose.frame(sender, message)
+            }));
+        }
+        let tap = (!taps.is_empty()).then(|| -> runloop::client::Tap {
+            Arc::new(move |sender, message: &[u8]| {
+                for tap in &taps {
+                    tap(sender, message);
+                }
+            })
+        });
+        let ending = block_on(self.connect_and_run(
+            limits,
+            &token,
+            (request, prompt),
+            tap,
+            &mut render,
+            notes.note(),
+        ));
+        if let Some(verbose) = &verbose {
+            notes
+                .note()
+                .line(format!("{}\n", verbose.timing()).into_bytes());
+        }
         notes.finish(DRAIN);
-        let outcome = outcome??;
+        let ending = ending??;
         if let Some(capture) = capture {
             capture.finish()?;
         }
-        Ok(Exit::of(&outcome))
+        Ok(match ending.outcome {
+            Some(outcome) if !ending.interrupted => Exit::of(&outcome),
+            _ => Exit::Interrupted,
+        })
+    }
+
+    /// The rendering the flags ask for.
+    fn format(&self) -> Format {
+        if self.json {
+            Format::Json
+        } else if self.text {
+            Format::Text
+        } else if self.transcript {
+            Format::Transcript
+        } else if self.quiet {
+            Format::Quiet
+        } else {
+            Format::Pretty
+        }
     }
 }
 
@@ -178,13 +359,13 @@ impl Args {
     /// server, whatever the loop did.
     async fn connect_and_run(
         &self,
+        limits: Limits,
         token: &str,
-        request: RunRequest,
-        prompt: String,
+        (request, prompt): (RunRequest, String),
         tap: Option<runloop::client::Tap>,
         render: &mut Render<impl Write>,
         note: Note,
-    ) -> Result<Outcome, Failure> {
+    ) -> Result<Ending, Failure> {
         let embedded = match &self.url {
             Some(_) => None,
             None => Some(embedded_server().await?),
@@ -198,10 +379,11 @@ impl Args {
             tap,
             ..ClientConfig::default()
         };
-        let client = Client::connect_with(&url, token, config)
-            .await
+        let client = limits
+            .connect(Client::connect_with(&url, token, config))
+            .await?
             .map_err(|error| Failure::Dial(DialError::client(&url, error)))?;
-        let outcome = run_on(&client, request, prompt, render, note).await;
+        let outcome = run_on(&client, limits, (request, prompt), render, note).await;
         // Done, whatever happened (a refused run, a reader that went
         // away): close with a handshake, so that the server does not see
         // a connection that broke (protocol §12 "Clean ends").
@@ -224,26 +406,39 @@ async fn embedded_server() -> Result<(ServerHandle, JoinHandle<()>), Failure> {
 }
 
 /// Runs one loop on `client` and renders it; the run is stopped (and its
-/// end awaited) before this returns, however the rendering went.
+/// end awaited, for [`STOP_GRACE`] at most) before this returns, however
+/// the rendering went.
 async fn run_on(
     client: &Client,
-    request: RunRequest,
-    prompt: String,
+    limits: Limits,
+    (request, prompt): (RunRequest, String),
     render: &mut Render<impl Write>,
     note: Note,
-) -> Result<Outcome, Failure> {
-    let run = client.start(request).await.map_err(Failure::Run)?;
+) -> Result<Ending, Failure> {
+    let run = limits
+        .next(client.start(request))
+        .await?
+        .map_err(Failure::Run)?;
     let mut run_loop = run.run_loop(prompt);
+    let interrupt = shutdown_signal();
+    tokio::pin!(interrupt);
     let mut interrupted = false;
     let outcome = loop {
         let event = tokio::select! {
-            event = run_loop.next() => event,
-            () = shutdown_signal(), if !interrupted => {
+            event = limits.next(run_loop.next()) => match event {
+                Ok(event) => event,
+                Err(limit) => break Err(limit),
+            },
+            () = &mut interrupt, if !interrupted => {
                 // Stop the run; the loop then ends as it did.
                 interrupted = true;
                 let run = run.clone();
                 tokio::spawn(async move { run.stop().await });
                 continue;
+            }
+            () = tokio::time::sleep(STOP_GRACE), if interrupted => {
+                // The server did not end the run it was asked to stop.
+                break Ok(None);
             }
         };
         let rendered = match event {
@@ -255,9 +450,9 @@ async fn run_on(
                 let mut notes = anstream::AutoStream::new(Vec::new(), choice);
                 let rendered = render.outcome(&outcome, Some(&mut notes));
                 note.line(notes.into_inner());
-                break rendered.map(|()| outcome).map_err(Failure::from);
+                break rendered.map(|()| Some(outcome)).map_err(Failure::from);
             }
-            None => break Ok(Outcome::Broken(Broken::ConnectionEnded)),
+            None => break Ok(Some(Outcome::Broken(Broken::ConnectionEnded))),
         };
         if let Err(error) = rendered {
             // Nobody to show the rest to (`runloop run | head`).
@@ -265,8 +460,12 @@ async fn run_on(
         }
     };
     drop(run_loop);
-    run.stop().await;
-    outcome
+    // A server that does not end a stopped run does not hold the command.
+    let _ = tokio::time::timeout(STOP_GRACE, run.stop()).await;
+    outcome.map(|outcome| Ending {
+        outcome,
+        interrupted,
+    })
 }
 
 /// The `--capture` file, written by the client's tap.

@@ -300,7 +300,7 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
         .expect("runs");
     assert_eq!(
         output.status.code(),
-        Some(2),
+        Some(7),
         "a disk it cannot hold: {output:?}"
     );
     assert!(
