@@ -188,3 +188,26 @@ fn the_demo_agent_counts_one_word_as_one_word() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeout() {
+    // `sleep` runs and never listens: the run waits --startup-timeout.
+    let server = common::Serve::start(
+        "error",
+        &[
+            "--agent",
+            "demo=exec:sleep 30",
+            "--exec-disk",
+            "unenforced",
+            "--startup-timeout",
+            "0.5",
+        ],
+    );
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(7), "a refused run: {stderr}");
+    assert!(
+        stderr.contains("the agent program did not listen on 127.0.0.1:")
+            && stderr.contains(" within 0.5 s: is it listening on $PORT ("),
+        "{stderr}"
+    );
+}
