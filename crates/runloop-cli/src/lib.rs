@@ -30,6 +30,7 @@
 //! dial     a provider server's URL, and each way a connection fails, in words
 //! seconds  durations on the command line
 //! verbose  run -v: the frames as they pass, and a timing line
+//! unparsed run: a chunk that did not parse, shown as it came
 //! notes    the command's own lines on stderr, from a bounded queue
 //! ```
 
@@ -54,6 +55,7 @@ pub mod schema;
 pub mod seconds;
 pub mod serve;
 pub mod token;
+pub mod unparsed;
 pub mod verbose;
 
 use std::ffi::OsString;

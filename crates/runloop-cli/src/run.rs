@@ -37,6 +37,7 @@ use crate::process::{block_on, init_logs, shutdown_signal};
 use crate::render::{Format, Render};
 use crate::seconds;
 use crate::serve::bytes;
+use crate::unparsed::LastChunk;
 use crate::verbose::Verbose;
 
 /// The digest sent when `--image` names none: any unpinned catalog entry
@@ -298,7 +299,8 @@ impl Args {
         let verbose = self
             .verbose
             .then(|| Verbose::new(notes.note(), limits.started));
-        let mut taps: Vec<runloop::client::Tap> = Vec::new();
+        let last_chunk = Arc::new(LastChunk::default());
+        let mut taps = vec![last_chunk.tap()];
         taps.extend(capture.as_ref().map(Capture::tap));
         if let Some(verbose) = &verbose {
             let verbose = Arc::clone(verbose);
@@ -306,12 +308,10 @@ impl Args {
                 verbose.frame(sender, message)
             }));
         }
-        let tap = (!taps.is_empty()).then(|| -> runloop::client::Tap {
-            Arc::new(move |sender, message: &[u8]| {
-                for tap in &taps {
-                    tap(sender, message);
-                }
-            })
+        let tap: runloop::client::Tap = Arc::new(move |sender, message: &[u8]| {
+            for tap in &taps {
+                tap(sender, message);
+            }
         });
         let ending = block_on(self.connect_and_run(
             limits,
@@ -319,7 +319,7 @@ impl Args {
             (request, prompt),
             tap,
             &mut render,
-            notes.note(),
+            (notes.note(), &last_chunk),
         ));
         if let Some(verbose) = &verbose {
             notes
@@ -362,9 +362,9 @@ impl Args {
         limits: Limits,
         token: &str,
         (request, prompt): (RunRequest, String),
-        tap: Option<runloop::client::Tap>,
+        tap: runloop::client::Tap,
         render: &mut Render<impl Write>,
-        note: Note,
+        notes: (Note, &LastChunk),
     ) -> Result<Ending, Failure> {
         let embedded = match &self.url {
             Some(_) => None,
@@ -376,14 +376,14 @@ impl Args {
             (None, None) => unreachable!("an embedded server is started when no URL is given"),
         };
         let config = ClientConfig {
-            tap,
+            tap: Some(tap),
             ..ClientConfig::default()
         };
         let client = limits
             .connect(Client::connect_with(&url, token, config))
             .await?
             .map_err(|error| Failure::Dial(DialError::client(&url, error)))?;
-        let outcome = run_on(&client, limits, (request, prompt), render, note).await;
+        let outcome = run_on(&client, limits, (request, prompt), render, notes).await;
         // Done, whatever happened (a refused run, a reader that went
         // away): close with a handshake, so that the server does not see
         // a connection that broke (protocol §12 "Clean ends").
@@ -413,7 +413,7 @@ async fn run_on(
     limits: Limits,
     (request, prompt): (RunRequest, String),
     render: &mut Render<impl Write>,
-    note: Note,
+    (note, last_chunk): (Note, &LastChunk),
 ) -> Result<Ending, Failure> {
     let run = limits
         .next(client.start(request))
@@ -450,6 +450,9 @@ async fn run_on(
                 let mut notes = anstream::AutoStream::new(Vec::new(), choice);
                 let rendered = render.outcome(&outcome, Some(&mut notes));
                 note.line(notes.into_inner());
+                if let Some(unparsed) = last_chunk.note(&outcome) {
+                    note.line(unparsed.into_bytes());
+                }
                 break rendered.map(|()| Some(outcome)).map_err(Failure::from);
             }
             None => break Ok(Some(Outcome::Broken(Broken::ConnectionEnded))),

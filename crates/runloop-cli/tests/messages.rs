@@ -211,3 +211,57 @@ fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeo
         "{stderr}"
     );
 }
+
+/// An agent program that ends its stream the way some APIs do: one chunk,
+/// then `data: [DONE]`.
+const DONE_AGENT: &str = r#"
+import os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path == "/register":
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in [b'data: {"type":"assistant_text_content","text":"hi"}\n\n', b"data: [DONE]\n\n"]:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+"#;
+
+#[test]
+fn a_payload_that_is_not_a_chunk_is_shown_with_how_a_loop_ends() {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let agent = dir.path().join("done_agent.py");
+    std::fs::write(&agent, DONE_AGENT).expect("written");
+    let spec = format!("demo=exec:python3 {}", agent.display());
+    let server = common::Serve::start("error", &["--agent", &spec, "--exec-disk", "unenforced"]);
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(5), "broken: {stdout}{stderr}");
+    assert_eq!(stdout, "hi\n");
+    assert!(
+        stderr.contains("agentic loop chunk did not parse: "),
+        "the parser's words stay: {stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "the chunk that did not parse was \"[DONE]\" (6 bytes): each data event must be \
+             one chunk, a JSON object with a \"type\"; the end of the stream ends the loop"
+        ),
+        "{stderr}"
+    );
+}
