@@ -398,13 +398,7 @@ impl fmt::Display for Frame<'_> {
 mod tests {
     use super::*;
 
-    fn message(frame_type: u8, scope: u32, channel: u32, payload: &[u8]) -> Vec<u8> {
-        let mut message = vec![frame_type];
-        message.extend_from_slice(&scope.to_be_bytes());
-        message.extend_from_slice(&channel.to_be_bytes());
-        message.extend_from_slice(payload);
-        message
-    }
+    use runloop_proto::frame::raw as message;
 
     fn shown(direction: Direction, message: &[u8]) -> String {
         describe(direction, message).to_string()

@@ -334,14 +334,8 @@ mod tests {
 
     #[test]
     fn the_other_frames_of_a_connection() {
-        fn message(frame_type: u8, scope: u32, channel: u32, payload: &[u8]) -> Vec<u8> {
-            let mut message = vec![frame_type];
-            message.extend_from_slice(&scope.to_be_bytes());
-            message.extend_from_slice(&channel.to_be_bytes());
-            message.extend_from_slice(payload);
-            message
-        }
         use Direction::{ClientToServer as C, ServerToClient as S};
+        use runloop_proto::frame::raw as message;
         let time = Some(Duration::from_millis(5));
         let cases = [
             (C, message(0, 0, 0, b"\x00"), r#"{"time":0.005000,"authorization":"unbrokered"}"#),

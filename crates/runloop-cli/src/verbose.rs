@@ -123,13 +123,7 @@ fn millis(duration: Duration) -> String {
 mod tests {
     use super::*;
 
-    fn message(frame_type: u8, scope: u32, channel: u32, payload: &[u8]) -> Vec<u8> {
-        let mut message = vec![frame_type];
-        message.extend_from_slice(&scope.to_be_bytes());
-        message.extend_from_slice(&channel.to_be_bytes());
-        message.extend_from_slice(payload);
-        message
-    }
+    use runloop_proto::frame::raw as message;
 
     /// A `Vec` the test can read while the view holds it.
     #[derive(Clone, Default)]
