@@ -295,7 +295,7 @@ impl Args {
         }
         let stdout = io::stdout();
         let mut render = Render::new(anstream::AutoStream::auto(stdout.lock()), self.format());
-        let notes = Notes::new(anstream::AutoStream::auto(io::stderr()));
+        let notes = Notes::new(io::stderr());
         let verbose = self
             .verbose
             .then(|| Verbose::new(notes.note(), limits.started));
