@@ -48,7 +48,7 @@ pub const ANY_DIGEST: &str =
 /// Arguments of `runloop run`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The prompt; read from standard input when absent.
+    /// The prompt; read from standard input when it is `-` or absent.
     pub prompt: Option<String>,
     /// The provider server (ws://HOST:PORT). Without it, an embedded server
     /// with the built-in demo agent runs on a loopback port.
