@@ -7,11 +7,17 @@
 use std::io;
 
 use crate::exit::{Exit, Failure};
-use crate::{agent, bench, check, decode, proxy, run, schema, serve};
+use crate::{agent, bench, check, completions, decode, man, proxy, run, schema, serve};
 
 /// `runloop`: the run-loop channel of the Diverge Provider Protocol 2.3.0.
 #[derive(Debug, clap::Parser)]
-#[command(name = "runloop", version, about, after_help = EXIT_CODES)]
+#[command(
+    name = "runloop",
+    version = crate::VERSION,
+    propagate_version = true,
+    about,
+    after_help = EXIT_CODES
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -21,7 +27,8 @@ pub struct Cli {
 const EXIT_CODES: &str = "\
 Exit codes: 0 finished · 1 ran and ended without finishing · 2 the command
 failed · 3 no loop ran · 4 not served · 5 broken · 6 finished, but the last
-chunk was a fatal notification";
+chunk was a fatal notification · 7 the run was refused · 8 a time limit of
+run ran out · 130 interrupted (Ctrl-C)";
 
 /// The subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -35,7 +42,8 @@ pub enum Command {
     Proxy(proxy::Args),
     /// An agent program on its own, on $PORT.
     Agent(agent::Args),
-    /// Read a capture and print what each run-loop channel carried, as JSON lines.
+    /// Read a capture and print every frame and what each run-loop channel
+    /// carried, as JSON lines (or rendered as `run` shows a loop).
     Decode(decode::Args),
     /// Print the JSON Schema of the chunk vocabulary and of the error value.
     Schema(schema::Args),
@@ -43,6 +51,10 @@ pub enum Command {
     Check(check::Args),
     /// Measure the relay against a batching WebSocket forwarder and a direct read.
     Bench(bench::Args),
+    /// Print the completion script for a shell.
+    Completions(completions::Args),
+    /// Print the manual page, or write every page to a directory.
+    Man(man::Args),
     /// The bench's baseline forwarder (run by `runloop bench` itself).
     #[command(name = "__forward", hide = true)]
     Forward(bench::ForwardArgs),
@@ -65,6 +77,8 @@ impl Command {
             Command::Schema(args) => args.execute(&mut out),
             Command::Check(args) => args.execute(&mut out),
             Command::Bench(args) => args.execute(&mut out),
+            Command::Completions(args) => args.execute(&mut out),
+            Command::Man(args) => args.execute(&mut out),
             Command::Forward(args) => args.execute(),
         }
     }

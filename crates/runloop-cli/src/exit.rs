@@ -7,11 +7,19 @@
 //! unserved or fatal loop always exits non-zero.
 //!
 //! ```text
-//! 0  finished                       4  not served (a bare finish)
-//! 1  ran, ended without finishing   5  broken (the sequence broke or never ended)
-//! 2  the command itself failed      6  finished, but the last chunk was a fatal notification
-//! 3  no loop ran
+//! 0  finished                       5  broken (the sequence broke or never ended)
+//! 1  ran, ended without finishing   6  finished, but the last chunk was a fatal notification
+//! 2  the command itself failed      7  the run was refused: no run, so no loop
+//! 3  no loop ran                    8  a time limit of `run` ran out
+//! 4  not served (a bare finish)     130  interrupted (Ctrl-C), as shells count SIGINT
 //! ```
+//!
+//! A refused run (7) is not a failed command (2): the arguments were good
+//! and the server was reached, and it said no — to the image, the
+//! credential, or for want of room — which a script may want to tell from
+//! a typo. A limit that ran out (8) is the caller's own deadline, not the
+//! server's doing. Both end the command before any loop could end, or cut
+//! it short; the loop's own ending is still printed when there was one.
 //!
 //! `check` judges a server rather than a loop, and reads three of them its
 //! own way: `0` every MUST case passed, `1` a MUST case failed
@@ -19,8 +27,11 @@
 
 use std::io;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use runloop_proto::run_loop::Outcome;
+
+use crate::seconds;
 
 /// The process's exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +52,14 @@ pub enum Exit {
     Broken = 5,
     /// `6`: the loop finished, but its last chunk was a fatal notification.
     Fatal = 6,
+    /// `7`: the server refused the run (an error answer, a bare finish, or
+    /// a close before any answer, as for a refused credential): no loop.
+    Refused = 7,
+    /// `8`: a time limit of `run` (`--connect-timeout`, `--timeout`,
+    /// `--idle-timeout`) ran out.
+    TimedOut = 8,
+    /// `130`: interrupted by Ctrl-C (128 + SIGINT, as shells report it).
+    Interrupted = 130,
 }
 
 impl Exit {
@@ -92,18 +111,23 @@ pub enum Failure {
     /// An argument that parses but cannot be used.
     #[error("{0}")]
     Argument(String),
-    /// The server could not be reached or the credential not sent.
-    #[error("cannot connect to {url}: {source}")]
-    Connect {
-        /// The server's URL.
-        url: String,
-        /// What went wrong.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// The server could not be reached, is not a runloop server, or the
+    /// credential could not be sent.
+    #[error("{0}")]
+    Dial(#[source] crate::dial::DialError),
     /// The run did not start (refused, not served, credential rejected).
     #[error("{0}")]
     Run(#[source] runloop::client::RunError),
+    /// A time limit of `run` ran out.
+    #[error("{what} within {} ({option} {})", seconds::show(*.after), seconds::value(*.after))]
+    TimedOut {
+        /// What did not happen in time.
+        what: &'static str,
+        /// The option that sets the limit.
+        option: &'static str,
+        /// The limit.
+        after: Duration,
+    },
     /// An address could not be listened on.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -129,12 +153,25 @@ pub enum Failure {
         #[source]
         source: io::Error,
     },
+    /// A file or directory could not be written.
+    #[error("cannot write {name}: {source}")]
+    Write {
+        /// The file or directory.
+        name: String,
+        /// What went wrong.
+        #[source]
+        source: io::Error,
+    },
     /// The benchmark could not run.
     #[error("the benchmark failed: {0}")]
     Bench(#[source] runloop_bench::BenchError),
     /// Standard output could not be written.
     #[error("cannot write the output: {0}")]
     Output(#[source] io::Error),
+    /// The input is not what the command reads (`decode` given a file that
+    /// is not a capture).
+    #[error("{0}")]
+    NotCapture(String),
     /// The input could not be opened or read.
     #[error("cannot read {name}: {source}")]
     Input {
@@ -147,6 +184,23 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// The exit code: 7 for a refused run, 8 for a time limit, else 2.
+    pub fn exit(&self) -> Exit {
+        use runloop::client::RunError;
+        match self {
+            Failure::Run(
+                RunError::Refused(_)
+                | RunError::NotServed
+                | RunError::ConnectionEnded {
+                    answered_before: false,
+                }
+                | RunError::Closed { .. },
+            ) => Exit::Refused,
+            Failure::TimedOut { .. } => Exit::TimedOut,
+            _ => Exit::Failed,
+        }
+    }
+
     /// A server that could not be bound at `addr`.
     pub fn bind(addr: impl ToString, error: runloop::server::BindError) -> Failure {
         match error {

@@ -24,24 +24,39 @@
 //! render   one loop for a terminal, as plain text, or as JSON lines
 //! json     the JSON lines shared by decode and render
 //! check    a provider server probed case by case against protocol §1-§7
+//! completions, man   the shell completion scripts and manual pages, from the argument types
 //! exit     exit codes, and the one mapping from an outcome to a code
+//! frames   what one message is, in words: for run -v and decode
+//! dial     a provider server's URL, and each way a connection fails, in words
+//! seconds  durations on the command line
+//! verbose  run -v: the frames as they pass, and a timing line
+//! unparsed run: a chunk that did not parse, shown as it came
+//! notes    the command's own lines on stderr, from a bounded queue
 //! ```
 
 pub mod agent;
 pub mod bench;
 pub mod check;
 pub mod cli;
+pub mod completions;
 pub mod decode;
 pub mod descriptors;
+pub mod dial;
 pub mod exit;
+pub mod frames;
 pub mod json;
+pub mod man;
+pub mod notes;
 pub mod process;
 pub mod proxy;
 pub mod render;
 pub mod run;
 pub mod schema;
+pub mod seconds;
 pub mod serve;
 pub mod token;
+pub mod unparsed;
+pub mod verbose;
 
 use std::ffi::OsString;
 use std::io::{self, Write};
@@ -49,6 +64,10 @@ use std::io::{self, Write};
 use clap::Parser;
 
 pub use exit::{Exit, Failure};
+
+/// The version `--version` prints: the package's, and the commit it was
+/// built from when the build could ask git (not from a source tarball).
+pub const VERSION: &str = env!("RUNLOOP_VERSION");
 
 /// Runs the command line `args` (program name first) and says how to exit.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> Exit {
@@ -70,7 +89,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> Exit {
         Err(failure) if failure.is_broken_pipe() => Exit::Failed,
         Err(failure) => {
             let _ = writeln!(io::stderr().lock(), "runloop: {failure}");
-            Exit::Failed
+            failure.exit()
         }
     }
 }

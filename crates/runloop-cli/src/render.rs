@@ -1,5 +1,5 @@
-//! The rendering of one loop: for a person at a terminal, as plain text, or
-//! as JSON lines for a script.
+//! The rendering of one loop: for a person, as JSON lines or a transcript
+//! for a script, or as the assistant's text alone.
 //!
 //! A loop arrives as [`Step`]s and ends with one [`Outcome`]; [`Render`]
 //! prints each step as it comes, so text appears while the model writes it.
@@ -11,10 +11,18 @@
 //! tool response (call_7): fn main() {}
 //! [call_7] reasoning: …                              a sub-agent's thread
 //! notification: retrying                             highlighted; fatal ones in red
-//! error: {"kind":"agent","error":"down"}
+//! ─── the notes, on their own stream (stderr for `run`) ───
 //! usage: 1352 tokens (1310 prompt, 42 completion)    summed over the loop
-//! the loop finished                                  the ending, in words
+//! the loop finished                                  the ending, in words, with the error if any
 //! ```
+//!
+//! The data and the notes are apart so that a command's stdout holds only
+//! the loop: `run` writes the notes (the summed usage and the ending) to
+//! stderr, where a person still sees them under the loop and a pipe does
+//! not get them. The loop's error is shown once, in the ending line, not
+//! also as a line of its own. Each [`Format`] says what the data is; JSON
+//! lines carry their outcome in the data, so they have no notes, and
+//! [`Format::Quiet`] has notes only for a loop that did not finish.
 //!
 //! The fragments of a loop are followed with a [`Transcript`], which says
 //! where each chunk went: a text fragment that went into the block being
@@ -25,14 +33,15 @@
 //! or the loop ends; a fragment that arrives for a call already shown shows
 //! the call again, whole.
 //!
-//! The text rendering always writes styles; the stream it is given decides
-//! whether they reach the screen. The `run` command hands it
-//! `anstream::AutoStream::auto(stdout)`, which keeps them for a terminal and
-//! strips them for a pipe, a file, or when `NO_COLOR` is set, so plain text
-//! has exactly the content of the terminal rendering. Text from the wire has
-//! its control characters (other than line breaks and tabs) replaced, so an
-//! agent cannot drive the terminal. The JSON rendering is the same JSON lines
-//! as `decode` prints for one channel, without `scope` and `channel`.
+//! The rendering for a person always writes styles; the stream it is given
+//! decides whether they reach the screen. The `run` command hands it an
+//! `anstream::AutoStream`, which keeps them for a terminal (or `--color
+//! always`) and strips them for a pipe, a file, or when `NO_COLOR` is set,
+//! so plain text has exactly the content of the terminal rendering. Text
+//! from the wire has its control characters (other than line breaks and
+//! tabs) replaced, so an agent cannot drive the terminal. The JSON
+//! rendering is the same JSON lines as `decode` prints for one channel,
+//! without `scope` and `channel`.
 
 use std::io::{self, Write};
 
@@ -50,11 +59,19 @@ use crate::json;
 /// How a loop is rendered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
-    /// Text for a person, with styles (which the stream may strip).
-    Text,
+    /// Every chunk, for a person, with styles (which the stream may strip).
+    Pretty,
     /// One JSON object per line: `{"chunk":…}`, `{"error":…}`, then
     /// `{"outcome":…}`.
     Json,
+    /// The assistant's text on the main thread, and nothing else, as it
+    /// streams; a line break at the end.
+    Text,
+    /// At the end, one JSON object: the loop coalesced (protocol §11), its
+    /// error if any, and its outcome.
+    Transcript,
+    /// No data at all.
+    Quiet,
 }
 
 const REASONING: Style = Style::new().dimmed();
@@ -83,6 +100,8 @@ pub struct Render<W> {
     mid_line: bool,
     /// Tool calls (transcript indices) not shown yet, in the order they came.
     pending: Vec<usize>,
+    /// The loop's error, for the transcript's document.
+    error: Option<ErrorValue>,
 }
 
 impl<W: Write> Render<W> {
@@ -96,6 +115,7 @@ impl<W: Write> Render<W> {
             streaming: None,
             mid_line: false,
             pending: Vec::new(),
+            error: None,
         }
     }
 
@@ -104,21 +124,44 @@ impl<W: Write> Render<W> {
         self.out
     }
 
-    /// One step of the reader: a chunk, the error, or the ending.
+    /// Ends the line being written, if any, so that other output can come
+    /// between this loop's lines; the loop's next text starts a new block.
+    pub fn break_line(&mut self) -> io::Result<()> {
+        self.start_line()?;
+        self.streaming = None;
+        Ok(())
+    }
+
+    /// The stream, while the loop is rendered.
+    pub fn out_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+
+    /// One step of the reader: a chunk, the error, or the ending (its notes
+    /// on the data stream).
     pub fn step(&mut self, step: Step) -> io::Result<()> {
         match step {
             Step::Chunk(chunk) => self.chunk(chunk),
             Step::Error(error) => self.error(&error),
-            Step::End(outcome) => self.outcome(&outcome),
+            Step::End(outcome) => self.outcome(&outcome, None),
         }
     }
 
     /// A chunk of the loop.
     pub fn chunk(&mut self, chunk: AgenticLoopChunk) -> io::Result<()> {
-        if self.format == Format::Json {
-            let json = serde_json::to_vec(&chunk).map_err(io::Error::other)?;
-            json::chunk(&mut self.out, None, &json)?;
-            return self.out.flush();
+        match self.format {
+            Format::Json => {
+                let json = serde_json::to_vec(&chunk).map_err(io::Error::other)?;
+                json::chunk(&mut self.out, json::At::default(), &json)?;
+                return self.out.flush();
+            }
+            Format::Text => return self.text_only(chunk),
+            Format::Transcript => {
+                self.transcript.push(chunk);
+                return Ok(());
+            }
+            Format::Quiet => return Ok(()),
+            Format::Pretty => {}
         }
         match &chunk {
             AgenticLoopChunk::Usage(usage) => {
@@ -167,41 +210,83 @@ impl<W: Write> Render<W> {
     }
 
     /// A chunk and its JSON as it came: JSON lines print that JSON
-    /// unchanged, text renders the chunk.
+    /// unchanged, the other formats read the chunk.
     pub fn chunk_with_json(&mut self, chunk: AgenticLoopChunk, raw: &[u8]) -> io::Result<()> {
         if self.format == Format::Json {
-            json::chunk(&mut self.out, None, raw)?;
+            json::chunk(&mut self.out, json::At::default(), raw)?;
             return self.out.flush();
         }
         self.chunk(chunk)
     }
 
-    /// The loop's error: there was no loop, or it did not finish.
-    pub fn error(&mut self, error: &ErrorValue) -> io::Result<()> {
-        if self.format == Format::Json {
-            let json = serde_json::to_vec(error).map_err(io::Error::other)?;
-            json::error(&mut self.out, None, &json)?;
-            return self.out.flush();
+    /// `--text`: a text fragment of the main thread, as it is; a block of
+    /// text that other chunks interrupted starts on a line of its own.
+    fn text_only(&mut self, chunk: AgenticLoopChunk) -> io::Result<()> {
+        let text = match &chunk {
+            AgenticLoopChunk::AssistantTextContent(fragment)
+                if fragment.parent_tool_call_id.is_none() && !fragment.text.is_empty() =>
+            {
+                Some(clean(&fragment.text))
+            }
+            _ => None,
+        };
+        let at = self.transcript.push(chunk);
+        let Some(text) = text else {
+            return Ok(());
+        };
+        if self.streaming != Some(at) {
+            self.start_line()?;
+            self.streaming = Some(at);
         }
-        self.show_pending()?;
-        self.start_line()?;
-        writeln!(self.out, "{ERROR}error:{ERROR:#} {error}")?;
-        self.streaming = None;
+        write!(self.out, "{text}")?;
+        self.mid_line = !text.ends_with('\n');
         self.out.flush()
     }
 
-    /// How the loop ended: the usage summed over the loop, then the ending
-    /// in words.
-    pub fn outcome(&mut self, outcome: &Outcome) -> io::Result<()> {
-        if self.format == Format::Json {
-            json::outcome(&mut self.out, None, outcome)?;
-            return self.out.flush();
+    /// The loop's error: there was no loop, or it did not finish. JSON
+    /// lines print it as a line; for a person it is in the ending.
+    pub fn error(&mut self, error: &ErrorValue) -> io::Result<()> {
+        match self.format {
+            Format::Json => {
+                let json = serde_json::to_vec(error).map_err(io::Error::other)?;
+                json::error(&mut self.out, json::At::default(), &json)?;
+                self.out.flush()
+            }
+            Format::Transcript => {
+                self.error = Some(error.clone());
+                Ok(())
+            }
+            Format::Pretty | Format::Text | Format::Quiet => Ok(()),
         }
-        self.show_pending()?;
+    }
+
+    /// How the loop ended. JSON lines print the outcome line, a transcript
+    /// its document; then the notes — the usage summed over the loop and
+    /// the ending in words — go to `notes`, or to the data stream when
+    /// there are none.
+    pub fn outcome(&mut self, outcome: &Outcome, notes: Option<&mut dyn Write>) -> io::Result<()> {
+        match self.format {
+            Format::Json => {
+                json::outcome(&mut self.out, json::At::default(), outcome)?;
+                return self.out.flush();
+            }
+            Format::Transcript => self.transcript_document(outcome)?,
+            Format::Pretty => self.show_pending()?,
+            Format::Text | Format::Quiet => {}
+        }
         self.start_line()?;
-        if let Some(usage) = self.usage {
+        self.streaming = None;
+        self.out.flush()?;
+        if self.format == Format::Quiet && outcome.is_success() {
+            return Ok(());
+        }
+        let notes: &mut dyn Write = match notes {
+            Some(notes) => notes,
+            None => &mut self.out,
+        };
+        if let Some(usage) = self.usage.filter(|_| self.format == Format::Pretty) {
             writeln!(
-                self.out,
+                notes,
                 "{USAGE}usage: {} tokens ({} prompt, {} completion){USAGE:#}",
                 usage.total_tokens, usage.prompt_tokens, usage.completion_tokens
             )?;
@@ -211,9 +296,28 @@ impl<W: Write> Render<W> {
         } else {
             NOT_FINISHED
         };
-        writeln!(self.out, "{style}{outcome}{style:#}")?;
-        self.streaming = None;
-        self.out.flush()
+        writeln!(notes, "{style}{outcome}{style:#}")?;
+        notes.flush()
+    }
+
+    /// `--transcript`: the coalesced loop, its error and its outcome, as one
+    /// JSON object on one line.
+    fn transcript_document(&mut self, outcome: &Outcome) -> io::Result<()> {
+        let mut document = serde_json::Map::new();
+        let chunks = std::mem::take(&mut self.transcript).into_chunks();
+        let chunks = serde_json::to_value(chunks).map_err(io::Error::other)?;
+        document.insert("transcript".into(), chunks);
+        if let Some(error) = self.error.take() {
+            let error = serde_json::to_value(error).map_err(io::Error::other)?;
+            document.insert("error".into(), error);
+        }
+        let mut line = Vec::new();
+        json::outcome(&mut line, json::At::default(), outcome)?;
+        if let Ok(Value::Object(ending)) = serde_json::from_slice::<Value>(&line) {
+            document.extend(ending);
+        }
+        serde_json::to_writer(&mut self.out, &document).map_err(io::Error::other)?;
+        self.out.write_all(b"\n")
     }
 
     /// Ends the line being written, if any.
@@ -425,7 +529,9 @@ mod tests {
         for step in steps {
             render.step(step).expect("a Vec takes every write");
         }
-        render.outcome(outcome).expect("a Vec takes every write");
+        render
+            .outcome(outcome, None)
+            .expect("a Vec takes every write");
         String::from_utf8(render.into_inner().into_inner()).expect("UTF-8")
     }
 
@@ -451,7 +557,7 @@ the loop finished, but its last word was a fatal notification
     fn plain_text_of_a_sample_loop() {
         let (steps, outcome) = sample();
         assert_eq!(
-            render(Format::Text, ColorChoice::Never, steps, &outcome),
+            render(Format::Pretty, ColorChoice::Never, steps, &outcome),
             PLAIN
         );
     }
@@ -476,7 +582,7 @@ Done\u{fffd}[31m!
 \x1b[2musage: 165 tokens (150 prompt, 15 completion)\x1b[0m
 \x1b[1m\x1b[31mthe loop finished, but its last word was a fatal notification\x1b[0m
 ";
-        let shown = render(Format::Text, ColorChoice::Always, steps, &outcome);
+        let shown = render(Format::Pretty, ColorChoice::Always, steps, &outcome);
         assert_eq!(shown, expected);
         // The wire's escape byte never reaches the terminal.
         assert_eq!(
@@ -519,19 +625,100 @@ Done\u{fffd}[31m!
     }
 
     #[test]
+    fn text_is_the_assistants_text_alone() {
+        let (steps, outcome) = sample();
+        assert_eq!(
+            render(Format::Text, ColorChoice::Always, steps, &outcome),
+            "Let me read it.\nDone\u{fffd}[31m!\n\
+             \x1b[1m\x1b[31mthe loop finished, but its last word was a fatal notification\x1b[0m\n"
+        );
+    }
+
+    #[test]
+    fn a_transcript_is_the_loop_coalesced_then_its_ending() {
+        let (steps, outcome) = sample();
+        let shown = render(Format::Transcript, ColorChoice::Never, steps, &outcome);
+        let (document, ending) = shown.split_once('\n').expect("two lines");
+        assert_eq!(
+            ending,
+            "the loop finished, but its last word was a fatal notification\n"
+        );
+        let document: Value = serde_json::from_str(document).expect("one JSON object");
+        assert_eq!(document["outcome"], "finished");
+        assert_eq!(document["fatal"], true);
+        assert!(document.get("error").is_none());
+        let chunks = document["transcript"].as_array().expect("the chunks");
+        // 19 chunks coalesce to 15 (protocol §11): the two reasoning
+        // fragments join, so do "Let me " and "read it.", "Done" and "!",
+        // and call_1's two pieces.
+        assert_eq!(chunks.len(), 15, "{document}");
+        assert_eq!(chunks[0]["text"], "The user wants the file.");
+        assert_eq!(chunks[2]["arguments"], "{\"path\":\"a.rs\"}");
+
+        let down = ErrorValue::new(json!({"kind": "agent", "error": "down"}));
+        let shown = render(
+            Format::Transcript,
+            ColorChoice::Never,
+            vec![Step::Chunk(text("Hel")), Step::Error(down.clone())],
+            &Outcome::Unfinished(down),
+        );
+        let document: Value =
+            serde_json::from_str(shown.lines().next().expect("a line")).expect("JSON");
+        assert_eq!(
+            document,
+            json!({
+                "transcript": [{"type": "assistant_text_content", "text": "Hel"}],
+                "error": {"kind": "agent", "error": "down"},
+                "outcome": "unfinished",
+            })
+        );
+    }
+
+    #[test]
+    fn quiet_says_nothing_unless_the_loop_did_not_finish() {
+        let (steps, outcome) = sample();
+        assert_eq!(
+            render(Format::Quiet, ColorChoice::Never, steps, &outcome),
+            "the loop finished, but its last word was a fatal notification\n"
+        );
+        let steps = vec![Step::Chunk(text("ok"))];
+        let finished = Outcome::Finished { fatal: false };
+        assert_eq!(
+            render(Format::Quiet, ColorChoice::Never, steps, &finished),
+            ""
+        );
+    }
+
+    #[test]
+    fn the_notes_go_to_their_own_stream() {
+        let mut render = Render::new(Vec::new(), Format::Pretty);
+        render.chunk(text("Hel")).expect("written");
+        render
+            .chunk(AgenticLoopChunk::Usage(UsageChunk::default()))
+            .expect("written");
+        let mut notes = Vec::new();
+        render
+            .outcome(&Outcome::NotServed, Some(&mut notes))
+            .expect("written");
+        assert_eq!(String::from_utf8_lossy(&render.into_inner()), "Hel\n");
+        assert_eq!(
+            anstream::adapter::strip_bytes(&notes).into_vec(),
+            b"usage: 0 tokens (0 prompt, 0 completion)\nthe proxy did not serve the loop\n"
+        );
+    }
+
+    #[test]
     fn an_unfinished_loop_in_every_format() {
         let down = ErrorValue::new(json!({"kind": "agent", "error": "down"}));
         let steps = || vec![Step::Chunk(text("Hel")), Step::Error(down.clone())];
         let outcome = Outcome::Unfinished(down.clone());
         assert_eq!(
-            render(Format::Text, ColorChoice::Never, steps(), &outcome),
-            "Hel\nerror: {\"kind\":\"agent\",\"error\":\"down\"}\n\
-             the loop ended without finishing (partial result): {\"kind\":\"agent\",\"error\":\"down\"}\n"
+            render(Format::Pretty, ColorChoice::Never, steps(), &outcome),
+            "Hel\nthe loop ended without finishing (partial result): {\"kind\":\"agent\",\"error\":\"down\"}\n"
         );
         assert_eq!(
-            render(Format::Text, ColorChoice::Always, steps(), &outcome),
-            "Hel\n\x1b[1m\x1b[31merror:\x1b[0m {\"kind\":\"agent\",\"error\":\"down\"}\n\
-             \x1b[1m\x1b[31mthe loop ended without finishing (partial result): {\"kind\":\"agent\",\"error\":\"down\"}\x1b[0m\n"
+            render(Format::Pretty, ColorChoice::Always, steps(), &outcome),
+            "Hel\n\x1b[1m\x1b[31mthe loop ended without finishing (partial result): {\"kind\":\"agent\",\"error\":\"down\"}\x1b[0m\n"
         );
         assert_eq!(
             render(Format::Json, ColorChoice::Never, steps(), &outcome),
@@ -546,7 +733,7 @@ Done\u{fffd}[31m!
         let steps = || vec![Step::Chunk(text("ok"))];
         assert_eq!(
             render(
-                Format::Text,
+                Format::Pretty,
                 ColorChoice::Always,
                 steps(),
                 &Outcome::Finished { fatal: false }
@@ -555,7 +742,7 @@ Done\u{fffd}[31m!
         );
         let broken = Outcome::Broken(runloop_proto::run_loop::Broken::ConnectionEnded);
         assert_eq!(
-            render(Format::Text, ColorChoice::Never, steps(), &broken),
+            render(Format::Pretty, ColorChoice::Never, steps(), &broken),
             "ok\nbroken: the connection ended before the channel's finish\n"
         );
         assert_eq!(
@@ -579,7 +766,7 @@ Done\u{fffd}[31m!
         ];
         assert_eq!(
             render(
-                Format::Text,
+                Format::Pretty,
                 ColorChoice::Never,
                 steps,
                 &Outcome::Finished { fatal: false }
@@ -600,7 +787,7 @@ Done\u{fffd}[31m!
         ];
         assert_eq!(
             render(
-                Format::Text,
+                Format::Pretty,
                 ColorChoice::Never,
                 steps,
                 &Outcome::Finished { fatal: false }

@@ -112,6 +112,9 @@ pub struct Args {
     /// `unenforced`: runs go ahead, and `disk` is not held.
     #[arg(long, value_name = "POLICY", value_enum, default_value_t = ExecDisk::Refuse, hide_possible_values = true)]
     pub exec_disk: ExecDisk,
+    /// `exec:` entries: seconds the program has to accept TCP on $PORT.
+    #[arg(long, value_name = "SECONDS", value_parser = crate::seconds::parse, default_value = "60")]
+    pub startup_timeout: Duration,
     /// `exec:` entries: processes (and threads) one run may have at once
     /// (with cgroups).
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
@@ -174,6 +177,7 @@ impl Args {
             },
             pids: self.exec_pids,
             output: self.output_limit(),
+            startup_timeout: self.startup_timeout,
             ..ExecConfig::default()
         }
     }

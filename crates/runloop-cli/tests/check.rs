@@ -180,7 +180,7 @@ fn the_projects_server_passes_every_case() {
 }
 
 #[test]
-fn a_wrong_token_skips_what_needs_a_served_connection_and_exits_2() {
+fn a_wrong_token_is_one_line_then_the_summary_and_exits_2() {
     let runtime = runtime();
     let url = conformant_server(&runtime);
     let output = runloop()
@@ -189,32 +189,47 @@ fn a_wrong_token_skips_what_needs_a_served_connection_and_exits_2() {
         .expect("runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(2), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "one case's line, then the summary: {stdout}"
+    );
     assert!(
-        stdout.contains(
+        lines[0].starts_with(
             "SKIP  protocol §3   an authorized connection is served: a run request gets an answer: \
              the server closed the connection with no frame"
         ),
         "{stdout}"
     );
-    assert!(stdout.contains("is --token right?"), "{stdout}");
+    assert!(lines[0].ends_with("is --token right?"), "{stdout}");
     assert!(
-        stdout.contains(
-            "SKIP  protocol §4   unknown endpoint tag 200 gets a bare finish: an authorized"
-        ),
+        lines[1].starts_with(&format!("{url}: 0 passed, 0 failed, 0 info, 1 skipped, "))
+            && lines[1].ends_with(
+                " not run: the check could not be made: no connection is served (see above)"
+            ),
         "{stdout}"
     );
-    // What needs no credential still runs and passes.
-    assert!(
-        stdout.contains(
-            "PASS  protocol §3   authorization mode 7 is rejected: the connection is closed with no frame"
-        ),
-        "{stdout}"
-    );
-    assert!(!stdout.contains("FAIL"), "{stdout}");
-    assert!(
-        stdout.contains(" 0 failed, 0 info, ") && stdout.contains("the check is incomplete"),
-        "{stdout}"
-    );
+
+    let output = runloop()
+        .args([
+            "check",
+            "--json",
+            "--url",
+            &url,
+            "--token",
+            "not-the-secret",
+        ])
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(2), "{stdout}");
+    let lines = json_lines(&output.stdout);
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines[0]["result"], "skip");
+    let not_run = lines[1]["summary"]["not_run"].as_u64().expect("a count");
+    assert!(not_run > 20, "{stdout}");
+    assert_eq!(lines[1]["exit"], 2);
 }
 
 #[test]

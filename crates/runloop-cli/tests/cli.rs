@@ -9,8 +9,17 @@ fn runloop() -> Command {
     Command::new(env!("CARGO_BIN_EXE_runloop"))
 }
 
-const SUBCOMMANDS: [&str; 8] = [
-    "run", "serve", "proxy", "agent", "decode", "schema", "check", "bench",
+const SUBCOMMANDS: [&str; 10] = [
+    "run",
+    "serve",
+    "proxy",
+    "agent",
+    "decode",
+    "schema",
+    "check",
+    "bench",
+    "completions",
+    "man",
 ];
 
 #[test]
@@ -64,13 +73,145 @@ fn bad_arguments_exit_2_with_usage_on_stderr() {
     }
 }
 
+/// What `git ARGS…` prints in the workspace, if git runs there.
+fn git(args: &[&str]) -> Option<String> {
+    let output = std::process::Command::new("git")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
 #[test]
-fn version_exits_0() {
-    runloop()
+fn version_names_the_commit_it_was_built_from() {
+    let output = runloop()
         .arg("--version")
         .assert()
         .code(0)
-        .stdout(format!("runloop {}\n", env!("CARGO_PKG_VERSION")));
+        .get_output()
+        .clone();
+    let version = String::from_utf8(output.stdout).expect("UTF-8");
+    let expected = format!("runloop {}", env!("CARGO_PKG_VERSION"));
+    match git(&["log", "-1", "--format=%h %cs"]) {
+        // Built from this checkout: the commit and its date. (A build from
+        // a tarball has no git, and prints the version alone.)
+        Some(commit) => assert_eq!(version, format!("{expected} ({commit})\n")),
+        None => assert_eq!(version, format!("{expected}\n")),
+    }
+    // Each subcommand has it too.
+    runloop()
+        .args(["run", "--version"])
+        .assert()
+        .code(0)
+        .stdout(predicate::str::starts_with("runloop-run 0"));
+}
+
+#[test]
+fn completions_for_each_shell() {
+    for (shell, marker, capture) in [
+        ("bash", "complete -F _runloop", "--capture"),
+        ("zsh", "#compdef runloop", "--capture"),
+        ("fish", "complete -c runloop", "-l capture"),
+        ("powershell", "Register-ArgumentCompleter", "--capture"),
+    ] {
+        let output = runloop()
+            .args(["completions", shell])
+            .assert()
+            .code(0)
+            .stderr("")
+            .get_output()
+            .clone();
+        let script = String::from_utf8(output.stdout).expect("UTF-8");
+        assert!(script.contains(marker), "{shell}: {script}");
+        // Made from the arguments: subcommands and their flags are in it.
+        for word in ["decode", capture, "payloads"] {
+            assert!(script.contains(word), "{shell} lacks {word}");
+        }
+    }
+    runloop()
+        .args(["completions", "tcsh"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "possible values: bash, zsh, fish, powershell",
+        ));
+}
+
+#[test]
+fn bash_accepts_its_completion_script() {
+    let output = runloop()
+        .args(["completions", "bash"])
+        .output()
+        .expect("runs");
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let script = dir.path().join("runloop.bash");
+    std::fs::write(&script, &output.stdout).expect("written");
+    // Sourced by a real bash, then asked to complete `runloop dec` as bash
+    // asks a completion function: the command, the word, the word before.
+    let probe = format!(
+        "source {}; COMP_WORDS=(runloop dec); COMP_CWORD=1; _runloop runloop dec runloop; \
+         echo \"${{COMPREPLY[@]}}\"",
+        script.display()
+    );
+    let Ok(completed) = std::process::Command::new("bash")
+        .args(["-c", &probe])
+        .output()
+    else {
+        panic!("bash runs");
+    };
+    assert!(completed.status.success(), "{completed:?}");
+    assert_eq!(String::from_utf8_lossy(&completed.stdout).trim(), "decode");
+}
+
+#[test]
+fn man_pages() {
+    let page = |args: &[&str]| {
+        let output = runloop()
+            .args(args)
+            .assert()
+            .code(0)
+            .stderr("")
+            .get_output()
+            .clone();
+        String::from_utf8(output.stdout).expect("UTF-8")
+    };
+    let main = page(&["man"]);
+    assert!(main.contains(".TH runloop 1"), "{main}");
+    assert!(main.contains("decode"), "{main}");
+    let run = page(&["man", "run"]);
+    assert!(run.contains(".TH runloop-run 1"), "{run}");
+    assert!(run.contains("\\-\\-capture"), "{run}");
+    runloop()
+        .args(["man", "nope"])
+        .assert()
+        .code(2)
+        .stderr("runloop: runloop has no subcommand \"nope\" (see runloop --help)\n");
+
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    runloop()
+        .args(["man", "--dir"])
+        .arg(dir.path())
+        .assert()
+        .code(0)
+        .stdout("");
+    for name in [
+        "runloop.1",
+        "runloop-run.1",
+        "runloop-decode.1",
+        "runloop-agent-demo.1",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(text.starts_with(".ie") || text.contains(".TH"), "{name}");
+    }
+    assert!(
+        !dir.path().join("runloop-__forward.1").exists(),
+        "the hidden subcommand has no page"
+    );
 }
 
 /// Every `$ref` in `value`.

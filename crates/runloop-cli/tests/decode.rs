@@ -2,6 +2,7 @@
 //! exact JSON lines it prints and the exit code it ends with.
 
 use assert_cmd::Command;
+use serde_json::Value;
 
 fn runloop() -> Command {
     Command::new(env!("CARGO_BIN_EXE_runloop"))
@@ -63,47 +64,246 @@ const TEXT: &str = r#"{"type":"assistant_text_content","text":"Hel"}"#;
 const FATAL: &str = r#"{"type":"notification","is_fatal":true,"message":"model gone"}"#;
 const DOWN: &str = r#"{"kind":"agent","error":"down"}"#;
 
+/// The lines of the loops (chunk, error, outcome) and the malformed ones:
+/// what these tests are about. The lines of the other frames are checked
+/// by `every_frame_of_a_capture`.
+fn loop_lines(stdout: &[u8]) -> String {
+    let mut kept = String::new();
+    for line in String::from_utf8_lossy(stdout).lines() {
+        let value: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        if ["chunk", "error", "outcome", "malformed"]
+            .iter()
+            .any(|member| value.get(member).is_some())
+        {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    kept
+}
+
 fn decode(capture: &str, stdout: &str, code: i32) {
-    runloop()
+    let output = runloop()
         .arg("decode")
         .write_stdin(capture)
         .assert()
         .code(code)
-        .stdout(stdout.to_owned())
-        .stderr("");
+        .stderr("")
+        .get_output()
+        .clone();
+    assert_eq!(loop_lines(&output.stdout), stdout);
 }
 
+const FINISHED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/captures/finished.txt");
+
 #[test]
-fn a_finished_loop_from_a_file() {
-    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/captures/finished.txt");
+fn every_frame_of_a_capture() {
+    // A capture written before lines had times: it reads as it always did.
     runloop()
-        .args(["decode", file])
+        .args(["decode", FINISHED])
         .assert()
         .code(0)
         .stdout(
-            r#"{"scope":1,"channel":1,"chunk":{"type":"assistant_text_content","text":"Hel"}}
+            r#"{"authorization":"unbrokered"}
+{"scope":1,"run":{"image":{"server":{"name":"demo","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000"}},"memory":268435456,"disk":1048576,"agent":{}}}
+{"scope":1,"id":"r-7f3a"}
+{"scope":1,"channel":1,"run_loop":{"prompt":"hi"}}
+{"scope":1,"channel":1,"chunk":{"type":"assistant_text_content","text":"Hel"}}
 {"scope":1,"channel":1,"chunk":{"type":"assistant_text_content","text":"lo"}}
 {"scope":1,"channel":1,"chunk":{"type":"usage","completion_tokens":2,"prompt_tokens":9,"total_tokens":11}}
 {"scope":1,"channel":1,"outcome":"finished"}
+{"scope":1,"channel":2,"stop":true}
+{"scope":1,"finish":true}
 "#,
         )
         .stderr("");
 }
 
 #[test]
+fn a_refused_run_and_a_request_for_another_endpoint() {
+    let capture = [
+        AUTHORIZATION.to_owned(),
+        line('>', 1, 1, 0, b"\x00{\"agent\":{}}"),
+        line('<', 2, 1, 0, b"\x01{\"kind\":\"policy\"}"),
+        line('<', 3, 1, 0, b""),
+        line('>', 1, 2, 0, b"\x07"),
+        line('<', 3, 2, 0, b""),
+    ]
+    .join("\n");
+    runloop()
+        .arg("decode")
+        .write_stdin(capture)
+        .assert()
+        .code(3)
+        .stdout(
+            r#"{"authorization":"unbrokered"}
+{"scope":1,"request":"request [0] (13 bytes)"}
+{"scope":1,"refused":{"kind":"policy"}}
+{"scope":1,"finish":true}
+{"scope":2,"request":"request [7] (1 bytes)"}
+{"scope":2,"finish":true}
+"#,
+        )
+        .stderr("runloop: the capture holds no run-loop channel\n");
+}
+
+#[test]
+fn times_come_first_and_lines_without_one_still_read() {
+    let capture = format!(
+        "+0.5 {AUTHORIZATION}\n{}\n+1.25 {}\n{}\n+2 {}\n",
+        run(1).join("\n"),
+        loop_request(1, 1),
+        chunk(1, 1, TEXT),
+        finish(1, 1)
+    );
+    runloop()
+        .arg("decode")
+        .write_stdin(capture)
+        .assert()
+        .code(0)
+        .stdout(format!(
+            r#"{{"time":0.500000,"authorization":"unbrokered"}}
+{{"scope":1,"request":"request [0] (13 bytes)"}}
+{{"scope":1,"id":"r"}}
+{{"time":1.250000,"scope":1,"channel":1,"run_loop":{{"prompt":"hi"}}}}
+{{"scope":1,"channel":1,"chunk":{TEXT}}}
+{{"time":2.000000,"scope":1,"channel":1,"outcome":"finished"}}
+"#
+        ));
+}
+
+#[test]
+fn scope_and_channel_keep_the_lines_of_one_loop() {
+    let mut lines = vec![AUTHORIZATION.to_owned()];
+    lines.extend(run(1));
+    lines.extend(run(2));
+    lines.push(loop_request(1, 1));
+    lines.push(loop_request(2, 1));
+    lines.push(chunk(1, 1, TEXT));
+    lines.push(error(2, 1, DOWN));
+    lines.push(finish(2, 1));
+    lines.push(finish(1, 1));
+    lines.push("bad line".to_owned());
+    let capture = lines.join("\n");
+    let decoded = |args: &[&str], code: i32| {
+        let output = runloop()
+            .arg("decode")
+            .args(args)
+            .write_stdin(capture.clone())
+            .assert()
+            .code(code)
+            .get_output()
+            .clone();
+        String::from_utf8(output.stdout).expect("UTF-8")
+    };
+    let malformed = "{\"line\":12,\"malformed\":\"missing direction: expected '>' or '<' at column 1, found 'b'\"}\n";
+    assert_eq!(
+        decoded(&["--scope", "2"], 3),
+        format!(
+            "{{\"scope\":2,\"request\":\"request [0] (13 bytes)\"}}\n\
+             {{\"scope\":2,\"id\":\"r\"}}\n\
+             {{\"scope\":2,\"channel\":1,\"run_loop\":{{\"prompt\":\"hi\"}}}}\n\
+             {{\"scope\":2,\"channel\":1,\"error\":{DOWN}}}\n\
+             {{\"scope\":2,\"channel\":1,\"outcome\":\"no_loop\"}}\n{malformed}"
+        )
+    );
+    assert_eq!(
+        decoded(&["--scope", "1", "--channel", "1"], 0),
+        format!(
+            "{{\"scope\":1,\"channel\":1,\"run_loop\":{{\"prompt\":\"hi\"}}}}\n\
+             {{\"scope\":1,\"channel\":1,\"chunk\":{TEXT}}}\n\
+             {{\"scope\":1,\"channel\":1,\"outcome\":\"finished\"}}\n{malformed}"
+        )
+    );
+    // Channel 1 of both scopes: the first opened did not finish.
+    assert_eq!(decoded(&["--channel", "1"], 3).lines().count(), 7);
+    runloop()
+        .args(["decode", "--scope", "9"])
+        .write_stdin(capture.clone())
+        .assert()
+        .code(3)
+        .stderr("runloop: the capture holds no run-loop channel that --scope and --channel keep\n");
+}
+
+#[test]
+fn render_shows_a_capture_as_run_does() {
+    let output = runloop()
+        .args(["decode", "--render", FINISHED])
+        .env_remove("CLICOLOR_FORCE")
+        .assert()
+        .code(0)
+        .stderr("")
+        .get_output()
+        .clone();
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "Hello\nusage: 11 tokens (9 prompt, 2 completion)\nthe loop finished\n"
+    );
+    // Two loops, interleaved: a heading where the lines turn to another.
+    let mut lines = vec![AUTHORIZATION.to_owned()];
+    lines.extend(run(1));
+    lines.push(loop_request(1, 1));
+    lines.push(loop_request(1, 2));
+    lines.push(chunk(1, 1, TEXT));
+    lines.push(chunk(1, 2, TEXT));
+    lines.push(error(1, 2, DOWN));
+    lines.push(finish(1, 2));
+    lines.push(finish(1, 1));
+    runloop()
+        .args(["decode", "--render"])
+        .write_stdin(lines.join("\n"))
+        .assert()
+        .code(1)
+        .stdout(format!(
+            "Hel\n─── channel 2 of scope 1 ───\nHel\nthe loop ended without finishing (partial result): {DOWN}\n\
+             ─── channel 1 of scope 1 ───\nthe loop finished\n"
+        ));
+}
+
+#[test]
+fn an_input_that_is_not_a_capture_is_refused_once() {
+    let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+    runloop()
+        .args(["decode", readme])
+        .assert()
+        .code(2)
+        .stdout("")
+        .stderr(predicates::str::contains(
+            " is not a capture: none of its first ",
+        ))
+        .stderr(predicates::str::contains('\n').count(1));
+    // The JSON of a decode, fed back by mistake.
+    let output = runloop().args(["decode", FINISHED]).output().expect("runs");
+    runloop()
+        .arg("decode")
+        .write_stdin(output.stdout)
+        .assert()
+        .code(2)
+        .stdout("")
+        .stderr(
+            "runloop: standard input is not a capture: none of its first 10 lines is a capture \
+             line (line 1: missing direction: expected '>' or '<' at column 1, found '{')\n",
+        );
+    // Malformed lines before the first good one are printed once it comes.
+    let capture = format!("junk\n{}", one_loop(&[finish(1, 1)]));
+    decode(
+        &capture,
+        "{\"line\":1,\"malformed\":\"missing direction: expected '>' or '<' at column 1, found 'j'\"}\n\
+         {\"scope\":1,\"channel\":1,\"outcome\":\"not_served\"}\n",
+        4,
+    );
+}
+
+#[test]
 fn the_same_capture_on_standard_input_and_as_dash() {
-    let capture = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/captures/finished.txt"
-    ))
-    .expect("the fixture is there");
+    let capture = std::fs::read_to_string(FINISHED).expect("the fixture is there");
     for args in [&["decode"][..], &["decode", "-"]] {
         runloop()
             .args(args)
             .write_stdin(capture.clone())
             .assert()
             .code(0)
-            .stdout(predicates::str::ends_with(
+            .stdout(predicates::str::contains(
                 "{\"scope\":1,\"channel\":1,\"outcome\":\"finished\"}\n",
             ));
     }
@@ -290,7 +490,10 @@ fn a_capture_without_any_loop_exits_3_with_a_note() {
         .write_stdin(lines.join("\n"))
         .assert()
         .code(3)
-        .stdout("")
+        .stdout(
+            "{\"authorization\":\"unbrokered\"}\n{\"scope\":1,\"request\":\"request [0] (13 bytes)\"}\n\
+             {\"scope\":1,\"id\":\"r\"}\n{\"scope\":1,\"finish\":true}\n",
+        )
         .stderr("runloop: the capture holds no run-loop channel\n");
     runloop()
         .arg("decode")

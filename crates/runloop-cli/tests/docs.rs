@@ -210,11 +210,12 @@ fn relative_links_of_the_documents_resolve() {
     assert!(checked >= 5, "only {checked} links checked");
 }
 
-/// The help of `runloop ARGS… --help`.
+/// The help of `runloop ARGS… -h`: the short form, one line per option
+/// (the long form, `--help`, puts blank lines between them).
 fn help(args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_runloop"))
         .args(args)
-        .arg("--help")
+        .arg("-h")
         .output()
         .expect("runloop runs");
     assert!(output.status.success(), "{args:?} --help: {output:?}");

@@ -30,7 +30,7 @@ fn every_run_that_is_done_closes_with_a_handshake() {
         Some(2)
     );
     let (status, _, stderr) = run(&["run", "--url", &server.url, "--image", "unknown", "hi"]);
-    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(status.code(), Some(7), "{stderr}");
     assert!(stderr.contains("the run was refused"), "{stderr}");
 
     assert_eq!(server.terminate().code(), Some(0));

@@ -58,5 +58,5 @@ fn serve_at_every_minimum_still_serves_a_loop() {
         "at the minimums",
     ]);
     assert_eq!(status.code(), Some(0), "{stdout}{stderr}");
-    assert_eq!(stdout.lines().last(), Some("the loop finished"));
+    assert_eq!(stderr.lines().last(), Some("the loop finished"));
 }

@@ -43,7 +43,7 @@ fn no_credential_in_the_logs_of_serve_or_run_at_trace() {
     });
 
     let mut run_logs = String::new();
-    for (token, code) in [(ACCEPTED, 0), (REFUSED, 2)] {
+    for (token, code) in [(ACCEPTED, 0), (REFUSED, 7)] {
         let run = Command::new(exe)
             .args(["run", "--url", url.trim(), "--token", token, "hello"])
             .env("RUST_LOG", "trace")

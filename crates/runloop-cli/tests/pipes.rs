@@ -43,7 +43,7 @@ fn serve_keeps_serving_when_its_stderr_closes() {
     for n in 0..3 {
         let (status, stdout, stderr) = run(&["run", "--url", &server.url, "still served?"]);
         assert_eq!(status.code(), Some(0), "run {n}: {stdout}{stderr}");
-        assert_eq!(stdout.lines().last(), Some("the loop finished"), "run {n}");
+        assert_eq!(stderr.lines().last(), Some("the loop finished"), "run {n}");
     }
     assert_eq!(server.terminate().code(), Some(0), "a clean shutdown");
 }

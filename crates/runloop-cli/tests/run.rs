@@ -100,13 +100,23 @@ fn run_renders_plain_text_when_stdout_is_not_a_terminal() {
         .expect("runs");
     assert_eq!(output.status.code(), Some(0));
     let text = String::from_utf8(output.stdout).expect("UTF-8");
-    assert!(
-        !text.contains('\x1b'),
-        "no escape codes in a pipe: {text:?}"
-    );
+    let notes = String::from_utf8(output.stderr).expect("UTF-8");
+    for shown in [&text, &notes] {
+        assert!(
+            !shown.contains('\x1b'),
+            "no escape codes in a pipe: {shown:?}"
+        );
+    }
     assert!(text.contains("tool call word_count"), "{text}");
-    assert!(text.contains("usage:"), "{text}");
-    assert_eq!(text.lines().last(), Some("the loop finished"), "{text}");
+    // stdout holds the loop; the usage and the ending are notes, on stderr.
+    assert!(
+        !text.contains("usage:") && !text.contains("the loop"),
+        "{text}"
+    );
+    assert_eq!(
+        notes,
+        "usage: 25 tokens (3 prompt, 22 completion)\nthe loop finished\n"
+    );
 }
 
 #[test]
@@ -150,12 +160,19 @@ fn a_capture_decodes_to_the_same_loop_run_printed() {
         "decode exits with the same ending"
     );
     let ran = json_lines(&run.stdout);
+    // The loop's lines: decode also has a line for each other frame.
     let decoded: Vec<Value> = json_lines(&decode.stdout)
         .into_iter()
+        .filter(|line| {
+            ["chunk", "error", "outcome"]
+                .iter()
+                .any(|m| line.get(m).is_some())
+        })
         .map(|mut line| {
             let object = line.as_object_mut().expect("an object");
             assert_eq!(object.remove("scope"), Some(Value::from(0)));
             assert_eq!(object.remove("channel"), Some(Value::from(0)));
+            assert!(object.remove("time").is_some_and(|time| time.is_f64()));
             line
         })
         .collect();
@@ -187,11 +204,12 @@ fn run_fails_clearly_when_it_cannot_run() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--agent-json is not JSON"));
 
+    // A refused run has a code of its own.
     let output = runloop()
         .args(["run", "--image", "unknown", "hi"])
         .output()
         .expect("runs");
-    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(output.status.code(), Some(7));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("image \\\"unknown\\\" is not in this server's catalog"),
@@ -222,7 +240,7 @@ fn serve_checks_tokens_and_shuts_down_on_sigterm() {
         .args(["run", "--url", &server.url, "--token", "wrong", "hi"])
         .output()
         .expect("runs");
-    assert_eq!(wrong.status.code(), Some(2));
+    assert_eq!(wrong.status.code(), Some(7));
     let stderr = String::from_utf8_lossy(&wrong.stderr);
     assert!(stderr.contains("is the credential right?"), "{stderr}");
     assert_eq!(server.terminate(), Some(0), "a clean shutdown");
@@ -250,7 +268,7 @@ fn run_says_why_when_the_server_turns_it_away() {
         .args(["run", "--url", &server.url, "hi"])
         .output()
         .expect("runs");
-    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert_eq!(output.status.code(), Some(7), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("try again later (close code 1013)"),
@@ -282,7 +300,7 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
         .expect("runs");
     assert_eq!(
         output.status.code(),
-        Some(2),
+        Some(7),
         "a disk it cannot hold: {output:?}"
     );
     assert!(

@@ -35,7 +35,7 @@ fn serve_takes_its_tokens_from_a_file_and_callers_from_a_file_or_the_environment
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     let wrong = token_file(&dir, "wrong", "third-token\n");
     let (status, _, stderr) = run(&["run", "--url", &server.url, "--token-file", &wrong, "hi"]);
-    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(status.code(), Some(7), "{stderr}");
     assert!(stderr.contains("is the credential right?"), "{stderr}");
     let two = token_file(&dir, "two", "a\nb\n");
     let (status, _, stderr) = run(&["run", "--url", &server.url, "--token-file", &two, "hi"]);
@@ -69,7 +69,7 @@ fn serve_also_takes_runloop_token() {
         .env_remove("RUNLOOP_TOKEN")
         .output()
         .expect("runs");
-    assert_eq!(refused.status.code(), Some(2), "no credential: {refused:?}");
+    assert_eq!(refused.status.code(), Some(7), "no credential: {refused:?}");
     let _ = child.kill();
     let _ = child.wait();
 }

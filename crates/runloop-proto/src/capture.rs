@@ -8,12 +8,14 @@
 //!
 //! ```text
 //! # a comment; blank lines are ignored too
-//! > 00 00000000 00000000 00              client to server: one binary message
-//! < 05 00000001 00000002 007b2274…7d     server to client: one binary message
-//!   │  │        │        └ payload
-//!   │  │        └ channel
-//!   │  └ scope
-//!   └ type
+//! > 00 00000000 00000000 00                        client to server: one binary message
+//! < 05 00000001 00000002 007b2274…7d               server to client: one binary message
+//! +0.004180 < 06 00000001 00000002                 the same, 4.18 ms after the capture began
+//! │         │  │  │        └ channel
+//! │         │  │  └ scope
+//! │         │  └ type
+//! │         └ direction
+//! └ time (optional)
 //! ```
 //!
 //! One binary WebSocket message per line: the direction (`>` or `<`), at
@@ -21,6 +23,12 @@
 //! the hex is ignored and digits may be of either case, so the grouping the
 //! writer puts in (type, scope, channel, payload) is for the eye only. A
 //! direction with nothing after it is an empty message.
+//!
+//! A line may start with the time it was recorded: `+`, seconds since the
+//! capture began (decimal, any number of digits after the point), then
+//! whitespace. The writer puts one on every line it writes, with
+//! microseconds; the time is optional when reading, so captures written
+//! before it existed, and lines written by hand, read as they always did.
 //!
 //! The payload variant (`--payloads`) holds one run-loop channel's responses
 //! and nothing around them: each line is one channel response payload in hex
@@ -34,6 +42,7 @@
 //! helps, at which column, so the line can be fixed by hand.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::frame::HEADER_LEN;
 
@@ -127,6 +136,23 @@ pub enum LineError {
         /// How many digits the line has.
         digits: usize,
     },
+    /// A `+` that does not start a time in seconds.
+    #[error("bad time at column {column}: expected + and seconds, such as +0.25, then a space")]
+    BadTime {
+        /// Where the `+` is.
+        column: usize,
+    },
+}
+
+/// One message of a capture, as a line holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// When it was recorded, from the capture's start, if the line says.
+    pub time: Option<Duration>,
+    /// Which way it went.
+    pub direction: Direction,
+    /// The message's bytes.
+    pub bytes: Vec<u8>,
 }
 
 /// The line without its line break and surrounding whitespace, and the
@@ -182,31 +208,76 @@ fn parse_hex(hex: &[u8], column: usize) -> Result<Vec<u8>, LineError> {
     Ok(bytes)
 }
 
+/// Reads a leading `+SECONDS` and the whitespace after it, if the line
+/// starts with `+`: the time, and the rest of the line with its column.
+fn parse_time(line: &[u8], column: usize) -> Result<(Option<Duration>, &[u8], usize), LineError> {
+    let Some(rest) = line.strip_prefix(b"+") else {
+        return Ok((None, line, column));
+    };
+    let bad = LineError::BadTime { column };
+    let end = rest
+        .iter()
+        .position(u8::is_ascii_whitespace)
+        .ok_or(bad.clone())?;
+    let (number, after) = rest.split_at(end);
+    let (whole, fraction) = match number.iter().position(|&b| b == b'.') {
+        Some(point) => (&number[..point], &number[point + 1..]),
+        None => (number, &b""[..]),
+    };
+    let digits = |part: &[u8]| part.iter().all(u8::is_ascii_digit);
+    if whole.is_empty() || !digits(whole) || !digits(fraction) {
+        return Err(bad);
+    }
+    // Exact, in integers: nanoseconds from the first nine decimals.
+    let seconds = whole.iter().try_fold(0u64, |n, &d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    });
+    let nanos = (0..9).fold(0u32, |n, i| {
+        n * 10 + fraction.get(i).map_or(0, |&d| u32::from(d - b'0'))
+    });
+    let time = Duration::new(seconds.ok_or(bad)?, nanos);
+    let skipped = after
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(after.len());
+    let consumed = 1 + end + skipped;
+    Ok((Some(time), &line[consumed..], column + consumed))
+}
+
 /// Reads one line of a capture (with or without its line break).
 ///
-/// `Ok(None)` for a blank line or a comment; otherwise the message's
-/// direction and bytes, or what is wrong with the line.
-pub fn parse_message(line: &[u8]) -> Result<Option<(Direction, Vec<u8>)>, LineError> {
+/// `Ok(None)` for a blank line or a comment; otherwise the message, or what
+/// is wrong with the line.
+pub fn parse_message(line: &[u8]) -> Result<Option<Message>, LineError> {
     let (line, column) = trimmed(line);
-    let Some((&marker, rest)) = line.split_first() else {
-        return Ok(None);
-    };
     if is_ignored(line) {
         return Ok(None);
     }
+    let (time, line, column) = parse_time(line, column)?;
+    // A time with nothing after it: trimming left none of its whitespace.
+    let Some((&marker, rest)) = line.split_first() else {
+        return Err(LineError::BadTime { column });
+    };
     let direction = Direction::from_marker(marker).ok_or(LineError::MissingDirection {
         column,
         found: Found(marker),
     })?;
-    match rest.first() {
-        None => Ok(Some((direction, Vec::new()))),
-        Some(b' ' | b'\t') => Ok(Some((direction, parse_hex(rest, column + 1)?))),
-        Some(&other) => Err(LineError::MissingSpace {
-            direction,
-            column: column + 1,
-            found: Found(other),
-        }),
-    }
+    let bytes = match rest.first() {
+        None => Vec::new(),
+        Some(b' ' | b'\t') => parse_hex(rest, column + 1)?,
+        Some(&other) => {
+            return Err(LineError::MissingSpace {
+                direction,
+                column: column + 1,
+                found: Found(other),
+            });
+        }
+    };
+    Ok(Some(Message {
+        time,
+        direction,
+        bytes,
+    }))
 }
 
 /// Reads one line of the payload variant (with or without its line break).
@@ -237,6 +308,7 @@ pub fn parse_payload(line: &[u8]) -> Result<Option<Payload>, LineError> {
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Line<'a> {
+    time: Option<Duration>,
     direction: Direction,
     message: &'a [u8],
 }
@@ -244,7 +316,20 @@ pub struct Line<'a> {
 impl<'a> Line<'a> {
     /// The line for `message`, going `direction`.
     pub fn new(direction: Direction, message: &'a [u8]) -> Self {
-        Line { direction, message }
+        Line {
+            time: None,
+            direction,
+            message,
+        }
+    }
+
+    /// The same line, starting with `time` (from the capture's start), in
+    /// microseconds: `+0.004180 < …`.
+    pub fn at(self, time: Duration) -> Self {
+        Line {
+            time: Some(time),
+            ..self
+        }
     }
 }
 
@@ -254,6 +339,9 @@ fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
 
 impl fmt::Display for Line<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(time) = self.time {
+            write!(f, "+{}.{:06} ", time.as_secs(), time.subsec_micros())?;
+        }
         write!(f, "{}", self.direction.marker())?;
         if self.message.is_empty() {
             return Ok(());
@@ -279,37 +367,92 @@ impl fmt::Display for Line<'_> {
 mod tests {
     use super::*;
 
+    fn read(direction: Direction, bytes: Vec<u8>) -> Message {
+        Message {
+            time: None,
+            direction,
+            bytes,
+        }
+    }
+
     #[test]
     fn golden_lines() {
         assert_eq!(
             parse_message(b"> 00 00000000 00000000 0074\n"),
-            Ok(Some((
+            Ok(Some(read(
                 Direction::ClientToServer,
                 vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x74]
             )))
         );
         assert_eq!(
             parse_message(b"<\t06 0000 0001  000000 02\r\n"),
-            Ok(Some((
+            Ok(Some(read(
                 Direction::ServerToClient,
                 vec![6, 0, 0, 0, 1, 0, 0, 0, 2]
             )))
         );
         assert_eq!(
             parse_message(b"  > aBcD eF  "),
-            Ok(Some((Direction::ClientToServer, vec![0xab, 0xcd, 0xef])))
+            Ok(Some(read(
+                Direction::ClientToServer,
+                vec![0xab, 0xcd, 0xef]
+            )))
         );
+    }
+
+    #[test]
+    fn lines_may_start_with_their_time() {
+        let timed = |seconds: f64, direction, bytes| Message {
+            time: Some(Duration::from_secs_f64(seconds)),
+            direction,
+            bytes,
+        };
+        assert_eq!(
+            parse_message(b"+0.004180 < 06 00000001 00000002\n"),
+            Ok(Some(timed(
+                0.00418,
+                Direction::ServerToClient,
+                vec![6, 0, 0, 0, 1, 0, 0, 0, 2]
+            )))
+        );
+        assert_eq!(
+            parse_message(b"  +12\t>"),
+            Ok(Some(timed(12.0, Direction::ClientToServer, vec![])))
+        );
+        let line = Line::new(Direction::ClientToServer, &[1, 2])
+            .at(Duration::from_micros(3_000_042))
+            .to_string();
+        assert_eq!(line, "+3.000042 > 0102");
+        for (bad, column) in [
+            (&b"+ > 00"[..], 1),
+            (b"+x > 00", 1),
+            (b"  +1.2.3 > 00", 3),
+            (b"+-1 > 00", 1),
+            (b"+1e3 > 00", 1),
+            (b"+.5 > 00", 1),
+            (b"+1>00", 1),
+            (b"+1", 1),
+        ] {
+            let error = parse_message(bad).expect_err("a bad time");
+            assert_eq!(error, LineError::BadTime { column }, "{bad:?}");
+        }
+        assert_eq!(
+            LineError::BadTime { column: 1 }.to_string(),
+            "bad time at column 1: expected + and seconds, such as +0.25, then a space"
+        );
+        // A time only goes before the direction.
+        assert!(parse_message(b"> +1 00").is_err());
     }
 
     #[test]
     fn a_direction_alone_is_an_empty_message() {
         assert_eq!(
             parse_message(b"<"),
-            Ok(Some((Direction::ServerToClient, vec![])))
+            Ok(Some(read(Direction::ServerToClient, vec![])))
         );
         assert_eq!(
             parse_message(b">   \n"),
-            Ok(Some((Direction::ClientToServer, vec![])))
+            Ok(Some(read(Direction::ClientToServer, vec![])))
         );
     }
 
@@ -421,7 +564,7 @@ mod tests {
                 let line = Line::new(direction, message).to_string();
                 assert_eq!(
                     parse_message(line.as_bytes()),
-                    Ok(Some((direction, message.to_vec()))),
+                    Ok(Some(read(direction, message.to_vec()))),
                     "{line}"
                 );
             }
@@ -433,16 +576,19 @@ mod tests {
         fn any_message_reads_back_from_its_line(
             from_client in proptest::bool::ANY,
             message in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            micros in proptest::option::of(0..u64::from(u32::MAX)),
         ) {
             let direction = if from_client {
                 Direction::ClientToServer
             } else {
                 Direction::ServerToClient
             };
-            let line = format!("{}\n", Line::new(direction, &message));
+            let time = micros.map(Duration::from_micros);
+            let line = Line::new(direction, &message);
+            let line = format!("{}\n", time.map_or(line, |time| line.at(time)));
             proptest::prop_assert_eq!(
                 parse_message(line.as_bytes()),
-                Ok(Some((direction, message)))
+                Ok(Some(Message { time, direction, bytes: message }))
             );
         }
 
@@ -460,7 +606,7 @@ mod tests {
             ),
         ) {
             for result in [
-                parse_message(&line).map(|read| read.map(|(_, bytes)| bytes)),
+                parse_message(&line).map(|read| read.map(|message| message.bytes)),
                 parse_payload(&line).map(|read| match read {
                     Some(Payload::Response(bytes)) => Some(bytes),
                     _ => None,
@@ -475,6 +621,9 @@ mod tests {
                         | LineError::MissingSpace { column, found, .. },
                     ) => proptest::prop_assert_eq!(line.get(column - 1), Some(&found.0)),
                     Err(LineError::OddDigits { digits }) => proptest::prop_assert!(digits % 2 == 1),
+                    Err(LineError::BadTime { column }) => {
+                        proptest::prop_assert_eq!(line.get(column - 1), Some(&b'+'));
+                    }
                 }
             }
         }

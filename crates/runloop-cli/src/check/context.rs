@@ -116,6 +116,13 @@ impl Ctx {
         verdict
     }
 
+    /// Whether no served connection can be had: the server could not be
+    /// reached again, or an authorized connection is not served (a refused
+    /// credential). The check stops there.
+    pub(super) fn no_connection(&self) -> bool {
+        self.unreachable.is_some() || self.unserved.is_some()
+    }
+
     /// Skips a case that needs a served connection when there is none.
     pub(super) fn needs_connection(&self) -> Checked<()> {
         if let Some(why) = &self.unreachable {
@@ -190,7 +197,7 @@ impl Ctx {
         match Wire::dial(&self.url, self.timeout).await {
             Ok(wire) => Ok(wire),
             Err(error) => {
-                let why = format!("cannot connect: {error}");
+                let why = error.to_string();
                 self.unreachable = Some(why.clone());
                 Err(Verdict::Fail(why))
             }

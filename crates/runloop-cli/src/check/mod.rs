@@ -28,20 +28,22 @@ mod wire;
 use std::io::Write;
 use std::time::Duration;
 
-use runloop_proto::agents_run::{ImageRef, is_valid_digest, is_valid_name};
+use runloop_proto::agents_run::ImageRef;
 use serde_json::value::RawValue;
 
 use self::context::Ctx;
 use self::report::Report;
 use self::wire::Wire;
+use crate::dial::check_url;
 use crate::exit::{Exit, Failure};
+use crate::seconds::show as seconds;
 
 /// Arguments of `runloop check`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = CHECK_HELP)]
 pub struct Args {
     /// The provider server to check (`ws://host:port`).
-    #[arg(long, default_value = "ws://127.0.0.1:7878")]
+    #[arg(long, env = "RUNLOOP_URL", default_value = "ws://127.0.0.1:7878")]
     pub url: String,
     /// The credential to authorize with. Every local user can read it in
     /// /proc/PID/cmdline: prefer --token-file or RUNLOOP_TOKEN (the
@@ -53,7 +55,7 @@ pub struct Args {
     pub token_file: Option<std::path::PathBuf>,
     /// The `server` image to run, `NAME[@DIGEST]`; without a digest,
     /// `sha256:` and 64 zeros is sent.
-    #[arg(long, value_name = "NAME[@DIGEST]", default_value = "demo", value_parser = parse_image)]
+    #[arg(long, value_name = "NAME[@DIGEST]", default_value = "demo", value_parser = crate::run::image)]
     pub image: ImageRef,
     /// The JSON value sent as each run's `agent` (handed to the agent's
     /// registration).
@@ -63,7 +65,7 @@ pub struct Args {
     #[arg(long, default_value = "runloop check")]
     pub prompt: String,
     /// How long to wait for each answer, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = crate::seconds::parse)]
     pub timeout: Duration,
     /// Also check that a connection that never authorizes is closed
     /// (informational; waits up to 30 s).
@@ -167,48 +169,32 @@ impl Args {
         }
         // A server that cannot be reached at all is not a failing case: the
         // check itself could not run.
+        check_url(&self.url).map_err(Failure::Dial)?;
         match Wire::dial(&self.url, self.timeout).await {
             Ok(wire) => wire.close().await,
-            Err(source) => {
-                return Err(Failure::Connect {
-                    url: self.url.clone(),
-                    source,
-                });
-            }
+            Err(error) => return Err(Failure::Dial(error)),
         }
         let mut ctx = Ctx::new(self, token);
         let mut report = Report::new(out, self.json);
-        for case in cases::CASES.iter().filter(|case| self.slow || !case.slow) {
+        let cases: Vec<&cases::Case> = cases::CASES
+            .iter()
+            .filter(|case| self.slow || !case.slow)
+            .collect();
+        for (done, case) in cases.iter().enumerate() {
             let verdict = match (case.run)(&mut ctx).await {
                 Ok(verdict) | Err(verdict) => verdict,
             };
             report.case(case, verdict)?;
+            if ctx.no_connection() {
+                // Every case left needs what is missing, or would only
+                // show the same thing again: one line says it.
+                report.not_run(cases.len() - done - 1);
+                break;
+            }
         }
         ctx.close().await;
         Ok(report.summary(&self.url)?)
     }
-}
-
-/// A duration in words: `10 s`, `0.25 s`.
-fn seconds(duration: Duration) -> String {
-    format!("{} s", duration.as_secs_f64())
-}
-
-/// `NAME[@DIGEST]`, the digest `sha256:` and 64 zeros when absent.
-fn parse_image(text: &str) -> Result<ImageRef, String> {
-    let (name, digest) = match text.split_once('@') {
-        Some((name, digest)) => (name.to_owned(), digest.to_owned()),
-        None => (text.to_owned(), format!("sha256:{}", "0".repeat(64))),
-    };
-    if !is_valid_name(&name) {
-        return Err(format!(
-            "{name:?} is not an image name (a repository path without a host)"
-        ));
-    }
-    if !is_valid_digest(&digest) {
-        return Err(format!("{digest:?} is not a digest (<algorithm>:<hex>)"));
-    }
-    Ok(ImageRef { name, digest })
 }
 
 /// Any JSON value, kept as it was written.
@@ -216,45 +202,9 @@ fn parse_agent(text: &str) -> Result<Box<RawValue>, String> {
     RawValue::from_string(text.to_owned()).map_err(|error| format!("not JSON: {error}"))
 }
 
-/// Seconds, whole or decimal, optionally followed by `s`; more than zero.
-fn parse_seconds(text: &str) -> Result<Duration, String> {
-    let number = text.strip_suffix('s').unwrap_or(text).trim();
-    let seconds: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    if seconds <= 0.0 {
-        return Err("the timeout must be more than zero seconds".to_owned());
-    }
-    Duration::try_from_secs_f64(seconds).map_err(|error| format!("{text:?}: {error}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn images_take_a_default_digest_and_are_checked() {
-        let image = parse_image("demo").expect("a name");
-        assert_eq!(image.name, "demo");
-        assert_eq!(image.digest, format!("sha256:{}", "0".repeat(64)));
-        let digest = format!("sha256:{}", "ab".repeat(32));
-        let image = parse_image(&format!("agents/demo@{digest}")).expect("name and digest");
-        assert_eq!((image.name.as_str(), image.digest), ("agents/demo", digest));
-        assert!(parse_image("Demo").is_err());
-        assert!(parse_image("demo@sha256:xyz").is_err());
-        assert!(parse_image("registry.example:5000/demo").is_err());
-    }
-
-    #[test]
-    fn timeouts_are_positive_seconds() {
-        assert_eq!(parse_seconds("10"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_seconds("0.5s"), Ok(Duration::from_millis(500)));
-        for bad in ["0", "-1", "ten", "NaN", "inf", ""] {
-            assert!(parse_seconds(bad).is_err(), "{bad}");
-        }
-        assert_eq!(seconds(Duration::from_millis(250)), "0.25 s");
-        assert_eq!(seconds(Duration::from_secs(10)), "10 s");
-    }
 
     #[test]
     fn agents_are_any_json_kept_as_written() {

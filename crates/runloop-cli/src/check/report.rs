@@ -13,8 +13,13 @@
 //!
 //! --json:
 //! {"case":"…","section":"§4","level":"must","result":"pass","detail":""}
-//! {"summary":{"url":"…","passed":24,"failed":1,"info":1,"skipped":2},"exit":1}
+//! {"summary":{"url":"…","passed":24,"failed":1,"info":1,"skipped":2,"not_run":0},"exit":1}
 //! ```
+//!
+//! When no connection can be served (a refused credential, a server gone),
+//! the check stops after the case that found it: that case's line, then the
+//! summary, which counts the cases left out as "not run", instead of a
+//! line per case that could only say the same thing.
 
 use std::io::{self, Write};
 
@@ -31,6 +36,8 @@ struct Counts {
     failed: usize,
     info: usize,
     skipped: usize,
+    /// Cases left out after the check found it could not go on.
+    not_run: usize,
 }
 
 /// Writes the report to `W`.
@@ -90,19 +97,31 @@ impl<W: Write> Report<W> {
         self.out.flush()
     }
 
+    /// Notes the cases left out when the check cannot go on; the summary
+    /// counts them, and no line is printed for each.
+    pub(super) fn not_run(&mut self, cases: usize) {
+        self.counts.not_run += cases;
+    }
+
     /// The summary, and the exit code: 1 when a MUST case failed, else 2
-    /// when a case was skipped (the check is incomplete), else 0.
+    /// when a case was skipped or not run (the check is incomplete), else 0.
     pub(super) fn summary(mut self, url: &str) -> io::Result<Exit> {
         let Counts {
             passed,
             failed,
             info,
             skipped,
+            not_run,
         } = self.counts;
         let (exit, verdict) = if failed > 0 {
             (
                 Exit::NONCONFORMANT,
                 "a MUST of docs/protocol.md does not hold",
+            )
+        } else if not_run > 0 {
+            (
+                Exit::Failed,
+                "the check could not be made: no connection is served (see above)",
             )
         } else if skipped > 0 {
             (
@@ -120,16 +139,21 @@ impl<W: Write> Report<W> {
                     "failed": failed,
                     "info": info,
                     "skipped": skipped,
+                    "not_run": not_run,
                 },
                 "exit": exit.code(),
             });
             serde_json::to_writer(&mut self.out, &line)?;
             self.out.write_all(b"\n")?;
         } else {
-            writeln!(
+            write!(
                 self.out,
-                "{url}: {passed} passed, {failed} failed, {info} info, {skipped} skipped: {verdict}"
+                "{url}: {passed} passed, {failed} failed, {info} info, {skipped} skipped"
             )?;
+            if not_run > 0 {
+                write!(self.out, ", {not_run} not run")?;
+            }
+            writeln!(self.out, ": {verdict}")?;
         }
         self.out.flush()?;
         Ok(exit)

@@ -34,6 +34,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async_with_config};
 
 use super::{Checked, Verdict, seconds};
+use crate::dial::DialError;
 
 /// An endpoint tag and a channel tag no server serves: the probes' requests,
 /// and the "unknown tag" of the cases. A bare `[200]` does not decode as
@@ -185,16 +186,18 @@ pub(super) struct Wire {
 
 impl Wire {
     /// Opens a WebSocket to `url`, sending nothing.
-    pub(super) async fn dial(
-        url: &str,
-        timeout: Duration,
-    ) -> Result<Wire, Box<dyn std::error::Error + Send + Sync>> {
+    pub(super) async fn dial(url: &str, timeout: Duration) -> Result<Wire, DialError> {
         // Small frames go back to back: Nagle would hold each for an ACK.
         let dial = connect_async_with_config(url, None, true);
         let (ws, _response) = match tokio::time::timeout(timeout, dial).await {
-            Ok(dialled) => dialled?,
+            Ok(dialled) => dialled.map_err(|error| DialError::websocket(url, error))?,
             Err(_) => {
-                return Err(format!("no WebSocket handshake within {}", seconds(timeout)).into());
+                return Err(DialError::Timeout {
+                    url: url.to_owned(),
+                    what: "no WebSocket handshake",
+                    after: timeout,
+                    option: "--timeout",
+                });
             }
         };
         Ok(Wire {

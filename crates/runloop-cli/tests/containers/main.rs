@@ -651,9 +651,9 @@ fn a_registry_image_runs_and_two_runs_at_once_pull_it_once() {
     assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
 
-/// The message of a refused run (`runloop run` exits 2 and says it).
+/// The message of a refused run (`runloop run` exits 7 and says it).
 fn refusal(output: &Output) -> String {
-    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert_eq!(output.status.code(), Some(7), "{output:?}");
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 

@@ -10,6 +10,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+#[cfg(doc)]
+use super::image::DIGEST_RULE;
 use super::image::{Image, ImageRef, is_valid_digest, is_valid_name};
 use super::mounts::{FuseMount, IdentityMount, PathRule, VolumeMount};
 use crate::codec::{Decode, Encode, Writer};
@@ -168,8 +170,8 @@ pub enum InvalidRequest {
     /// An image name that is not a repository path without a host.
     #[error("image name {0:?} is not a repository path without a host")]
     ImageName(String),
-    /// An image digest that is not `<algorithm>:<hex>`.
-    #[error("image digest {0:?} is not <algorithm>:<hex>")]
+    /// An image digest that is not one runloop takes ([`DIGEST_RULE`]).
+    #[error("image digest {0:?} is not sha256: followed by 64 lowercase hex digits")]
     ImageDigest(String),
     /// An empty registry reference.
     #[error("image registry reference is empty")]
@@ -386,7 +388,7 @@ mod tests {
                 name: "a".into(),
                 digest: "md5".into()
             })),
-            r#"image digest "md5" is not <algorithm>:<hex>"#
+            r#"image digest "md5" is not sha256: followed by 64 lowercase hex digits"#
         );
         assert_eq!(
             with(&|c| c.image = Image::Registry(RegistryImage {

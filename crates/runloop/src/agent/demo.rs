@@ -258,6 +258,12 @@ impl Script {
     }
 }
 
+/// `n` and the noun, singular for one: "1 word", "3 words".
+fn counted(n: usize, noun: &str) -> String {
+    let plural = if n == 1 { "" } else { "s" };
+    format!("{n} {noun}{plural}")
+}
+
 /// Splits `text` after every `words` words, keeping every byte.
 fn deltas(text: &str, words: usize) -> Vec<String> {
     let mut out = Vec::new();
@@ -315,7 +321,8 @@ fn conversation(
     let mut completion = 0u64;
 
     let thought = format!(
-        "The prompt has {words} words. I will count them with the word_count tool, then read the prompt back."
+        "The prompt has {}. I will count them with the word_count tool, then read the prompt back.",
+        counted(words, "word")
     );
     for delta in deltas(&thought, 3) {
         script.reasoning(delta);
@@ -348,7 +355,9 @@ fn conversation(
         AgenticLoopChunk::ToolResponse(ToolResponseChunk {
             id: "call_1".to_owned(),
             content: vec![ContentBlock::text(format!(
-                "{words} words, {characters} characters"
+                "{}, {}",
+                counted(words, "word"),
+                counted(characters, "character")
             ))],
             structured_content: Some(json!({"words": words, "characters": characters})),
             is_error: Some(false),
@@ -374,8 +383,11 @@ fn conversation(
         })
     });
 
-    let answer =
-        format!("You said: \"{prompt}\". That is {words} words and {characters} characters.");
+    let answer = format!(
+        "You said: \"{prompt}\". That is {} and {}.",
+        counted(words, "word"),
+        counted(characters, "character")
+    );
     let answer_deltas = answer.split_inclusive(' ').count() as u64;
     completion += answer_deltas;
     let first = script.items.len() as u64;
@@ -478,6 +490,31 @@ mod tests {
             }
             other => panic!("the last chunk is not usage: {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn one_word_is_one_word() {
+        let items = run("x").await.expect("runs");
+        let mut texts = String::new();
+        for chunk in items.into_iter().map(|c| c.expect("no break")) {
+            match chunk {
+                AgenticLoopChunk::AssistantReasoning(c)
+                | AgenticLoopChunk::AssistantTextContent(c) => {
+                    texts.push_str(&c.text);
+                }
+                AgenticLoopChunk::ToolResponse(response) => {
+                    texts.push_str(&serde_json::to_string(&response.content).expect("JSON"));
+                }
+                _ => {}
+            }
+        }
+        assert!(texts.contains("The prompt has 1 word."), "{texts}");
+        assert!(texts.contains("1 word, 1 character"), "{texts}");
+        assert!(texts.contains("That is 1 word and 1 character."), "{texts}");
+        assert!(
+            !texts.contains("1 words") && !texts.contains("1 characters"),
+            "{texts}"
+        );
     }
 
     #[tokio::test]

@@ -15,8 +15,8 @@
 //! NAME[@DIGEST]=oci:DIR                      an OCI image layout, in a container (runloop-oci)
 //! ```
 //!
-//! `NAME` is a repository path without a host and `DIGEST` is
-//! `ALGORITHM:HEX`, in the request's own grammar, so an entry can only name
+//! `NAME` is a repository path without a host and `DIGEST` is `sha256:`
+//! and 64 lowercase hex digits, in the request's own grammar, so an entry can only name
 //! an image a request could ask for. Exec arguments are split on
 //! whitespace, with no quoting. A spec that does not parse says which part
 //! is wrong and what was expected.
@@ -79,8 +79,8 @@ pub enum SpecError {
     /// The name is not a repository path without a host.
     #[error("image name {0:?} is not a repository path without a host (such as agents/demo)")]
     Name(String),
-    /// The digest is not `ALGORITHM:HEX`.
-    #[error("digest {0:?} is not ALGORITHM:HEX (such as sha256: and 64 lowercase hex digits)")]
+    /// The digest is not one runloop takes (`DIGEST_RULE`).
+    #[error("digest {0:?} is not sha256: followed by 64 lowercase hex digits")]
     Digest(String),
     /// The runtime has no `KIND:`.
     #[error("runtime {0:?} has no kind: expected builtin:, exec:, proxy: or oci:")]
@@ -449,7 +449,11 @@ mod tests {
             ),
             (
                 "demo@sha256:abc=builtin:demo",
-                "digest \"sha256:abc\" is not ALGORITHM:HEX (such as sha256: and 64 lowercase hex digits)",
+                "digest \"sha256:abc\" is not sha256: followed by 64 lowercase hex digits",
+            ),
+            (
+                "demo@md5:0123=builtin:demo",
+                "digest \"md5:0123\" is not sha256: followed by 64 lowercase hex digits",
             ),
             (
                 "demo=demo",

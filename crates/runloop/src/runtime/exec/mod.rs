@@ -381,7 +381,9 @@ impl Exec {
             }
             if Instant::now() >= deadline {
                 return Err(Failed::Start(format!(
-                    "the agent program did not listen on {agent} within {timeout:?}"
+                    "the agent program did not listen on {agent} within {} s: \
+                     is it listening on $PORT ({port})?",
+                    timeout.as_secs_f64()
                 )));
             }
             tokio::select! {

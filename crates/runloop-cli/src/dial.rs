@@ -1,0 +1,193 @@
+//! Dialling a provider server: what a URL must look like, and each way a
+//! connection can fail, in words that point at the fix.
+//!
+//! A user who cannot connect needs to know which of three things is wrong:
+//! the URL (not a WebSocket URL at all — often `http://` or a bare
+//! `HOST:PORT`), the network (nothing listens there), or the peer (something
+//! answers, but it is not a runloop server: an HTTP server that will not
+//! upgrade, or a port that does not speak HTTP). [`DialError`] keeps them
+//! apart; each message names the URL once and the cause once, and the
+//! WebSocket library's own error stays reachable through `source()`.
+//!
+//! ```text
+//! "localhost:7878" is not a WebSocket URL: write ws://localhost:7878 (wss:// for TLS)
+//! cannot connect to ws://127.0.0.1:1: Connection refused (os error 111): is a server listening there?
+//! http://127.0.0.1:8000/ is not a runloop server: it answered the WebSocket upgrade with HTTP 404 Not Found
+//! ```
+
+use std::io;
+use std::time::Duration;
+
+use runloop::client::ConnectError;
+use tokio_tungstenite::tungstenite::Error as WsError;
+
+/// Why a connection to a provider server could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The URL is not `ws://` or `wss://`.
+    #[error("{url:?} is not a WebSocket URL: write {suggestion} (wss:// for TLS)")]
+    Scheme {
+        /// The URL as given.
+        url: String,
+        /// The same address as a WebSocket URL.
+        suggestion: String,
+    },
+    /// The URL cannot be dialled as written (no host, an unsupported part).
+    #[error("cannot connect to {url}: the URL cannot be used: {source}")]
+    Url {
+        /// The URL.
+        url: String,
+        /// What the WebSocket library said.
+        #[source]
+        source: WsError,
+    },
+    /// Nothing answered: refused, unreachable, a name that does not resolve.
+    #[error("cannot connect to {url}: {source}{}", network_hint(.source))]
+    Network {
+        /// The URL.
+        url: String,
+        /// What the system said.
+        #[source]
+        source: io::Error,
+    },
+    /// An HTTP server answered, and did not upgrade to WebSocket.
+    #[error("{url} is not a runloop server: it answered the WebSocket upgrade with HTTP {status}")]
+    NotUpgraded {
+        /// The URL.
+        url: String,
+        /// Its answer's status, with its reason phrase.
+        status: String,
+    },
+    /// Something answered that does not complete a WebSocket handshake.
+    #[error(
+        "{url} is not a runloop server: its answer to the WebSocket upgrade is not one ({source})"
+    )]
+    Handshake {
+        /// The URL.
+        url: String,
+        /// What broke.
+        #[source]
+        source: WsError,
+    },
+    /// The WebSocket opened, and the authorization could not be sent.
+    #[error("cannot authorize at {url}: the connection failed: {source}")]
+    Authorization {
+        /// The URL.
+        url: String,
+        /// What broke.
+        #[source]
+        source: WsError,
+    },
+    /// The connection was not made within a time limit.
+    #[error("cannot connect to {url}: {what} within {} ({option})", crate::seconds::show(*.after))]
+    Timeout {
+        /// The URL.
+        url: String,
+        /// What did not happen in time.
+        what: &'static str,
+        /// The limit.
+        after: Duration,
+        /// The option that sets it.
+        option: &'static str,
+    },
+    /// The client's own configuration cannot work.
+    #[error("{0}")]
+    Config(#[source] ConnectError),
+}
+
+/// A hint for the network errors that have a usual cause.
+fn network_hint(error: &io::Error) -> &'static str {
+    match error.kind() {
+        io::ErrorKind::ConnectionRefused => ": is a server listening there?",
+        _ => "",
+    }
+}
+
+/// Refuses a URL that is not a WebSocket URL, suggesting the one meant.
+pub fn check_url(url: &str) -> Result<(), DialError> {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let suggestion = match scheme.to_ascii_lowercase().as_str() {
+        "ws" | "wss" => return Ok(()),
+        "https" => format!("wss://{rest}"),
+        _ => format!("ws://{rest}"),
+    };
+    Err(DialError::Scheme {
+        url: url.to_owned(),
+        suggestion,
+    })
+}
+
+impl DialError {
+    /// The error of opening a WebSocket to `url`.
+    pub fn websocket(url: &str, error: WsError) -> DialError {
+        let url = url.to_owned();
+        match error {
+            WsError::Io(source) => DialError::Network { url, source },
+            WsError::Http(response) => DialError::NotUpgraded {
+                url,
+                status: response.status().to_string(),
+            },
+            source @ WsError::Url(_) => DialError::Url { url, source },
+            source => DialError::Handshake { url, source },
+        }
+    }
+
+    /// The error of the library client's connect to `url`.
+    pub fn client(url: &str, error: ConnectError) -> DialError {
+        match error {
+            ConnectError::WebSocket(error) => DialError::websocket(url, error),
+            ConnectError::Authorization(source) => DialError::Authorization {
+                url: url.to_owned(),
+                source,
+            },
+            other => DialError::Config(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_that_are_not_websocket_urls_get_the_one_meant() {
+        for good in ["ws://127.0.0.1:7878", "wss://example.com/x", "WS://h:1"] {
+            assert!(check_url(good).is_ok(), "{good}");
+        }
+        let cases = [
+            ("http://127.0.0.1:7878", "ws://127.0.0.1:7878"),
+            ("https://example.com", "wss://example.com"),
+            ("127.0.0.1:7878", "ws://127.0.0.1:7878"),
+            ("ftp://h:1", "ws://h:1"),
+        ];
+        for (url, suggestion) in cases {
+            let error = check_url(url).expect_err(url);
+            assert_eq!(
+                error.to_string(),
+                format!("{url:?} is not a WebSocket URL: write {suggestion} (wss:// for TLS)")
+            );
+        }
+    }
+
+    #[test]
+    fn each_failure_names_the_url_once_and_keeps_its_cause() {
+        use std::error::Error as _;
+
+        let refused = DialError::websocket(
+            "ws://127.0.0.1:1",
+            WsError::Io(io::Error::from(io::ErrorKind::ConnectionRefused)),
+        );
+        let text = refused.to_string();
+        assert_eq!(text.matches("cannot connect").count(), 1, "{text}");
+        assert!(text.ends_with(": is a server listening there?"), "{text}");
+        assert!(refused.source().is_some());
+
+        let mut response = tokio_tungstenite::tungstenite::http::Response::new(None);
+        *response.status_mut() = tokio_tungstenite::tungstenite::http::StatusCode::NOT_FOUND;
+        let not_upgraded = DialError::websocket("ws://h:1", WsError::Http(Box::new(response)));
+        assert_eq!(
+            not_upgraded.to_string(),
+            "ws://h:1 is not a runloop server: it answered the WebSocket upgrade with HTTP 404 Not Found"
+        );
+    }
+}
