@@ -13,12 +13,16 @@
 //! a proxy, an agent, a connection — the caller still gets an honest
 //! [`Outcome`](runloop_proto::run_loop::Outcome).
 
+pub mod admin;
 pub mod agent;
 pub mod client;
 pub mod connection;
+pub mod metrics;
 pub mod proxy;
 pub mod runtime;
 pub mod server;
+pub mod tls;
+pub mod transport;
 
 pub use runloop_proto as proto;
 
