@@ -2,6 +2,9 @@
 //! stderr, and the signals that end a long-running command.
 
 use std::future::Future;
+use std::path::PathBuf;
+
+use runloop::tls::ClientTls;
 
 use crate::exit::Failure;
 
@@ -115,6 +118,18 @@ impl std::fmt::Debug for Logs {
             .field("dropped", &self.dropped.dropped_lines())
             .finish()
     }
+}
+
+/// Whom a `wss://` client trusts: the platform's roots, and besides them
+/// the certificate authorities of `--ca` (`None` without any: the
+/// platform's alone, read when a `wss://` URL needs them).
+pub fn client_tls(authorities: &[PathBuf]) -> Result<Option<ClientTls>, Failure> {
+    if authorities.is_empty() {
+        return Ok(None);
+    }
+    ClientTls::new(authorities)
+        .map(Some)
+        .map_err(|error| Failure::Argument(format!("--ca: {error}")))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

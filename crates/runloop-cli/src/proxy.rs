@@ -5,12 +5,15 @@
 use std::io::Write;
 use std::net::SocketAddr;
 
-use runloop::proxy::{DEFAULT_LISTEN, Proxy};
+use std::sync::Arc;
+
+use runloop::proxy::{DEFAULT_LISTEN, Proxy, ProxyAdmin};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::exit::{Exit, Failure};
-use crate::process::{block_on, init_logs, shutdown_signal};
+use crate::process::{LogFormat, block_on, init_logs_as, shutdown_signal};
+use crate::serve::start_admin;
 
 /// Arguments of `runloop proxy`.
 #[derive(Debug, clap::Args)]
@@ -21,12 +24,19 @@ pub struct Args {
     /// The agent program's port on 127.0.0.1 (default: $PORT, else 8080).
     #[arg(long)]
     pub agent_port: Option<u16>,
+    /// Serve GET /metrics (Prometheus), /healthz and /readyz over HTTP on
+    /// this address; its URL is printed after the proxy's. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<SocketAddr>,
+    /// Log lines as text, or as JSON objects (one a line) for a log shipper.
+    #[arg(long, value_enum, default_value_t)]
+    pub log_format: LogFormat,
 }
 
 impl Args {
     /// Proxies until Ctrl-C or SIGTERM.
     pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
-        let _logs = init_logs("info");
+        let _logs = init_logs_as("info", self.log_format);
         let port = self
             .agent_port
             .unwrap_or_else(runloop::agent::port_from_env);
@@ -41,13 +51,29 @@ impl Args {
                     })?;
             let addr = proxy.local_addr().map_err(Failure::Runtime)?;
             writeln!(out, "ws://{addr}")?;
+            let shutdown = CancellationToken::new();
+            let admin = match self.admin {
+                Some(addr) => {
+                    let watched = ProxyAdmin {
+                        metrics: proxy.metrics(),
+                        shutdown: shutdown.clone(),
+                    };
+                    let (url, stop, serving) = start_admin(addr, Arc::new(watched)).await?;
+                    writeln!(out, "{url}")?;
+                    Some((stop, serving))
+                }
+                None => None,
+            };
             out.flush()?;
             info!(%addr, %agent, "proxying");
-            let shutdown = CancellationToken::new();
             let running = tokio::spawn(proxy.run(shutdown.clone()));
             shutdown_signal().await;
             shutdown.cancel();
             let _ = running.await;
+            if let Some((stop, serving)) = admin {
+                stop.cancel();
+                let _ = serving.await;
+            }
             Ok(Exit::Success)
         })?
     }

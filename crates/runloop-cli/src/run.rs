@@ -24,7 +24,7 @@ use runloop_proto::run_loop::{Broken, Outcome};
 use serde_json::value::RawValue;
 
 use crate::exit::{Exit, Failure};
-use crate::process::{block_on, init_logs, shutdown_signal};
+use crate::process::{block_on, client_tls, init_logs, shutdown_signal};
 use crate::render::{Format, Render};
 use crate::serve::bytes;
 
@@ -74,6 +74,10 @@ pub struct Args {
     /// the format `runloop decode` reads. The credential is not recorded.
     #[arg(long, value_name = "FILE")]
     pub capture: Option<PathBuf>,
+    /// For wss://, also trust the certificate authorities in FILE (PEM;
+    /// repeatable), besides the platform's.
+    #[arg(long = "ca", value_name = "FILE")]
+    pub authorities: Vec<PathBuf>,
 }
 
 /// `NAME` or `NAME@DIGEST`, checked as the server will check it.
@@ -164,6 +168,7 @@ impl Args {
             };
             let config = ClientConfig {
                 tap: capture.as_ref().map(Capture::tap),
+                tls: client_tls(&self.authorities)?,
                 ..ClientConfig::default()
             };
             let client = Client::connect_with(&url, &self.token, config)

@@ -160,7 +160,7 @@ impl TlsReason {
                 }
                 CertificateError::NotValidForName => TlsReason::WrongName(Vec::new()),
                 CertificateError::NotValidForNameContext { presented, .. } => {
-                    TlsReason::WrongName(presented.clone())
+                    TlsReason::WrongName(presented.iter().map(|name| bare_name(name)).collect())
                 }
                 other => TlsReason::Other(format!("its certificate does not verify: {other:?}")),
             },
@@ -171,6 +171,16 @@ impl TlsReason {
             None => TlsReason::Other(error.to_string()),
         }
     }
+}
+
+/// A name as the certificate verifier presents it (`DnsName("example.com")`,
+/// `IpAddress(10.0.0.1)`), without its wrapping.
+fn bare_name(presented: &str) -> String {
+    presented
+        .split_once('(')
+        .and_then(|(_, inner)| inner.strip_suffix(')'))
+        .map_or(presented, |inner| inner.trim_matches('"'))
+        .to_owned()
 }
 
 fn alert_name(alert: AlertDescription) -> String {
@@ -342,6 +352,13 @@ mod tests {
             head.contains(&format!("Content-Length: {}", body.len())),
             "{text}"
         );
+    }
+
+    #[test]
+    fn presented_names_lose_their_wrapping() {
+        assert_eq!(bare_name("DnsName(\"localhost\")"), "localhost");
+        assert_eq!(bare_name("IpAddress(10.0.0.1)"), "10.0.0.1");
+        assert_eq!(bare_name("plain"), "plain");
     }
 
     #[test]

@@ -74,6 +74,10 @@ pub struct Args {
     /// Print one JSON object per case, then a summary object.
     #[arg(long)]
     pub json: bool,
+    /// For wss://, also trust the certificate authorities in FILE (PEM;
+    /// repeatable), besides the platform's.
+    #[arg(long = "ca", value_name = "FILE")]
+    pub authorities: Vec<std::path::PathBuf>,
 }
 
 const CHECK_HELP: &str = "\
@@ -165,7 +169,8 @@ impl Args {
     async fn check(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         // A server that cannot be reached at all is not a failing case: the
         // check itself could not run.
-        match Wire::dial(&self.url, self.timeout).await {
+        let tls = crate::process::client_tls(&self.authorities)?;
+        match Wire::dial(&self.url, tls.as_ref(), self.timeout).await {
             Ok(wire) => wire.close().await,
             Err(source) => {
                 return Err(Failure::Connect {
@@ -174,7 +179,7 @@ impl Args {
                 });
             }
         }
-        let mut ctx = Ctx::new(self);
+        let mut ctx = Ctx::new(self, tls);
         let mut report = Report::new(out, self.json);
         for case in cases::CASES.iter().filter(|case| self.slow || !case.slow) {
             let verdict = match (case.run)(&mut ctx).await {

@@ -232,13 +232,12 @@ fn encode<'a>(registries: impl IntoIterator<Item = &'a Registry>) -> String {
     text
 }
 
-/// Whether a run-loop response payload (`[0][chunk JSON]`) is a fatal
-/// notification (protocol §8): the one thing about a loop's last chunk the
-/// counts of outcomes need. Asked once per loop, of its last chunk only.
-pub(crate) fn is_fatal(payload: &[u8]) -> bool {
-    use runloop_proto::Decode;
-    use runloop_proto::run_loop::Frame;
-    matches!(Frame::decode(payload), Ok(Frame::Chunk(chunk)) if chunk.is_fatal())
+/// Whether a chunk's JSON is a fatal notification (protocol §8): the one
+/// thing about a loop's last chunk the counts of outcomes need. Asked once
+/// per loop, of its last chunk only.
+pub(crate) fn is_fatal(chunk: &[u8]) -> bool {
+    use runloop_proto::run_loop::AgenticLoopChunk;
+    serde_json::from_slice::<AgenticLoopChunk>(chunk).is_ok_and(|chunk| chunk.is_fatal())
 }
 
 #[cfg(test)]

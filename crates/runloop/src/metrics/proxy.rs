@@ -35,12 +35,11 @@ label! {
 label! {
     /// What went wrong with the agent program during a loop (protocol §10).
     pub enum AgentFault("kind") {
-        /// It could not be reached.
-        Unreachable = "unreachable",
-        /// It answered something other than a `2xx` event stream.
-        Refused = "refused",
+        /// It did not answer `/run` with a `2xx` event stream: it could not
+        /// be reached, or answered an error status or another content type.
+        NoStream = "no_stream",
         /// Its event stream broke (or an event was over the size limit).
-        Stream = "stream",
+        StreamBroke = "stream_broke",
         /// Its body ended only with its connection (not delimited).
         Undelimited = "undelimited",
     }

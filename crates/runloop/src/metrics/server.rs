@@ -34,6 +34,8 @@ label! {
         Handshake = "handshake",
         /// No handshake within the authorization grace period.
         Timeout = "timeout",
+        /// As many handshakes under way as connections allowed.
+        Busy = "busy",
     }
 }
 
@@ -112,8 +114,8 @@ label! {
 
 impl LoopOutcome {
     /// How a loop ended, from what was sent on its channel: how many
-    /// chunks, whether an error came last, and its last chunk's payload
-    /// (read only when the loop finished, to tell a fatal ending).
+    /// chunks, whether an error came last, and its last chunk's JSON (read
+    /// only when the loop finished, to tell a fatal ending).
     pub fn of(chunks: u64, erred: bool, last: Option<&[u8]>) -> LoopOutcome {
         match (chunks, erred) {
             (0, true) => LoopOutcome::NoLoop,
@@ -355,8 +357,8 @@ mod tests {
 
     #[test]
     fn an_outcome_is_read_from_what_was_sent() {
-        let fatal = b"\0{\"type\":\"notification\",\"is_fatal\":true,\"message\":null}";
-        let text = b"\0{\"type\":\"assistant_text_content\",\"text\":\"hi\"}";
+        let fatal = br#"{"type":"notification","is_fatal":true,"message":null}"#;
+        let text = br#"{"type":"assistant_text_content","text":"hi"}"#;
         assert_eq!(LoopOutcome::of(0, false, None), LoopOutcome::NotServed);
         assert_eq!(LoopOutcome::of(0, true, None), LoopOutcome::NoLoop);
         assert_eq!(

@@ -66,6 +66,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use self::upstream::Upstream;
+use crate::metrics::ProxyMetrics;
 
 /// The proxy's port (protocol §10).
 pub const DEFAULT_PORT: u16 = 14979;
@@ -109,6 +110,7 @@ pub struct Proxy {
     listener: TcpListener,
     agent: SocketAddr,
     config: Config,
+    metrics: Arc<ProxyMetrics>,
 }
 
 impl Proxy {
@@ -123,7 +125,13 @@ impl Proxy {
             listener,
             agent,
             config: Config::default(),
+            metrics: Arc::new(ProxyMetrics::new()),
         }
+    }
+
+    /// What the proxy counts, for an admin listener ([`ProxyAdmin`]).
+    pub fn metrics(&self) -> Arc<ProxyMetrics> {
+        Arc::clone(&self.metrics)
     }
 
     /// Replaces the default bounds.
@@ -150,11 +158,13 @@ impl Proxy {
             listener,
             agent,
             config,
+            metrics,
         } = self;
         let shared = Arc::new(Shared {
             upstream: Upstream::new(agent, config.max_error_body)?,
             config,
             state: State::default(),
+            metrics,
         });
         let tracker = TaskTracker::new();
         info!(listen = ?listener.local_addr().ok(), %agent, "proxy up");
@@ -193,6 +203,43 @@ struct Shared {
     upstream: Upstream,
     config: Config,
     state: State,
+    metrics: Arc<ProxyMetrics>,
+}
+
+/// A proxy as its admin listener sees it: its metrics, and ready until
+/// `shutdown` fires.
+#[derive(Debug)]
+pub struct ProxyAdmin {
+    /// The proxy's metrics ([`Proxy::metrics`]).
+    pub metrics: Arc<ProxyMetrics>,
+    /// The token that shuts the proxy down.
+    pub shutdown: CancellationToken,
+}
+
+impl crate::admin::Watched for ProxyAdmin {
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
+
+    fn ready(&self) -> bool {
+        !self.shutdown.is_cancelled()
+    }
+}
+
+/// Counts a path as open while it lives.
+struct PathOpen<'a>(&'a ProxyMetrics);
+
+impl<'a> PathOpen<'a> {
+    fn new(metrics: &'a ProxyMetrics) -> Self {
+        metrics.paths.fetch_add(1, Ordering::Relaxed);
+        PathOpen(metrics)
+    }
+}
+
+impl Drop for PathOpen<'_> {
+    fn drop(&mut self) {
+        self.0.paths.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Registration and the one running loop.
@@ -322,6 +369,7 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellati
             }
         },
     };
+    let _open = PathOpen::new(&shared.metrics);
     match path {
         Some(Path::Register) => register::serve(ws, &shared, &shutdown).await,
         Some(Path::Run) => run::serve(ws, &shared, &shutdown).await,

@@ -20,6 +20,7 @@ use tracing::{info, warn};
 
 use super::upstream::Failure;
 use super::{End, SHUTTING_DOWN, Shared, Ws, ask, end, error_message, left, proxy_error};
+use crate::metrics::Registration;
 
 /// Serves one `/agent/register` path.
 pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {
@@ -32,7 +33,9 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
 }
 
 async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {
+    let counted = &shared.metrics.registrations;
     if let Err(why) = check(&ask) {
+        counted.inc(Registration::Refused);
         return End::Answer(Some(proxy_error(format!(
             "the registration did not parse: {why}"
         ))));
@@ -40,21 +43,27 @@ async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellat
     let claim = match shared.state.claim_registration() {
         Ok(claim) => claim,
         Err(why) => {
+            counted.inc(Registration::Refused);
             warn!(why, "registration refused");
             return End::Answer(Some(proxy_error(why)));
         }
     };
     // Dropping the claim on any early return releases it.
     tokio::select! {
-        () = shutdown.cancelled() => End::Answer(Some(proxy_error(SHUTTING_DOWN))),
+        () = shutdown.cancelled() => {
+            counted.inc(Registration::Failed);
+            End::Answer(Some(proxy_error(SHUTTING_DOWN)))
+        }
         left = left(ws) => left,
         registered = shared.upstream.register(ask) => match registered {
             Ok(()) => {
                 claim.confirm();
+                counted.inc(Registration::Registered);
                 info!("agent registered");
                 End::Answer(Some(Message::Binary(Bytes::from_static(&[CHUNK]))))
             }
             Err(Failure(json)) => {
+                counted.inc(Registration::Failed);
                 warn!(error = %String::from_utf8_lossy(&json), "registration failed");
                 End::Answer(Some(error_message(&json)))
             }

@@ -59,6 +59,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::scope::{self, Order};
 use super::{Held, Identity, Shared, Stats};
 use crate::connection::{CLOSE_GRACE, Outbox, Outgoing, write_frames};
+use crate::metrics::AuthorizationRefusal;
 
 /// What a connection can run over: a TCP stream, or anything else that
 /// reads and writes bytes (an in-memory pipe in tests and fuzzing).
@@ -106,6 +107,8 @@ pub(crate) struct Conn {
     pub(crate) ended: CancellationToken,
     /// Who the connection is served as.
     pub(crate) identity: Identity,
+    /// The number the connection is known by in logs.
+    pub(crate) number: u64,
     /// Frames of this connection disregarded so far.
     disregarded: std::sync::atomic::AtomicU64,
 }
@@ -130,7 +133,19 @@ impl Conn {
 
     /// Queues a data frame that holds a queue place of its channel.
     pub(crate) fn queue_data(&self, message: Vec<u8>, permit: tokio::sync::OwnedSemaphorePermit) {
-        let _ = self.outbox.send(Outgoing::data(message, permit));
+        let _ = self.outbox.send(Outgoing::data(message, permit, None));
+    }
+
+    /// Queues a relayed chunk whose proxy message came at `relayed_at`.
+    pub(crate) fn queue_relayed(
+        &self,
+        message: Vec<u8>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        relayed_at: std::time::Instant,
+    ) {
+        let _ = self
+            .outbox
+            .send(Outgoing::data(message, permit, Some(relayed_at)));
     }
 
     /// Queues a control frame of `scope` (a main-stream response, or a
@@ -196,7 +211,9 @@ impl Conn {
 /// other end in logs.
 pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shared>) {
     let _held = Held::new(&shared, |s: &Stats| &s.connections);
-    let span = info_span!("connection", %peer);
+    shared.metrics.connections.inc();
+    let number = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+    let span = info_span!("connection", connection = number, %peer);
     async move {
         // The grace covers the WebSocket handshake and the authorization
         // together: a connection that never completes either holds a slot
@@ -214,10 +231,14 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
             result = tokio::time::timeout_at(deadline, authorize(&mut stream, &shared)) => match result {
                 Ok(Ok(identity)) => identity,
                 Ok(Err(why)) => {
+                    if let Some(refusal) = why.refusal() {
+                        shared.metrics.refused.inc(refusal);
+                    }
                     info!(%why, "authorization refused; closing without a frame");
                     return close_without_frame(sink, stream).await;
                 }
                 Err(_) => {
+                    shared.metrics.refused.inc(AuthorizationRefusal::Timeout);
                     info!(?grace, "no authorization within the grace period; closing without a frame");
                     return close_without_frame(sink, stream).await;
                 }
@@ -225,7 +246,7 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
             () = shared.shutdown.cancelled() => return close_without_frame(sink, stream).await,
         };
         info!(%identity, "authorized");
-        serve_authorized(sink, stream, shared, identity).await;
+        serve_authorized(sink, stream, shared, identity, number).await;
     }
     .instrument(span)
     .await;
@@ -242,6 +263,19 @@ enum Refused {
     Credential,
     #[error("the connection ended before it authorized")]
     Closed,
+}
+
+impl Refused {
+    /// How the refusal is counted; a caller that left is not counted.
+    fn refusal(&self) -> Option<AuthorizationRefusal> {
+        match self {
+            Refused::NotAuthorization(_) | Refused::Payload(_) => {
+                Some(AuthorizationRefusal::Malformed)
+            }
+            Refused::Credential => Some(AuthorizationRefusal::Credential),
+            Refused::Closed => None,
+        }
+    }
 }
 
 /// Waits for the first frame, which must be an acceptable authorization.
@@ -354,6 +388,7 @@ async fn serve_authorized<S: Io>(
     mut stream: SplitStream<WebSocketStream<S>>,
     shared: Arc<Shared>,
     identity: Identity,
+    number: u64,
 ) {
     let (outbox, outgoing) = mpsc::unbounded_channel();
     let ended = shared.shutdown.child_token();
@@ -363,6 +398,7 @@ async fn serve_authorized<S: Io>(
         outbox,
         ended: ended.clone(),
         identity,
+        number,
         disregarded: std::sync::atomic::AtomicU64::new(0),
     });
     // Fires when the caller has closed: the writer answers at once, while
@@ -372,10 +408,11 @@ async fn serve_authorized<S: Io>(
     let mut writer = tokio::spawn({
         let ended = ended.clone();
         let answer_close = answer_close.clone();
+        let latency = Some(shared.metrics.relay_latency.clone());
         async move {
             // Otherwise closed by dropping every outbox, after the last
             // finish is queued.
-            if let Err(error) = write_frames(sink, outgoing, answer_close, None).await {
+            if let Err(error) = write_frames(sink, outgoing, answer_close, None, latency).await {
                 debug!(%error, "writing to the caller failed");
             }
             // Whatever ended the writer ends the connection.

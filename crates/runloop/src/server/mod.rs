@@ -21,7 +21,19 @@
 //!
 //! A connection usually comes from the server's own listener, but
 //! [`ServerHandle::serve_connection`] takes any byte stream (an in-memory
-//! pipe in tests and fuzzing) and serves it the same way.
+//! pipe in tests and fuzzing) and serves it the same way. With
+//! [`ServerConfig::tls`], the listener's connections speak TLS first
+//! (`wss://`); the handshake counts against the authorization grace.
+//!
+//! A server can **drain** ([`ServerHandle::drain`]): it stops accepting
+//! (the listener is closed, so a load balancer's next connection goes to
+//! another server), reports itself not ready, and keeps serving the
+//! connections it has, runs and loops included, until they end; then
+//! [`Server::run`] returns. A [`shutdown`](ServerHandle::shutdown) at any
+//! time, the usual end of a drain's deadline, ends whatever is left.
+//!
+//! What the server does is counted in its [`ServerMetrics`], exposed with
+//! its live counts by [`ServerHandle::metrics`].
 //!
 //! The server's own logs never carry a credential, at any level: a refusal
 //! says what was wrong, an identity names the credential's position. One
@@ -42,17 +54,21 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use std::time::Instant;
 
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, ToSocketAddrs};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::connection::{Limit, LimitError, Limits};
+use crate::metrics::{Reload, ServerMetrics, TlsFailure};
 use crate::runtime::{Catalog, Registry};
+use crate::tls::{ServerTls, TlsError};
+use crate::transport::{self, AcceptError};
 
 /// Which credentials the server accepts (protocol §3).
 #[derive(Clone, PartialEq, Eq)]
@@ -127,6 +143,8 @@ pub struct ServerConfig {
     pub catalog: Catalog,
     /// Where `registry` images are pulled from; without one they are refused.
     pub registry: Option<Arc<dyn Registry>>,
+    /// TLS for the listener's connections (`wss://`); none: plain `ws://`.
+    pub tls: Option<ServerTls>,
 }
 
 impl ServerConfig {
@@ -140,6 +158,7 @@ impl ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             catalog,
             registry: None,
+            tls: None,
         }
     }
 
@@ -239,8 +258,13 @@ impl Drop for Held {
 struct Shared {
     config: ServerConfig,
     shutdown: CancellationToken,
+    /// Fires when a drain begins: the listener closes.
+    draining: CancellationToken,
     tasks: TaskTracker,
     stats: Stats,
+    metrics: ServerMetrics,
+    /// The number the next connection is known by in logs.
+    next_connection: AtomicU64,
     /// One permit per connection being served, `max_connections` in all.
     slots: Arc<Semaphore>,
     /// Ids of running containers, so a new id is unique among them.
@@ -272,8 +296,11 @@ impl Server {
         let shared = Arc::new(Shared {
             config,
             shutdown: CancellationToken::new(),
+            draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
             stats: Stats::default(),
+            metrics: ServerMetrics::new(),
+            next_connection: AtomicU64::new(1),
             slots,
             ids: Mutex::new(HashSet::new()),
         });
@@ -296,12 +323,20 @@ impl Server {
     /// Serves until [`ServerHandle::shutdown`]; then stops accepting, ends
     /// every run (channels end with an error, containers stop, scopes
     /// finish), closes every connection, and returns when all of that is done.
+    /// After [`ServerHandle::drain`], it stops accepting and returns once
+    /// the connections it has are over (or a shutdown ends them).
     pub async fn run(self) {
         let Server { listener, shared } = self;
-        info!(addr = ?listener.local_addr().ok(), "serving");
+        info!(addr = ?listener.local_addr().ok(), tls = shared.config.tls.is_some(), "serving");
+        // One place per connection a TLS handshake is under way for, so
+        // that handshakes too are bounded by the connection limit.
+        let handshakes = Arc::new(Semaphore::new(
+            shared.config.max_connections.min(Semaphore::MAX_PERMITS),
+        ));
         loop {
             let accepted = tokio::select! {
                 () = shared.shutdown.cancelled() => break,
+                () = shared.draining.cancelled() => break,
                 accepted = listener.accept() => accepted,
             };
             match accepted {
@@ -310,9 +345,26 @@ impl Server {
                     // only hold each batch back for an ACK.
                     let _ = tcp.set_nodelay(true);
                     let shared_for_task = Arc::clone(&shared);
-                    shared
-                        .tasks
-                        .spawn(connection::serve(tcp, peer, shared_for_task));
+                    match &shared.config.tls {
+                        None => {
+                            shared
+                                .tasks
+                                .spawn(connection::serve(tcp, peer, shared_for_task));
+                        }
+                        Some(tls) => match Arc::clone(&handshakes).try_acquire_owned() {
+                            Ok(place) => {
+                                let acceptor = tls.acceptor();
+                                shared.tasks.spawn(async move {
+                                    serve_tls(tcp, peer, acceptor, shared_for_task, place).await;
+                                });
+                            }
+                            Err(_) => {
+                                // No TLS to say why in: the socket just closes.
+                                shared.metrics.tls_failures.inc(TlsFailure::Busy);
+                                warn!(%peer, "turned away: as many TLS handshakes under way as connections allowed");
+                            }
+                        },
+                    }
                 }
                 Err(error) => {
                     // Out of file descriptors and the like: back off briefly
@@ -323,8 +375,29 @@ impl Server {
             }
         }
         drop(listener);
-        info!("shutting down: ending runs and closing connections");
         shared.tasks.close();
+        if !shared.shutdown.is_cancelled() {
+            let started = Instant::now();
+            info!(
+                connections = shared.stats.connections.load(Ordering::Relaxed),
+                runs = shared.stats.scopes.load(Ordering::Relaxed),
+                loops = shared.stats.relays.load(Ordering::Relaxed),
+                "draining: no new connection; the open ones are served until they end"
+            );
+            tokio::select! {
+                () = shared.tasks.wait() => {
+                    info!(took = ?started.elapsed(), "drained: every connection ended");
+                    return;
+                }
+                () = shared.shutdown.cancelled() => {}
+            }
+        }
+        info!(
+            connections = shared.stats.connections.load(Ordering::Relaxed),
+            runs = shared.stats.scopes.load(Ordering::Relaxed),
+            loops = shared.stats.relays.load(Ordering::Relaxed),
+            "shutting down: ending runs and closing connections"
+        );
         shared.tasks.wait().await;
         info!("shut down");
     }
@@ -342,9 +415,14 @@ impl ServerHandle {
         self.addr
     }
 
-    /// The `ws://` URL of the server.
+    /// The URL of the server: `wss://` with TLS, else `ws://`.
     pub fn url(&self) -> String {
-        format!("ws://{}", self.addr)
+        let scheme = if self.shared.config.tls.is_some() {
+            "wss"
+        } else {
+            "ws"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Starts a graceful shutdown; [`Server::run`] returns when it is done.
@@ -352,9 +430,46 @@ impl ServerHandle {
         self.shared.shutdown.cancel();
     }
 
+    /// Starts a drain: no new connection is accepted, the server reports
+    /// itself not ready, and [`Server::run`] returns once the connections
+    /// it has are over. Put a deadline on it with [`shutdown`](Self::shutdown).
+    pub fn drain(&self) {
+        self.shared.draining.cancel();
+    }
+
+    /// Whether the server accepts new connections: neither draining nor
+    /// shutting down.
+    pub fn is_ready(&self) -> bool {
+        !self.shared.draining.is_cancelled() && !self.shared.shutdown.is_cancelled()
+    }
+
     /// The server's live counts.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.stats.snapshot()
+    }
+
+    /// The server's metrics and live counts, in the Prometheus text format.
+    pub fn metrics(&self) -> String {
+        self.shared
+            .metrics
+            .encode(&self.stats(), self.shared.draining.is_cancelled())
+    }
+
+    /// Reads the TLS certificate and key again and serves them from the
+    /// next handshake on ([`ServerTls::reload`]); counted either way.
+    /// `Ok(false)`: the server has no TLS.
+    pub fn reload_tls(&self) -> Result<bool, TlsError> {
+        let Some(tls) = &self.shared.config.tls else {
+            return Ok(false);
+        };
+        let reloaded = tls.reload();
+        let result = if reloaded.is_ok() {
+            Reload::Loaded
+        } else {
+            Reload::Failed
+        };
+        self.shared.metrics.tls_reloads.inc(result);
+        reloaded.map(|()| true)
     }
 
     /// Serves one caller's connection that reached the server some other way
@@ -377,6 +492,48 @@ impl ServerHandle {
         self.shared
             .tasks
             .spawn(connection::serve(io, peer, Arc::clone(&self.shared)))
+    }
+}
+
+impl crate::admin::Watched for ServerHandle {
+    fn metrics(&self) -> String {
+        ServerHandle::metrics(self)
+    }
+
+    fn ready(&self) -> bool {
+        self.is_ready()
+    }
+}
+
+/// The TLS handshake of a listener's connection, within the authorization
+/// grace, holding a handshake `place`; then the connection is served.
+async fn serve_tls(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    shared: Arc<Shared>,
+    place: tokio::sync::OwnedSemaphorePermit,
+) {
+    let grace = shared.config.authorization_grace;
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(grace, transport::accept(tcp, &acceptor)) => accepted,
+        () = shared.shutdown.cancelled() => return,
+    };
+    drop(place);
+    match accepted {
+        Ok(Ok(tls)) => connection::serve(tls, peer, shared).await,
+        Ok(Err(error)) => {
+            shared.metrics.tls_failures.inc(match error {
+                AcceptError::Plaintext => TlsFailure::Plaintext,
+                AcceptError::NotTls => TlsFailure::NotTls,
+                AcceptError::Handshake(_) => TlsFailure::Handshake,
+            });
+            info!(%peer, %error, "TLS refused");
+        }
+        Err(_) => {
+            shared.metrics.tls_failures.inc(TlsFailure::Timeout);
+            info!(%peer, ?grace, "no TLS handshake within the authorization grace");
+        }
     }
 }
 

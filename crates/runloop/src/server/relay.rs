@@ -23,7 +23,9 @@
 
 use std::pin::pin;
 use std::sync::Arc;
+use std::time::Instant;
 
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::frame::{self, ServerFrame};
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
@@ -36,6 +38,7 @@ use super::connection::Conn;
 use super::proxy_path::{self, Path};
 use super::scope::Order;
 use super::{Held, Stats};
+use crate::metrics::{LoopOutcome, ProxyFault};
 
 /// A proxy path the relay has opened, counted as held until it is closed.
 struct Open {
@@ -43,24 +46,35 @@ struct Open {
     _held: Held,
 }
 
+/// What the relay noted of the chunks it forwarded: how many, and the
+/// last payload (kept, not copied: to tell a fatal ending once the loop is
+/// over).
+#[derive(Default)]
+struct Forwarded {
+    chunks: u64,
+    last: Option<Bytes>,
+}
+
 /// Relays one run-loop channel until its finish, then closes its path.
 /// The channel counts as relayed ([`Stats`]'s `relays`) from the order to
 /// its finish; the close after it counts only as an open proxy path.
 ///
 /// Not instrumented with a span: entering one on every poll is a measurable
-/// share of the relay's cost, so the few events it logs name their scope
-/// and channel instead.
+/// share of the relay's cost, so the few events it logs name their
+/// connection, run, scope and channel instead.
 pub(crate) async fn serve(
     conn: Arc<Conn>,
     scope: u32,
     order: Order,
     proxy_url: String,
     ending: watch::Receiver<Option<Error>>,
+    run: Arc<str>,
 ) {
     let relaying = Held::new(conn.shared(), |s: &Stats| &s.relays);
     let channel = order.channel;
     let mut last = Vec::new();
     let mut open = None;
+    let mut forwarded = Forwarded::default();
     let finish = relay(
         &conn,
         scope,
@@ -69,8 +83,17 @@ pub(crate) async fn serve(
         ending,
         &mut open,
         &mut Writer::new(&mut last),
+        &mut forwarded,
     )
     .await;
+    // Counted before the finish is queued: a caller that has seen the
+    // finish finds the loop counted.
+    let last_chunk = forwarded
+        .last
+        .as_deref()
+        .and_then(|payload| payload.get(1..));
+    let outcome = LoopOutcome::of(forwarded.chunks, !last.is_empty(), last_chunk);
+    conn.shared().metrics.loops.inc(outcome);
     if !last.is_empty() {
         let frame = ServerFrame::ChannelResponse {
             scope,
@@ -80,9 +103,12 @@ pub(crate) async fn serve(
         conn.queue_in_scope(scope, frame::to_message(&frame));
     }
     debug!(
+        connection = conn.number,
+        run = %run,
         scope,
         channel,
-        ended_with_error = !last.is_empty(),
+        chunks = forwarded.chunks,
+        outcome = outcome_name(outcome),
         "run-loop channel finished"
     );
     conn.finish_channel(scope, channel, finish);
@@ -92,9 +118,14 @@ pub(crate) async fn serve(
     }
 }
 
-/// The relay proper. Forwards chunks as they come; writes the channel's
-/// last payload, if it has one, to `last`. A path that still needs its
-/// close handshake is left in `open`.
+fn outcome_name(outcome: LoopOutcome) -> &'static str {
+    crate::metrics::Label::name(outcome)
+}
+
+/// The relay proper. Forwards chunks as they come, noting them in
+/// `forwarded`; writes the channel's last payload, if it has one, to
+/// `last`. A path that still needs its close handshake is left in `open`.
+#[allow(clippy::too_many_arguments)]
 async fn relay(
     conn: &Conn,
     scope: u32,
@@ -103,7 +134,9 @@ async fn relay(
     ending: watch::Receiver<Option<Error>>,
     open: &mut Option<Open>,
     last: &mut Writer<'_>,
+    forwarded: &mut Forwarded,
 ) -> Finish {
+    let metrics = &conn.shared().metrics;
     // One future for the run's end, polled by every wait below; making a
     // new one per message would register and drop a waiter each time.
     let mut ending = pin!(ended(ending));
@@ -117,6 +150,7 @@ async fn relay(
     let path = match dialled {
         Ok(path) => path,
         Err(why) => {
+            metrics.proxy_faults.inc(ProxyFault::Unreachable);
             let error = Error::kind(
                 "proxy",
                 format!("cannot open the proxy's /agent/run: {why}"),
@@ -136,6 +170,7 @@ async fn relay(
         sent = path.send(Message::Binary(order.request)) => sent,
     };
     if let Err(why) = sent {
+        metrics.proxy_faults.inc(ProxyFault::Send);
         *open = None;
         return relay.broke(&why.to_string(), last);
     }
@@ -155,17 +190,23 @@ async fn relay(
                 Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
             )) => continue,
             Some(Err(why)) => {
+                metrics.proxy_faults.inc(ProxyFault::AbruptEnd);
                 *open = None;
                 return relay.broke(&why.to_string(), last);
             }
             None => {
+                metrics.proxy_faults.inc(ProxyFault::AbruptEnd);
                 *open = None;
                 return relay.broke("the connection closed without a close frame", last);
             }
         };
+        let relayed_at = Instant::now();
         match relay.message(message, last) {
             Relayed::Forward(next, message) => {
                 relay = next;
+                forwarded.chunks += 1;
+                metrics.chunks.inc();
+                metrics.bytes.inc_by(message.len() as u64);
                 let permit = tokio::select! {
                     biased;
                     why = &mut ending => return relay.cut(why, last),
@@ -179,7 +220,8 @@ async fn relay(
                     channel: order.channel,
                     payload: &message,
                 };
-                conn.queue_data(frame::to_message(&frame), permit);
+                conn.queue_relayed(frame::to_message(&frame), permit, relayed_at);
+                forwarded.last = Some(message);
             }
             Relayed::Last(error, finish) => {
                 // The proxy's error is the end (protocol §12): nothing after it
@@ -188,6 +230,7 @@ async fn relay(
                 return finish;
             }
             Relayed::Fault(finish) => {
+                metrics.proxy_faults.inc(ProxyFault::Sequence);
                 debug!(
                     scope,
                     channel = order.channel,

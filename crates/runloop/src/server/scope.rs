@@ -18,6 +18,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -30,6 +31,7 @@ use tracing::{Instrument, info, info_span};
 
 use super::connection::Conn;
 use super::{Held, Shared, Stats, proxy_path, relay};
+use crate::metrics::{RunEnd, RunRefusal};
 use crate::runtime::{Container, Limits, Registry};
 
 /// A run-loop channel request, handed from the connection to its scope.
@@ -50,12 +52,21 @@ pub(crate) async fn serve(
     orders: mpsc::UnboundedReceiver<Order>,
 ) {
     let _held = Held::new(conn.shared(), |s: &Stats| &s.scopes);
-    let span = info_span!("scope", scope, identity = %conn.identity);
+    // Spawned by the connection, not inside its span: the span names the
+    // connection itself; the run's id is added once it has one.
+    let span = info_span!(
+        "scope",
+        connection = conn.number,
+        scope,
+        identity = %conn.identity,
+        id = tracing::field::Empty,
+    );
     let run = Run { conn, scope, stop };
     async move {
         match run.start(&request).await {
             Ok(container) => run.serve(container, orders).await,
-            Err(error) => {
+            Err((refusal, error)) => {
+                run.conn.shared().metrics.runs_refused.inc(refusal);
                 info!(%error, "run refused");
                 run.respond(&RunResponse::Error(error.clone()));
                 run.conn.finish_scope(scope, &error);
@@ -85,12 +96,14 @@ impl Running {
 }
 
 impl Run {
-    /// Checks the request, starts its container and registers its agent.
-    async fn start(&self, request: &RunRequest) -> Result<Running, Error> {
+    /// Checks the request, starts its container and registers its agent;
+    /// a refusal says, besides its error, how it is counted.
+    async fn start(&self, request: &RunRequest) -> Result<Running, (RunRefusal, Error)> {
         let shared = self.conn.shared();
+        let refused = |reason| move |error| (reason, error);
         request
             .validate()
-            .map_err(|why| Error::kind("request", why))?;
+            .map_err(|why| (RunRefusal::Request, Error::kind("request", why)))?;
         let container = &request.container;
         let source = match (&container.image, &shared.config.registry) {
             (Image::Server(image), _) => Source::Catalog(image),
@@ -98,20 +111,26 @@ impl Run {
                 Source::Registry(&image.reference, registry)
             }
             _ => {
-                return Err(Error::kind(
-                    "policy",
-                    format!(
-                        "{} images are not run here; only server images from this server's catalog",
-                        container.image.source()
+                return Err((
+                    RunRefusal::Policy,
+                    Error::kind(
+                        "policy",
+                        format!(
+                            "{} images are not run here; only server images from this server's catalog",
+                            container.image.source()
+                        ),
                     ),
                 ));
             }
         };
         if let Some(list) = first_mount_list(request) {
-            return Err(Error::kind(
-                "policy",
-                format!(
-                    "{list} is refused: this server holds no volumes, identities or FUSE sessions"
+            return Err((
+                RunRefusal::Policy,
+                Error::kind(
+                    "policy",
+                    format!(
+                        "{list} is refused: this server holds no volumes, identities or FUSE sessions"
+                    ),
                 ),
             ));
         }
@@ -121,13 +140,17 @@ impl Run {
                     .config
                     .catalog
                     .resolve(image)
-                    .map_err(|why| Error::kind("policy", why))?;
+                    .map_err(|why| (RunRefusal::Policy, Error::kind("policy", why)))?;
                 (runtime, image.name.as_str())
             }
             Source::Registry(reference, registry) => {
                 info!(%reference, "pulling the image");
-                let pulled = self.unless_ended(registry.resolve(reference)).await?;
-                let runtime = pulled.map_err(|why| Error::kind(why.kind, why.message))?;
+                let pulled = self
+                    .unless_ended(registry.resolve(reference))
+                    .await
+                    .map_err(refused(RunRefusal::Abandoned))?;
+                let runtime = pulled
+                    .map_err(|why| (RunRefusal::Policy, Error::kind(why.kind, why.message)))?;
                 (runtime, reference)
             }
         };
@@ -136,9 +159,23 @@ impl Run {
             disk: container.disk,
         };
         info!(image = %name, "starting the container");
-        let started = self.unless_ended(runtime.start(limits)).await?;
+        let starting = Instant::now();
+        let started = self
+            .unless_ended(runtime.start(limits))
+            .await
+            .map_err(refused(RunRefusal::Abandoned))?;
+        let container = match started {
+            Ok(container) => {
+                shared.metrics.runtime_start.observe(starting.elapsed());
+                container
+            }
+            Err(why) => {
+                shared.metrics.runtime_failures.inc();
+                return Err((RunRefusal::Runtime, Error::kind("runtime", why)));
+            }
+        };
         let running = Running {
-            container: started.map_err(|why| Error::kind("runtime", why))?,
+            container,
             _held: Held::new(shared, |s: &Stats| &s.containers),
         };
         let registered = self
@@ -150,9 +187,13 @@ impl Run {
             .await;
         match registered {
             Ok(Ok(())) => Ok(running),
-            Ok(Err(error)) | Err(error) => {
+            Ok(Err(error)) => {
                 running.stop().await;
-                Err(error)
+                Err((RunRefusal::Registration, error))
+            }
+            Err(error) => {
+                running.stop().await;
+                Err((RunRefusal::Abandoned, error))
             }
         }
     }
@@ -170,10 +211,22 @@ impl Run {
     }
 
     fn connection_ending(&self) -> Error {
+        self.connection_ended().1
+    }
+
+    /// Why the connection's end ends a run: the server's shutdown, or the
+    /// caller's connection.
+    fn connection_ended(&self) -> (RunEnd, Error) {
         if self.conn.shared().shutdown.is_cancelled() {
-            Error::kind("server", "the server is shutting down")
+            (
+                RunEnd::Shutdown,
+                Error::kind("server", "the server is shutting down"),
+            )
         } else {
-            Error::kind("server", "the caller's connection ended")
+            (
+                RunEnd::Disconnect,
+                Error::kind("server", "the caller's connection ended"),
+            )
         }
     }
 
@@ -193,26 +246,31 @@ impl Run {
     /// Serves the running container's channels until the run ends, then
     /// ends everything in order.
     async fn serve(&self, mut running: Running, mut orders: mpsc::UnboundedReceiver<Order>) {
+        let metrics = &self.conn.shared().metrics;
         let id = match RunId::mint(self.conn.shared()) {
             Ok(id) => id,
             Err(error) => {
                 running.stop().await;
+                metrics.runs_refused.inc(RunRefusal::Server);
                 self.respond(&RunResponse::Error(error.clone()));
                 return self.conn.finish_scope(self.scope, &error);
             }
         };
+        tracing::Span::current().record("id", id.0.as_str());
+        metrics.runs_started.inc();
         self.respond(&RunResponse::Id(id.0.clone()));
-        info!(id = %id.0, "running");
+        info!("running");
+        let run: Arc<str> = Arc::from(id.0.as_str());
         let proxy_url = running.container.proxy_url().to_owned();
         let (ending, ending_seen) = watch::channel(None::<Error>);
         let relays = TaskTracker::new();
-        let why = loop {
+        let (end, why) = loop {
             tokio::select! {
                 biased;
-                () = self.stop.cancelled() => break Error::kind("run", "the run was stopped"),
-                () = self.conn.ended.cancelled() => break self.connection_ending(),
+                () = self.stop.cancelled() => break (RunEnd::Stop, Error::kind("run", "the run was stopped")),
+                () = self.conn.ended.cancelled() => break self.connection_ended(),
                 why = running.container.ended() => {
-                    break Error::kind("container", format!("the container ended: {why}"));
+                    break (RunEnd::Container, Error::kind("container", format!("the container ended: {why}")));
                 }
                 Some(order) = orders.recv() => {
                     relays.spawn(relay::serve(
@@ -221,11 +279,13 @@ impl Run {
                         order,
                         proxy_url.clone(),
                         ending_seen.clone(),
+                        Arc::clone(&run),
                     ));
                 }
             }
         };
-        info!(id = %id.0, reason = %why, "run ending");
+        metrics.runs_ended.inc(end);
+        info!(reason = %why, "run ending");
         ending.send_replace(Some(why.clone()));
         relays.close();
         relays.wait().await;
