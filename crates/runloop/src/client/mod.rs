@@ -637,7 +637,7 @@ mod tests {
                 max_queued_responses: 0,
                 ..Limits::default()
             },
-            tap: None,
+            ..ClientConfig::default()
         };
         // Nothing listens on port 1: only a refusal up front avoids the dial.
         match Client::connect_with("ws://127.0.0.1:1", "", config).await {
