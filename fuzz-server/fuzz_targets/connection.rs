@@ -2,5 +2,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|input: &[u8]| {
-    runloop_fuzz_server::run(input);
+    runloop_fuzz_server::play(input);
 });

@@ -58,6 +58,13 @@
 //!
 //! A violation panics with what was seen, which libFuzzer records as a
 //! crash; `cargo test` replays the committed corpus through the same code.
+//!
+//! The same inputs also play against the connection table alone, in memory
+//! ([`table`], the fuzz target `table`), checked by the same oracle: the
+//! rules at the speed of a function call, where this target spends most of
+//! an input on sockets and tasks.
+
+pub mod table;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -145,7 +152,7 @@ fn world() -> &'static World {
             let server = Server::bind("127.0.0.1:0", config)
                 .await
                 .expect("a loopback port");
-            server.spawn().expect("serving").0
+            server.spawn().0
         });
         World { runtime, server }
     })
@@ -162,9 +169,9 @@ pub struct Played {
 
 /// Plays one input against the server and checks everything it answered.
 /// Panics on any violation.
-pub fn run(input: &[u8]) -> Played {
+pub fn play(input: &[u8]) -> Played {
     let world = world();
-    let played = world.runtime.block_on(play(&world.server, input));
+    let played = world.runtime.block_on(connection(&world.server, input));
     assert!(
         !PANICKED.load(Ordering::SeqCst),
         "a thread panicked while this input played"
@@ -243,6 +250,13 @@ impl Shared {
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// [`count`]s a message, locking as the reader does: what it has seen,
+    /// then what was asked.
+    fn count(&self, message: &[u8]) {
+        let mut seen = self.seen();
+        count(&mut self.asked(), &mut seen, message);
+    }
 }
 
 fn run_request(scope: u32, refuses: bool) -> Vec<u8> {
@@ -295,11 +309,7 @@ fn record(op: u8, input: &mut Input<'_>) -> Option<Vec<u8>> {
             let frame_type = input.byte();
             let (scope, channel) = (input.number(), input.number());
             let len = usize::from(input.byte() % 64);
-            let mut message = vec![frame_type];
-            message.extend_from_slice(&scope.to_be_bytes());
-            message.extend_from_slice(&channel.to_be_bytes());
-            message.extend(input.take(len));
-            message
+            frame::raw(frame_type, scope, channel, &input.take(len))
         }
         5 => return None,
         6 => {
@@ -318,6 +328,27 @@ fn record(op: u8, input: &mut Input<'_>) -> Option<Vec<u8>> {
             })
         }
     })
+}
+
+/// The messages an input stands for, in order; `None` for a sync.
+fn messages(input: &[u8]) -> Vec<Option<Vec<u8>>> {
+    let mut input = Input { bytes: input };
+    let flags = input.byte();
+    let mut messages = Vec::new();
+    if flags & 1 == 1 {
+        let payload = [&[0u8][..], CREDENTIAL.as_bytes()].concat();
+        messages.push(Some(frame::to_message(&ClientFrame::Authorization {
+            payload: &payload,
+        })));
+    }
+    while !input.bytes.is_empty() && messages.len() < MAX_RECORDS {
+        let op = input.byte();
+        match record(op, &mut input) {
+            Some(message) if reserved(&message) => {}
+            other => messages.push(other),
+        }
+    }
+    messages
 }
 
 /// Whether a message names the probe's scope or the last stops' channel,
@@ -344,7 +375,7 @@ fn authorizes(message: &[u8]) -> bool {
     }
 }
 
-async fn play(server: &ServerHandle, input: &[u8]) -> Played {
+async fn connection(server: &ServerHandle, input: &[u8]) -> Played {
     let (near, far) = tokio::io::duplex(64 << 10);
     let connection = server.serve_connection(far, "fuzz");
     let (ws, _) = tokio_tungstenite::client_async("ws://fuzz/", near)
@@ -381,32 +412,16 @@ async fn play(server: &ServerHandle, input: &[u8]) -> Played {
         }
     });
 
-    let mut input = Input { bytes: input };
-    let flags = input.byte();
     let mut first = None;
-    let mut messages = Vec::new();
-    if flags & 1 == 1 {
-        let payload = [&[0u8][..], CREDENTIAL.as_bytes()].concat();
-        messages.push(Some(frame::to_message(&ClientFrame::Authorization {
-            payload: &payload,
-        })));
-    }
-    while !input.bytes.is_empty() && messages.len() < MAX_RECORDS {
-        let op = input.byte();
-        match record(op, &mut input) {
-            Some(message) if reserved(&message) => {}
-            other => messages.push(other),
-        }
-    }
     let mut probes = 0;
-    for message in messages {
+    for message in messages(input) {
         if shared.seen().ended {
             break;
         }
         match message {
             Some(message) => {
                 first.get_or_insert_with(|| authorizes(&message));
-                count(&shared, &message);
+                shared.count(&message);
                 if sink.send(Message::Binary(message.into())).await.is_err() {
                     break;
                 }
@@ -425,7 +440,7 @@ async fn play(server: &ServerHandle, input: &[u8]) -> Played {
     if authorized && !shared.seen().ended {
         for scope in 0..u32::from(NUMBERS) {
             let stop = channel_request(scope, LAST_STOP, &[0]);
-            count(&shared, &stop);
+            shared.count(&stop);
             let _ = sink.send(Message::Binary(stop.into())).await;
         }
         probes += 1;
@@ -514,11 +529,10 @@ fn verdict(seen: &Seen, authorized: bool, stopped_all: bool) -> Played {
 
 /// Counts what a message asks for, before it is sent, and notes what a
 /// sync is to wait for: a run's answer, a loop's finish.
-fn count(shared: &Shared, message: &[u8]) {
+fn count(asked: &mut Asked, seen: &mut Seen, message: &[u8]) {
     match ClientFrame::decode(message) {
         Ok(ClientFrame::Request { scope, .. }) => {
-            *shared.asked().scopes.entry(scope).or_default() += 1;
-            let mut seen = shared.seen();
+            *asked.scopes.entry(scope).or_default() += 1;
             if !seen.scope_active.get(&scope).copied().unwrap_or(false) {
                 seen.starting.insert(scope);
             }
@@ -528,8 +542,7 @@ fn count(shared: &Shared, message: &[u8]) {
             channel,
             payload,
         }) => {
-            *shared.asked().channels.entry((scope, channel)).or_default() += 1;
-            let mut seen = shared.seen();
+            *asked.channels.entry((scope, channel)).or_default() += 1;
             let running = seen.scope_answered.get(&scope).copied().unwrap_or(false)
                 && seen.scope_active.get(&scope).copied().unwrap_or(false);
             if running && payload.first() != Some(&0) {

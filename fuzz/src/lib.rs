@@ -23,9 +23,9 @@ use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, HEADER_LEN, HeaderError, ServerFrame};
 use runloop_proto::run_loop::{
-    Broken, CHUNK, ERROR, Frame, FrameError, Outcome, Reader, Relay, Relayed, Step,
+    Broken, CHUNK, ERROR, Outcome, Reader, Relay, Relayed, Response, ResponseError, Step,
 };
-use runloop_proto::{Decode, Encode, Error, Writer};
+use runloop_proto::{Decode, Encode, ErrorKind, ErrorValue, Writer};
 
 /// Splits fuzz input into messages at `\n`. Compact JSON never holds a raw
 /// newline, so a seed file can list one frame per line.
@@ -148,14 +148,14 @@ pub fn channel_request(data: &[u8]) -> bool {
 /// `run_loop_frame`: the whole input as one run-loop response payload, and
 /// its lines as a channel's sequence through a [`Reader`].
 pub fn run_loop_frame(data: &[u8]) -> bool {
-    let decoded = Frame::decode(data);
+    let decoded = Response::decode(data);
     // A chunk is read exactly as serde_json's own byte decoder reads it.
     if data.first() == Some(&CHUNK) {
         let theirs =
             serde_json::from_slice::<runloop_proto::run_loop::AgenticLoopChunk>(&data[1..]);
         match (&decoded, theirs) {
-            (Ok(Frame::Chunk(ours)), Ok(theirs)) => assert_eq!(ours, &theirs),
-            (Err(FrameError::Chunk(ours)), Err(theirs)) => {
+            (Ok(Response::Chunk(ours)), Ok(theirs)) => assert_eq!(ours, &theirs),
+            (Err(ResponseError::Chunk(ours)), Err(theirs)) => {
                 assert_eq!(ours.to_string(), theirs.to_string());
             }
             (ours, theirs) => panic!("ours {ours:?}, serde_json {theirs:?}"),
@@ -165,7 +165,7 @@ pub fn run_loop_frame(data: &[u8]) -> bool {
         let bytes = frame.to_vec().expect("a decoded frame serializes");
         assert_eq!(bytes[0], data[0]);
         assert_eq!(
-            &Frame::decode(&bytes).expect("re-encoded frame decodes"),
+            &Response::decode(&bytes).expect("re-encoded frame decodes"),
             frame
         );
     }
@@ -173,10 +173,10 @@ pub fn run_loop_frame(data: &[u8]) -> bool {
     // One payload: the reader's step is the decoder's verdict.
     let mut reader = Reader::new();
     match (&decoded, reader.response(data)) {
-        (Ok(Frame::Chunk(chunk)), Some(Step::Chunk(step))) => assert_eq!(chunk, &step),
-        (Ok(Frame::Error(error)), Some(Step::Error(step))) => assert_eq!(error, &step),
+        (Ok(Response::Chunk(chunk)), Some(Step::Chunk(step))) => assert_eq!(chunk, &step),
+        (Ok(Response::Error(error)), Some(Step::Error(step))) => assert_eq!(error, &step),
         (Err(_), Some(Step::End(Outcome::Broken(Broken::Undecodable(why))))) => {
-            assert!(why.contains("agentic loop"), "{why}");
+            assert!(why.to_string().contains("agentic loop"), "{why}");
         }
         (decoded, step) => panic!("decoded {decoded:?} but the reader said {step:?}"),
     }
@@ -195,7 +195,7 @@ pub fn run_loop_frame(data: &[u8]) -> bool {
         assert!(!payloads.is_empty(), "a bare finish read as finished");
         for payload in &payloads {
             assert!(
-                matches!(Frame::decode(payload), Ok(Frame::Chunk(_))),
+                matches!(Response::decode(payload), Ok(Response::Chunk(_))),
                 "finished with a payload that is not a chunk"
             );
         }
@@ -252,7 +252,10 @@ pub fn relay(data: &[u8]) -> bool {
                 sent.push(out);
             }
             _ => {
-                let _finish = relay.cut(Error::kind("run", "fuzz"), &mut Writer::new(&mut out));
+                let _finish = relay.cut(
+                    ErrorValue::kind(ErrorKind::Run, "fuzz"),
+                    &mut Writer::new(&mut out),
+                );
                 sent.push(out);
             }
         }
@@ -281,7 +284,7 @@ pub fn relay(data: &[u8]) -> bool {
     // What the server wrote itself is a valid error.
     let from_proxy = |payload: &Vec<u8>| messages.iter().any(|m| m == payload);
     for payload in sent.iter().filter(|p| !from_proxy(p)) {
-        assert!(matches!(Frame::decode(payload), Ok(Frame::Error(_))));
+        assert!(matches!(Response::decode(payload), Ok(Response::Error(_))));
     }
 
     let mut reader = Reader::new();
@@ -293,7 +296,7 @@ pub fn relay(data: &[u8]) -> bool {
         }
     }
     let outcome = outcome.or_else(|| reader.finish()).expect("one outcome");
-    let proxy_well_formed = sent.iter().all(|p| Frame::decode(p).is_ok());
+    let proxy_well_formed = sent.iter().all(|p| Response::decode(p).is_ok());
     if proxy_well_formed {
         assert!(
             !matches!(outcome, Outcome::Broken(_)),

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use runloop::agent::AgentServer;
 use runloop::agent::demo::Demo;
-use tokio_util::sync::CancellationToken;
 
 use crate::exit::{Exit, Failure};
 use crate::process::{block_on, init_logs, shutdown_signal};
@@ -37,26 +37,25 @@ pub enum Which {
 
 impl Args {
     /// Serves until Ctrl-C or SIGTERM.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let Which::Demo { listen, pace } = &self.agent;
         let _logs = init_logs("info");
         let listen = listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], runloop::agent::port_from_env())));
         let agent = Arc::new(Demo::with_pace(Duration::from_millis(*pace)));
         block_on(async {
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .map_err(|source| Failure::Listen {
-                    addr: listen.to_string(),
-                    source,
-                })?;
-            let addr = listener.local_addr().map_err(Failure::Runtime)?;
-            writeln!(out, "http://{addr}")?;
+            let server =
+                AgentServer::bind(listen, agent)
+                    .await
+                    .map_err(|source| Failure::Listen {
+                        addr: listen.to_string(),
+                        source,
+                    })?;
+            let (server, serving) = server.spawn();
+            writeln!(out, "{}", server.url())?;
             out.flush()?;
-            let shutdown = CancellationToken::new();
-            let serving = tokio::spawn(runloop::agent::serve(listener, agent, shutdown.clone()));
             shutdown_signal().await;
-            shutdown.cancel();
+            server.shutdown();
             let _ = serving.await;
             Ok(Exit::Success)
         })?

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use runloop::connection::Limits;
+use runloop::limits::Limits;
 use runloop::server::DEFAULT_MAX_CONNECTIONS;
 use runloop_bench::{Load, Mix, Params, SlowParams, Spawn};
 use tokio::process::Command;
@@ -134,7 +134,7 @@ impl Spawn for ThisBinary {
 
 impl Args {
     /// Runs the measurement and prints its figures.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let _logs = init_logs("warn");
         if cfg!(debug_assertions) {
             // Not `eprintln!`: a closed stderr must not panic the command.
@@ -202,7 +202,7 @@ impl Args {
 
 impl ForwardArgs {
     /// Forwards until killed.
-    pub fn run(&self) -> Result<Exit, Failure> {
+    pub fn execute(&self) -> Result<Exit, Failure> {
         block_on(async {
             let listener = tokio::net::TcpListener::bind(self.listen)
                 .await

@@ -49,23 +49,23 @@ pub enum Command {
 }
 
 impl Command {
-    /// Runs the subcommand, writing its data to stdout.
-    pub fn run(self) -> Result<Exit, Failure> {
+    /// Carries out the subcommand, writing its data to stdout.
+    pub fn execute(self) -> Result<Exit, Failure> {
         if let Command::Run(args) = &self {
             // Renders to a terminal-aware stream of its own.
-            return args.run();
+            return args.execute();
         }
         let mut out = io::stdout().lock();
         match self {
             Command::Run(_) => unreachable!("handled above"),
-            Command::Serve(args) => args.run(&mut out),
-            Command::Proxy(args) => args.run(&mut out),
-            Command::Agent(args) => args.run(&mut out),
-            Command::Decode(args) => args.run(&mut out),
-            Command::Schema(args) => args.run(&mut out),
-            Command::Check(args) => args.run(&mut out),
-            Command::Bench(args) => args.run(&mut out),
-            Command::Forward(args) => args.run(),
+            Command::Serve(args) => args.execute(&mut out),
+            Command::Proxy(args) => args.execute(&mut out),
+            Command::Agent(args) => args.execute(&mut out),
+            Command::Decode(args) => args.execute(&mut out),
+            Command::Schema(args) => args.execute(&mut out),
+            Command::Check(args) => args.execute(&mut out),
+            Command::Bench(args) => args.execute(&mut out),
+            Command::Forward(args) => args.execute(),
         }
     }
 }

@@ -57,7 +57,7 @@ the capture holds no run-loop channel.";
 
 impl Args {
     /// Reads the input and prints what it carried to `out`.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let input = Input::open(self.file.as_ref())?;
         if self.payloads {
             payloads(input, out)

@@ -154,7 +154,8 @@ impl Failure {
                 addr: addr.to_string(),
                 source,
             },
-            limit @ runloop::server::BindError::Limit(_) => Failure::Argument(limit.to_string()),
+            // A limit below its minimum: the arguments set it.
+            other => Failure::Argument(other.to_string()),
         }
     }
 
@@ -176,7 +177,7 @@ impl From<io::Error> for Failure {
 mod tests {
     use std::error::Error as _;
 
-    use runloop_proto::Error;
+    use runloop_proto::ErrorValue;
     use runloop_proto::run_loop::Broken;
 
     use super::*;
@@ -185,8 +186,8 @@ mod tests {
     fn every_outcome_has_its_code() {
         let cases = [
             (Outcome::Finished { fatal: false }, 0),
-            (Outcome::Unfinished(Error::default()), 1),
-            (Outcome::NoLoop(Error::default()), 3),
+            (Outcome::Unfinished(ErrorValue::default()), 1),
+            (Outcome::NoLoop(ErrorValue::default()), 3),
             (Outcome::NotServed, 4),
             (Outcome::Broken(Broken::InputEnded), 5),
             (Outcome::Finished { fatal: true }, 6),

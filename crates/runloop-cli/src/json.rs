@@ -97,8 +97,8 @@ fn string(out: &mut impl Write, text: &dyn fmt::Display) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use runloop_proto::Error;
-    use runloop_proto::run_loop::Broken;
+    use runloop_proto::ErrorValue;
+    use runloop_proto::run_loop::{Broken, ResponseError};
 
     use super::*;
 
@@ -146,11 +146,11 @@ mod tests {
                 r#"{"outcome":"finished","fatal":true}"#,
             ),
             (
-                Outcome::Unfinished(Error::default()),
+                Outcome::Unfinished(ErrorValue::default()),
                 r#"{"outcome":"unfinished"}"#,
             ),
             (
-                Outcome::NoLoop(Error::default()),
+                Outcome::NoLoop(ErrorValue::default()),
                 r#"{"outcome":"no_loop"}"#,
             ),
             (Outcome::NotServed, r#"{"outcome":"not_served"}"#),
@@ -159,8 +159,10 @@ mod tests {
                 r#"{"outcome":"broken","reason":"capture ended"}"#,
             ),
             (
-                Outcome::Broken(Broken::Undecodable("a \"quoted\" thing".into())),
-                r#"{"outcome":"broken","reason":"a response did not decode: a \"quoted\" thing"}"#,
+                Outcome::Broken(Broken::Undecodable(
+                    ResponseError::Chunk(serde::de::Error::custom("a \"quoted\" thing")).into(),
+                )),
+                r#"{"outcome":"broken","reason":"a response did not decode: agentic loop chunk did not parse: a \"quoted\" thing"}"#,
             ),
         ];
         for (ending, expected) in cases {

@@ -13,6 +13,8 @@
 //! cli      the argument types, one subcommand per module
 //! run      one loop, end to end, rendered as it streams
 //! serve    the provider server and its catalog
+//! descriptors  the server's RLIMIT_NOFILE, raised, and its limits checked against it
+//! token    credentials from a file or the environment, never needed on the command line
 //! proxy    the proxy on its own
 //! agent    the demo agent program on its own
 //! bench    the relay against a raw forwarder (and the hidden forwarder)
@@ -30,6 +32,7 @@ pub mod bench;
 pub mod check;
 pub mod cli;
 pub mod decode;
+pub mod descriptors;
 pub mod exit;
 pub mod json;
 pub mod process;
@@ -38,6 +41,7 @@ pub mod render;
 pub mod run;
 pub mod schema;
 pub mod serve;
+pub mod token;
 
 use std::ffi::OsString;
 use std::io::{self, Write};
@@ -61,7 +65,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> Exit {
             };
         }
     };
-    match cli.command.run() {
+    match cli.command.execute() {
         Ok(exit) => exit,
         Err(failure) if failure.is_broken_pipe() => Exit::Failed,
         Err(failure) => {

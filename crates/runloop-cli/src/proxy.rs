@@ -7,8 +7,7 @@ use std::net::SocketAddr;
 
 use std::sync::Arc;
 
-use runloop::proxy::{DEFAULT_LISTEN, Proxy, ProxyAdmin};
-use tokio_util::sync::CancellationToken;
+use runloop::proxy::{DEFAULT_LISTEN, Proxy};
 use tracing::info;
 
 use crate::exit::{Exit, Failure};
@@ -35,7 +34,7 @@ pub struct Args {
 
 impl Args {
     /// Proxies until Ctrl-C or SIGTERM.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let _logs = init_logs_as("info", self.log_format);
         let port = self
             .agent_port
@@ -49,27 +48,21 @@ impl Args {
                         addr: self.listen.to_string(),
                         source,
                     })?;
-            let addr = proxy.local_addr().map_err(Failure::Runtime)?;
-            writeln!(out, "ws://{addr}")?;
-            let shutdown = CancellationToken::new();
+            let (proxy, serving) = proxy.spawn();
+            writeln!(out, "{}", proxy.url())?;
             let admin = match self.admin {
                 Some(addr) => {
-                    let watched = ProxyAdmin {
-                        metrics: proxy.metrics(),
-                        shutdown: shutdown.clone(),
-                    };
-                    let (url, stop, serving) = start_admin(addr, Arc::new(watched)).await?;
+                    let (url, stop, serving) = start_admin(addr, Arc::new(proxy.clone())).await?;
                     writeln!(out, "{url}")?;
                     Some((stop, serving))
                 }
                 None => None,
             };
             out.flush()?;
-            info!(%addr, %agent, "proxying");
-            let running = tokio::spawn(proxy.run(shutdown.clone()));
+            info!(addr = %proxy.local_addr(), %agent, "proxying");
             shutdown_signal().await;
-            shutdown.cancel();
-            let _ = running.await;
+            proxy.shutdown();
+            let _ = serving.await;
             if let Some((stop, serving)) = admin {
                 stop.cancel();
                 let _ = serving.await;

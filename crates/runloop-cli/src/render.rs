@@ -38,7 +38,7 @@ use std::io::{self, Write};
 
 use anstyle::{AnsiColor, Style};
 use rmcp::model::{ContentBlock, ResourceContents};
-use runloop_proto::Error;
+use runloop_proto::ErrorValue;
 use runloop_proto::run_loop::{
     AgenticLoopChunk, MediaChunk, NotificationChunk, Outcome, Step, ToolCallChunk,
     ToolResponseChunk, Transcript, UsageCounts,
@@ -177,7 +177,7 @@ impl<W: Write> Render<W> {
     }
 
     /// The loop's error: there was no loop, or it did not finish.
-    pub fn error(&mut self, error: &Error) -> io::Result<()> {
+    pub fn error(&mut self, error: &ErrorValue) -> io::Result<()> {
         if self.format == Format::Json {
             let json = serde_json::to_vec(error).map_err(io::Error::other)?;
             json::error(&mut self.out, None, &json)?;
@@ -520,7 +520,7 @@ Done\u{fffd}[31m!
 
     #[test]
     fn an_unfinished_loop_in_every_format() {
-        let down = Error::new(json!({"kind": "agent", "error": "down"}));
+        let down = ErrorValue::new(json!({"kind": "agent", "error": "down"}));
         let steps = || vec![Step::Chunk(text("Hel")), Step::Error(down.clone())];
         let outcome = Outcome::Unfinished(down.clone());
         assert_eq!(

@@ -14,14 +14,15 @@ use std::sync::{Arc, Mutex};
 use futures_util::StreamExt;
 use runloop::client::{Client, ClientConfig, Event};
 use runloop::runtime::Catalog;
-use runloop::server::{Credentials, Server, ServerConfig};
+use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::agents_run::{
     Container, Image, ImageRef, RegistryImage, RunRequest, is_valid_digest, is_valid_name,
 };
 use runloop_proto::capture::{Direction, Line};
-use runloop_proto::frame::{HEADER_LEN, Role};
+use runloop_proto::frame::{FrameType, HEADER_LEN, Role};
 use runloop_proto::run_loop::{Broken, Outcome};
 use serde_json::value::RawValue;
+use tokio::task::JoinHandle;
 
 use crate::exit::{Exit, Failure};
 use crate::process::{block_on, client_tls, init_logs, shutdown_signal};
@@ -42,14 +43,13 @@ pub struct Args {
     /// with the built-in demo agent runs on a loopback port.
     #[arg(long)]
     pub url: Option<String>,
-    /// The credential.
-    #[arg(
-        long,
-        env = "RUNLOOP_TOKEN",
-        hide_env_values = true,
-        default_value = ""
-    )]
-    pub token: String,
+    /// The credential. Every local user can read it in /proc/PID/cmdline:
+    /// prefer --token-file or RUNLOOP_TOKEN (the default; empty if unset).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// A file holding the credential (one line).
+    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    pub token_file: Option<std::path::PathBuf>,
     /// The server image to run: NAME or NAME@DIGEST. Without a digest,
     /// sha256:0…0 is sent, which unpinned catalog entries accept.
     #[arg(long, default_value = "demo", value_parser = image)]
@@ -136,7 +136,11 @@ impl Args {
     }
 
     /// Runs one loop and renders it to stdout.
-    pub fn run(&self) -> Result<Exit, Failure> {
+    pub fn execute(&self) -> Result<Exit, Failure> {
+        let token = crate::token::client(self.token.as_deref(), self.token_file.as_deref())?;
+        if self.token.is_some() {
+            crate::token::warn_command_line();
+        }
         let request = self.request()?;
         let prompt = self.prompt()?;
         let capture = self.capture.as_ref().map(Capture::create).transpose()?;
@@ -150,49 +154,67 @@ impl Args {
         };
         let stdout = io::stdout();
         let mut render = Render::new(anstream::AutoStream::auto(stdout.lock()), format);
-        let outcome = block_on(async {
-            let embedded = match &self.url {
-                Some(_) => None,
-                None => {
-                    let config = ServerConfig::new(Credentials::Any, Catalog::demo());
-                    let server = Server::bind("127.0.0.1:0", config)
-                        .await
-                        .map_err(|error| Failure::bind("127.0.0.1:0", error))?;
-                    Some(server.spawn().map_err(Failure::Runtime)?)
-                }
-            };
-            let url = match (&self.url, &embedded) {
-                (Some(url), _) => url.clone(),
-                (None, Some((handle, _))) => handle.url(),
-                (None, None) => unreachable!("an embedded server is started when no URL is given"),
-            };
-            let config = ClientConfig {
-                tap: capture.as_ref().map(Capture::tap),
-                tls: client_tls(&self.authorities)?,
-                ..ClientConfig::default()
-            };
-            let client = Client::connect_with(&url, &self.token, config)
-                .await
-                .map_err(|source| Failure::Connect {
-                    url: url.clone(),
-                    source: source.into(),
-                })?;
-            let outcome = run_on(&client, request, prompt, &mut render).await;
-            // Done, whatever happened (a refused run, a reader that went
-            // away): close with a handshake, so that the server does not see
-            // a connection that broke (protocol §12 "Clean ends").
-            client.close().await;
-            if let Some((handle, serving)) = embedded {
-                handle.shutdown();
-                let _ = serving.await;
-            }
-            outcome
-        })??;
+        let tap = capture.as_ref().map(Capture::tap);
+        let outcome = block_on(self.connect_and_run(&token, request, prompt, tap, &mut render))??;
         if let Some(capture) = capture {
             capture.finish()?;
         }
         Ok(Exit::of(&outcome))
     }
+}
+
+impl Args {
+    /// Connects (to the embedded server, without `--url`), runs one loop
+    /// and renders it, then closes the connection and ends the embedded
+    /// server, whatever the loop did.
+    async fn connect_and_run(
+        &self,
+        token: &str,
+        request: RunRequest,
+        prompt: String,
+        tap: Option<runloop::client::Tap>,
+        render: &mut Render<impl Write>,
+    ) -> Result<Outcome, Failure> {
+        let embedded = match &self.url {
+            Some(_) => None,
+            None => Some(embedded_server().await?),
+        };
+        let url = match (&self.url, &embedded) {
+            (Some(url), _) => url.clone(),
+            (None, Some((handle, _))) => handle.url(),
+            (None, None) => unreachable!("an embedded server is started when no URL is given"),
+        };
+        let config = ClientConfig {
+            tap,
+            tls: client_tls(&self.authorities)?,
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(&url, token, config)
+            .await
+            .map_err(|source| Failure::Connect {
+                url: url.clone(),
+                source: source.into(),
+            })?;
+        let outcome = run_on(&client, request, prompt, render).await;
+        // Done, whatever happened (a refused run, a reader that went
+        // away): close with a handshake, so that the server does not see
+        // a connection that broke (protocol §12 "Clean ends").
+        client.close().await;
+        if let Some((handle, serving)) = embedded {
+            handle.shutdown();
+            let _ = serving.await;
+        }
+        outcome
+    }
+}
+
+/// A server with the demo agent on a loopback port, serving.
+async fn embedded_server() -> Result<(ServerHandle, JoinHandle<()>), Failure> {
+    let config = ServerConfig::new(Credentials::Any, Catalog::demo());
+    let server = Server::bind("127.0.0.1:0", config)
+        .await
+        .map_err(|error| Failure::bind("127.0.0.1:0", error))?;
+    Ok(server.spawn())
 }
 
 /// Runs one loop on `client` and renders it; the run is stopped (and its
@@ -203,7 +225,7 @@ async fn run_on(
     prompt: String,
     render: &mut Render<impl Write>,
 ) -> Result<Outcome, Failure> {
-    let run = client.run(request).await.map_err(Failure::Run)?;
+    let run = client.start(request).await.map_err(Failure::Run)?;
     let mut run_loop = run.run_loop(prompt);
     let mut interrupted = false;
     let outcome = loop {
@@ -267,7 +289,7 @@ impl Capture {
         })
     }
 
-    fn tap(&self) -> runloop::connection::Tap {
+    fn tap(&self) -> runloop::client::Tap {
         let file = Arc::clone(&self.file);
         Arc::new(move |sender: Role, message: &[u8]| {
             let direction = match sender {
@@ -280,12 +302,14 @@ impl Capture {
             }
             // An authorization frame is kept as its header and mode byte:
             // the credential stays out of the file.
-            let (message, note) = match message.first() {
-                Some(0) if message.len() > HEADER_LEN + 1 => (
+            let authorization = message.first() == Some(&(FrameType::Authorization as u8));
+            let (message, note) = if authorization && message.len() > HEADER_LEN + 1 {
+                (
                     &message[..HEADER_LEN + 1],
                     "# the credential is not recorded\n",
-                ),
-                _ => (message, ""),
+                )
+            } else {
+                (message, "")
             };
             let written = writeln!(file.out, "{note}{}", Line::new(direction, message));
             if let Err(error) = written {

@@ -4,14 +4,14 @@
 //! cannot drift from them. It is one JSON Schema (draft 2020-12) document
 //! whose root is the chunk vocabulary, [`AgenticLoopChunk`]: the document
 //! validates a chunk as it stands. Every type the chunk uses is under
-//! `$defs`, and so is `Error`, the schema of the error value (any JSON
-//! value), addressed as `#/$defs/Error`. One document with one `$defs` keeps
+//! `$defs`, and so is `Error`, the schema of the error value ([`ErrorValue`],
+//! any JSON value), addressed as `#/$defs/Error`. One document with one `$defs` keeps
 //! every `$ref` resolvable, which two schemas nested in a wrapper object
 //! would not.
 
 use std::io::Write;
 
-use runloop_proto::Error;
+use runloop_proto::ErrorValue;
 use runloop_proto::run_loop::AgenticLoopChunk;
 use schemars::generate::SchemaSettings;
 use serde_json::Value;
@@ -24,7 +24,7 @@ pub struct Args {}
 
 impl Args {
     /// Prints the schema document, pretty, to `out`.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         serde_json::to_writer_pretty(&mut *out, &document()).map_err(std::io::Error::from)?;
         writeln!(out)?;
         out.flush()?;
@@ -38,6 +38,6 @@ pub fn document() -> Value {
     // Asking for the error value's schema first files it under `$defs`,
     // where the root schema's definitions then include it; the reference
     // returned here is not needed.
-    generator.subschema_for::<Error>();
+    generator.subschema_for::<ErrorValue>();
     generator.root_schema_for::<AgenticLoopChunk>().to_value()
 }

@@ -5,7 +5,12 @@
 //! loopback address. Beyond loopback it also wants TLS (`--tls-cert`,
 //! `--tls-key`), or to be told that something in front adds it
 //! (`--allow-plaintext`): tokens and loops would otherwise cross the
-//! network in the clear. It prints its `ws://` or `wss://` URL on stdout
+//! network in the clear. Tokens come from `--token-file` or
+//! `RUNLOOP_TOKEN`; `--token` works but is warned about ([`crate::token`]).
+//! At startup the server raises its descriptor limit and refuses limits
+//! that do not fit in it ([`crate::descriptors`]), and with `exec:` entries
+//! it says how their programs are held (a cgroup each, or what is not
+//! enforced without one). It prints its `ws://` or `wss://` URL on stdout
 //! once it listens (so a script can start it on port 0 and read where it
 //! went), then, with `--admin`, the admin listener's `http://` URL; logs to
 //! stderr, as text or JSON lines (`--log-format`).
@@ -17,6 +22,7 @@
 //! end with the server's error, containers stop, scopes finish) and every
 //! connection closes. SIGHUP reloads the TLS certificate and key.
 
+use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,8 +30,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runloop::admin::{self, Watched};
-use runloop::connection::{Limit, Limits};
-use runloop::runtime::{AgentSpec, Catalog, RuntimeSpec};
+use runloop::limits::{Limit, Limits};
+use runloop::runtime::output::OutputLimit;
+use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
 use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig, ServerHandle};
 use runloop::tls::ServerTls;
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
@@ -34,8 +41,10 @@ use runloop_oci::{Host, HostConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::descriptors::{self, Load};
 use crate::exit::{Exit, Failure};
 use crate::process::{LogFormat, block_on, init_logs_as, shutdown_signal};
+use crate::token;
 
 /// Arguments of `runloop serve`.
 #[derive(Debug, clap::Args)]
@@ -43,15 +52,16 @@ pub struct Args {
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1:7878")]
     pub listen: SocketAddr,
-    /// A credential to accept (repeatable). Without any, any credential is
-    /// accepted, and only on a loopback address.
-    #[arg(
-        long = "token",
-        value_name = "TOKEN",
-        env = "RUNLOOP_TOKEN",
-        hide_env_values = true
-    )]
+    /// A credential to accept (repeatable). Every local user can read it in
+    /// /proc/PID/cmdline: prefer --token-file or RUNLOOP_TOKEN. Without any
+    /// token, any credential is accepted, and only on a loopback address.
+    #[arg(long = "token", value_name = "TOKEN")]
     pub tokens: Vec<String>,
+    /// A file of credentials to accept, one per line (repeatable); the way
+    /// to pass tokens, with the RUNLOOP_TOKEN environment variable (one
+    /// token).
+    #[arg(long = "token-file", value_name = "FILE")]
+    pub token_files: Vec<PathBuf>,
     /// An image the server runs (repeatable):
     /// `NAME[@DIGEST]=builtin:demo | exec:PROGRAM [ARGS…] | proxy:ws://HOST:PORT | oci:DIR`.
     /// A DIGEST pins the image; without one any well-formed digest is accepted,
@@ -110,6 +120,22 @@ pub struct Args {
     /// Containers: processes one container may have at once.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub container_pids: u32,
+    /// `exec:` entries: what to do with a run's `disk`, which a host process
+    /// cannot be held to. `refuse`: every exec run is refused, saying so;
+    /// `unenforced`: runs go ahead, and `disk` is not held.
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = ExecDisk::Refuse, hide_possible_values = true)]
+    pub exec_disk: ExecDisk,
+    /// `exec:` entries: processes (and threads) one run may have at once
+    /// (with cgroups).
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub exec_pids: u32,
+    /// Lines of one run's agent output (stdout and stderr) logged per 10 s;
+    /// the rest is counted in an "N lines suppressed" line.
+    #[arg(long, value_name = "N", default_value_t = OutputLimit::default().lines)]
+    pub agent_output_lines: u64,
+    /// Bytes of one run's agent output logged per 10 s (K/M/G suffixes).
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = bytes)]
+    pub agent_output_bytes: u64,
     // --- operations (issue 16): TLS, the admin listener, drain, logs ---
     /// Serve wss://: the certificate chain, PEM, leaf first. Reloaded with
     /// the key on SIGHUP.
@@ -136,6 +162,15 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// `--exec-disk`: what the exec runtime does with a `disk` it cannot hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecDisk {
+    /// Refuse every exec run, saying why.
+    Refuse,
+    /// Run, with `disk` not held.
+    Unenforced,
+}
+
 /// The option that sets `limit`.
 fn option(limit: Limit) -> &'static str {
     match limit {
@@ -155,19 +190,47 @@ pub fn bytes(text: &str) -> Result<u64, String> {
 }
 
 impl Args {
+    /// The tokens to accept: `--token`, every line of each `--token-file`,
+    /// and `RUNLOOP_TOKEN`.
+    fn tokens(&self) -> Result<Vec<String>, Failure> {
+        let mut tokens = self.tokens.clone();
+        for file in &self.token_files {
+            tokens.extend(token::read_file(file)?);
+        }
+        tokens.extend(std::env::var(token::ENV).ok());
+        tokens.retain(|t| !t.is_empty());
+        Ok(tokens)
+    }
+
+    /// How `exec:` entries run.
+    pub fn exec_config(&self) -> ExecConfig {
+        ExecConfig {
+            disk: match self.exec_disk {
+                ExecDisk::Refuse => DiskPolicy::Refuse,
+                ExecDisk::Unenforced => DiskPolicy::Unenforced,
+            },
+            pids: self.exec_pids,
+            output: self.output_limit(),
+            ..ExecConfig::default()
+        }
+    }
+
+    fn output_limit(&self) -> OutputLimit {
+        OutputLimit {
+            lines: self.agent_output_lines,
+            bytes: self.agent_output_bytes,
+            ..OutputLimit::default()
+        }
+    }
+
     /// The server's configuration, or why these arguments cannot make one.
     pub fn config(&self) -> Result<ServerConfig, Failure> {
-        let tokens: Vec<String> = self
-            .tokens
-            .iter()
-            .filter(|t| !t.is_empty())
-            .cloned()
-            .collect();
+        let tokens = self.tokens()?;
         let credentials = if tokens.is_empty() {
             if !self.listen.ip().is_loopback() {
                 return Err(Failure::Argument(format!(
                     "refusing to listen on {} without a token: anyone who can reach it could run \
-                     agents; pass --token or set RUNLOOP_TOKEN",
+                     agents; pass --token-file FILE or set RUNLOOP_TOKEN",
                     self.listen
                 )));
             }
@@ -187,7 +250,7 @@ impl Args {
         let catalog = if self.agents.is_empty() {
             Catalog::demo()
         } else {
-            let mut catalog = Catalog::new();
+            let mut catalog = Catalog::new().with_exec(self.exec_config());
             for spec in &self.agents {
                 // `oci:` entries are added once the container host is up.
                 if !matches!(spec.runtime, RuntimeSpec::Oci(_)) {
@@ -251,6 +314,7 @@ impl Args {
             "--container-startup-timeout",
         )?;
         config.pids = self.container_pids;
+        config.output = self.output_limit();
         Ok(config)
     }
 
@@ -300,12 +364,55 @@ impl Args {
         Ok(())
     }
 
+    /// The descriptors the server may open, raised to the hard limit, if
+    /// its limits fit in them.
+    fn descriptors(&self) -> Result<u64, Failure> {
+        let limit = descriptors::raise().map_err(Failure::Runtime)?;
+        // No server-wide bound on runs exists yet; when one does, its
+        // runs go here.
+        let load = Load {
+            connections: self.max_connections as u64,
+            runs: 0,
+        };
+        descriptors::check(load, limit).map_err(|error| Failure::Argument(error.to_string()))?;
+        Ok(limit)
+    }
+
+    /// Logs what the operator should know of this server's bounds; with
+    /// `exec:` entries, finds how their programs are held (and removes
+    /// the runs of servers killed before) now, before anything runs.
+    fn say_how(&self, descriptors: u64, exec: bool) {
+        if !self.tokens.is_empty() {
+            warn!("{}", token::COMMAND_LINE_WARNING);
+        }
+        info!(descriptors, "descriptor limit");
+        if !exec {
+            return;
+        }
+        let confinement = Confinement::host();
+        if self.exec_disk == ExecDisk::Unenforced {
+            warn!("exec runs go ahead with their disk unenforced (--exec-disk unenforced)");
+        }
+        if let Confinement::Cgroups(cgroup) = confinement {
+            info!(
+                cgroup = cgroup.path(),
+                pids = self.exec_pids,
+                "exec runs are held by cgroups"
+            );
+        }
+    }
+
     /// Serves until Ctrl-C or SIGTERM, and the drain after it.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let mut config = self.config()?;
         let drain_timeout = self.drain_timeout()?;
+        let descriptors = self.descriptors()?;
         let _logs = init_logs_as("info", self.log_format);
-        block_on(async {
+        let exec = self
+            .agents
+            .iter()
+            .any(|spec| matches!(spec.runtime, RuntimeSpec::Exec { .. }));
+        let served = block_on(async {
             self.containers(&mut config).await?;
             for (name, digest) in config.catalog.names() {
                 info!(
@@ -314,12 +421,22 @@ impl Args {
                     "serving image"
                 );
             }
+            self.say_how(descriptors, exec);
             let server = Server::bind(self.listen, config)
                 .await
                 .map_err(|error| Failure::bind(self.listen, error))?;
-            let (handle, serving) = server.spawn().map_err(Failure::Runtime)?;
-            // Listened for before the URL is printed: SIGHUP's default
-            // action ends the process.
+            let (handle, serving) = server.spawn();
+            // The signal handlers are in place before the URL says the
+            // server is up: a SIGTERM right after it still drains and shuts
+            // down gracefully (runs stopped, exec cgroups removed); and
+            // SIGHUP's default action would end the process.
+            let shutdown = shutdown_signal();
+            tokio::pin!(shutdown);
+            std::future::poll_fn(|cx| {
+                let _ = shutdown.as_mut().poll(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
             let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
                 .map_err(Failure::Runtime)?;
             tokio::spawn(reload_on_hangup(handle.clone(), hangups));
@@ -333,13 +450,17 @@ impl Args {
                 None => None,
             };
             out.flush()?;
-            drain(&handle, serving, drain_timeout).await;
+            drain(&handle, serving, drain_timeout, shutdown).await;
             if let Some((stop, admin)) = admin {
                 stop.cancel();
                 let _ = admin.await;
             }
             Ok(Exit::Success)
-        })?
+        })?;
+        if exec {
+            Confinement::host().release();
+        }
+        served
     }
 }
 
@@ -368,11 +489,17 @@ pub async fn start_admin(
     Ok((format!("http://{bound}"), stop, serving))
 }
 
-/// On the first Ctrl-C or SIGTERM, drains the server for `timeout` at most;
-/// then, or on a second signal, shuts it down; returns when it is done.
-async fn drain(handle: &ServerHandle, mut serving: tokio::task::JoinHandle<()>, timeout: Duration) {
+/// On the first Ctrl-C or SIGTERM (`signal`), drains the server for
+/// `timeout` at most; then, or on a second signal, shuts it down; returns
+/// when it is done.
+async fn drain(
+    handle: &ServerHandle,
+    mut serving: tokio::task::JoinHandle<()>,
+    timeout: Duration,
+    signal: impl Future<Output = ()>,
+) {
     tokio::select! {
-        () = shutdown_signal() => {}
+        () = signal => {}
         _ = &mut serving => return,
     }
     info!(

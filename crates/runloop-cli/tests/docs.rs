@@ -1,6 +1,7 @@
 //! The documents that ship with the code, held to it: every protocol
 //! section cited anywhere exists in `docs/protocol.md`, the agent guide's
-//! listings are the example files, relative links resolve, and the README's
+//! listings are the example files, relative links resolve, the table of
+//! error kinds is `ErrorKind`, and the README's
 //! CLI section names the subcommands and flags `runloop --help` has.
 
 use std::collections::BTreeSet;
@@ -343,4 +344,27 @@ fn the_readme_documents_every_subcommand_and_flag_of_the_help() {
             names.join("` and `runloop ")
         );
     }
+}
+
+#[test]
+fn the_table_of_error_kinds_is_the_error_kind_enum() {
+    let protocol = read("docs/protocol.md");
+    let (_, after) = protocol
+        .split_once("**The error values runloop writes.**")
+        .expect("the table of error kinds in protocol §12");
+    let kinds: Vec<&str> = after
+        .lines()
+        .skip_while(|line| !line.starts_with("| `kind`"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|row| row.split('`').nth(1))
+        .collect();
+    let enumerated: Vec<&str> = runloop_proto::ErrorKind::ALL
+        .iter()
+        .map(|kind| kind.as_str())
+        .collect();
+    assert_eq!(
+        kinds, enumerated,
+        "docs/protocol.md §12 lists every ErrorKind, in order"
+    );
 }

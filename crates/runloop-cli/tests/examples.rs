@@ -57,8 +57,14 @@ fn served_specs(guide: &str) -> Vec<String> {
         .filter_map(|line| line.strip_prefix("$ runloop serve "))
     {
         let spec = match words(rest).as_slice() {
-            [flag, spec] if flag == "--agent" => spec.clone(),
-            other => panic!("a serve line of the guide is not `--agent SPEC`: {other:?}"),
+            [disk, unenforced, flag, spec]
+                if disk == "--exec-disk" && unenforced == "unenforced" && flag == "--agent" =>
+            {
+                spec.clone()
+            }
+            other => panic!(
+                "a serve line of the guide is not `--exec-disk unenforced --agent SPEC`: {other:?}"
+            ),
         };
         if !specs.contains(&spec) {
             specs.push(spec);
@@ -105,7 +111,14 @@ struct Served {
 impl Served {
     fn new(spec: &str) -> Served {
         let mut child = Command::new(env!("CARGO_BIN_EXE_runloop"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--agent", spec])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--exec-disk",
+                "unenforced",
+            ])
+            .args(["--agent", spec])
             .current_dir(root())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

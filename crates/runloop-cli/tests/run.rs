@@ -280,6 +280,33 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
         .args(["run", "--json", "--url", &server.url, "through exec"])
         .output()
         .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "a disk it cannot hold: {output:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(
+            "cannot be held for an exec agent program (a host process writes wherever its user \
+             may); this server refuses exec runs until its operator accepts that (runloop serve \
+             --exec-disk unenforced)"
+        ),
+        "{output:?}"
+    );
+    drop(server);
+    let server = Running::start(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--exec-disk",
+        "unenforced",
+        "--agent",
+        &exec,
+    ]);
+    let output = runloop()
+        .args(["run", "--json", "--url", &server.url, "through exec"])
+        .output()
+        .expect("runs");
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     drop(server);
 

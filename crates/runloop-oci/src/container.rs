@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runloop::proxy::Proxy;
-use runloop::runtime::output::log_lines;
-use runloop::runtime::{BoxFuture, Container, Limits, Runtime, StartError};
+use runloop::runtime::output::log_output;
+use runloop::runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use tokio::net::TcpStream;
 use tokio::process::Child;
 use tokio::sync::watch;
@@ -71,22 +71,22 @@ impl OciRuntime {
 
     /// Starts one container; resolves once its agent accepts TCP and its
     /// proxy listens. [`Runtime::start`] is this, boxed.
-    pub async fn spawn(&self, limits: Limits) -> Result<OciContainer, StartError> {
+    pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
         if limits.memory < MIN_MEMORY {
-            return Err(StartError(format!(
+            return Err(StartError::new(format!(
                 "memory {} bytes is below the container minimum of {MIN_MEMORY} bytes (6 MiB)",
                 limits.memory
             )));
         }
         if limits.disk < disk::MIN_DISK {
-            return Err(StartError(format!(
+            return Err(StartError::new(format!(
                 "disk {} bytes is below the container minimum of {} bytes (1 MiB)",
                 limits.disk,
                 disk::MIN_DISK
             )));
         }
         let slot = self.host.pool().take().ok_or_else(|| {
-            StartError(format!(
+            StartError::new(format!(
                 "no container addresses are left in {}",
                 self.host.pool().subnet()
             ))
@@ -99,7 +99,7 @@ impl OciRuntime {
             Err(why) => {
                 warn!(%key, %why, "container did not start");
                 teardown(&self.host, &key).await;
-                return Err(StartError(why));
+                return Err(StartError::new(why));
             }
         };
         let port = bundle::port(&self.image.image.process);
@@ -128,7 +128,7 @@ impl OciRuntime {
         key: &str,
         run: &PathBuf,
         slot: &network::Slot,
-        limits: Limits,
+        limits: ContainerLimits,
     ) -> Result<Child, String> {
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -175,7 +175,10 @@ impl OciRuntime {
 }
 
 impl Runtime for OciRuntime {
-    fn start(&self, limits: Limits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
+    fn start(
+        &self,
+        limits: ContainerLimits,
+    ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
         Box::pin(async move {
             let container: Box<dyn Container> = Box::new(self.spawn(limits).await?);
             Ok(container)
@@ -199,26 +202,7 @@ impl Started {
     async fn ready(mut self) -> Result<OciContainer, StartError> {
         let pid = self.child.id().unwrap_or_default();
         let program: Arc<str> = Arc::from(runc::id(&self.key));
-        for (pipe, stream) in [
-            (
-                self.child
-                    .stdout
-                    .take()
-                    .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-                "stdout",
-            ),
-            (
-                self.child
-                    .stderr
-                    .take()
-                    .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-                "stderr",
-            ),
-        ] {
-            if let Some(pipe) = pipe {
-                tokio::spawn(log_lines(pipe, Arc::clone(&program), pid, stream));
-            }
-        }
+        log_output(&mut self.child, program, pid, self.host.config().output);
         let timeout = self.host.config().startup_timeout;
         let watch = Arc::new(Memory {
             host: Arc::clone(&self.host),
@@ -240,10 +224,7 @@ impl Started {
             let proxy = Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), link.0)
                 .await
                 .map_err(|error| format!("cannot bind the proxy: {error}"))?;
-            let url = proxy
-                .local_addr()
-                .map(|addr| format!("ws://{addr}"))
-                .map_err(|error| format!("cannot read the proxy's address: {error}"))?;
+            let url = format!("ws://{}", proxy.local_addr());
             Ok::<_, String>((link.1, proxy, url))
         };
         let (link, proxy, url) = match serving.await {
@@ -255,10 +236,11 @@ impl Started {
                 let _ = runc.kill(&runc::id(&self.key), "SIGKILL", true).await;
                 let _ = self.child.wait().await;
                 teardown(&self.host, &self.key).await;
-                return Err(StartError(why));
+                return Err(StartError::new(why));
             }
         };
-        let proxy = tokio::spawn(proxy.run(stop.clone()));
+        let (proxy_handle, proxy) = proxy.spawn();
+        let proxy_stop = stop.clone();
         let (exited_tx, exited) = watch::channel(None);
         let key = self.key.clone();
         let supervisor = tokio::spawn(supervise(self, watch, stop.clone(), exited_tx));
@@ -268,7 +250,15 @@ impl Started {
             url,
             stop,
             supervisor: Some(supervisor),
-            tasks: vec![link, tokio::spawn(async move { drop(proxy.await) })],
+            tasks: vec![
+                link,
+                // The proxy ends with the container.
+                tokio::spawn(async move {
+                    proxy_stop.cancelled().await;
+                    proxy_handle.shutdown();
+                    drop(proxy.await)
+                }),
+            ],
             exited,
         })
     }
@@ -283,7 +273,10 @@ struct Memory {
 
 impl Watch for Memory {
     fn out_of_memory(&self) -> bool {
-        self.host.cgroups().oom_kills(&self.id).unwrap_or(0) > 0
+        cgroup::Cgroup::new(self.host.cgroups(), &self.id)
+            .oom_kills()
+            .unwrap_or(0)
+            > 0
     }
 
     fn end_for_memory(&self) {
@@ -369,7 +362,7 @@ async fn supervise(
 
 /// Why a container that ended by itself ended, OOM kills first.
 fn ended_by_itself(host: &Host, id: &str, status: io::Result<ExitStatus>) -> String {
-    match host.cgroups().oom_kills(id) {
+    match cgroup::Cgroup::new(host.cgroups(), id).oom_kills() {
         Some(kills) if kills > 0 => format!(
             "the container ran out of memory: the kernel killed {kills} of its processes at its memory limit ({})",
             describe(status)
@@ -399,7 +392,7 @@ pub async fn teardown(host: &Host, key: &str) {
     if let Err(error) = host.runc().delete(&id).await {
         warn!(%id, %error, "cannot delete the container");
     }
-    for dir in host.cgroups().leftovers(&cgroup::path(&id)) {
+    for dir in cgroup::Cgroup::new(host.cgroups(), &cgroup::path(&id)).leftovers() {
         if let Err(error) = std::fs::remove_dir(&dir) {
             warn!(%id, dir = %dir.display(), %error, "cannot remove the container's cgroup");
         }

@@ -51,12 +51,14 @@ pub struct HostConfig {
     pub pids: u32,
     /// What one image may unpack to.
     pub unpack: UnpackLimits,
+    /// How much of a container's output is logged.
+    pub output: runloop::runtime::output::OutputLimit,
 }
 
 impl HostConfig {
     /// Defaults around `store`: [`DEFAULT_SUBNET`], `runc` from `PATH`, a
     /// 5 s grace, 60 s to listen, 1024 processes, images up to 8 GiB and
-    /// a million entries unpacked.
+    /// a million entries unpacked, the default output budget.
     pub fn new(store: impl Into<PathBuf>) -> HostConfig {
         HostConfig {
             store: store.into(),
@@ -69,6 +71,7 @@ impl HostConfig {
                 max_bytes: 8 << 30,
                 max_entries: 1_000_000,
             },
+            output: runloop::runtime::output::OutputLimit::default(),
         }
     }
 

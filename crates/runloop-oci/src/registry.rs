@@ -40,6 +40,7 @@ use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
+use runloop::proto::ErrorKind;
 use runloop::runtime::{BoxFuture, Registry, RegistryError, Runtime};
 use tokio::io::AsyncWriteExt;
 use tracing::info;
@@ -82,7 +83,7 @@ impl std::fmt::Debug for Pull {
     }
 }
 
-fn refused(kind: &'static str, message: String) -> RegistryError {
+fn refused(kind: ErrorKind, message: String) -> RegistryError {
     RegistryError { kind, message }
 }
 
@@ -123,7 +124,7 @@ impl Pull {
     pub async fn runtime(&self, text: &str) -> Result<OciRuntime, RegistryError> {
         let reference: Reference = text.parse().map_err(|error| {
             refused(
-                "registry",
+                ErrorKind::Registry,
                 format!("registry reference {text:?} does not parse: {error}"),
             )
         })?;
@@ -132,7 +133,7 @@ impl Pull {
         if !allowed.clone().any(|name| name == host) {
             let list: Vec<&str> = allowed.map(String::as_str).collect();
             return Err(refused(
-                "policy",
+                ErrorKind::Policy,
                 format!(
                     "registry {host} is not one this server pulls from (it pulls from: {})",
                     list.join(", ")
@@ -142,9 +143,9 @@ impl Pull {
         let pinned = reference
             .digest()
             .map(|digest| {
-                digest
-                    .parse::<Digest>()
-                    .map_err(|error| refused("registry", format!("reference {text:?}: {error}")))
+                digest.parse::<Digest>().map_err(|error| {
+                    refused(ErrorKind::Registry, format!("reference {text:?}: {error}"))
+                })
             })
             .transpose()?;
         let store = self.host.store();
@@ -171,7 +172,7 @@ impl Pull {
             )
             .map_err(|error| {
                 refused(
-                    "registry",
+                    ErrorKind::Registry,
                     format!("cannot record {text} in the store: {error}"),
                 )
             })?;
@@ -184,7 +185,7 @@ impl Pull {
             .store()
             .unpack(self.host.store().layout(), image)
             .await
-            .map_err(|error| refused("registry", format!("image {text}: {error}")))?;
+            .map_err(|error| refused(ErrorKind::Registry, format!("image {text}: {error}")))?;
         Ok(OciRuntime::new(Arc::clone(&self.host), unpacked))
     }
 
@@ -206,7 +207,7 @@ impl Pull {
                 .map_err(|error| self.failed(&whole, "its manifest", &error))?;
             if bytes.len() as u64 > MAX_JSON {
                 return Err(refused(
-                    "registry",
+                    ErrorKind::Registry,
                     format!("the manifest of {whole} is larger than {MAX_JSON} bytes"),
                 ));
             }
@@ -215,7 +216,7 @@ impl Pull {
                 && *expected != digest
             {
                 return Err(refused(
-                    "registry",
+                    ErrorKind::Registry,
                     format!(
                         "digest mismatch: the manifest of {whole} hashes to {digest}, not {expected}"
                     ),
@@ -223,7 +224,7 @@ impl Pull {
             }
             let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|error| {
                 refused(
-                    "registry",
+                    ErrorKind::Registry,
                     format!("the manifest of {whole} is not JSON: {error}"),
                 )
             })?;
@@ -236,19 +237,19 @@ impl Pull {
             }
             let index: ImageIndex = serde_json::from_value(value).map_err(|error| {
                 refused(
-                    "registry",
+                    ErrorKind::Registry,
                     format!("the index of {whole} does not parse: {error}"),
                 )
             })?;
             let entry = image::pick(&index, false)
-                .map_err(|error| refused("registry", format!("{whole}: {error}")))?;
+                .map_err(|error| refused(ErrorKind::Registry, format!("{whole}: {error}")))?;
             let entry_digest = crate::layout::digest_of(entry)
-                .map_err(|error| refused("registry", format!("{whole}: {error}")))?;
+                .map_err(|error| refused(ErrorKind::Registry, format!("{whole}: {error}")))?;
             target = reference.clone_with_digest(entry_digest.to_string());
             expected = Some(entry_digest);
         }
         Err(refused(
-            "registry",
+            ErrorKind::Registry,
             format!("{whole}: an index names another index; one level is followed"),
         ))
     }
@@ -263,15 +264,15 @@ impl Pull {
         let whole = reference.whole();
         let parsed: ImageManifest = serde_json::from_slice(manifest).map_err(|error| {
             refused(
-                "registry",
+                ErrorKind::Registry,
                 format!("the manifest of {whole} does not parse: {error}"),
             )
         })?;
         let (layers, size) = image::layers(&parsed, manifest.len() as u64)
-            .map_err(|error| refused("registry", format!("{whole}: {error}")))?;
+            .map_err(|error| refused(ErrorKind::Registry, format!("{whole}: {error}")))?;
         if size > self.config.max_image_size {
             return Err(refused(
-                "registry",
+                ErrorKind::Registry,
                 format!(
                     "image {whole} is too large: {size} bytes, over this server's limit of {} bytes",
                     self.config.max_image_size
@@ -281,12 +282,12 @@ impl Pull {
         let layout = self.host.store().layout();
         layout.put(manifest).map_err(|error| {
             refused(
-                "registry",
+                ErrorKind::Registry,
                 format!("cannot store the manifest of {whole}: {error}"),
             )
         })?;
         let config = crate::layout::digest_of(parsed.config())
-            .map_err(|error| refused("registry", format!("{whole}: {error}")))?;
+            .map_err(|error| refused(ErrorKind::Registry, format!("{whole}: {error}")))?;
         let blobs = std::iter::once((config, parsed.config().size())).chain(
             layers
                 .iter()
@@ -298,7 +299,7 @@ impl Pull {
         }
         info!(reference = %whole, %digest, bytes = fetched, "image pulled");
         Image::load(layout, digest, Some(manifest.len() as u64))
-            .map_err(|error| refused("registry", format!("{whole}: {error}")))
+            .map_err(|error| refused(ErrorKind::Registry, format!("{whole}: {error}")))
     }
 
     /// Streams one blob into the store unless it is there; returns the
@@ -322,9 +323,9 @@ impl Pull {
             .pull_blob_stream(reference, digest.to_string().as_str())
             .await
             .map_err(|error| self.failed(&whole, &what, &error))?;
-        let (path, file) = layout
-            .temporary()
-            .map_err(|error| refused("registry", format!("cannot store {what}: {error}")))?;
+        let (path, file) = layout.temporary().map_err(|error| {
+            refused(ErrorKind::Registry, format!("cannot store {what}: {error}"))
+        })?;
         let partial = Partial(path);
         let mut file = tokio::fs::File::from_std(file);
         let mut hasher = Hasher::new();
@@ -334,7 +335,7 @@ impl Pull {
                     .get_ref()
                     .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>());
                 refused(
-                    "registry",
+                    ErrorKind::Registry,
                     if mismatch {
                         format!("digest mismatch: {what} of {whole}: {error}")
                     } else {
@@ -345,42 +346,45 @@ impl Pull {
             hasher.update(&piece);
             if hasher.len() > size {
                 return Err(refused(
-                    "registry",
+                    ErrorKind::Registry,
                     format!("{what} of {whole} runs past its declared {size} bytes"),
                 ));
             }
-            file.write_all(&piece)
-                .await
-                .map_err(|error| refused("registry", format!("cannot store {what}: {error}")))?;
+            file.write_all(&piece).await.map_err(|error| {
+                refused(ErrorKind::Registry, format!("cannot store {what}: {error}"))
+            })?;
         }
-        file.flush()
-            .await
-            .map_err(|error| refused("registry", format!("cannot store {what}: {error}")))?;
+        file.flush().await.map_err(|error| {
+            refused(ErrorKind::Registry, format!("cannot store {what}: {error}"))
+        })?;
         let len = hasher.len();
         check(digest, Some(size), hasher).map_err(|error| {
             refused(
-                "registry",
+                ErrorKind::Registry,
                 format!("digest mismatch: {what} of {whole}: {error}"),
             )
         })?;
-        partial
-            .keep(&layout.blob_path(digest))
-            .map_err(|error| refused("registry", format!("cannot store {what}: {error}")))?;
+        partial.keep(&layout.blob_path(digest)).map_err(|error| {
+            refused(ErrorKind::Registry, format!("cannot store {what}: {error}"))
+        })?;
         Ok(len)
     }
 
     fn failed(&self, whole: &str, what: &str, error: &OciDistributionError) -> RegistryError {
         if not_found(error) {
-            return refused("registry", format!("not found: {what} of {whole}: {error}"));
+            return refused(
+                ErrorKind::Registry,
+                format!("not found: {what} of {whole}: {error}"),
+            );
         }
         if matches!(error, OciDistributionError::DigestError(_)) {
             return refused(
-                "registry",
+                ErrorKind::Registry,
                 format!("digest mismatch: {what} of {whole}: {error}"),
             );
         }
         refused(
-            "registry",
+            ErrorKind::Registry,
             format!("cannot pull {what} of {whole}: {error}"),
         )
     }

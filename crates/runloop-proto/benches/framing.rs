@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use runloop_proto::frame::{self, FrameType, HEADER_LEN, ServerFrame};
-use runloop_proto::run_loop::frame::encode_raw_chunk;
+use runloop_proto::run_loop::response::encode_raw_chunk;
 use runloop_proto::{Decode, Writer};
 
 const SCOPE: u32 = 0x0102_0304;

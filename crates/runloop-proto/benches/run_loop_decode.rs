@@ -1,4 +1,4 @@
-//! Decoding run-loop response payloads: this crate's `Frame::decode` against
+//! Decoding run-loop response payloads: this crate's `Response::decode` against
 //! the reference algorithm and against validation-only parsing.
 //!
 //! The reference is what a derive-only implementation does: a
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use rmcp::model::{Annotations, ContentBlock, MetaObject};
 use runloop_proto::run_loop::{
-    AgenticLoopChunk, Frame, NotificationChunk, TextChunk, TokenLogprob, ToolCallChunk,
+    AgenticLoopChunk, NotificationChunk, Response, TextChunk, TokenLogprob, ToolCallChunk,
     ToolResponseChunk, UsageChunk,
 };
 use runloop_proto::{Decode, Encode};
@@ -230,7 +230,7 @@ fn corpus() -> Vec<Vec<u8>> {
     }
     chunks
         .into_iter()
-        .map(|chunk| Frame::Chunk(chunk).to_vec().expect("a chunk serializes"))
+        .map(|chunk| Response::Chunk(chunk).to_vec().expect("a chunk serializes"))
         .collect()
 }
 
@@ -431,7 +431,7 @@ fn validate_only(payload: &[u8]) -> Result<IgnoredAny, RefError> {
 /// Both decoders must produce the same chunk for every payload.
 fn assert_same_decoding(corpus: &[Vec<u8>]) {
     for payload in corpus {
-        let Ok(Frame::Chunk(ours)) = Frame::decode(payload) else {
+        let Ok(Response::Chunk(ours)) = Response::decode(payload) else {
             panic!("ours did not decode a chunk");
         };
         let Ok(RefFrame::Chunk(reference)) = reference_decode(payload) else {
@@ -445,7 +445,7 @@ fn assert_same_decoding(corpus: &[Vec<u8>]) {
     // An error payload is the same error to both, whatever it looks like,
     // and both refuse the same bad payloads.
     let error = b"\x01{\"type\":\"usage\",\"completion_tokens\":1}";
-    let Ok(Frame::Error(ours)) = Frame::decode(error) else {
+    let Ok(Response::Error(ours)) = Response::decode(error) else {
         panic!("ours did not decode an error");
     };
     let Ok(RefFrame::Error(reference)) = reference_decode(error) else {
@@ -458,7 +458,7 @@ fn assert_same_decoding(corpus: &[Vec<u8>]) {
         Err(RefError::UnknownTag(7))
     ));
     for bad in [&b"\x00{\"type\":\"nope\"}"[..], b"\x00{}", b"\x01{} {}"] {
-        assert!(Frame::decode(bad).is_err());
+        assert!(Response::decode(bad).is_err());
         let Err(RefError::Json(why)) = reference_decode(bad) else {
             panic!("the reference accepted a bad payload");
         };
@@ -468,7 +468,7 @@ fn assert_same_decoding(corpus: &[Vec<u8>]) {
 
 fn decode_ours(corpus: &[Vec<u8>]) {
     for payload in corpus {
-        let _ = black_box(Frame::decode(black_box(payload)));
+        let _ = black_box(Response::decode(black_box(payload)));
     }
 }
 

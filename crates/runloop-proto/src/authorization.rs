@@ -47,6 +47,7 @@ impl fmt::Debug for Authorization<'_> {
 
 /// An authorization payload that cannot be accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthorizationError {
     /// No mode byte.
     #[error("authorization payload is empty")]

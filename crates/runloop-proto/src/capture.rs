@@ -93,6 +93,7 @@ impl fmt::Display for Found {
 
 /// A capture line that cannot be read. Columns count bytes from 1.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LineError {
     /// The line does not start with `>` or `<`.
     #[error("missing direction: expected '>' or '<' at column {column}, found {found}")]

@@ -85,6 +85,7 @@ pub enum ChannelRequest<'a> {
 
 /// A channel request that does not decode.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ChannelRequestError {
     /// No tag byte.
     #[error("channel request is empty")]

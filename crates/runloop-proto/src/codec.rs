@@ -12,7 +12,10 @@
 //! decoder may borrow from the message (a credential, a prompt, a frame's
 //! payload), so decoding does not copy what the caller only looks at.
 
+use std::error::Error as StdError;
+use std::fmt;
 use std::io;
+use std::sync::Arc;
 
 /// An append-only view of a caller-owned buffer.
 ///
@@ -134,6 +137,52 @@ pub(crate) fn from_object<'a, T: serde::Deserialize<'a>>(
         ));
     }
     serde_json::from_slice(json)
+}
+
+/// A decode error, kept whole inside a value that must stay cheap to clone
+/// and comparable (an [`Outcome`](crate::run_loop::Outcome), a client's
+/// error): it says what the error says, its source is the error's source,
+/// and two are equal when they say the same thing.
+#[derive(Debug)]
+pub struct Undecodable<E>(Arc<E>);
+
+impl<E> Undecodable<E> {
+    /// The decode error.
+    pub fn error(&self) -> &E {
+        &self.0
+    }
+}
+
+impl<E> From<E> for Undecodable<E> {
+    fn from(error: E) -> Self {
+        Undecodable(Arc::new(error))
+    }
+}
+
+impl<E> Clone for Undecodable<E> {
+    fn clone(&self) -> Self {
+        Undecodable(Arc::clone(&self.0))
+    }
+}
+
+impl<E: fmt::Display> PartialEq for Undecodable<E> {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl<E: fmt::Display> Eq for Undecodable<E> {}
+
+impl<E: fmt::Display> fmt::Display for Undecodable<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<E: StdError> StdError for Undecodable<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ pub enum EndpointRequest {
 
 /// A scope request that does not decode.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EndpointRequestError {
     /// No tag byte.
     #[error("scope request is empty")]

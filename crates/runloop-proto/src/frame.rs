@@ -130,13 +130,28 @@ fn split_header(message: &[u8]) -> Result<(RawHeader, &[u8]), HeaderError> {
     Ok((header, payload))
 }
 
-/// Writes a header; used by both directions' encoders.
-pub fn write_header(out: &mut Writer<'_>, frame_type: FrameType, scope: u32, channel: u32) {
+/// The 9 header bytes for any type byte: the one place the layout is written.
+fn header(byte: u8, scope: u32, channel: u32) -> [u8; HEADER_LEN] {
     let mut header = [0u8; HEADER_LEN];
-    header[0] = frame_type as u8;
+    header[0] = byte;
     header[1..5].copy_from_slice(&scope.to_be_bytes());
     header[5..9].copy_from_slice(&channel.to_be_bytes());
-    out.extend_from_slice(&header);
+    header
+}
+
+/// Writes a header; used by both directions' encoders.
+pub fn write_header(out: &mut Writer<'_>, frame_type: FrameType, scope: u32, channel: u32) {
+    out.extend_from_slice(&header(frame_type as u8, scope, channel));
+}
+
+/// A message with any type byte, defined or not, for either direction: the
+/// frames a conformance probe or a fuzzer sends to see them disregarded.
+/// A frame of a defined kind is built with [`to_message`] or [`build`].
+pub fn raw(byte: u8, scope: u32, channel: u32, payload: &[u8]) -> Vec<u8> {
+    let mut message = Vec::with_capacity(HEADER_LEN + payload.len());
+    message.extend_from_slice(&header(byte, scope, channel));
+    message.extend_from_slice(payload);
+    message
 }
 
 /// A frame a client may send.
@@ -570,6 +585,23 @@ mod tests {
             }
             .to_string(),
             "frame type 2 is not defined for frames sent by a client"
+        );
+    }
+
+    #[test]
+    fn raw_lays_out_any_type_byte() {
+        assert_eq!(
+            raw(7, 1, 2, b"x"),
+            [7, 0, 0, 0, 1, 0, 0, 0, 2, b'x'],
+            "a type no direction defines"
+        );
+        let request = ClientFrame::Request {
+            scope: 3,
+            payload: b"\0{}",
+        };
+        assert_eq!(
+            raw(FrameType::Request as u8, 3, 0, b"\0{}"),
+            to_message(&request)
         );
     }
 

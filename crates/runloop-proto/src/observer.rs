@@ -16,32 +16,34 @@
 //!            client channel with tag 5 (run-loop) ──▶ Reader ──▶ chunk / error / outcome
 //! ```
 //!
-//! What the receiver would disregard, the observer disregards and reports as
-//! [`Malformed`]: a message that is no frame, a type the sender may not send,
-//! a frame before the authorization, a second authorization, a request
-//! naming a scope or channel number that is still open, a frame naming a
-//! scope or channel that is not open. A channel request that does not decode
-//! is reported as well, but its channel opens: the server answers it with a
-//! bare finish, and a run-loop channel among them is still followed, since
-//! that finish is what its client saw.
+//! The rules are the connection [`Table`]'s, the same the server and the
+//! client keep, applied to each message as its receiver applies it. What
+//! the receiver would disregard, or end the connection for, the observer
+//! reports as [`Malformed`] and goes on: a message that is no frame, a type
+//! the sender may not send, a frame before the authorization, a second
+//! authorization, a request naming a scope or channel number that is still
+//! open, a frame naming a scope or channel that is not open. A channel
+//! request that does not decode is reported as well, but its channel opens:
+//! the server answers it with a bare finish, and a run-loop channel among
+//! them is still followed, since that finish is what its client saw.
 //!
-//! Channel numbers belong to their opener, so the client's channel 7 and the
-//! server's channel 7 in one scope are two channels, and a frame's direction
-//! says which one it names. The stop channel never gets a finish; it ends
-//! with its scope. A scope's finish ends every channel still open in it
+//! A scope's finish ends every channel still open in it
 //! ([`Broken::RunEnded`] for a run-loop channel), and the end of the input
 //! ends every channel still open anywhere ([`Broken::InputEnded`]); either
 //! way the channels end in the order they were opened.
 
-use std::collections::HashMap;
 use std::fmt;
 
-use crate::authorization::{Authorization, AuthorizationError};
+use crate::authorization::AuthorizationError;
 use crate::capture::Direction;
 use crate::channel::{ChannelRequest, ChannelRequestError};
 use crate::codec::Decode;
-use crate::error::Error;
-use crate::frame::{ClientFrame, FrameType, HeaderError, Role, ServerFrame};
+use crate::connection::side::Observer as Watching;
+use crate::connection::{
+    Disregarded, Ended, Fault, FromClient, FromServer, NewChannel, Table, Violation,
+};
+use crate::error_value::ErrorValue;
+use crate::frame::{ClientFrame, ServerFrame};
 use crate::run_loop::{AgenticLoopChunk, Broken, Outcome, Reader, Step};
 
 /// Where a run-loop channel lives: its scope and the client's number for it.
@@ -82,7 +84,7 @@ pub enum Event<'m> {
         /// The channel.
         at: ChannelId,
         /// The error value.
-        error: Error,
+        error: ErrorValue,
         /// The error's JSON as it came.
         json: &'m [u8],
     },
@@ -99,74 +101,18 @@ pub enum Event<'m> {
 
 /// A message the observer cannot use, and why.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Malformed {
-    /// Not a frame of the direction it came from.
+    /// A frame its receiver would disregard (protocol §2), or a message that
+    /// is not a frame at all.
     #[error(transparent)]
-    Frame(#[from] HeaderError),
-    /// A frame before the connection's authorization.
-    #[error("the {sender}'s {} came before the authorization", .frame_type.name())]
-    BeforeAuthorization {
-        /// Who sent it.
-        sender: Role,
-        /// What it was.
-        frame_type: FrameType,
-    },
+    Disregarded(#[from] Disregarded),
+    /// A frame its receiver would end the connection for (protocol §3).
+    #[error(transparent)]
+    Violation(Violation),
     /// The first authorization, whose payload the receiver would reject.
     #[error("the authorization would be rejected: {0}")]
     Authorization(#[source] AuthorizationError),
-    /// An authorization after the first, from the party that dialled.
-    #[error("a second authorization, from the {sender}")]
-    SecondAuthorization {
-        /// Who sent it.
-        sender: Role,
-    },
-    /// An authorization from the party that accepted the connection.
-    #[error("an authorization from the {sender}, which did not dial")]
-    AuthorizationFromAcceptor {
-        /// Who sent it.
-        sender: Role,
-    },
-    /// A request naming a scope that is still open.
-    #[error("request for scope {scope}, which is already open: disregarded")]
-    ScopeOpen {
-        /// The scope.
-        scope: u32,
-    },
-    /// A frame naming a scope that is not open.
-    #[error("{} for scope {scope}, which is not open", .frame_type.name())]
-    ScopeNotOpen {
-        /// What the frame was.
-        frame_type: FrameType,
-        /// The scope it named.
-        scope: u32,
-    },
-    /// A channel request naming one of its sender's still-open channels.
-    #[error(
-        "channel request for the {opener}'s channel {channel} of scope {scope}, which is already open: disregarded"
-    )]
-    ChannelOpen {
-        /// Who sent the request.
-        opener: Role,
-        /// The scope.
-        scope: u32,
-        /// The channel number.
-        channel: u32,
-    },
-    /// A channel frame naming a channel that is not open.
-    #[error(
-        "{} for the {opener}'s channel {channel} of scope {scope}, which is not open",
-        .frame_type.name()
-    )]
-    ChannelNotOpen {
-        /// What the frame was.
-        frame_type: FrameType,
-        /// Whose numbering the frame's channel is in.
-        opener: Role,
-        /// The scope.
-        scope: u32,
-        /// The channel number.
-        channel: u32,
-    },
     /// A client channel request that does not decode; the channel opens and
     /// the server answers it with a bare finish.
     #[error("the client's channel request on {at} did not decode: {error}")]
@@ -179,19 +125,23 @@ pub enum Malformed {
     },
 }
 
-/// An open channel.
-#[derive(Debug)]
-enum Channel {
-    /// A channel the observer does not follow.
-    Other,
-    /// A client run-loop channel, and when it was opened.
-    RunLoop { reader: Reader, opened: u64 },
+impl From<Fault> for Malformed {
+    fn from(fault: Fault) -> Self {
+        match fault {
+            Fault::Disregarded(why) => Malformed::Disregarded(why),
+            Fault::Violation(Violation::Rejected(error)) => Malformed::Authorization(error),
+            Fault::Violation(why) => Malformed::Violation(why),
+        }
+    }
 }
 
-/// An open scope: its channels by opener and number.
-#[derive(Debug, Default)]
-struct Scope {
-    channels: HashMap<(Role, u32), Channel>,
+/// An open channel, as the observer follows it.
+#[derive(Debug)]
+enum Followed {
+    /// A channel the observer does not follow.
+    Other,
+    /// A client run-loop channel.
+    RunLoop(Reader),
 }
 
 /// Reconstructs one connection from its messages, both directions, in order.
@@ -216,19 +166,23 @@ struct Scope {
 /// assert_eq!(seen.len(), 2);
 /// assert!(seen[1].contains("NotServed"), "{seen:?}");
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Observer {
-    /// The party that sent the authorization, once it has.
-    connector: Option<Role>,
-    scopes: HashMap<u32, Scope>,
-    /// Run-loop channels opened so far; orders their endings.
-    opened: u64,
+    table: Table<Watching, (), Followed>,
+}
+
+impl Default for Observer {
+    fn default() -> Self {
+        Observer::new()
+    }
 }
 
 impl Observer {
     /// An observer of a connection whose first message is still to come.
     pub fn new() -> Self {
-        Observer::default()
+        Observer {
+            table: Table::observer(),
+        }
     }
 
     /// One message, going `direction`; what it meant goes to `emit`, in order.
@@ -240,10 +194,10 @@ impl Observer {
     ) {
         let result = match direction {
             Direction::ClientToServer => ClientFrame::decode(message)
-                .map_err(Malformed::from)
+                .map_err(|error| Malformed::Disregarded(error.into()))
                 .and_then(|frame| self.client(frame, &mut emit)),
             Direction::ServerToClient => ServerFrame::decode(message)
-                .map_err(Malformed::from)
+                .map_err(|error| Malformed::Disregarded(error.into()))
                 .and_then(|frame| self.server(frame, &mut emit)),
         };
         if let Err(malformed) = result {
@@ -253,35 +207,8 @@ impl Observer {
 
     /// The end of the input: every run-loop channel still open ends broken,
     /// [`Broken::InputEnded`], in the order they were opened.
-    pub fn end(self, mut emit: impl FnMut(Event<'static>)) {
-        let channels = self
-            .scopes
-            .into_iter()
-            .flat_map(|(scope, open)| open.channels.into_iter().map(move |c| (scope, c)))
-            .map(|(scope, ((_, channel), state))| (ChannelId { scope, channel }, state));
-        end_all(channels, Broken::InputEnded, &mut emit);
-    }
-
-    /// Checks the authorization rules for a type-0 frame from `sender`.
-    fn authorization(&mut self, sender: Role, payload: &[u8]) -> Result<(), Malformed> {
-        match self.connector {
-            None => {
-                self.connector = Some(sender);
-                Authorization::decode(payload)
-                    .map(drop)
-                    .map_err(Malformed::Authorization)
-            }
-            Some(connector) if connector == sender => {
-                Err(Malformed::SecondAuthorization { sender })
-            }
-            Some(_) => Err(Malformed::AuthorizationFromAcceptor { sender }),
-        }
-    }
-
-    fn scope(&mut self, frame_type: FrameType, scope: u32) -> Result<&mut Scope, Malformed> {
-        self.scopes
-            .get_mut(&scope)
-            .ok_or(Malformed::ScopeNotOpen { frame_type, scope })
+    pub fn end(mut self, mut emit: impl FnMut(Event<'static>)) {
+        end_all(self.table.end().channels, Broken::InputEnded, &mut emit);
     }
 
     fn client<'m>(
@@ -289,67 +216,21 @@ impl Observer {
         frame: ClientFrame<'m>,
         emit: &mut impl FnMut(Event<'m>),
     ) -> Result<(), Malformed> {
-        let frame_type = frame.frame_type();
-        match frame {
-            ClientFrame::Authorization { payload } => self.authorization(Role::Client, payload),
-            _ if self.connector.is_none() => Err(Malformed::BeforeAuthorization {
-                sender: Role::Client,
-                frame_type,
-            }),
-            ClientFrame::Request { scope, .. } => {
-                if self.scopes.contains_key(&scope) {
-                    return Err(Malformed::ScopeOpen { scope });
-                }
-                self.scopes.insert(scope, Scope::default());
-                Ok(())
+        match self.table.from_client(frame)? {
+            FromClient::Request { scope, .. } => {
+                // Whatever the server answers, the number is taken until its
+                // finish: a bare one, or the run's.
+                scope.open(());
             }
-            ClientFrame::ChannelRequest {
-                scope,
-                channel,
-                payload,
-            } => {
-                let opened = self.opened;
-                let open = self.scope(frame_type, scope)?;
-                let key = (Role::Client, channel);
-                if open.channels.contains_key(&key) {
-                    return Err(Malformed::ChannelOpen {
-                        opener: Role::Client,
-                        scope,
-                        channel,
-                    });
-                }
-                let at = ChannelId { scope, channel };
-                let request = ChannelRequest::decode(payload);
-                let run_loop = matches!(
-                    request,
-                    Ok(ChannelRequest::RunLoop(_)) | Err(ChannelRequestError::RunLoop(_))
-                );
-                let state = if run_loop {
-                    Channel::RunLoop {
-                        reader: Reader::new(),
-                        opened,
-                    }
-                } else {
-                    Channel::Other
-                };
-                open.channels.insert(key, state);
-                if run_loop {
-                    self.opened += 1;
-                    emit(Event::Request(at));
-                }
-                request
-                    .map(drop)
-                    .map_err(|error| Malformed::ChannelRequest { at, error })
+            FromClient::ChannelRequest { channel, payload } => {
+                return channel_request(channel, payload, emit);
             }
-            ClientFrame::ChannelResponse { scope, channel, .. } => self
-                .channel(frame_type, scope, Role::Server, channel)
-                .map(drop),
-            ClientFrame::ChannelResponseFinish { scope, channel } => {
-                self.channel(frame_type, scope, Role::Server, channel)?;
-                self.close(scope, Role::Server, channel);
-                Ok(())
-            }
+            // Nothing the observer follows: the server's own channels.
+            FromClient::Authorization(_)
+            | FromClient::ChannelResponse { .. }
+            | FromClient::ChannelFinished(_) => {}
         }
+        Ok(())
     }
 
     fn server<'m>(
@@ -357,48 +238,19 @@ impl Observer {
         frame: ServerFrame<'m>,
         emit: &mut impl FnMut(Event<'m>),
     ) -> Result<(), Malformed> {
-        let frame_type = frame.frame_type();
-        match frame {
-            ServerFrame::Authorization { payload } => self.authorization(Role::Server, payload),
-            _ if self.connector.is_none() => Err(Malformed::BeforeAuthorization {
-                sender: Role::Server,
-                frame_type,
-            }),
-            ServerFrame::Response { scope, .. } => self.scope(frame_type, scope).map(drop),
-            ServerFrame::ResponseFinish { scope } => {
-                let open = self
-                    .scopes
-                    .remove(&scope)
-                    .ok_or(Malformed::ScopeNotOpen { frame_type, scope })?;
-                let channels = open
-                    .channels
-                    .into_iter()
-                    .map(|((_, channel), state)| (ChannelId { scope, channel }, state));
-                end_all(channels, Broken::RunEnded, emit);
-                Ok(())
+        match self.table.from_server(frame)? {
+            FromServer::Finished(finished) => end_all(finished.channels, Broken::RunEnded, emit),
+            FromServer::ChannelRequest { channel, .. } => {
+                channel.open(Followed::Other);
             }
-            ServerFrame::ChannelRequest { scope, channel, .. } => {
-                let open = self.scope(frame_type, scope)?;
-                let key = (Role::Server, channel);
-                if open.channels.contains_key(&key) {
-                    return Err(Malformed::ChannelOpen {
-                        opener: Role::Server,
-                        scope,
-                        channel,
-                    });
-                }
-                open.channels.insert(key, Channel::Other);
-                Ok(())
-            }
-            ServerFrame::ChannelResponse {
+            FromServer::ChannelResponse {
                 scope,
                 channel,
+                slot,
                 payload,
             } => {
-                let at = ChannelId { scope, channel };
-                if let Channel::RunLoop { reader, .. } =
-                    self.channel(frame_type, scope, Role::Client, channel)?
-                {
+                if let Followed::RunLoop(reader) = slot {
+                    let at = ChannelId { scope, channel };
                     // The tag was read by the reader; the JSON is what follows it.
                     let json = payload.get(1..).unwrap_or_default();
                     match reader.response(payload) {
@@ -408,67 +260,67 @@ impl Observer {
                         None => {}
                     }
                 }
-                Ok(())
             }
-            ServerFrame::ChannelResponseFinish { scope, channel } => {
-                self.channel(frame_type, scope, Role::Client, channel)?;
-                if let Some(Channel::RunLoop { mut reader, .. }) =
-                    self.close(scope, Role::Client, channel)
-                    && let Some(outcome) = reader.finish()
-                {
-                    emit(Event::Outcome {
-                        at: ChannelId { scope, channel },
-                        outcome,
-                    });
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// The open channel a frame names, or why there is none.
-    fn channel(
-        &mut self,
-        frame_type: FrameType,
-        scope: u32,
-        opener: Role,
-        channel: u32,
-    ) -> Result<&mut Channel, Malformed> {
-        self.scope(frame_type, scope)?
-            .channels
-            .get_mut(&(opener, channel))
-            .ok_or(Malformed::ChannelNotOpen {
-                frame_type,
-                opener,
+            FromServer::ChannelFinished(Ended {
                 scope,
                 channel,
-            })
-    }
-
-    /// Removes an open channel; its number is free again.
-    fn close(&mut self, scope: u32, opener: Role, channel: u32) -> Option<Channel> {
-        self.scopes
-            .get_mut(&scope)
-            .and_then(|open| open.channels.remove(&(opener, channel)))
+                slot,
+                ..
+            }) => {
+                if let Followed::RunLoop(mut reader) = slot
+                    && let Some(outcome) = reader.finish()
+                {
+                    let at = ChannelId { scope, channel };
+                    emit(Event::Outcome { at, outcome });
+                }
+            }
+            FromServer::Authorization(_) | FromServer::Response { .. } => {}
+        }
+        Ok(())
     }
 }
 
-/// Ends every run-loop channel among `channels` with `why`, in the order
-/// they were opened; a channel whose reader already ended yields nothing.
-fn end_all<'m>(
-    channels: impl Iterator<Item = (ChannelId, Channel)>,
-    why: Broken,
+/// A client's channel request: a run-loop channel is followed (and one
+/// that does not decode too, since a bare finish answers it), every other
+/// opens unfollowed, a stop is taken until its scope's finish.
+fn channel_request<'m>(
+    channel: NewChannel<'_, (), Followed>,
+    payload: &[u8],
     emit: &mut impl FnMut(Event<'m>),
-) {
-    let mut run_loops: Vec<_> = channels
-        .filter_map(|(at, state)| match state {
-            Channel::RunLoop { reader, opened } => Some((opened, at, reader)),
-            Channel::Other => None,
-        })
-        .collect();
-    run_loops.sort_unstable_by_key(|&(opened, ..)| opened);
-    for (_, at, mut reader) in run_loops {
-        if let Some(outcome) = reader.cut(why.clone()) {
+) -> Result<(), Malformed> {
+    let at = ChannelId {
+        scope: channel.scope(),
+        channel: channel.channel(),
+    };
+    let request = ChannelRequest::decode(payload);
+    match request {
+        Ok(ChannelRequest::Stop) => {
+            channel.stop();
+        }
+        Ok(ChannelRequest::RunLoop(_)) | Err(ChannelRequestError::RunLoop(_)) => {
+            channel.open(Followed::RunLoop(Reader::new()));
+            emit(Event::Request(at));
+        }
+        Ok(ChannelRequest::Unserved(_)) | Err(_) => {
+            channel.open(Followed::Other);
+        }
+    }
+    request
+        .map(drop)
+        .map_err(|error| Malformed::ChannelRequest { at, error })
+}
+
+/// Ends every run-loop channel among `channels` (in the order they were
+/// opened) with `why`; a channel whose reader already ended yields nothing.
+fn end_all<'m>(channels: Vec<Ended<Followed>>, why: Broken, emit: &mut impl FnMut(Event<'m>)) {
+    for ended in channels {
+        if let Followed::RunLoop(mut reader) = ended.slot
+            && let Some(outcome) = reader.cut(why.clone())
+        {
+            let at = ChannelId {
+                scope: ended.scope,
+                channel: ended.channel,
+            };
             emit(Event::Outcome { at, outcome });
         }
     }
@@ -542,7 +394,7 @@ mod tests {
                 error,
                 json,
             } => {
-                assert_eq!(Error::decode(json).expect("error JSON"), *error);
+                assert_eq!(ErrorValue::decode(json).expect("error JSON"), *error);
                 format!("error {} {}", at(id), String::from_utf8_lossy(json))
             }
             Event::Outcome { at: id, outcome } => format!("outcome {} {outcome}", at(id)),

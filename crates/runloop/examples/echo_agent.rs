@@ -8,13 +8,11 @@ use std::sync::Arc;
 
 use futures_util::future::{self, BoxFuture};
 use futures_util::stream::{self, StreamExt};
-use runloop::agent::{self, Agent, ChunkStream, Refusal, StatusCode};
+use runloop::agent::{self, Agent, AgentServer, ChunkStream, Refusal, StatusCode};
 use runloop::proto::run_loop::{
     AgenticLoopChunk, NotificationChunk, RunLoopRequest, TextChunk, UsageChunk,
 };
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 struct Echo;
 
@@ -24,7 +22,10 @@ impl Agent for Echo {
         Box::pin(future::ready(Ok(())))
     }
 
-    fn run(&self, request: RunLoopRequest<'static>) -> BoxFuture<'_, Result<ChunkStream, Refusal>> {
+    fn run_loop(
+        &self,
+        request: RunLoopRequest<'static>,
+    ) -> BoxFuture<'_, Result<ChunkStream, Refusal>> {
         let prompt = request.prompt();
         let answer = if prompt.trim().is_empty() {
             let error = json!({"kind": "echo", "error": "the prompt is empty"});
@@ -72,8 +73,10 @@ fn echo(prompt: &str) -> Vec<AgenticLoopChunk> {
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     // Loopback only, on $PORT (else 8080): the proxy runs beside the agent program.
-    let listener = TcpListener::bind(("127.0.0.1", agent::port_from_env())).await?;
-    // Never cancelled: the exec runtime ends this process with SIGTERM.
-    let shutdown = CancellationToken::new();
-    agent::serve(listener, Arc::new(Echo), shutdown).await
+    let listen = ([127, 0, 0, 1], agent::port_from_env()).into();
+    // Never shut down: the exec runtime ends this process with SIGTERM.
+    AgentServer::bind(listen, Arc::new(Echo))
+        .await?
+        .serve()
+        .await
 }

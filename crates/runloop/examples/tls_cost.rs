@@ -68,7 +68,7 @@ async fn throughput(side: &Side, loops: usize, chunks: u64, size: usize) -> Resu
     let mut opened = Vec::new();
     for _ in 0..loops {
         let client = Client::connect_with(&side.url, "", config(side)).await?;
-        let run = client.run(request()?).await?;
+        let run = client.start(request()?).await?;
         opened.push((client, run));
     }
     let started = Instant::now();
@@ -135,7 +135,8 @@ async fn main() -> Result<(), Failure> {
     let authority_cert = authority.self_signed(&authority_key)?;
     let issuer = rcgen::Issuer::new(authority, authority_key);
     let key = rcgen::KeyPair::generate()?;
-    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])?.signed_by(&key, &issuer)?;
+    let cert =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned()])?.signed_by(&key, &issuer)?;
     let (ca, cert_path, key_path) = (
         scratch.path().join("ca.pem"),
         scratch.path().join("cert.pem"),
@@ -145,13 +146,16 @@ async fn main() -> Result<(), Failure> {
     std::fs::write(&cert_path, cert.pem())?;
     std::fs::write(&key_path, key.serialize_pem())?;
 
-    let plain = Server::bind("127.0.0.1:0", ServerConfig::new(Credentials::Any, Catalog::demo()))
-        .await?
-        .spawn()?
-        .0;
+    let plain = Server::bind(
+        "127.0.0.1:0",
+        ServerConfig::new(Credentials::Any, Catalog::demo()),
+    )
+    .await?
+    .spawn()
+    .0;
     let mut with_tls = ServerConfig::new(Credentials::Any, Catalog::demo());
     with_tls.tls = Some(ServerTls::load(&cert_path, &key_path)?);
-    let secure = Server::bind("127.0.0.1:0", with_tls).await?.spawn()?.0;
+    let secure = Server::bind("127.0.0.1:0", with_tls).await?.spawn().0;
     let sides = [
         Side {
             name: "ws://",

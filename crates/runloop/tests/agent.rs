@@ -4,37 +4,54 @@
 
 mod common;
 
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use common::{End, Exchange, error_json, exchange, outcome, register};
 use futures_util::StreamExt;
 use runloop::agent::demo::{Demo, SEQ};
-use runloop::agent::{self, Agent};
-use runloop::proto::Error;
+use runloop::agent::{self, Agent, AgentHandle, AgentServer};
+use runloop::proto::ErrorValue;
 use runloop::proto::run_loop::{AgenticLoopChunk, ChunkKind, Outcome, RunLoopRequest};
-use runloop::runtime::{Builtin, Limits, Runtime};
+use runloop::proxy::{Proxy, ProxyHandle};
+use runloop::runtime::{Builtin, ContainerLimits, Runtime};
 use serde_json::json;
-use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+/// The demo agent program and a proxy in front of it, serving: the agent
+/// program's handle and task, and the proxy's handle.
+async fn demo_and_proxy() -> (AgentHandle, JoinHandle<io::Result<()>>, ProxyHandle) {
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let agent = AgentServer::bind(loopback, Arc::new(Demo::new()))
+        .await
+        .expect("binds");
+    let proxy = Proxy::bind(loopback, agent.local_addr())
+        .await
+        .expect("binds");
+    let (agent, task) = agent.spawn();
+    (agent, task, proxy.spawn().0)
+}
 
 /// The demo agent program and a proxy in front of it; the proxy's URL.
 async fn demo_behind_proxy(stop: &CancellationToken) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
-    let agent_addr = listener.local_addr().expect("address");
-    tokio::spawn(agent::serve(listener, Arc::new(Demo::new()), stop.clone()));
-    let proxy = runloop::proxy::Proxy::bind(SocketAddr::from(([127, 0, 0, 1], 0)), agent_addr)
-        .await
-        .expect("binds");
-    let url = format!("ws://{}", proxy.local_addr().expect("address"));
-    tokio::spawn(proxy.run(stop.clone()));
+    let (agent, _, proxy) = demo_and_proxy().await;
+    let url = proxy.url();
+    // Both end when the test's token fires.
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        agent.shutdown();
+        proxy.shutdown();
+    });
     url
 }
 
 /// What the demo agent itself yields for `prompt`, without any wire.
 async fn direct(prompt: &str) -> Vec<Result<AgenticLoopChunk, agent::Break>> {
     let stream = Demo::new()
-        .run(RunLoopRequest::new(prompt))
+        .run_loop(RunLoopRequest::new(prompt))
         .await
         .expect("not refused");
     stream.collect().await
@@ -109,7 +126,7 @@ async fn every_ending_of_the_demo_loop_through_the_proxy() {
     let (done, _, result) = run(&url, "demo:refuse").await;
     assert_eq!(
         result,
-        Outcome::NoLoop(Error::new(
+        Outcome::NoLoop(ErrorValue::new(
             json!({"kind": "demo", "error": "the demo agent refuses this loop (demo:refuse)"})
         ))
     );
@@ -125,7 +142,7 @@ async fn every_ending_of_the_demo_loop_through_the_proxy() {
     let (_, _, result) = run(&url, "demo:refuse-text").await;
     assert_eq!(
         result,
-        Outcome::NoLoop(Error::new(json!({
+        Outcome::NoLoop(ErrorValue::new(json!({
             "kind": "agent",
             "status": 500,
             "error": "the demo agent refuses this loop in plain text (demo:refuse-text)"
@@ -181,27 +198,15 @@ async fn a_refused_registration_reaches_the_server_verbatim() {
 
 #[tokio::test]
 async fn a_loop_running_when_the_agent_program_shuts_down_is_unfinished() {
-    let stop = CancellationToken::new();
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
-    let agent_addr = listener.local_addr().expect("address");
-    let agent_stop = CancellationToken::new();
-    let agent_task = tokio::spawn(agent::serve(
-        listener,
-        Arc::new(Demo::new()),
-        agent_stop.clone(),
-    ));
-    let proxy = runloop::proxy::Proxy::bind(SocketAddr::from(([127, 0, 0, 1], 0)), agent_addr)
-        .await
-        .expect("binds");
-    let url = format!("ws://{}", proxy.local_addr().expect("address"));
-    tokio::spawn(proxy.run(stop.clone()));
+    let (agent_stop, agent_task, stop) = demo_and_proxy().await;
+    let url = stop.url();
     register(&url).await;
 
     // A paced loop is still running when the agent program shuts down.
     let mut ws = common::open(&url, "/agent/run").await;
     common::ask(&mut ws, RunLoopRequest::new("demo:pace=50 slow").json()).await;
     let first = common::next_binary(&mut ws).await.expect("a chunk");
-    agent_stop.cancel();
+    agent_stop.shutdown();
     let mut done = common::rest(ws).await;
     done.messages.insert(0, first);
     let (_, result) = outcome(&done);
@@ -210,14 +215,14 @@ async fn a_loop_running_when_the_agent_program_shuts_down_is_unfinished() {
         .await
         .expect("joins")
         .expect("the agent program ran");
-    stop.cancel();
+    stop.shutdown();
 }
 
 #[tokio::test]
 async fn the_builtin_runtime_runs_the_demo_and_stops() {
     let runtime = Builtin::demo();
     let container = runtime
-        .start(Limits {
+        .start(ContainerLimits {
             memory: 1 << 30,
             disk: 0,
         })

@@ -11,7 +11,7 @@ mod common;
 
 use common::{End, error_json, exchange, outcome, register};
 use runloop::proto::run_loop::{AgenticLoopChunk, Outcome};
-use runloop::runtime::{Exec, Limits};
+use runloop::runtime::{ContainerLimits, DiskPolicy, Exec};
 
 fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -20,9 +20,10 @@ fn fixture(name: &str) -> String {
 /// One loop of the fixture in `mode`, behind a real proxy: the texts of
 /// its chunks, its outcome, and the error message the proxy sent, if any.
 async fn one_loop(mode: &str) -> (Vec<String>, Outcome, Option<String>) {
-    let exec = Exec::new("python3", [fixture("framed_agent.py"), mode.to_owned()]);
+    let exec = Exec::new("python3", [fixture("framed_agent.py"), mode.to_owned()])
+        .with_disk(DiskPolicy::Unenforced);
     let container = exec
-        .spawn(Limits {
+        .spawn(ContainerLimits {
             memory: 1 << 30,
             disk: 0,
         })

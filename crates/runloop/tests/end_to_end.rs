@@ -7,19 +7,19 @@ mod support;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
+use runloop::agent::AgentServer;
 use runloop::agent::demo::{Demo, SEQ};
 use runloop::client::{Client, Event, RunError};
 use runloop::proxy::Proxy;
 use runloop::runtime::{AgentSpec, Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::run_loop::{AgenticLoopChunk, ChunkKind, Outcome};
-use tokio_util::sync::CancellationToken;
 
 async fn serve(catalog: Catalog) -> ServerHandle {
     let server = Server::bind("127.0.0.1:0", ServerConfig::new(Credentials::Any, catalog))
         .await
         .expect("bind");
-    server.spawn().expect("spawn").0
+    server.spawn().0
 }
 
 /// The `_meta` sequence number of a demo chunk.
@@ -31,7 +31,7 @@ fn seq(json: &[u8]) -> u64 {
 /// Runs one loop and checks the demo's numbering: 0, 1, 2… with no gap.
 async fn run_numbered(client: &Client, prompt: &str) -> (Vec<AgenticLoopChunk>, Outcome) {
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let mut run_loop = run.run_loop(prompt);
@@ -98,7 +98,7 @@ async fn a_refused_registration_refuses_the_run() {
     let mut request = support::run_request();
     request.agent =
         serde_json::value::RawValue::from_string("\"demo:refuse\"".into()).expect("JSON");
-    let Err(RunError::Refused(error)) = client.run(request).await else {
+    let Err(RunError::Refused(error)) = client.start(request).await else {
         panic!("the registration is refused");
     };
     assert_eq!(
@@ -115,7 +115,10 @@ async fn a_refused_registration_refuses_the_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_agent_program_runs_behind_the_server_and_is_reaped() {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sse_agent.py");
-    let mut catalog = Catalog::new();
+    let mut catalog = Catalog::new().with_exec(runloop::runtime::ExecConfig {
+        disk: runloop::runtime::DiskPolicy::Unenforced,
+        ..Default::default()
+    });
     catalog
         .add(
             format!("demo=exec:python3 {fixture}")
@@ -126,7 +129,7 @@ async fn an_exec_agent_program_runs_behind_the_server_and_is_reaped() {
     let server = serve(catalog).await;
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let (chunks, outcome) = run.run_loop("hello").collect_chunks().await;
@@ -139,21 +142,16 @@ async fn an_exec_agent_program_runs_behind_the_server_and_is_reaped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attached_proxy_serves_one_run() {
     // A container started "elsewhere": the demo agent program and a proxy.
-    let shutdown = CancellationToken::new();
-    let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let loopback = "127.0.0.1:0".parse().expect("addr");
+    let agent = AgentServer::bind(loopback, Arc::new(Demo::new()))
         .await
         .expect("bind");
-    let agent_addr = agent_listener.local_addr().expect("addr");
-    tokio::spawn(runloop::agent::serve(
-        agent_listener,
-        Arc::new(Demo::new()),
-        shutdown.clone(),
-    ));
-    let proxy = Proxy::bind("127.0.0.1:0".parse().expect("addr"), agent_addr)
+    let proxy = Proxy::bind(loopback, agent.local_addr())
         .await
         .expect("bind");
-    let proxy_url = format!("ws://{}", proxy.local_addr().expect("addr"));
-    tokio::spawn(proxy.run(shutdown.clone()));
+    let (agent, _) = agent.spawn();
+    let (proxy, _) = proxy.spawn();
+    let proxy_url = proxy.url();
 
     let mut catalog = Catalog::new();
     catalog.insert("demo", None, Arc::new(Attach::new(proxy_url)));
@@ -163,8 +161,9 @@ async fn an_attached_proxy_serves_one_run() {
     assert_eq!(outcome, Outcome::Finished { fatal: false });
     // A proxy takes one registration in its life: the next run is refused.
     assert!(matches!(
-        client.run(support::run_request()).await,
+        client.start(support::run_request()).await,
         Err(RunError::Refused(_))
     ));
-    shutdown.cancel();
+    proxy.shutdown();
+    agent.shutdown();
 }

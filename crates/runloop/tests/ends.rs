@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use common::Logs;
 use futures_util::{SinkExt, StreamExt};
 use runloop::client::Client;
-use runloop::runtime::{BoxFuture, Catalog, Container, Limits, Runtime, StartError};
+use runloop::runtime::{BoxFuture, Catalog, Container, ContainerLimits, Runtime, StartError};
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::frame::ClientFrame;
 use support::{FakeProxy, PATIENCE, RawClient, released};
@@ -110,7 +110,7 @@ struct SlowStop {
 struct SlowContainer(SlowStop);
 
 impl Runtime for SlowStop {
-    fn start(&self, _: Limits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
+    fn start(&self, _: ContainerLimits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
         let container: Box<dyn Container> = Box::new(SlowContainer(self.clone()));
         Box::pin(std::future::ready(Ok(container)))
     }
@@ -179,7 +179,7 @@ async fn the_server_answers_a_callers_close_before_its_runs_have_ended() {
     let server = Server::bind("127.0.0.1:0", ServerConfig::new(Credentials::Any, catalog))
         .await
         .expect("bind");
-    let (server, _serving) = server.spawn().expect("spawn");
+    let (server, _serving) = server.spawn();
 
     let mut raw = RawClient::authorized(&server.url(), "").await;
     let port = caller_port(&raw);

@@ -1,7 +1,8 @@
 //! The exec runtime with real child processes: small python3 agent
 //! programs under `tests/fixtures/` that serve HTTP and SSE on `$PORT`.
 //! Each test checks what became of the child: reaped (`/proc/<pid>` gone),
-//! and no descendant left running.
+//! and no descendant left running. Where the machine has cgroups (root,
+//! as CI runs), each run has its own, and the tests check what it holds.
 
 mod common;
 
@@ -9,7 +10,9 @@ use std::time::Duration;
 
 use common::{End, Logs, error_json, exchange, outcome, reaped, register, wait_dead};
 use runloop::proto::run_loop::Outcome;
-use runloop::runtime::{Container, Exec, Limits, Runtime};
+use runloop::runtime::{
+    Confinement, Container, ContainerLimits, DiskPolicy, Exec, ExecConfig, Runtime,
+};
 
 const GIB: u64 = 1 << 30;
 
@@ -17,8 +20,23 @@ fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-fn limits(memory: u64) -> Limits {
-    Limits { memory, disk: 0 }
+fn limits(memory: u64) -> ContainerLimits {
+    ContainerLimits { memory, disk: 0 }
+}
+
+/// An exec runtime whose runs' `disk` is accepted unenforced.
+fn exec<S: Into<String>>(program: &str, args: impl IntoIterator<Item = S>) -> Exec {
+    Exec::new(program, args).with_disk(DiskPolicy::Unenforced)
+}
+
+/// Whether this machine gives exec runs cgroups (root, memory and pids
+/// controllers); the tests that need them say so when it does not.
+fn cgroups() -> bool {
+    let host = matches!(Confinement::host(), Confinement::Cgroups(_));
+    if !host {
+        eprintln!("no cgroups here: {:?}", Confinement::host());
+    }
+    host
 }
 
 fn pidfile(test: &str) -> std::path::PathBuf {
@@ -43,20 +61,31 @@ fn logs() -> Logs {
 async fn a_child_serves_loops_and_stop_terminates_and_reaps_it() {
     let logs = logs();
 
-    let exec = Exec::new("python3", [fixture("sse_agent.py")]);
+    let exec = exec("python3", [fixture("sse_agent.py")]);
     let container = exec.spawn(limits(GIB)).await.expect("starts");
     let pid = container.pid();
     assert!(!reaped(pid), "the child runs");
-    let proc_limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
-    let data = proc_limits
-        .lines()
-        .find(|line| line.starts_with("Max data size"))
-        .expect("a data limit");
-    assert_eq!(
-        data.split_whitespace().collect::<Vec<_>>(),
-        ["Max", "data", "size", "1073741824", "1073741824", "bytes"],
-        "the memory limit is the child's RLIMIT_DATA"
-    );
+    match container.cgroup() {
+        Some(cgroup) => {
+            assert_eq!(cgroup.procs(), [pid], "the child is in the run's cgroup");
+            let dir = format!("/sys/fs/cgroup/memory/{}", cgroup.path());
+            let limit = std::fs::read_to_string(format!("{dir}/memory.limit_in_bytes"))
+                .or_else(|_| {
+                    std::fs::read_to_string(format!("/sys/fs/cgroup/{}/memory.max", cgroup.path()))
+                })
+                .expect("a memory limit");
+            assert_eq!(
+                limit.trim(),
+                "1073741824",
+                "the memory limit is the cgroup's"
+            );
+        }
+        None => assert_eq!(
+            data_limit(pid),
+            "1073741824",
+            "the memory limit is RLIMIT_DATA"
+        ),
+    }
 
     let url = container.proxy_url().to_owned();
     register(&url).await;
@@ -79,9 +108,13 @@ async fn a_child_serves_loops_and_stop_terminates_and_reaps_it() {
         assert_eq!(outcome(&done).1, Outcome::Finished { fatal: false });
     }
 
+    let cgroup = container.cgroup().cloned();
     let how = container.terminate().await;
     assert_eq!(how, "the agent program was stopped: killed by signal 15");
     assert!(reaped(pid), "the child is reaped once stop resolves");
+    if let Some(cgroup) = cgroup {
+        assert!(cgroup.leftovers().is_empty(), "the run's cgroup is removed");
+    }
     let text = logs.text();
     let ours = |stream: &str, words: &str| {
         text.lines().any(|line| {
@@ -101,7 +134,7 @@ async fn a_child_serves_loops_and_stop_terminates_and_reaps_it() {
 #[tokio::test]
 async fn a_child_that_ignores_sigterm_is_killed_with_its_group() {
     let path = pidfile("stubborn");
-    let exec = Exec::new(
+    let exec = exec(
         "python3",
         [fixture("ignores_sigterm.py"), path.display().to_string()],
     )
@@ -126,7 +159,7 @@ async fn a_child_that_ignores_sigterm_is_killed_with_its_group() {
 
 #[tokio::test]
 async fn a_child_that_dies_mid_loop_ends_the_loop_and_the_container() {
-    let exec = Exec::new("python3", [fixture("dies_mid_stream.py")]);
+    let exec = exec("python3", [fixture("dies_mid_stream.py")]);
     let mut container = exec.spawn(limits(GIB)).await.expect("starts");
     let pid = container.pid();
     let url = container.proxy_url().to_owned();
@@ -159,7 +192,7 @@ async fn a_child_that_dies_mid_loop_ends_the_loop_and_the_container() {
 async fn a_child_that_exits_before_listening_fails_the_start() {
     let path = pidfile("early-exit");
     let script = "import os, sys\nopen(sys.argv[1], 'w').write(str(os.getpid()))\nsys.exit(7)";
-    let exec = Exec::new("python3", ["-c", script, &path.display().to_string()]);
+    let exec = exec("python3", ["-c", script, &path.display().to_string()]);
     let error = exec
         .start(limits(GIB))
         .await
@@ -177,7 +210,7 @@ async fn a_child_that_exits_before_listening_fails_the_start() {
 
 #[tokio::test]
 async fn a_memory_limit_too_small_to_start_in_fails_the_start() {
-    let exec = Exec::new("python3", [fixture("sse_agent.py")]);
+    let exec = exec("python3", [fixture("sse_agent.py")]);
     let error = exec
         .start(limits(1 << 20))
         .await
@@ -195,7 +228,7 @@ async fn a_child_that_never_listens_is_killed_when_the_start_times_out() {
     let path = pidfile("silent");
     let script =
         "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(600)";
-    let exec = Exec::new("python3", ["-c", script, &path.display().to_string()])
+    let exec = exec("python3", ["-c", script, &path.display().to_string()])
         // Room for python3 to start and write its pid even on a busy machine.
         .with_startup_timeout(Duration::from_secs(2));
     let error = exec.start(limits(GIB)).await.expect_err("never listens");
@@ -210,7 +243,7 @@ async fn a_child_that_never_listens_is_killed_when_the_start_times_out() {
 
 #[tokio::test]
 async fn a_program_that_cannot_be_started() {
-    let exec = Exec::new("/nonexistent/agent-program", Vec::<String>::new());
+    let exec = exec("/nonexistent/agent-program", Vec::<String>::new());
     let error = exec.start(limits(GIB)).await.expect_err("no such program");
     assert_eq!(
         error.to_string(),
@@ -220,7 +253,7 @@ async fn a_program_that_cannot_be_started() {
 
 #[tokio::test]
 async fn a_container_dropped_without_stop_still_ends_its_child() {
-    let exec = Exec::new("python3", [fixture("sse_agent.py")]);
+    let exec = exec("python3", [fixture("sse_agent.py")]);
     let container = exec.spawn(limits(GIB)).await.expect("starts");
     let pid = container.pid();
     drop(container);
@@ -232,4 +265,154 @@ async fn a_container_dropped_without_stop_still_ends_its_child() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the child {pid} was not reaped");
+}
+
+/// The child's `RLIMIT_DATA`, as `/proc/PID/limits` writes it.
+fn data_limit(pid: u32) -> String {
+    let proc_limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let data = proc_limits
+        .lines()
+        .find(|line| line.starts_with("Max data size"))
+        .expect("a data limit");
+    let words: Vec<&str> = data.split_whitespace().collect();
+    assert_eq!(words[3], words[4], "soft and hard: {data}");
+    words[3].to_owned()
+}
+
+#[tokio::test]
+async fn without_cgroups_the_memory_limit_is_rlimit_data() {
+    let exec = exec("python3", [fixture("sse_agent.py")]).with_config(ExecConfig {
+        disk: DiskPolicy::Unenforced,
+        confinement: Some(Confinement::Rlimit("a test without cgroups".into())),
+        ..ExecConfig::default()
+    });
+    let container = exec.spawn(limits(GIB)).await.expect("starts");
+    assert!(container.cgroup().is_none());
+    let pid = container.pid();
+    assert_eq!(data_limit(pid), "1073741824");
+    container.terminate().await;
+    assert!(reaped(pid));
+}
+
+#[tokio::test]
+async fn a_run_s_disk_is_refused_unless_the_operator_accepts_it_unenforced() {
+    let refusing = Exec::new("python3", [fixture("sse_agent.py")]);
+    let error = refusing
+        .start(ContainerLimits {
+            memory: GIB,
+            disk: 64 << 20,
+        })
+        .await
+        .expect_err("disk cannot be held");
+    assert_eq!(
+        error.to_string(),
+        "disk 67108864 bytes cannot be held for an exec agent program (a host process writes \
+         wherever its user may); this server refuses exec runs until its operator accepts that \
+         (runloop serve --exec-disk unenforced)"
+    );
+    let accepting = refusing.with_disk(DiskPolicy::Unenforced);
+    let container = accepting
+        .spawn(ContainerLimits {
+            memory: GIB,
+            disk: 64 << 20,
+        })
+        .await
+        .expect("runs, disk unenforced");
+    container.terminate().await;
+}
+
+#[tokio::test]
+async fn a_descendant_that_leaves_the_session_does_not_outlive_the_stop() {
+    if !cgroups() {
+        return;
+    }
+    let path = pidfile("escapes");
+    let exec = exec(
+        "python3",
+        [fixture("escapes.py"), path.display().to_string()],
+    )
+    .with_grace(Duration::from_millis(200));
+    let container = exec.spawn(limits(GIB)).await.expect("starts");
+    let pids = read_pids(&path);
+    let _ = std::fs::remove_file(&path);
+    let [child, escaped] = pids[..] else {
+        panic!("two pids: {pids:?}");
+    };
+    assert!(!reaped(escaped), "the escaped child runs");
+    let group = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let (_, rest) = stat.rsplit_once(')').expect("a stat line");
+        rest.split_whitespace().nth(2).expect("pgrp").to_owned()
+    };
+    assert_ne!(
+        group(escaped),
+        group(child),
+        "it left the child's process group"
+    );
+
+    container.terminate().await;
+    assert!(reaped(child));
+    assert!(
+        wait_dead(escaped).await,
+        "the escaped child is killed with the run's cgroup"
+    );
+}
+
+#[tokio::test]
+async fn shared_memory_counts_against_the_limit() {
+    if !cgroups() {
+        return;
+    }
+    // 1 GiB of shared anonymous memory under a 256 MiB limit: RLIMIT_DATA
+    // would not count it; the cgroup kills the program at the limit.
+    let exec = exec("python3", [fixture("hog.py"), "shared".to_owned()]);
+    let error = exec
+        .start(limits(256 << 20))
+        .await
+        .expect_err("killed at the limit");
+    let message = error.to_string();
+    assert!(
+        message.starts_with("the agent program exited before it listened")
+            && message.contains("killed by signal 9; it ran out of memory"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn children_count_against_the_limit_together() {
+    if !cgroups() {
+        return;
+    }
+    // 8 children of 200 MiB each under a 256 MiB limit: each is within a
+    // per-process limit; together the cgroup holds them to 256 MiB.
+    let report = pidfile("forks");
+    let exec = exec(
+        "python3",
+        [
+            fixture("hog.py"),
+            "forks".to_owned(),
+            report.display().to_string(),
+        ],
+    );
+    let container = exec.spawn(limits(256 << 20)).await.expect("starts");
+    let alive: u32 = std::fs::read_to_string(&report)
+        .expect("the fixture reported")
+        .trim()
+        .parse()
+        .expect("a count");
+    let _ = std::fs::remove_file(&report);
+    let cgroup = container.cgroup().cloned().expect("a cgroup");
+    let peak = cgroup.peak_memory().expect("a peak");
+    let kills = cgroup.oom_kills().expect("an OOM count");
+    container.terminate().await;
+    println!(
+        "8 children of 200 MiB under 256 MiB: {alive} alive, {kills} OOM kills, peak {} MiB",
+        peak >> 20
+    );
+    assert!(
+        alive <= 1,
+        "{alive} children of 200 MiB outlived a 256 MiB limit"
+    );
+    assert!(peak <= 256 << 20, "peak {peak} bytes");
+    assert!(kills >= 7, "{kills} OOM kills");
 }

@@ -16,9 +16,9 @@ use futures_util::{FutureExt, StreamExt};
 use runloop::client::{Client, Event, RunLoop};
 use runloop::runtime::{AgentSpec, Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
-use runloop_proto::Error;
 use runloop_proto::frame::ClientFrame;
 use runloop_proto::run_loop::{Broken, Outcome};
+use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::json;
 use support::{
     FakeProxy, Gated, Owned, RawClient, Step, chunk, eventually, released, server_for,
@@ -33,7 +33,7 @@ async fn serve(catalog: Catalog) -> ServerHandle {
     let server = Server::bind("127.0.0.1:0", ServerConfig::new(Credentials::Any, catalog))
         .await
         .expect("bind");
-    server.spawn().expect("spawn").0
+    server.spawn().0
 }
 
 fn port(url: &str) -> u16 {
@@ -60,8 +60,8 @@ fn the_error(outcome: &Outcome) -> &serde_json::Value {
         .value()
 }
 
-fn run_stopped() -> Error {
-    Error::kind("run", "the run was stopped")
+fn run_stopped() -> ErrorValue {
+    ErrorValue::kind(ErrorKind::Run, "the run was stopped")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,7 +109,7 @@ async fn a_proxy_path_that_ends_badly_is_never_a_finish() {
 
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     for (prompt, steps, k, says) in &cases {
@@ -141,7 +141,7 @@ async fn a_proxy_that_never_answers_keeps_the_loop_open_until_the_caller_stops_i
     let baseline = support::alive_tasks();
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let mut run_loop = run.run_loop("silent");
@@ -187,7 +187,7 @@ async fn an_agent_program_that_never_answers_behind_a_real_proxy() {
 
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let mut run_loop = run.run_loop("hello?");
@@ -205,7 +205,7 @@ async fn an_agent_program_that_never_answers_behind_a_real_proxy() {
     released(&server).await;
     tasks_back_to(baseline).await;
     sockets_closed(server.local_addr().port()).await;
-    proxy.stop.cancel();
+    proxy.handle.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,7 +248,7 @@ async fn a_caller_gone_between_loops_stops_the_container() {
 
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let (chunks, outcome) = texts(run.run_loop("one")).await;
@@ -291,7 +291,10 @@ async fn endless_pid(run_loop: &mut RunLoop, chunks: usize) -> u32 {
 }
 
 fn exec_catalog(fixture_name: &str) -> Catalog {
-    let mut catalog = Catalog::new();
+    let mut catalog = Catalog::new().with_exec(runloop::runtime::ExecConfig {
+        disk: runloop::runtime::DiskPolicy::Unenforced,
+        ..Default::default()
+    });
     catalog
         .add(
             format!("demo=exec:python3 {}", fixture(fixture_name))
@@ -308,7 +311,7 @@ async fn a_caller_gone_mid_loop_stops_and_reaps_the_agent_program() {
     let baseline = support::alive_tasks();
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let mut run_loop = run.run_loop("go");
@@ -335,7 +338,7 @@ async fn an_agent_program_killed_mid_stream_is_an_unfinished_loop() {
     let baseline = support::alive_tasks();
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let mut run_loop = run.run_loop("go");
@@ -385,7 +388,7 @@ async fn a_stop_racing_the_end_of_the_container_ends_the_run_once() {
     for round in 0..ROUNDS {
         gated.open(1);
         let run = client
-            .run(support::run_request())
+            .start(support::run_request())
             .await
             .expect("run starts");
         let run_loop = support::hanging_loop(&run).await;
@@ -420,7 +423,7 @@ async fn a_stop_racing_an_agent_program_that_exits_at_once() {
     let client = Client::connect(&server.url(), "").await.expect("connect");
     for round in 0..2 {
         let run = client
-            .run(support::run_request())
+            .start(support::run_request())
             .await
             .expect("the registration was answered");
         let run_loop = run.run_loop("anyone?");
@@ -532,7 +535,7 @@ async fn a_caller_that_gives_up_waiting_for_the_id_stops_the_run() {
     // cancelled task): the future of `run` is dropped.
     let waiting = tokio::spawn({
         let client = client.clone();
-        async move { client.run(support::run_request()).await }
+        async move { client.start(support::run_request()).await }
     });
     eventually("the start is asked for", || {
         gated.asked.load(Ordering::SeqCst) == 1
@@ -552,7 +555,7 @@ async fn a_caller_that_gives_up_waiting_for_the_id_stops_the_run() {
     // The connection is still good for the next run.
     gated.open(1);
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     run.stop().await;
@@ -568,7 +571,7 @@ async fn a_stop_reaches_a_loop_whose_proxy_does_not_read_its_ask() {
     let server = server_for(&proxy, Credentials::Any).await;
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     // An ask larger than the socket buffers between server and proxy hold:

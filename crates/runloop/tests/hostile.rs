@@ -162,7 +162,7 @@ async fn the_client_ends_a_connection_whose_server_sends_an_authorization() {
         after
     });
     let client = Client::connect(&url, "token").await.expect("connect");
-    let refused = client.run(support::run_request()).await;
+    let refused = client.start(support::run_request()).await;
     assert_eq!(
         refused.err(),
         Some(RunError::ConnectionEnded {
@@ -578,7 +578,7 @@ async fn a_run_loop_request_of_the_largest_size_is_relayed_byte_for_byte() {
     assert!(asks.contains(&json), "the ask is the caller's bytes");
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("the server still serves");
     let outcome = run.run_loop("alongside").outcome().await;

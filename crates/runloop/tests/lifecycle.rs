@@ -6,8 +6,8 @@ mod support;
 use futures_util::future::join_all;
 use runloop::client::Client;
 use runloop::server::{Credentials, Server, ServerConfig};
-use runloop_proto::Error;
 use runloop_proto::run_loop::{AgenticLoopChunk, Outcome};
+use runloop_proto::{ErrorKind, ErrorValue};
 use support::{FakeProxy, Step, chunk, eventually, server_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,7 +21,7 @@ async fn several_runs_and_loops_at_once_on_one_connection() {
             .chain([Step::Close]);
         proxy.script(&format!("loop {n}"), steps.collect());
     }
-    let runs = join_all((0..3).map(|_| client.run(support::run_request()))).await;
+    let runs = join_all((0..3).map(|_| client.start(support::run_request()))).await;
     let runs: Vec<_> = runs.into_iter().map(|r| r.expect("run starts")).collect();
     let mut ids: Vec<_> = runs.iter().map(|r| r.id().to_owned()).collect();
     ids.sort();
@@ -55,7 +55,7 @@ async fn dropping_every_handle_stops_the_run() {
     let server = server_for(&proxy, Credentials::Any).await;
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     assert_eq!(server.stats().scopes, 1);
@@ -80,10 +80,10 @@ async fn graceful_shutdown_ends_loops_with_an_error_and_finishes_runs() {
     let server = Server::bind("127.0.0.1:0", ServerConfig::new(Credentials::Any, catalog))
         .await
         .expect("bind");
-    let (handle, serving) = server.spawn().expect("spawn");
+    let (handle, serving) = server.spawn();
     let client = Client::connect(&handle.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let run_loop = support::hanging_loop(&run).await;
@@ -91,7 +91,10 @@ async fn graceful_shutdown_ends_loops_with_an_error_and_finishes_runs() {
     handle.shutdown();
     assert_eq!(
         run_loop.outcome().await,
-        Outcome::Unfinished(Error::kind("server", "the server is shutting down"))
+        Outcome::Unfinished(ErrorValue::kind(
+            ErrorKind::Server,
+            "the server is shutting down"
+        ))
     );
     run.ended().await;
     proxy.wait_for("closed hang").await;

@@ -150,7 +150,7 @@ async fn a_caller_that_stops_reading_does_not_hold_up_the_others() {
     let expected: Vec<String> = (0..50).map(|n| n.to_string()).collect();
     let callers = (0..3).map(|_| async {
         let client = Client::connect(&server.url(), "").await.expect("connect");
-        let runs = join_all((0..2).map(|_| client.run(support::run_request()))).await;
+        let runs = join_all((0..2).map(|_| client.start(support::run_request()))).await;
         let mut results = Vec::new();
         for run in runs {
             let run = run.expect("run starts");
@@ -308,7 +308,7 @@ async fn a_connection_past_the_limit_is_turned_away_with_a_reason() {
     })
     .await;
     let first = Client::connect(&server.url(), "").await.expect("connects");
-    let run = first.run(support::run_request()).await.expect("a run");
+    let run = first.start(support::run_request()).await.expect("a run");
     let _second = RawClient::authorized(&server.url(), "").await;
     support::eventually("two connections", || server.stats().connections == 2).await;
 
@@ -325,7 +325,7 @@ async fn a_connection_past_the_limit_is_turned_away_with_a_reason() {
 
     // Through the client library it is an error that says why.
     let fourth = Client::connect(&server.url(), "").await.expect("connects");
-    match fourth.run(support::run_request()).await {
+    match fourth.start(support::run_request()).await {
         Err(RunError::Closed { code: 1013, reason }) => {
             assert!(
                 reason.contains("as many connections as it may (2)"),
@@ -345,7 +345,7 @@ async fn a_connection_past_the_limit_is_turned_away_with_a_reason() {
     support::eventually("one connection", || server.stats().connections == 1).await;
     let again = Client::connect(&server.url(), "").await.expect("connects");
     again
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("served again");
 }

@@ -33,14 +33,14 @@ async fn no_credential_reaches_the_logs_even_at_trace() {
 
     let config = ServerConfig::new(Credentials::Tokens(vec![ACCEPTED.into()]), Catalog::demo());
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
-    let (server, _task) = server.spawn().expect("spawn");
+    let (server, _task) = server.spawn();
 
     // Accepted, and a whole loop through the builtin demo.
     let client = Client::connect(&server.url(), ACCEPTED)
         .await
         .expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let outcome = run.run_loop("count these words").outcome().await;

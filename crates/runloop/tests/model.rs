@@ -1,22 +1,38 @@
 //! A stateful property test of the server's connection layer (protocol §2).
 //!
-//! Random interleavings of client frames, valid and invalid, run against a
-//! real server over a real socket, while a simple model keeps track of
-//! which scopes and channels are open. After every frame the server's
-//! answers must be exactly what the model predicts: every request answered
-//! once, or disregarded; every finish sent once; nothing extra. A frame the
-//! model says is disregarded is checked with a probe — a request the server
-//! must answer with a bare finish — whose answer must be the very next frame.
-//! At the end every run is stopped and the connection must be quiet.
+//! Random interleavings of client frames, valid and invalid, while a simple
+//! model keeps track of which scopes and channels are open. After every
+//! frame the server's answers must be exactly what the model predicts:
+//! every request answered once, or disregarded; every finish sent once;
+//! nothing extra. A frame the model says is disregarded is checked with a
+//! probe — a request the server must answer with a bare finish — whose
+//! answer must be the very next frame. At the end every run is stopped and
+//! the connection must be quiet.
+//!
+//! The same cases play against two servers: a real one over a real socket
+//! (the I/O: the reader, the writer, the relays and their ordering), and a
+//! server made of the connection table alone, in memory (the rules: every
+//! decision the server takes about a frame is the table's), which runs
+//! many more cases in the same time:
+//!
+//! ```text
+//! RUNLOOP_MODEL_CASES          cases over the socket (48 by default)
+//! RUNLOOP_MODEL_MEMORY_CASES   cases in memory (2000 by default)
+//! ```
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::pin::pin;
 use std::sync::OnceLock;
+use std::task::{Context, Poll, Waker};
 
 use proptest::prelude::*;
 use runloop::server::{Credentials, ServerHandle};
-use runloop_proto::frame::ClientFrame;
+use runloop_proto::Decode;
+use runloop_proto::connection::{Serve, Table, side};
+use runloop_proto::frame::{self, ClientFrame, ServerFrame};
+use runloop_proto::run_loop::ERROR;
 use support::{FakeProxy, Owned, RawClient, Step, chunk};
 
 /// Scope numbers the cases use; the probe's scope is outside them.
@@ -116,6 +132,173 @@ fn world() -> &'static World {
     })
 }
 
+/// A connection the model plays: a real socket, or the table in memory.
+trait Wire {
+    async fn send(&mut self, bytes: Vec<u8>);
+
+    /// The next server frame; `None` when there is none.
+    async fn next_frame(&mut self) -> Option<Owned>;
+
+    async fn send_frame(&mut self, frame: &ClientFrame<'_>) {
+        self.send(frame::to_message(frame)).await;
+    }
+
+    /// Opens `scope` with a run request and checks its id came.
+    async fn open_run(&mut self, scope: u32) {
+        let payload = support::run_request_payload();
+        self.send_frame(&ClientFrame::Request {
+            scope,
+            payload: &payload,
+        })
+        .await;
+        match self.next_frame().await {
+            Some(Owned::Response { scope: s, payload }) if s == scope && payload[0] == 0 => {}
+            other => panic!("expected the run's id, got {other:?}"),
+        }
+    }
+}
+
+impl Wire for RawClient {
+    async fn send(&mut self, bytes: Vec<u8>) {
+        RawClient::send(self, bytes).await;
+    }
+
+    async fn next_frame(&mut self) -> Option<Owned> {
+        RawClient::next_frame(self).await
+    }
+}
+
+/// A server made of the connection table alone: every decision about a
+/// frame is the table's; a run answers with its id at once, a loop plays
+/// its script at once (`finish N`: N chunks and the finish; `hang`: a chunk,
+/// then open until its run ends), and a stop ends its run as the server
+/// does — not at once, but when the client next reads, so that frames sent
+/// right after a stop meet its scope still open, as over a socket.
+struct Memory {
+    table: Table<side::Server, (), ()>,
+    sent: VecDeque<Owned>,
+    /// Scopes stopped and not yet ended, in order.
+    stopping: Vec<u32>,
+}
+
+impl Memory {
+    fn authorized() -> Memory {
+        let limits = runloop::limits::Limits::default();
+        let mut table = Table::server(limits.max_scopes, limits.max_channels);
+        let authorized = table.received(ClientFrame::Authorization { payload: b"\x00" });
+        assert!(matches!(authorized, Serve::Authorization(_)));
+        Memory {
+            table,
+            sent: VecDeque::new(),
+            stopping: Vec::new(),
+        }
+    }
+
+    fn respond(&mut self, frame: ServerFrame<'_>) {
+        self.sent.push_back(Owned::from(frame));
+    }
+
+    fn play_loop(&mut self, scope: u32, channel: u32, prompt: &str) {
+        let Some(n) = prompt.strip_prefix("finish ") else {
+            let payload = chunk("h");
+            return self.respond(ServerFrame::ChannelResponse {
+                scope,
+                channel,
+                payload: &payload,
+            });
+        };
+        for i in 0..n.parse::<u8>().expect("a count") {
+            let payload = chunk(&i.to_string());
+            self.respond(ServerFrame::ChannelResponse {
+                scope,
+                channel,
+                payload: &payload,
+            });
+        }
+        if self.table.finish_channel(scope, channel).is_some() {
+            self.respond(ServerFrame::ChannelResponseFinish { scope, channel });
+        }
+    }
+
+    fn stop(&mut self, scope: u32) {
+        let Some(finished) = self.table.finish_scope(scope) else {
+            return;
+        };
+        for ended in finished.channels {
+            let payload = [&[ERROR][..], br#"{"kind":"run","error":"stopped"}"#].concat();
+            self.respond(ServerFrame::ChannelResponse {
+                scope,
+                channel: ended.channel,
+                payload: &payload,
+            });
+            self.respond(ServerFrame::ChannelResponseFinish {
+                scope,
+                channel: ended.channel,
+            });
+        }
+        self.respond(ServerFrame::ResponseFinish { scope });
+    }
+}
+
+impl Wire for Memory {
+    async fn send(&mut self, bytes: Vec<u8>) {
+        let Ok(frame) = ClientFrame::decode(&bytes) else {
+            return;
+        };
+        match self.table.received(frame) {
+            Serve::Run { scope, .. } => {
+                let number = scope.scope();
+                scope.open(());
+                self.respond(ServerFrame::Response {
+                    scope: number,
+                    payload: b"\x00{\"id\":\"memory\"}",
+                });
+            }
+            Serve::RunLoop { channel, request } => {
+                let (scope, number) = (channel.scope(), channel.channel());
+                channel.open(());
+                self.play_loop(scope, number, request.prompt());
+            }
+            Serve::Stop { scope, .. } => {
+                if !self.stopping.contains(&scope) {
+                    self.stopping.push(scope);
+                }
+            }
+            Serve::BareFinish { frame, .. } => self.respond(frame),
+            Serve::Violation(why) => panic!("the model sends no violation: {why}"),
+            Serve::Disregarded(_)
+            | Serve::Authorization(_)
+            | Serve::ChannelResponse { .. }
+            | Serve::ChannelFinished(_) => {}
+        }
+    }
+
+    async fn next_frame(&mut self) -> Option<Owned> {
+        for scope in std::mem::take(&mut self.stopping) {
+            self.stop(scope);
+        }
+        self.sent.pop_front()
+    }
+}
+
+/// Plays the actions against the table in memory: nothing in it waits, so
+/// one poll runs the whole case.
+fn play_in_memory(actions: Vec<Action>) {
+    let mut memory = Memory::authorized();
+    {
+        let mut case = pin!(play(&mut memory, actions));
+        let Poll::Ready(()) = case.as_mut().poll(&mut Context::from_waker(Waker::noop())) else {
+            panic!("the in-memory connection never waits")
+        };
+    }
+    assert!(
+        memory.sent.is_empty(),
+        "nothing left unread: {:?}",
+        memory.sent
+    );
+    assert!(memory.stopping.is_empty(), "every stopped run ended");
+}
+
 fn loop_payload(prompt: &str) -> Vec<u8> {
     let mut payload = vec![5];
     payload.extend_from_slice(serde_json::json!({"prompt": prompt}).to_string().as_bytes());
@@ -123,7 +306,7 @@ fn loop_payload(prompt: &str) -> Vec<u8> {
 }
 
 /// Sends the probe and checks that its bare finish is the very next frame.
-async fn probe(raw: &mut RawClient, context: &str) {
+async fn probe(raw: &mut impl Wire, context: &str) {
     raw.send_frame(&ClientFrame::Request {
         scope: PROBE_SCOPE,
         payload: &[77],
@@ -139,7 +322,7 @@ async fn probe(raw: &mut RawClient, context: &str) {
 
 /// Reads frames until the scope's finish and checks the run's ending: each
 /// hanging loop gets one error and one finish, and then the scope finishes.
-async fn expect_run_end(raw: &mut RawClient, scope: u32, hanging: &BTreeSet<u32>) {
+async fn expect_run_end(raw: &mut impl Wire, scope: u32, hanging: &BTreeSet<u32>) {
     expect_run_end_racing(raw, scope, hanging, None).await;
 }
 
@@ -147,7 +330,7 @@ async fn expect_run_end(raw: &mut RawClient, scope: u32, hanging: &BTreeSet<u32>
 /// stop: its chunks come in order, a prefix of the `n`, then its finish —
 /// after an error unless all `n` came (it may be cut even then).
 async fn expect_run_end_racing(
-    raw: &mut RawClient,
+    raw: &mut impl Wire,
     scope: u32,
     hanging: &BTreeSet<u32>,
     racing: Option<(u32, u8)>,
@@ -215,9 +398,7 @@ async fn expect_run_end_racing(
     }
 }
 
-async fn play(actions: Vec<Action>) {
-    let world = world();
-    let mut raw = RawClient::authorized(&world.server.url(), "").await;
+async fn play(raw: &mut impl Wire, actions: Vec<Action>) {
     let mut model = Model::default();
     for action in &actions {
         let context = format!("{action:?} with {model:?}");
@@ -230,7 +411,7 @@ async fn play(actions: Vec<Action>) {
                         payload: &payload,
                     })
                     .await;
-                    probe(&mut raw, &context).await;
+                    probe(raw, &context).await;
                 }
                 std::collections::btree_map::Entry::Vacant(vacant) => {
                     raw.open_run(scope).await;
@@ -244,7 +425,7 @@ async fn play(actions: Vec<Action>) {
                 })
                 .await;
                 if model.scopes.contains_key(&scope) {
-                    probe(&mut raw, &context).await;
+                    probe(raw, &context).await;
                 } else {
                     assert_eq!(
                         raw.next_frame().await,
@@ -260,7 +441,7 @@ async fn play(actions: Vec<Action>) {
                 })
                 .await;
                 if model.scopes.contains_key(&scope) {
-                    probe(&mut raw, &context).await;
+                    probe(raw, &context).await;
                 } else {
                     assert_eq!(
                         raw.next_frame().await,
@@ -282,7 +463,7 @@ async fn play(actions: Vec<Action>) {
                     .get(&scope)
                     .map(|channels| channels.contains_key(&channel));
                 match (open, finishing) {
-                    (None | Some(true), _) => probe(&mut raw, &context).await,
+                    (None | Some(true), _) => probe(raw, &context).await,
                     (Some(false), Some(n)) => {
                         for i in 0..n {
                             let expected = chunk(&i.to_string());
@@ -339,7 +520,7 @@ async fn play(actions: Vec<Action>) {
                         "{context}"
                     );
                 } else {
-                    probe(&mut raw, &context).await;
+                    probe(raw, &context).await;
                 }
             }
             Action::Stop(scope, channel, tail) => {
@@ -357,10 +538,10 @@ async fn play(actions: Vec<Action>) {
                 match model.scopes.get(&scope) {
                     Some(channels) if !channels.contains_key(&channel) => {
                         let hanging = hanging(channels);
-                        expect_run_end(&mut raw, scope, &hanging).await;
+                        expect_run_end(raw, scope, &hanging).await;
                         model.scopes.remove(&scope);
                     }
-                    _ => probe(&mut raw, &context).await,
+                    _ => probe(raw, &context).await,
                 }
             }
             Action::StopRacingLoop(scope, channel, n) => {
@@ -383,10 +564,10 @@ async fn play(actions: Vec<Action>) {
                         let hanging = hanging(channels);
                         // A loop asked for on a number in use is disregarded.
                         let racing = (!channels.contains_key(&channel)).then_some((channel, n));
-                        expect_run_end_racing(&mut raw, scope, &hanging, racing).await;
+                        expect_run_end_racing(raw, scope, &hanging, racing).await;
                         model.scopes.remove(&scope);
                     }
-                    None => probe(&mut raw, &context).await,
+                    None => probe(raw, &context).await,
                 }
             }
             Action::StopThenLoopOnIt(scope, channel) => {
@@ -405,7 +586,7 @@ async fn play(actions: Vec<Action>) {
                 match model.scopes.get(&scope) {
                     Some(channels) if !channels.contains_key(&channel) => {
                         let hanging = hanging(channels);
-                        expect_run_end(&mut raw, scope, &hanging).await;
+                        expect_run_end(raw, scope, &hanging).await;
                         model.scopes.remove(&scope);
                     }
                     Some(channels) if channels[&channel] => {
@@ -413,11 +594,11 @@ async fn play(actions: Vec<Action>) {
                     }
                     _ => {}
                 }
-                probe(&mut raw, &context).await;
+                probe(raw, &context).await;
             }
             Action::Malformed(bytes) => {
                 raw.send(bytes).await;
-                probe(&mut raw, &context).await;
+                probe(raw, &context).await;
             }
             Action::ServerChannelResponse(scope, channel) => {
                 raw.send_frame(&ClientFrame::ChannelResponse {
@@ -428,7 +609,7 @@ async fn play(actions: Vec<Action>) {
                 .await;
                 raw.send_frame(&ClientFrame::ChannelResponseFinish { scope, channel })
                     .await;
-                probe(&mut raw, &context).await;
+                probe(raw, &context).await;
             }
         }
     }
@@ -448,9 +629,15 @@ async fn play(actions: Vec<Action>) {
             payload: &[0],
         })
         .await;
-        expect_run_end(&mut raw, scope, &hanging).await;
+        expect_run_end(raw, scope, &hanging).await;
     }
-    probe(&mut raw, "the end").await;
+    probe(raw, "the end").await;
+}
+
+/// Plays the actions against the real server, over a socket.
+async fn play_on_socket(actions: Vec<Action>) {
+    let mut raw = RawClient::authorized(&world().server.url(), "").await;
+    play(&mut raw, actions).await;
 }
 
 proptest! {
@@ -462,7 +649,20 @@ proptest! {
 
     #[test]
     fn the_server_answers_exactly_as_the_model_says(actions in prop::collection::vec(action(), 1..40)) {
-        world().runtime.block_on(play(actions));
+        world().runtime.block_on(play_on_socket(actions));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("RUNLOOP_MODEL_MEMORY_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000),
+        max_shrink_iters: 1024,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_table_answers_exactly_as_the_model_says(actions in prop::collection::vec(action(), 1..40)) {
+        play_in_memory(actions);
     }
 }
 
@@ -470,7 +670,7 @@ proptest! {
 fn nothing_is_left_open_after_the_cases() {
     let world = world();
     world.runtime.block_on(async {
-        play(vec![Action::OpenRun(0), Action::OpenLoop(0, 0, None)]).await;
+        play_on_socket(vec![Action::OpenRun(0), Action::OpenLoop(0, 0, None)]).await;
         support::eventually("every case's runs are gone", || {
             world.server.stats().scopes == 0
         })

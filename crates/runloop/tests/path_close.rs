@@ -22,10 +22,10 @@ async fn healthy_loops_through_the_builtin_demo_log_no_broken_path() {
 
     let config = ServerConfig::new(Credentials::Any, Catalog::demo());
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
-    let (server, _task) = server.spawn().expect("spawn");
+    let (server, _task) = server.spawn();
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     for prompt in ["one loop", "and another", "a third, to be sure"] {

@@ -13,8 +13,8 @@ use common::{
     rest, scripted,
 };
 use futures_util::SinkExt;
-use runloop::proto::Error;
 use runloop::proto::run_loop::Outcome;
+use runloop::proto::{ErrorKind, ErrorValue};
 use serde_json::json;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
@@ -143,7 +143,7 @@ async fn a_non_2xx_json_body_is_the_error_verbatim() {
     );
     assert_eq!(
         outcome(&done).1,
-        Outcome::NoLoop(Error::new(json!({"kind": "quota", "left": 0})))
+        Outcome::NoLoop(ErrorValue::new(json!({"kind": "quota", "left": 0})))
     );
 }
 
@@ -167,7 +167,7 @@ async fn a_non_2xx_text_body_is_wrapped() {
     assert_eq!(done.end, End::Clean);
     assert_eq!(
         outcome(&done).1,
-        Outcome::NoLoop(Error::new(
+        Outcome::NoLoop(ErrorValue::new(
             json!({"kind": "agent", "status": 500, "error": "model exploded\n"})
         ))
     );
@@ -213,8 +213,8 @@ async fn an_agent_program_that_cannot_be_dialled() {
     let done = exchange(&proxy.url, "/agent/run", br#"{"prompt":"x"}"#).await;
     assert_eq!(
         outcome(&done).1,
-        Outcome::NoLoop(Error::kind(
-            "proxy",
+        Outcome::NoLoop(ErrorValue::kind(
+            ErrorKind::Proxy,
             "no agent is registered with this proxy"
         ))
     );
@@ -268,7 +268,7 @@ async fn an_sse_stream_cut_mid_way_ends_with_an_error() {
     );
     let (chunks, result) = outcome(&done);
     assert_eq!(chunks.len(), 2);
-    assert_eq!(result, Outcome::Unfinished(Error::new(error)));
+    assert_eq!(result, Outcome::Unfinished(ErrorValue::new(error)));
 }
 
 /// A good event and bad bytes in one write: the event is relayed, then the
@@ -297,7 +297,7 @@ async fn a_good_event_written_with_bad_bytes_is_relayed_before_the_error() {
     );
     let (chunks, result) = outcome(&done);
     assert_eq!(chunks.len(), 1, "a chunk was sent: a loop ran");
-    assert_eq!(result, Outcome::Unfinished(Error::new(error)));
+    assert_eq!(result, Outcome::Unfinished(ErrorValue::new(error)));
 }
 
 #[tokio::test]
@@ -332,7 +332,10 @@ async fn one_loop_at_a_time() {
         outcome(&second),
         (
             vec![],
-            Outcome::NoLoop(Error::kind("proxy", "a loop is already running"))
+            Outcome::NoLoop(ErrorValue::kind(
+                ErrorKind::Proxy,
+                "a loop is already running"
+            ))
         )
     );
 
@@ -371,8 +374,8 @@ async fn registration_happens_once() {
     let done = exchange(&proxy.url, "/agent/run", br#"{"prompt":"early"}"#).await;
     assert_eq!(
         outcome(&done).1,
-        Outcome::NoLoop(Error::kind(
-            "proxy",
+        Outcome::NoLoop(ErrorValue::kind(
+            ErrorKind::Proxy,
             "no agent is registered with this proxy"
         ))
     );
@@ -516,13 +519,16 @@ async fn shutdown_mid_loop_says_so_and_closes_cleanly() {
     let mut ws = open(&proxy.url, "/agent/run").await;
     ask(&mut ws, br#"{"prompt":"x"}"#).await;
     let first = next_binary(&mut ws).await.expect("a chunk");
-    proxy.stop.cancel();
+    proxy.handle.shutdown();
     let mut done = rest(ws).await;
     done.messages.insert(0, first);
     assert_eq!(done.end, End::Clean);
     assert_eq!(
         outcome(&done).1,
-        Outcome::Unfinished(Error::kind("proxy", "the proxy is shutting down"))
+        Outcome::Unfinished(ErrorValue::kind(
+            ErrorKind::Proxy,
+            "the proxy is shutting down"
+        ))
     );
     proxy.task.await.expect("joins").expect("the proxy ran");
 }

@@ -5,8 +5,8 @@ mod support;
 
 use runloop::client::{Client, Event, RunError};
 use runloop::server::Credentials;
-use runloop_proto::Error;
 use runloop_proto::run_loop::{AgenticLoopChunk, Broken, Outcome};
+use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::json;
 use support::{FakeProxy, Owned, RawClient, Step, chunk, error, eventually, server_for, texts};
 
@@ -17,7 +17,7 @@ async fn setup() -> (FakeProxy, runloop::server::ServerHandle, Client) {
     (proxy, server, client)
 }
 
-fn proxy_error(value: &Error) -> &str {
+fn proxy_error(value: &ErrorValue) -> &str {
     value.value()["error"].as_str().unwrap_or_default()
 }
 
@@ -44,7 +44,7 @@ async fn every_ending_reaches_the_caller_as_its_outcome() {
     proxy.script("not served", vec![Step::Close]);
 
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     assert_eq!(run.id().len(), 22, "128 bits, base64url");
@@ -55,11 +55,11 @@ async fn every_ending_reaches_the_caller_as_its_outcome() {
 
     let (chunks, outcome) = texts(run.run_loop("unfinished")).await;
     assert_eq!(chunks, ["a"]);
-    assert_eq!(outcome, Outcome::Unfinished(Error::new(down.clone())));
+    assert_eq!(outcome, Outcome::Unfinished(ErrorValue::new(down.clone())));
 
     let (chunks, outcome) = texts(run.run_loop("no loop")).await;
     assert!(chunks.is_empty());
-    assert_eq!(outcome, Outcome::NoLoop(Error::new(down)));
+    assert_eq!(outcome, Outcome::NoLoop(ErrorValue::new(down)));
 
     assert_eq!(
         run.run_loop("not served").outcome().await,
@@ -132,7 +132,7 @@ async fn proxy_faults_end_with_the_servers_error_never_a_bare_finish() {
         vec![Step::Send(chunk("a")), Step::Send(chunk("b")), Step::Abort],
     );
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
 
@@ -143,15 +143,15 @@ async fn proxy_faults_end_with_the_servers_error_never_a_bare_finish() {
     };
     assert_eq!(
         error,
-        Error::kind("proxy", "the proxy sent an empty message")
+        ErrorValue::kind(ErrorKind::Proxy, "the proxy sent an empty message")
     );
     proxy.wait_for("closed empty").await;
 
     let outcome = run.run_loop("unknown tag").outcome().await;
     assert_eq!(
         outcome,
-        Outcome::NoLoop(Error::kind(
-            "proxy",
+        Outcome::NoLoop(ErrorValue::kind(
+            ErrorKind::Proxy,
             "the proxy sent a message with unknown tag 7"
         ))
     );
@@ -213,7 +213,7 @@ async fn the_proxys_error_is_the_end_of_the_loop_whatever_follows_it() {
         proxy.script(prompt, steps.clone());
     }
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     for (prompt, steps, k) in &cases {
@@ -226,7 +226,7 @@ async fn the_proxys_error_is_the_end_of_the_loop_whatever_follows_it() {
         .unwrap_or_else(|_| panic!("{prompt}: the loop never ended"));
         let expected: Vec<String> = (0..*k).map(|n| n.to_string()).collect();
         assert_eq!(chunks, expected, "{prompt}: nothing after the error");
-        let error = Error::new(down.clone());
+        let error = ErrorValue::new(down.clone());
         let expected = if *k == 0 {
             Outcome::NoLoop(error)
         } else {
@@ -262,7 +262,7 @@ async fn a_second_loop_while_one_runs_gets_the_proxys_error_first() {
         vec![Step::BusyCheck, Step::Send(chunk("never")), Step::Close],
     );
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let mut first = run.run_loop("long");
@@ -273,7 +273,7 @@ async fn a_second_loop_while_one_runs_gets_the_proxys_error_first() {
     let outcome = run.run_loop("second").outcome().await;
     assert_eq!(
         outcome,
-        Outcome::NoLoop(Error::new(
+        Outcome::NoLoop(ErrorValue::new(
             json!({"kind": "agent", "error": "a loop is already running"})
         ))
     );
@@ -281,7 +281,7 @@ async fn a_second_loop_while_one_runs_gets_the_proxys_error_first() {
     let outcome = first.outcome().await;
     assert_eq!(
         outcome,
-        Outcome::Unfinished(Error::kind("run", "the run was stopped"))
+        Outcome::Unfinished(ErrorValue::kind(ErrorKind::Run, "the run was stopped"))
     );
 }
 
@@ -290,7 +290,7 @@ async fn stop_in_the_middle_of_a_loop_ends_it_unfinished_and_closes_the_path() {
     let (proxy, server, client) = setup().await;
     proxy.script_hang();
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let run_loop = support::hanging_loop(&run).await;
@@ -298,7 +298,7 @@ async fn stop_in_the_middle_of_a_loop_ends_it_unfinished_and_closes_the_path() {
     proxy.wait_for("closed hang").await;
     assert_eq!(
         run_loop.outcome().await,
-        Outcome::Unfinished(Error::kind("run", "the run was stopped"))
+        Outcome::Unfinished(ErrorValue::kind(ErrorKind::Run, "the run was stopped"))
     );
     // A second stop on an ended run does nothing and does not hang.
     run.stop().await;
@@ -314,7 +314,7 @@ async fn a_caller_that_disconnects_mid_loop_leaves_nothing_behind() {
     let (proxy, server, client) = setup().await;
     proxy.script_hang();
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("run starts");
     let run_loop = support::hanging_loop(&run).await;
@@ -457,7 +457,7 @@ async fn authorization_accepted_rejected_and_repeated() {
         .await
         .expect("connect");
     let run = client
-        .run(support::run_request())
+        .start(support::run_request())
         .await
         .expect("an accepted credential works");
     run.stop().await;
@@ -478,7 +478,7 @@ async fn authorization_accepted_rejected_and_repeated() {
         .await
         .expect("the socket opens");
     assert_eq!(
-        client.run(support::run_request()).await.err(),
+        client.start(support::run_request()).await.err(),
         Some(RunError::ConnectionEnded {
             answered_before: false
         })
@@ -556,7 +556,7 @@ async fn refused_runs_get_one_error_then_the_finish() {
         ),
     ];
     for (request, expected) in cases {
-        let Err(RunError::Refused(error)) = client.run(request).await else {
+        let Err(RunError::Refused(error)) = client.start(request).await else {
             panic!("{expected} should be refused");
         };
         assert!(

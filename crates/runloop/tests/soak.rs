@@ -57,7 +57,7 @@ fn prompt(i: usize) -> String {
 
 async fn expected(prompt: &str) -> Expected {
     let demo = Demo::new();
-    let Ok(mut stream) = demo.run(RunLoopRequest::new(prompt.to_owned())).await else {
+    let Ok(mut stream) = demo.run_loop(RunLoopRequest::new(prompt.to_owned())).await else {
         return Expected {
             chunks: Vec::new(),
             ending: Ending::NoLoop,
@@ -157,7 +157,7 @@ async fn serve() -> ServerHandle {
     )
     .await
     .expect("bind");
-    server.spawn().expect("spawn").0
+    server.spawn().0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +173,7 @@ async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
 
     // A warm-up loop, so the baseline includes what any first use allocates.
     let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client.run(support::run_request()).await.expect("run");
+    let run = client.start(support::run_request()).await.expect("run");
     check_loop(&run, &prompt(0), &expected[&prompt(0)]).await;
     run.stop().await;
     client.close().await;
@@ -195,7 +195,7 @@ async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
     // In sequence: one run, one loop after another.
     let started = Instant::now();
     let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client.run(support::run_request()).await.expect("run");
+    let run = client.start(support::run_request()).await.expect("run");
     let mut chunks = 0;
     for i in 0..sequential {
         let prompt = prompt(i);
@@ -217,7 +217,7 @@ async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
         let client = clients[i % connections].clone();
         let expected = Arc::clone(&expected);
         tasks.spawn(async move {
-            let run = client.run(support::run_request()).await.expect("run");
+            let run = client.start(support::run_request()).await.expect("run");
             let prompt = prompt(i);
             let chunks = check_loop(&run, &prompt, &expected[&prompt]).await;
             run.stop().await;

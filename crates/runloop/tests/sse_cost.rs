@@ -22,8 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Conn, exchange, register, scripted};
-use runloop::agent::{self, demo::Demo};
-use tokio::net::TcpListener;
+use runloop::agent::{AgentServer, demo::Demo};
 use tokio_util::sync::CancellationToken;
 
 /// The event's text: 15 MiB, under the proxy's 16 MiB bound on one event.
@@ -86,9 +85,17 @@ async fn answer(mut conn: Conn, event: Arc<Vec<u8>>) {
 
 /// A proxy in front of the demo agent program.
 async fn demo_proxy(stop: &CancellationToken) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
-    let agent_addr = listener.local_addr().expect("address");
-    tokio::spawn(agent::serve(listener, Arc::new(Demo::new()), stop.clone()));
+    let agent = AgentServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)), Arc::new(Demo::new()))
+        .await
+        .expect("binds");
+    let agent_addr = agent.local_addr();
+    let (agent, _) = agent.spawn();
+    // It ends when the test's token fires.
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        agent.shutdown();
+    });
     proxy_for(agent_addr).await
 }
 

@@ -41,12 +41,13 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use runloop::client::{Client, ClientConfig, Event, RunError};
-use runloop_proto::frame::{self, ClientFrame, HEADER_LEN};
+use runloop_proto::authorization;
+use runloop_proto::frame::{self, ClientFrame, FrameType, HEADER_LEN, raw};
 use runloop_proto::run_loop::{Broken, Outcome, Reader, Step};
 use tokio::time::timeout;
 
 use super::context::{Ctx, SETTLE};
-use super::wire::{Frame, Next, RunAnswer, UNKNOWN_TAG, Wire, raw, show};
+use super::wire::{Frame, Next, RunAnswer, UNKNOWN_TAG, Wire, show};
 use super::{Checked, Level, Verdict, seconds};
 
 /// A boxed case future; it borrows the context for as long as it runs.
@@ -256,7 +257,7 @@ async fn served(ctx: &mut Ctx) -> Checked {
         Ok(client) => client,
         Err(verdict) => return Err(ctx.unserved(verdict)),
     };
-    let answer = timeout(ctx.timeout, client.run(ctx.request.clone())).await;
+    let answer = timeout(ctx.timeout, client.start(ctx.request.clone())).await;
     let verdict = match answer {
         Ok(Ok(run)) => pass(format!("the id ({} characters)", run.id().len())),
         Ok(Err(RunError::Refused(error))) => pass(format!("an error: {error}")),
@@ -420,8 +421,13 @@ async fn undefined_types(ctx: &mut Ctx) -> Checked {
     let mut session = ctx.session().await?;
     let scope = session.scope;
     let messages = [
-        raw(2, scope, 0, b"\x00{\"id\":\"forged\"}"),
-        raw(3, scope, 0, b""),
+        raw(
+            FrameType::Response as u8,
+            scope,
+            0,
+            b"\x00{\"id\":\"forged\"}",
+        ),
+        raw(FrameType::ResponseFinish as u8, scope, 0, b""),
         raw(7, scope, 0, &[UNKNOWN_TAG]),
         raw(255, scope, 0, &[UNKNOWN_TAG]),
     ];
@@ -499,7 +505,7 @@ async fn text_message(ctx: &mut Ctx) -> Checked {
     let scope = wire.fresh_scope();
     // A request frame of unknown tag 127, all ASCII, so it can travel as
     // text: a server that read it as a frame would bare-finish `scope`.
-    let frame = raw(1, scope, 0, &[0x7f]);
+    let frame = raw(FrameType::Request as u8, scope, 0, &[0x7f]);
     wire.send_text(String::from_utf8_lossy(&frame).into_owned())
         .await?;
     wire.probe(&format!(
@@ -537,7 +543,7 @@ async fn run_loop(ctx: &mut Ctx) -> Checked {
 }
 
 async fn loop_outcome(ctx: &Ctx, client: &Client) -> Checked {
-    let run = match timeout(ctx.timeout, client.run(ctx.request.clone())).await {
+    let run = match timeout(ctx.timeout, client.start(ctx.request.clone())).await {
         Ok(Ok(run)) => run,
         Ok(Err(RunError::Refused(error))) => {
             return Err(Verdict::Skip(format!(
@@ -767,7 +773,7 @@ async fn wrong_credential(ctx: &mut Ctx) -> Checked {
             "no randomness for a credential: {error}"
         )));
     }
-    let mut payload = vec![0];
+    let mut payload = vec![authorization::UNBROKERED];
     for byte in random {
         payload.extend_from_slice(format!("{byte:02x}").as_bytes());
     }
@@ -791,7 +797,7 @@ async fn unknown_mode(ctx: &mut Ctx) -> Checked {
 }
 
 async fn not_utf8(ctx: &mut Ctx) -> Checked {
-    let mut payload = vec![0];
+    let mut payload = vec![authorization::UNBROKERED];
     payload.extend_from_slice(ctx.token().as_bytes());
     payload.extend_from_slice(b"\xff\xfe");
     match authorize_with(ctx, &payload).await? {

@@ -73,7 +73,7 @@ pub(super) struct Ctx {
 }
 
 impl Ctx {
-    pub(super) fn new(args: &Args, tls: Option<ClientTls>) -> Ctx {
+    pub(super) fn new(args: &Args, token: String, tls: Option<ClientTls>) -> Ctx {
         let container = Container::new(Image::Server(args.image.clone()), MEMORY, DISK);
         let request = RunRequest::new(container, args.agent.clone());
         let mut with_mount = request.clone();
@@ -87,7 +87,7 @@ impl Ctx {
         Ctx {
             url: args.url.clone(),
             tls,
-            token: args.token.clone(),
+            token,
             run_request: endpoint_payload(&request),
             mount_request: endpoint_payload(&with_mount),
             request,

@@ -43,16 +43,14 @@ pub struct Args {
     /// The provider server to check (`ws://host:port`).
     #[arg(long, default_value = "ws://127.0.0.1:7878")]
     pub url: String,
-    /// The credential to authorize with.
-    #[arg(
-        long,
-        value_name = "T",
-        env = "RUNLOOP_TOKEN",
-        default_value = "",
-        hide_env_values = true,
-        hide_default_value = true
-    )]
-    pub token: String,
+    /// The credential to authorize with. Every local user can read it in
+    /// /proc/PID/cmdline: prefer --token-file or RUNLOOP_TOKEN (the
+    /// default; empty if unset).
+    #[arg(long, value_name = "T")]
+    pub token: Option<String>,
+    /// A file holding the credential (one line).
+    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    pub token_file: Option<std::path::PathBuf>,
     /// The `server` image to run, `NAME[@DIGEST]`; without a digest,
     /// `sha256:` and 64 zeros is sent.
     #[arg(long, value_name = "NAME[@DIGEST]", default_value = "demo", value_parser = parse_image)]
@@ -158,7 +156,7 @@ type Checked<T = Verdict> = Result<T, Verdict>;
 
 impl Args {
     /// Checks the server and prints the report to `out`.
-    pub fn run(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -167,6 +165,10 @@ impl Args {
     }
 
     async fn check(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+        let token = crate::token::client(self.token.as_deref(), self.token_file.as_deref())?;
+        if self.token.is_some() {
+            crate::token::warn_command_line();
+        }
         // A server that cannot be reached at all is not a failing case: the
         // check itself could not run.
         let tls = crate::process::client_tls(&self.authorities)?;
@@ -179,7 +181,7 @@ impl Args {
                 });
             }
         }
-        let mut ctx = Ctx::new(self, tls);
+        let mut ctx = Ctx::new(self, token, tls);
         let mut report = Report::new(out, self.json);
         for case in cases::CASES.iter().filter(|case| self.slow || !case.slow) {
             let verdict = match (case.run)(&mut ctx).await {

@@ -46,17 +46,6 @@ pub(super) const UNKNOWN_TAG: u8 = 200;
 /// How many bytes of a payload a description shows.
 const SHOWN: usize = 120;
 
-/// A message of any type byte, whatever the direction allows: a header
-/// and the payload.
-pub(super) fn raw(frame_type: u8, scope: u32, channel: u32, payload: &[u8]) -> Vec<u8> {
-    let mut message = Vec::with_capacity(frame::HEADER_LEN + payload.len());
-    message.push(frame_type);
-    message.extend_from_slice(&scope.to_be_bytes());
-    message.extend_from_slice(&channel.to_be_bytes());
-    message.extend_from_slice(payload);
-    message
-}
-
 /// One server frame, owned, or a message that is not one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Frame {
@@ -184,7 +173,7 @@ pub(super) enum RunAnswer {
     /// `[0]{"id"}` first: the run is open.
     Id(String),
     /// `[1]` error, then the finish: refused.
-    Refused(runloop_proto::Error),
+    Refused(runloop_proto::ErrorValue),
 }
 
 /// One WebSocket connection, spoken frame by frame.

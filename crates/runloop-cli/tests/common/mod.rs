@@ -12,9 +12,22 @@ use std::time::{Duration, Instant};
 /// generous, for a shared machine; a hang takes forever.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
-/// The built `runloop`.
+/// The built `runloop`, or the binary `RUNLOOP_BIN` names (another build,
+/// measured against this one).
 pub fn runloop() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_runloop"))
+    Command::new(
+        std::env::var("RUNLOOP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_runloop").into()),
+    )
+}
+
+/// Reads the URL a `runloop serve` prints first on its stdout.
+pub fn url(child: &mut Child) -> String {
+    let mut url = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut url)
+        .expect("serve prints its URL");
+    assert!(url.starts_with("ws://"), "{url:?}");
+    url.trim().to_owned()
 }
 
 /// Waits for `child` to exit, for `PATIENCE` at most; past that it is
@@ -58,15 +71,19 @@ impl Serve {
             level,
             &[&["serve", "--listen", "127.0.0.1:0"], args].concat(),
         );
-        let mut url = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut url)
-            .expect("serve prints its URL");
-        assert!(url.starts_with("ws://"), "{url:?}");
-        Serve {
-            child,
-            url: url.trim().to_owned(),
-        }
+        let url = url(&mut child);
+        Serve { child, url }
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills it outright (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// The read end of its stderr.

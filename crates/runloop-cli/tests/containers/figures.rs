@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use runloop::runtime::Limits;
+use runloop::runtime::ContainerLimits;
 use runloop_oci::image::Image;
 use runloop_oci::layout::Layout;
 use runloop_oci::registry::{Pull, RegistryConfig};
@@ -26,7 +26,7 @@ use super::images::{self, Images};
 use super::registry::LocalRegistry;
 use super::{Server, leftovers, run_against, subnet};
 
-const LIMITS: Limits = Limits {
+const LIMITS: ContainerLimits = ContainerLimits {
     memory: 128 << 20,
     disk: 16 << 20,
 };

@@ -56,7 +56,7 @@ async fn one_loop(url: &str, tls: Option<&ClientTls>, prompt: &str) -> Result<()
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let run = client
-        .run(request())
+        .start(request())
         .await
         .map_err(|e| format!("run: {e}"))?;
     let mut run_loop = run.run_loop(prompt);
@@ -122,10 +122,10 @@ async fn many_loops(
                 None => break,
             },
             () = tokio::time::sleep(Duration::from_millis(10)), if midway.is_some() => {
-                if done.load(Ordering::Relaxed) >= loops / 3 {
-                    if let Some(call) = midway.take() {
-                        call();
-                    }
+                if done.load(Ordering::Relaxed) >= loops / 3
+                    && let Some(call) = midway.take()
+                {
+                    call();
                 }
             }
         }
@@ -251,7 +251,7 @@ fn a_drain_serves_the_open_connections_until_its_deadline() {
     runtime().block_on(async {
         let open = Client::connect(&url, "").await.expect("connects");
         let long = Client::connect(&url, "").await.expect("connects");
-        let long_run = long.run(request()).await.expect("a run");
+        let long_run = long.start(request()).await.expect("a run");
         // A loop that would take a minute: the deadline cuts it.
         let mut endless = long_run.run_loop("a loop of about 24 chunks demo:pace=500");
         assert!(matches!(endless.next().await, Some(Event::Chunk { .. })));
@@ -265,7 +265,7 @@ fn a_drain_serves_the_open_connections_until_its_deadline() {
         let refused = Client::connect(&url, "").await;
         assert!(refused.is_err(), "a draining server accepted a connection");
         // …but the open one is served: a run and a whole loop.
-        let run = open.run(request()).await.expect("a run while draining");
+        let run = open.start(request()).await.expect("a run while draining");
         let mut short = run.run_loop(format!("demo:load={CHUNKS}"));
         let mut chunks = 0;
         let mut end = None;
@@ -311,7 +311,7 @@ fn a_second_signal_ends_the_drain_at_once() {
     let url = server.url.clone();
     runtime().block_on(async {
         let client = Client::connect(&url, "").await.expect("connects");
-        let run = client.run(request()).await.expect("a run");
+        let run = client.start(request()).await.expect("a run");
         let mut endless = run.run_loop("a loop of about 24 chunks demo:pace=500");
         assert!(matches!(endless.next().await, Some(Event::Chunk { .. })));
         server.signal("TERM");

@@ -3,7 +3,7 @@
 //! nginx, on a loopback port, from a configuration the test writes.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -150,7 +150,7 @@ http {{
     )
 }
 
-fn path(path: &PathBuf) -> String {
+fn path(path: &Path) -> String {
     path.display().to_string()
 }
 

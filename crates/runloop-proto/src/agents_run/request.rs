@@ -160,6 +160,7 @@ pub struct RunRequestError(#[source] pub serde_json::Error);
 
 /// A request that parsed but breaks a rule; the message says which.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InvalidRequest {
     /// `memory` is zero.
     #[error("memory must be at least 1 byte")]

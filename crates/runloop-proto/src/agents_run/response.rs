@@ -8,10 +8,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{Decode, Encode, Writer};
-use crate::error::Error;
+use crate::error_value::{self, ErrorValue};
 
+/// The tag of the run's id.
 const ID: u8 = 0;
-const ERROR: u8 = 1;
 
 /// One response on a run scope's main stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,7 +19,7 @@ pub enum RunResponse {
     /// The run's id: the container is running.
     Id(String),
     /// The run will not happen.
-    Error(Error),
+    Error(ErrorValue),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -30,6 +30,7 @@ struct IdObject<'a> {
 
 /// A main-stream response that could not be read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunResponseError {
     /// No bytes.
     #[error("run response is empty")]
@@ -54,7 +55,7 @@ impl Decode<'_> for RunResponse {
             ID => crate::codec::from_object::<IdObject<'_>>(rest)
                 .map(|object| RunResponse::Id(object.id.into_owned()))
                 .map_err(RunResponseError::Id),
-            ERROR => Error::decode(rest)
+            error_value::TAG => ErrorValue::decode(rest)
                 .map(RunResponse::Error)
                 .map_err(RunResponseError::Error),
             other => Err(RunResponseError::UnknownTag(other)),
@@ -77,8 +78,8 @@ impl Encode for RunResponse {
                 )
             }
             RunResponse::Error(error) => {
-                out.push(ERROR);
-                error.encode(out)
+                error.write_tagged(out);
+                Ok(())
             }
         }
     }
@@ -102,7 +103,7 @@ mod tests {
         let error = RunResponse::decode(b"\x01{\"kind\":\"policy\"}").expect("decodes");
         assert_eq!(
             error,
-            RunResponse::Error(Error::new(json!({"kind": "policy"})))
+            RunResponse::Error(ErrorValue::new(json!({"kind": "policy"})))
         );
         assert_eq!(
             error.to_vec().expect("encodes"),

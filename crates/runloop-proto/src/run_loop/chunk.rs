@@ -20,7 +20,7 @@
 //! missing `type`, and a second `type` member, and tolerate unknown members.
 //!
 //! This `Deserialize` is the serde path: it decides every chunk. A payload
-//! that reaches [`Frame::decode`](super::Frame) is first offered to a
+//! that reaches [`Response::decode`](super::Response) is first offered to a
 //! hand-written fast path (`scan`) that reads the usual shapes without serde
 //! and gives up on anything else, so what it returns is never different.
 

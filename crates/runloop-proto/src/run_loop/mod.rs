@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! request   [0x05]{"prompt": "…"}                         RunLoopRequest
-//! response  [0x00][chunk JSON]   zero or more, the loop   Frame::Chunk
-//!           [0x01][error JSON]   at most one, last        Frame::Error
+//! response  [0x00][chunk JSON]   zero or more, the loop   Response::Chunk
+//!           [0x01][error JSON]   at most one, last        Response::Error
 //!           then the channel response finish
 //! ```
 //!
@@ -18,9 +18,9 @@
 //! | anything else            | nothing can be concluded           | `Broken(why)`          |
 
 mod chunk;
-pub mod frame;
 mod reader;
 mod request;
+pub mod response;
 mod scan;
 mod sender;
 mod transcript;
@@ -29,8 +29,8 @@ pub use chunk::{
     AgenticLoopChunk, ChunkKind, MediaChunk, NotificationChunk, TextChunk, TokenLogprob,
     ToolCallChunk, ToolResponseChunk, TopLogprob, UsageChunk, UsageCounts, UserChunk,
 };
-pub use frame::{CHUNK, ERROR, Frame, FrameError, Tag};
 pub use reader::{Broken, Outcome, Reader, Step};
 pub use request::RunLoopRequest;
+pub use response::{CHUNK, ERROR, Response, ResponseError, Tag};
 pub use sender::{Erred, Finish, Relay, Relayed, Sender};
 pub use transcript::Transcript;

@@ -29,9 +29,9 @@
 
 use std::fmt;
 
-use super::{AgenticLoopChunk, Frame};
-use crate::codec::Decode;
-use crate::error::Error;
+use super::{AgenticLoopChunk, Response, ResponseError};
+use crate::codec::{Decode, Undecodable};
+use crate::error_value::ErrorValue;
 
 /// How a run-loop channel ended, as the caller must understand it.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,9 +45,9 @@ pub enum Outcome {
     },
     /// Chunks, an error, the finish: the loop ended without finishing; what
     /// came is a partial result.
-    Unfinished(Error),
+    Unfinished(ErrorValue),
     /// An error first, then the finish: no loop ran.
-    NoLoop(Error),
+    NoLoop(ErrorValue),
     /// A finish alone: the proxy did not serve the loop.
     NotServed,
     /// The sequence broke the rules or never ended; nothing about the loop
@@ -56,32 +56,24 @@ pub enum Outcome {
 }
 
 /// Why a channel's sequence is broken.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Broken {
     /// A response came after the error, which must be last.
+    #[error("a response came after the error")]
     ResponseAfterError,
-    /// A response payload did not decode; the message says how.
-    Undecodable(String),
+    /// A response payload did not decode; the error says how.
+    #[error("a response did not decode: {0}")]
+    Undecodable(#[source] Undecodable<ResponseError>),
     /// The connection ended before the channel's finish.
+    #[error("the connection ended before the channel's finish")]
     ConnectionEnded,
     /// The run's scope ended before the channel's finish.
+    #[error("the run ended before the channel's finish")]
     RunEnded,
     /// The recorded input (a capture) ended before the channel's finish.
+    #[error("capture ended")]
     InputEnded,
-}
-
-impl fmt::Display for Broken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Broken::ResponseAfterError => f.write_str("a response came after the error"),
-            Broken::Undecodable(why) => write!(f, "a response did not decode: {why}"),
-            Broken::ConnectionEnded => {
-                f.write_str("the connection ended before the channel's finish")
-            }
-            Broken::RunEnded => f.write_str("the run ended before the channel's finish"),
-            Broken::InputEnded => f.write_str("capture ended"),
-        }
-    }
 }
 
 impl Outcome {
@@ -98,7 +90,7 @@ impl Outcome {
     }
 
     /// The error the channel carried, if it carried one.
-    pub fn error(&self) -> Option<&Error> {
+    pub fn error(&self) -> Option<&ErrorValue> {
         match self {
             Outcome::Unfinished(error) | Outcome::NoLoop(error) => Some(error),
             _ => None,
@@ -138,7 +130,7 @@ pub enum Step {
     /// A chunk of the loop.
     Chunk(AgenticLoopChunk),
     /// The channel's error; the outcome comes with the finish.
-    Error(Error),
+    Error(ErrorValue),
     /// The sequence broke: this is the channel's outcome.
     End(Outcome),
 }
@@ -146,7 +138,7 @@ pub enum Step {
 #[derive(Debug, Clone, PartialEq)]
 enum State {
     Open { chunks: u64, last_fatal: bool },
-    Erred { error: Error, chunks: u64 },
+    Erred { error: ErrorValue, chunks: u64 },
     Ended,
 }
 
@@ -191,20 +183,20 @@ impl Reader {
         match &mut self.state {
             State::Ended => None,
             State::Erred { .. } => Some(self.end(Outcome::Broken(Broken::ResponseAfterError))),
-            State::Open { chunks, last_fatal } => match Frame::decode(payload) {
-                Ok(Frame::Chunk(chunk)) => {
+            State::Open { chunks, last_fatal } => match Response::decode(payload) {
+                Ok(Response::Chunk(chunk)) => {
                     *chunks += 1;
                     *last_fatal = chunk.is_fatal();
                     Some(Step::Chunk(chunk))
                 }
-                Ok(Frame::Error(error)) => {
+                Ok(Response::Error(error)) => {
                     self.state = State::Erred {
                         error: error.clone(),
                         chunks: *chunks,
                     };
                     Some(Step::Error(error))
                 }
-                Err(why) => Some(self.end(Outcome::Broken(Broken::Undecodable(why.to_string())))),
+                Err(why) => Some(self.end(Outcome::Broken(Broken::Undecodable(why.into())))),
             },
         }
     }
@@ -260,8 +252,8 @@ mod tests {
         (steps, outcome)
     }
 
-    fn down() -> Error {
-        Error::new(json!({"kind": "agent", "error": "down"}))
+    fn down() -> ErrorValue {
+        ErrorValue::new(json!({"kind": "agent", "error": "down"}))
     }
 
     #[test]
@@ -349,8 +341,11 @@ mod tests {
     #[test]
     fn outcome_names_and_words() {
         assert_eq!(Outcome::Finished { fatal: false }.name(), "finished");
-        assert_eq!(Outcome::Unfinished(Error::default()).name(), "unfinished");
-        assert_eq!(Outcome::NoLoop(Error::default()).name(), "no_loop");
+        assert_eq!(
+            Outcome::Unfinished(ErrorValue::default()).name(),
+            "unfinished"
+        );
+        assert_eq!(Outcome::NoLoop(ErrorValue::default()).name(), "no_loop");
         assert_eq!(Outcome::NotServed.name(), "not_served");
         assert_eq!(Outcome::Broken(Broken::RunEnded).name(), "broken");
         assert_eq!(
@@ -360,5 +355,22 @@ mod tests {
         assert_eq!(Broken::InputEnded.to_string(), "capture ended");
         assert!(Outcome::Finished { fatal: false }.is_success());
         assert!(!Outcome::Finished { fatal: true }.is_success());
+    }
+
+    #[test]
+    fn an_undecodable_response_keeps_its_decode_error_as_the_source() {
+        let mut reader = Reader::new();
+        let Some(Step::End(Outcome::Broken(broken))) = reader.response(b"\x00{\"type\":7}") else {
+            panic!("an undecodable chunk breaks the channel")
+        };
+        assert!(
+            broken
+                .to_string()
+                .starts_with("a response did not decode: agentic loop chunk did not parse: "),
+            "{broken}"
+        );
+        let undecodable = std::error::Error::source(&broken).expect("the decode error");
+        let json = undecodable.source().expect("serde_json's error beneath it");
+        assert!(json.downcast_ref::<serde_json::Error>().is_some(), "{json}");
     }
 }

@@ -35,9 +35,9 @@
 //! ```
 
 use super::AgenticLoopChunk;
-use super::frame::{self, CHUNK, ERROR, FrameError, Tag};
+use super::response::{self, CHUNK, ResponseError, Tag};
 use crate::codec::Writer;
-use crate::error::Error;
+use crate::error_value::{ErrorKind, ErrorValue};
 
 /// Proof that the channel's finish is due: nothing else may be sent on it.
 #[derive(Debug, PartialEq, Eq)]
@@ -81,14 +81,13 @@ impl Sender {
 
     /// Writes a chunk response payload around chunk JSON it does not read.
     pub fn raw_chunk(&mut self, json: &[u8], out: &mut Writer<'_>) {
-        frame::encode_raw_chunk(json, out);
+        response::encode_raw_chunk(json, out);
         self.chunks += 1;
     }
 
     /// Writes the error response payload; only the finish may follow.
-    pub fn error(self, error: &Error, out: &mut Writer<'_>) -> Erred {
-        out.push(ERROR);
-        error.write_json(out);
+    pub fn error(self, error: &ErrorValue, out: &mut Writer<'_>) -> Erred {
+        error.write_tagged(out);
         Erred(())
     }
 
@@ -144,7 +143,7 @@ impl Relay {
     /// handed back whole so a forwarded message is never copied.
     pub fn message<M: AsRef<[u8]>>(self, message: M, out: &mut Writer<'_>) -> Relayed<M> {
         let Relay { mut sender } = self;
-        match frame::tag(message.as_ref()) {
+        match response::tag(message.as_ref()) {
             Ok(Tag::Chunk) => {
                 sender.chunks += 1;
                 Relayed::Forward(Relay { sender }, message)
@@ -153,10 +152,14 @@ impl Relay {
             Ok(Tag::Error) => Relayed::Last(message, Erred(()).finish()),
             Err(why) => {
                 let what = match why {
-                    FrameError::Empty => "the proxy sent an empty message".to_owned(),
+                    ResponseError::Empty => "the proxy sent an empty message".to_owned(),
                     other => format!("the proxy sent a message with {}", tag_words(&other)),
                 };
-                Relayed::Fault(sender.error(&Error::kind("proxy", what), out).finish())
+                Relayed::Fault(
+                    sender
+                        .error(&ErrorValue::kind(ErrorKind::Proxy, what), out)
+                        .finish(),
+                )
             }
         }
     }
@@ -169,20 +172,23 @@ impl Relay {
     /// The proxy path broke (`why` says how): the loop did not finish. The
     /// server's error goes to `out`.
     pub fn broke(self, why: &str, out: &mut Writer<'_>) -> Finish {
-        let error = Error::kind("proxy", format!("the proxy path ended abruptly: {why}"));
+        let error = ErrorValue::kind(
+            ErrorKind::Proxy,
+            format!("the proxy path ended abruptly: {why}"),
+        );
         self.sender.error(&error, out).finish()
     }
 
     /// The server ends the channel itself (the run stopped, the server shuts
     /// down): `error` goes to `out`.
-    pub fn cut(self, error: Error, out: &mut Writer<'_>) -> Finish {
+    pub fn cut(self, error: ErrorValue, out: &mut Writer<'_>) -> Finish {
         self.sender.error(&error, out).finish()
     }
 }
 
-fn tag_words(why: &FrameError) -> String {
+fn tag_words(why: &ResponseError) -> String {
     match why {
-        FrameError::UnknownTag(tag) => format!("unknown tag {tag}"),
+        ResponseError::UnknownTag(tag) => format!("unknown tag {tag}"),
         other => other.to_string(),
     }
 }
@@ -192,7 +198,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::run_loop::{Outcome, Reader, Step};
+    use crate::run_loop::{ERROR, Outcome, Reader, Step};
 
     const TEXT: &[u8] = b"\x00{\"type\":\"assistant_text_content\",\"text\":\"hi\"}";
     const ERROR_MSG: &[u8] = b"\x01{\"kind\":\"agent\",\"error\":\"down\"}";
@@ -232,7 +238,7 @@ mod tests {
             }
             End::Cut => {
                 let Finish(()) = relay.cut(
-                    Error::kind("run", "the run was stopped"),
+                    ErrorValue::kind(ErrorKind::Run, "the run was stopped"),
                     &mut Writer::new(&mut out),
                 );
                 sent.push(out);
@@ -275,7 +281,7 @@ mod tests {
         sender.raw_chunk(b"{\"anything\":1}", &mut Writer::new(&mut buf));
         assert_eq!(buf, b"\x00{\"anything\":1}");
         buf.clear();
-        let erred = sender.error(&Error::new("gone"), &mut Writer::new(&mut buf));
+        let erred = sender.error(&ErrorValue::new("gone"), &mut Writer::new(&mut buf));
         assert_eq!(buf, b"\x01\"gone\"");
         let Finish(()) = erred.finish();
     }
@@ -298,7 +304,7 @@ mod tests {
             assert_eq!(read, 2, "nothing after the error is read");
             assert_eq!(
                 outcome(&sent),
-                Outcome::Unfinished(Error::new(json!({"kind": "agent", "error": "down"})))
+                Outcome::Unfinished(ErrorValue::new(json!({"kind": "agent", "error": "down"})))
             );
             let (sent, read) = relay_counted(&[ERROR_MSG, ERROR_MSG], end);
             assert_eq!((sent.as_slice(), read), (&[ERROR_MSG.to_vec()][..], 1));

@@ -1,4 +1,4 @@
-//! `Frame::decode` reads chunks through a hand-written fast path first and
+//! `Response::decode` reads chunks through a hand-written fast path first and
 //! falls back to the serde path (`AgenticLoopChunk`'s `Deserialize`) on
 //! anything it does not handle. These properties hold the two to the same
 //! verdict on inputs built to reach the fast path's decisions: members in
@@ -7,16 +7,16 @@
 
 use proptest::prelude::*;
 use runloop_proto::Decode;
-use runloop_proto::run_loop::{AgenticLoopChunk, CHUNK, Frame, FrameError, TextChunk};
+use runloop_proto::run_loop::{AgenticLoopChunk, CHUNK, Response, ResponseError, TextChunk};
 use serde_json::{Map, Value};
 
 use crate::strategy;
 
-/// `Frame::decode` of chunk JSON behind the chunk tag.
-fn decode_chunk(json: &[u8]) -> Result<Frame, FrameError> {
+/// `Response::decode` of chunk JSON behind the chunk tag.
+fn decode_chunk(json: &[u8]) -> Result<Response, ResponseError> {
     let mut payload = vec![CHUNK];
     payload.extend_from_slice(json);
-    Frame::decode(&payload)
+    Response::decode(&payload)
 }
 
 /// A chunk's members as serde_json writes them, `type` first.
@@ -27,14 +27,14 @@ fn members(chunk: &AgenticLoopChunk) -> Vec<(String, Value)> {
     members.into_iter().collect()
 }
 
-/// `Frame::decode` and the serde path give the same chunk, or errors with
+/// `Response::decode` and the serde path give the same chunk, or errors with
 /// the same message.
 pub(crate) fn same_verdict(json: &[u8]) -> Result<(), TestCaseError> {
     let ours = decode_chunk(json);
     let theirs = serde_json::from_slice::<AgenticLoopChunk>(json);
     match (ours, theirs) {
-        (Ok(Frame::Chunk(ours)), Ok(theirs)) => prop_assert_eq!(ours, theirs),
-        (Err(FrameError::Chunk(ours)), Err(theirs)) => {
+        (Ok(Response::Chunk(ours)), Ok(theirs)) => prop_assert_eq!(ours, theirs),
+        (Err(ResponseError::Chunk(ours)), Err(theirs)) => {
             prop_assert_eq!(ours.to_string(), theirs.to_string());
         }
         (ours, theirs) => prop_assert!(false, "ours {:?}, serde path {:?}", ours, theirs),
@@ -132,7 +132,7 @@ proptest! {
         }
         .expect("serializes");
         same_verdict(&json)?;
-        prop_assert_eq!(decode_chunk(&json).expect("decodes"), Frame::Chunk(chunk));
+        prop_assert_eq!(decode_chunk(&json).expect("decodes"), Response::Chunk(chunk));
     }
 
     /// A member written twice (`type` included) is refused by both paths
@@ -160,7 +160,7 @@ proptest! {
     ) {
         let json = format!(r#"{{"type":"assistant_reasoning","text":{}}}"#, escaped(&text, &how));
         same_verdict(json.as_bytes())?;
-        let expected = Frame::Chunk(AgenticLoopChunk::AssistantReasoning(TextChunk {
+        let expected = Response::Chunk(AgenticLoopChunk::AssistantReasoning(TextChunk {
             text,
             ..TextChunk::default()
         }));

@@ -12,8 +12,8 @@ use runloop_proto::authorization::Authorization;
 use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, FrameType, ServerFrame};
-use runloop_proto::run_loop::{Frame, Reader, Relay, Relayed, RunLoopRequest};
-use runloop_proto::{Decode, Encode, Error, Writer};
+use runloop_proto::run_loop::{Reader, Relay, Relayed, Response, RunLoopRequest};
+use runloop_proto::{Decode, Encode, ErrorValue, Writer};
 
 use crate::{fast_path, strategy};
 
@@ -40,8 +40,8 @@ fn decode_everything(bytes: &[u8]) {
     let _ = RunResponse::decode(bytes).map_err(|e| e.to_string());
     let _ = ChannelRequest::decode(bytes).map_err(|e| e.to_string());
     let _ = RunLoopRequest::decode(bytes).map_err(|e| e.to_string());
-    let _ = Error::decode(bytes).map(|e| e.to_string());
-    match Frame::decode(bytes) {
+    let _ = ErrorValue::decode(bytes).map(|e| e.to_string());
+    match Response::decode(bytes) {
         Ok(frame) => drop(frame.to_vec()),
         Err(e) => drop(e.to_string()),
     }
@@ -67,9 +67,12 @@ fn valid_encoding() -> impl Strategy<Value = Vec<u8>> {
             .to_vec()
             .expect("serializes")
     });
-    let chunk = strategy::chunk().prop_map(|c| Frame::Chunk(c).to_vec().expect("serializes"));
-    let error = strategy::json_value()
-        .prop_map(|v| Frame::Error(Error::new(v)).to_vec().expect("serializes"));
+    let chunk = strategy::chunk().prop_map(|c| Response::Chunk(c).to_vec().expect("serializes"));
+    let error = strategy::json_value().prop_map(|v| {
+        Response::Error(ErrorValue::new(v))
+            .to_vec()
+            .expect("serializes")
+    });
     let run_loop = strategy::text().prop_map(|prompt| {
         ChannelRequest::RunLoop(RunLoopRequest::new(prompt))
             .to_vec()
@@ -236,7 +239,7 @@ proptest! {
         decode_everything(&mutate(bytes, &mutations));
     }
 
-    /// `Frame::decode` reads chunk JSON exactly as serde_json's own byte
+    /// `Response::decode` reads chunk JSON exactly as serde_json's own byte
     /// decoder does (it takes a faster route for UTF-8): the same chunk, or
     /// an error with the same message.
     #[test]

@@ -8,8 +8,10 @@
 //! sequence rather than as a state machine.
 
 use proptest::prelude::*;
-use runloop_proto::run_loop::{AgenticLoopChunk, Broken, CHUNK, Frame, Outcome, Reader, Step};
-use runloop_proto::{Encode, Error};
+use runloop_proto::run_loop::{
+    AgenticLoopChunk, Broken, CHUNK, Outcome, Reader, Response, ResponseError, Step,
+};
+use runloop_proto::{Encode, ErrorValue};
 
 use crate::strategy;
 
@@ -17,7 +19,7 @@ use crate::strategy;
 #[derive(Debug, Clone)]
 enum Payload {
     Chunk(AgenticLoopChunk),
-    Error(Error),
+    Error(ErrorValue),
     /// Bytes that are not a run-loop frame, whatever the decoder thinks.
     Invalid(Vec<u8>),
 }
@@ -25,8 +27,8 @@ enum Payload {
 impl Payload {
     fn bytes(&self) -> Vec<u8> {
         match self {
-            Payload::Chunk(chunk) => Frame::Chunk(chunk.clone()).to_vec().expect("serializes"),
-            Payload::Error(error) => Frame::Error(error.clone()).to_vec().expect("serializes"),
+            Payload::Chunk(chunk) => Response::Chunk(chunk.clone()).to_vec().expect("serializes"),
+            Payload::Error(error) => Response::Error(error.clone()).to_vec().expect("serializes"),
             Payload::Invalid(bytes) => bytes.clone(),
         }
     }
@@ -51,7 +53,7 @@ fn invalid() -> impl Strategy<Value = Vec<u8>> {
             bytes
         }),
         strategy::chunk().prop_map(|chunk| {
-            let mut bytes = Frame::Chunk(chunk).to_vec().expect("serializes");
+            let mut bytes = Response::Chunk(chunk).to_vec().expect("serializes");
             bytes.pop();
             bytes
         }),
@@ -63,7 +65,7 @@ fn invalid() -> impl Strategy<Value = Vec<u8>> {
             bytes
         }),
         strategy::json_value().prop_map(|value| {
-            let mut bytes = Frame::Error(Error::new(value))
+            let mut bytes = Response::Error(ErrorValue::new(value))
                 .to_vec()
                 .expect("serializes");
             bytes.extend_from_slice(b" 0");
@@ -75,7 +77,7 @@ fn invalid() -> impl Strategy<Value = Vec<u8>> {
 fn payload() -> impl Strategy<Value = Payload> {
     prop_oneof![
         6 => strategy::chunk().prop_map(Payload::Chunk),
-        2 => strategy::json_value().prop_map(|v| Payload::Error(Error::new(v))),
+        2 => strategy::json_value().prop_map(|v| Payload::Error(ErrorValue::new(v))),
         1 => invalid().prop_map(Payload::Invalid),
     ]
 }
@@ -135,7 +137,7 @@ fn model(payloads: &[Payload], ending: &Ending) -> (usize, Outcome) {
 }
 
 fn undecodable() -> Outcome {
-    Outcome::Broken(Broken::Undecodable(String::new()))
+    Outcome::Broken(Broken::Undecodable(ResponseError::Empty.into()))
 }
 
 /// What the reader did: the chunks it handed over, and its one outcome.
@@ -167,7 +169,10 @@ fn run(payloads: &[Payload], ending: &Ending) -> (Vec<AgenticLoopChunk>, Vec<Out
 fn normalized(outcome: Outcome) -> Outcome {
     match outcome {
         Outcome::Broken(Broken::Undecodable(why)) => {
-            assert!(why.contains("agentic loop "), "names the frame: {why}");
+            assert!(
+                why.to_string().contains("agentic loop "),
+                "names the frame: {why}"
+            );
             undecodable()
         }
         other => other,

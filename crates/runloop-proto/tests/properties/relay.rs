@@ -7,9 +7,9 @@
 
 use proptest::prelude::*;
 use runloop_proto::run_loop::{
-    AgenticLoopChunk, CHUNK, ERROR, Frame, Outcome, Reader, Relay, Relayed, Step,
+    AgenticLoopChunk, CHUNK, ERROR, Outcome, Reader, Relay, Relayed, Response, Step,
 };
-use runloop_proto::{Decode, Encode, Error, Writer};
+use runloop_proto::{Decode, Encode, ErrorKind, ErrorValue, Writer};
 use serde_json::{Value, json};
 
 use crate::strategy;
@@ -32,13 +32,13 @@ enum Message {
 impl Message {
     fn bytes(&self) -> Vec<u8> {
         match self {
-            Message::Chunk(chunk) => Frame::Chunk(chunk.clone()).to_vec().expect("serializes"),
-            Message::Error(value) => Frame::Error(Error::new(value.clone()))
+            Message::Chunk(chunk) => Response::Chunk(chunk.clone()).to_vec().expect("serializes"),
+            Message::Error(value) => Response::Error(ErrorValue::new(value.clone()))
                 .to_vec()
                 .expect("serializes"),
             Message::Empty => Vec::new(),
             Message::UnknownTag(tag, chunk) => {
-                let mut bytes = Frame::Chunk(chunk.clone()).to_vec().expect("serializes");
+                let mut bytes = Response::Chunk(chunk.clone()).to_vec().expect("serializes");
                 bytes[0] = *tag;
                 bytes
             }
@@ -114,7 +114,10 @@ fn relay(messages: &[Vec<u8>], ending: Ending) -> (Vec<Vec<u8>>, usize) {
             sent.push(out);
         }
         Ending::Cut => {
-            let _finish = relay.cut(Error::kind("run", "stopped"), &mut Writer::new(&mut out));
+            let _finish = relay.cut(
+                ErrorValue::kind(ErrorKind::Run, "stopped"),
+                &mut Writer::new(&mut out),
+            );
             sent.push(out);
         }
     }
@@ -167,9 +170,9 @@ proptest! {
 
         // Otherwise: the leading chunks, then exactly one error, last.
         prop_assert_eq!(sent.len(), leading + 1);
-        let error = match Frame::decode(&sent[leading]).expect("the last response decodes") {
-            Frame::Error(error) => error,
-            Frame::Chunk(chunk) => panic!("a chunk where the error belongs: {chunk:?}"),
+        let error = match Response::decode(&sent[leading]).expect("the last response decodes") {
+            Response::Error(error) => error,
+            Response::Chunk(chunk) => panic!("a chunk where the error belongs: {chunk:?}"),
         };
         match &outcome {
             Outcome::Unfinished(e) if leading > 0 => prop_assert_eq!(e, &error),
@@ -234,11 +237,11 @@ proptest! {
             if !messages.contains(payload) {
                 // The server wrote this one itself.
                 prop_assert!(last);
-                prop_assert!(matches!(Frame::decode(payload), Ok(Frame::Error(_))));
+                prop_assert!(matches!(Response::decode(payload), Ok(Response::Error(_))));
             }
         }
         if let Outcome::Broken(why) = read_outcome(&sent) {
-            let offending = sent.iter().find(|p| Frame::decode(p).is_err());
+            let offending = sent.iter().find(|p| Response::decode(p).is_err());
             prop_assert!(offending.is_some(), "broken with every response decodable: {}", why);
             prop_assert!(messages.contains(offending.expect("checked")), "the server broke it: {}", why);
         }

@@ -12,8 +12,8 @@ use runloop_proto::authorization::Authorization;
 use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, FrameType, HEADER_LEN, ServerFrame};
-use runloop_proto::run_loop::{AgenticLoopChunk, CHUNK, ERROR, Frame, RunLoopRequest};
-use runloop_proto::{Decode, Encode, Error};
+use runloop_proto::run_loop::{AgenticLoopChunk, CHUNK, ERROR, Response, RunLoopRequest};
+use runloop_proto::{Decode, Encode, ErrorValue};
 use serde_json::Value;
 
 use crate::strategy;
@@ -184,7 +184,7 @@ proptest! {
         let response = if pick_id {
             RunResponse::Id(id)
         } else {
-            RunResponse::Error(Error::new(error))
+            RunResponse::Error(ErrorValue::new(error))
         };
         let bytes = response.to_vec().expect("serializes");
         prop_assert_eq!(bytes[0], u8::from(!pick_id));
@@ -244,12 +244,12 @@ proptest! {
     /// the JSON, and back to an equal chunk. `type` comes first on the wire.
     #[test]
     fn chunk_frames(chunk in strategy::chunk()) {
-        let frame = Frame::Chunk(chunk.clone());
+        let frame = Response::Chunk(chunk.clone());
         let bytes = frame.to_vec().expect("serializes");
         prop_assert_eq!(bytes[0], CHUNK);
         let type_first = format!("{{\"type\":\"{}\"", chunk.kind());
         prop_assert!(bytes[1..].starts_with(type_first.as_bytes()));
-        prop_assert_eq!(Frame::decode(&bytes).expect("decodes"), frame);
+        prop_assert_eq!(Response::decode(&bytes).expect("decodes"), frame);
     }
 
     /// A chunk whose `type` member comes last decodes to the same chunk (the
@@ -257,7 +257,7 @@ proptest! {
     #[test]
     fn chunk_frames_with_type_last(chunk in strategy::chunk()) {
         let bytes = type_last(&chunk);
-        prop_assert_eq!(Frame::decode(&bytes).expect("decodes"), Frame::Chunk(chunk));
+        prop_assert_eq!(Response::decode(&bytes).expect("decodes"), Response::Chunk(chunk));
     }
 
     /// Whatever number an annotation priority holds on the wire, a chunk
@@ -272,11 +272,11 @@ proptest! {
         });
         let mut payload = vec![CHUNK];
         serde_json::to_writer(&mut payload, &json).expect("serializes");
-        match Frame::decode(&payload) {
+        match Response::decode(&payload) {
             Ok(frame) => {
                 prop_assert!(priority.abs() <= f64::from(f32::MAX) * (1.0 + 1e-7));
                 let again = frame.to_vec().expect("serializes");
-                prop_assert_eq!(Frame::decode(&again).expect("decodes again"), frame);
+                prop_assert_eq!(Response::decode(&again).expect("decodes again"), frame);
             }
             Err(error) => {
                 prop_assert!(priority.abs() > f64::from(f32::MAX), "{}", error);
@@ -288,12 +288,12 @@ proptest! {
     /// An error of any JSON type survives a frame and the error value codec.
     #[test]
     fn error_frames(value in strategy::json_value()) {
-        let error = Error::new(value);
+        let error = ErrorValue::new(value);
         let bytes = error.to_vec().expect("serializes");
-        prop_assert_eq!(Error::decode(&bytes).expect("decodes"), error.clone());
-        let frame = Frame::Error(error);
+        prop_assert_eq!(ErrorValue::decode(&bytes).expect("decodes"), error.clone());
+        let frame = Response::Error(error);
         let bytes = frame.to_vec().expect("serializes");
         prop_assert_eq!(bytes[0], ERROR);
-        prop_assert_eq!(Frame::decode(&bytes).expect("decodes"), frame);
+        prop_assert_eq!(Response::decode(&bytes).expect("decodes"), frame);
     }
 }

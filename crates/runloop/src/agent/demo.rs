@@ -17,6 +17,11 @@
 //! Every chunk carries `_meta: {"runloop/seq": n}`, its index in the loop
 //! from 0, so a soak test can check order and loss end to end.
 //!
+//! A loop is made as it is read: the answer, one chunk per word, comes
+//! from one copy of the prompt as the stream is polled, so a prompt of
+//! millions of words costs the demo a few copies of the prompt, not a
+//! chunk object per word held at once.
+//!
 //! Keywords in the prompt (whole words) show the other endings:
 //!
 //! | keyword            | the loop                                                        |
@@ -85,7 +90,10 @@ impl Agent for Demo {
         Box::pin(future::ready(answer))
     }
 
-    fn run(&self, request: RunLoopRequest<'static>) -> BoxFuture<'_, Result<ChunkStream, Refusal>> {
+    fn run_loop(
+        &self,
+        request: RunLoopRequest<'static>,
+    ) -> BoxFuture<'_, Result<ChunkStream, Refusal>> {
         Box::pin(future::ready(self.script(request.prompt())))
     }
 }
@@ -127,9 +135,7 @@ impl Demo {
                 ));
             }
             Plan::Load { count, size } => Box::new(load(count, size)),
-            Plan::Finish | Plan::Fatal | Plan::Break => {
-                Box::new(conversation(prompt, plan).into_iter())
-            }
+            Plan::Finish | Plan::Fatal | Plan::Break => conversation(prompt, plan),
         };
         // Load runs are never paced: they measure the path, not the demo.
         let pace = if matches!(plan, Plan::Load { .. }) {
@@ -234,16 +240,6 @@ impl Script {
             })));
     }
 
-    fn text(&mut self, text: String) {
-        let meta = self.next_seq();
-        self.items
-            .push(Ok(AgenticLoopChunk::AssistantTextContent(TextChunk {
-                text,
-                meta,
-                ..TextChunk::default()
-            })));
-    }
-
     fn tool_call(&mut self, arguments: String) {
         let meta = self.next_seq();
         self.items
@@ -281,8 +277,38 @@ fn deltas(text: &str, words: usize) -> Vec<String> {
     out
 }
 
-/// The word-count conversation about `prompt`, ending as `plan` says.
-fn conversation(prompt: &str, plan: Plan) -> Vec<Result<AgenticLoopChunk, Break>> {
+/// One chunk per word of a text (pieces split after each space), made
+/// as they are read.
+struct Words {
+    text: String,
+    at: usize,
+    seq: u64,
+}
+
+impl Iterator for Words {
+    type Item = Result<AgenticLoopChunk, Break>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.text.get(self.at..).filter(|rest| !rest.is_empty())?;
+        let end = rest.find(' ').map_or(rest.len(), |space| space + 1);
+        let text = rest[..end].to_owned();
+        self.at += end;
+        let meta = seq(self.seq);
+        self.seq += 1;
+        Some(Ok(AgenticLoopChunk::AssistantTextContent(TextChunk {
+            text,
+            meta,
+            ..TextChunk::default()
+        })))
+    }
+}
+
+/// The word-count conversation about `prompt`, ending as `plan` says;
+/// the answer is made word by word as it is read.
+fn conversation(
+    prompt: &str,
+    plan: Plan,
+) -> Box<dyn Iterator<Item = Result<AgenticLoopChunk, Break>> + Send> {
     let words = prompt.split_whitespace().count();
     let characters = prompt.chars().count();
     let mut script = Script::default();
@@ -310,11 +336,12 @@ fn conversation(prompt: &str, plan: Plan) -> Vec<Result<AgenticLoopChunk, Break>
             completion += 1;
         }
     }
+    drop(quoted);
     if plan == Plan::Break {
-        script.items.push(Err(Break(
-            "the demo agent was asked to break the stream (demo:break)".to_owned(),
+        script.items.push(Err(Break::new(
+            "the demo agent was asked to break the stream (demo:break)",
         )));
-        return script.items;
+        return Box::new(script.items.into_iter());
     }
 
     script.chunk(|meta| {
@@ -337,7 +364,7 @@ fn conversation(prompt: &str, plan: Plan) -> Vec<Result<AgenticLoopChunk, Break>
                 meta,
             })
         });
-        return script.items;
+        return Box::new(script.items.into_iter());
     }
     script.chunk(|meta| {
         AgenticLoopChunk::Notification(NotificationChunk {
@@ -349,21 +376,28 @@ fn conversation(prompt: &str, plan: Plan) -> Vec<Result<AgenticLoopChunk, Break>
 
     let answer =
         format!("You said: \"{prompt}\". That is {words} words and {characters} characters.");
-    for delta in deltas(&answer, 1) {
-        script.text(delta);
-        completion += 1;
-    }
-
+    let answer_deltas = answer.split_inclusive(' ').count() as u64;
+    completion += answer_deltas;
+    let first = script.items.len() as u64;
     let prompt_tokens = words as u64;
-    script.chunk(|meta| {
-        AgenticLoopChunk::Usage(UsageChunk {
-            completion_tokens: completion,
-            prompt_tokens,
-            total_tokens: completion + prompt_tokens,
-            meta,
-        })
+    let usage = AgenticLoopChunk::Usage(UsageChunk {
+        completion_tokens: completion,
+        prompt_tokens,
+        total_tokens: completion + prompt_tokens,
+        meta: seq(first + answer_deltas),
     });
-    script.items
+    let answer = Words {
+        text: answer,
+        at: 0,
+        seq: first,
+    };
+    Box::new(
+        script
+            .items
+            .into_iter()
+            .chain(answer)
+            .chain(std::iter::once(Ok(usage))),
+    )
 }
 
 #[cfg(test)]
@@ -373,7 +407,7 @@ mod tests {
     use super::*;
 
     async fn run(prompt: &str) -> Result<Vec<Result<AgenticLoopChunk, Break>>, Refusal> {
-        let stream = Demo::new().run(RunLoopRequest::new(prompt)).await?;
+        let stream = Demo::new().run_loop(RunLoopRequest::new(prompt)).await?;
         Ok(stream.collect().await)
     }
 
@@ -467,8 +501,8 @@ mod tests {
         assert!(items.len() > 1);
         assert_eq!(
             items.last(),
-            Some(&Err(Break(
-                "the demo agent was asked to break the stream (demo:break)".to_owned()
+            Some(&Err(Break::new(
+                "the demo agent was asked to break the stream (demo:break)"
             )))
         );
         assert_eq!(items.iter().filter(|item| item.is_err()).count(), 1);

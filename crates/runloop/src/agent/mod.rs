@@ -3,8 +3,8 @@
 //! from a prompt to a stream of chunks.
 //!
 //! ```text
-//! proxy ──POST /register {"agent":…}──▶ serve ──▶ Agent::register ──▶ 204 | refusal
-//! proxy ──POST /run {"prompt":…}──────▶ serve ──▶ Agent::run ──▶ stream of chunks
+//! proxy ──POST /register {"agent":…}──▶ AgentServer ──▶ Agent::register ──▶ 204 | refusal
+//! proxy ──POST /run {"prompt":…}──────▶ AgentServer ──▶ Agent::run_loop ──▶ stream of chunks
 //!       ◀── 200 text/event-stream: one `data:` line per chunk, then the end
 //! ```
 //!
@@ -27,7 +27,9 @@
 
 pub mod demo;
 
+use std::fmt;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -42,10 +44,12 @@ use axum::serve::ListenerExt;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream};
-use runloop_proto::Decode;
+use runloop_proto::registration::RegistrationAsk;
 use runloop_proto::run_loop::{AgenticLoopChunk, RunLoopRequest};
+use runloop_proto::{Decode, ErrorKind};
 use serde_json::Value;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -64,10 +68,46 @@ pub const MAX_REQUEST: usize = 16 << 20;
 pub type ChunkStream = BoxStream<'static, Result<AgenticLoopChunk, Break>>;
 
 /// Why a loop stops mid-way without finishing. Yielding it breaks the SSE
-/// stream; the proxy turns that into the loop's final error.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Break(pub String);
+/// stream; the proxy turns that into the loop's final error. The error
+/// underneath, if there is one, stays its source.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct Break {
+    message: String,
+    #[source]
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Break {
+    /// A break for the reason `message` says.
+    pub fn new(message: impl Into<String>) -> Self {
+        Break {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A break while doing `what`, because of `source`: the message is
+    /// `what`, a colon and the source's words.
+    pub fn with_source(
+        what: impl fmt::Display,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Break {
+            message: format!("{what}: {source}"),
+            source: Some(Arc::new(source)),
+        }
+    }
+}
+
+/// Two breaks are the same when they say the same.
+impl PartialEq for Break {
+    fn eq(&self, other: &Self) -> bool {
+        self.message == other.message
+    }
+}
+
+impl Eq for Break {}
 
 /// A loop or a registration refused before it started: a non-2xx status
 /// and a body. A JSON body is passed to the caller verbatim; any other body
@@ -137,7 +177,10 @@ pub trait Agent: Send + Sync + 'static {
 
     /// One loop. Resolves when the loop has started (its stream) or was
     /// refused; the stream's end is the loop's end.
-    fn run(&self, request: RunLoopRequest<'static>) -> BoxFuture<'_, Result<ChunkStream, Refusal>>;
+    fn run_loop(
+        &self,
+        request: RunLoopRequest<'static>,
+    ) -> BoxFuture<'_, Result<ChunkStream, Refusal>>;
 }
 
 /// The port in `$PORT`, or [`DEFAULT_PORT`].
@@ -160,50 +203,127 @@ struct Shared {
     shutdown: CancellationToken,
 }
 
-/// Serves `agent` on `listener` until `shutdown` is cancelled; a loop still
-/// running then is broken, and the call returns once every connection is
-/// done.
-pub async fn serve(
+/// An agent program bound to its listening socket, ready to
+/// [`serve`](AgentServer::serve) an [`Agent`].
+pub struct AgentServer {
     listener: TcpListener,
+    addr: SocketAddr,
     agent: Arc<dyn Agent>,
     shutdown: CancellationToken,
-) -> io::Result<()> {
-    info!(listen = ?listener.local_addr().ok(), "agent program up");
-    let router = Router::new()
-        .route("/register", post(register))
-        .route("/run", post(run))
-        .layer(DefaultBodyLimit::max(MAX_REQUEST))
-        .with_state(Shared {
+}
+
+impl fmt::Debug for AgentServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Controls an agent program from elsewhere: its address and its shutdown.
+#[derive(Debug, Clone)]
+pub struct AgentHandle {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+}
+
+impl AgentServer {
+    /// Binds `addr` for `agent`.
+    pub async fn bind(addr: SocketAddr, agent: Arc<dyn Agent>) -> io::Result<AgentServer> {
+        AgentServer::new(TcpListener::bind(addr).await?, agent)
+    }
+
+    /// An agent program on a listener that is already bound.
+    pub fn new(listener: TcpListener, agent: Arc<dyn Agent>) -> io::Result<AgentServer> {
+        Ok(AgentServer {
+            addr: listener.local_addr()?,
+            listener,
             agent,
-            shutdown: shutdown.clone(),
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A handle for shutting it down.
+    pub fn handle(&self) -> AgentHandle {
+        AgentHandle {
+            addr: self.addr,
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
+    /// Serves the agent until [`AgentHandle::shutdown`]; a loop still
+    /// running then is broken, and the call returns once every connection
+    /// is done.
+    pub async fn serve(self) -> io::Result<()> {
+        let AgentServer {
+            listener,
+            addr,
+            agent,
+            shutdown,
+        } = self;
+        info!(listen = %addr, "agent program up");
+        let router = Router::new()
+            .route("/register", post(register))
+            .route("/run", post(run_loop))
+            .layer(DefaultBodyLimit::max(MAX_REQUEST))
+            .with_state(Shared {
+                agent,
+                shutdown: shutdown.clone(),
+            });
+        // Each SSE event is a small write of its own: Nagle would hold it for
+        // the proxy's delayed ACK.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
         });
-    // Each SSE event is a small write of its own: Nagle would hold it for
-    // the proxy's delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
-    info!("agent program down");
-    Ok(())
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await?;
+        info!("agent program down");
+        Ok(())
+    }
+
+    /// Spawns [`serve`](Self::serve) on the current runtime.
+    pub fn spawn(self) -> (AgentHandle, JoinHandle<io::Result<()>>) {
+        (self.handle(), tokio::spawn(self.serve()))
+    }
+}
+
+impl AgentHandle {
+    /// The agent program's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The agent program's `http://` base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Starts a graceful shutdown; [`AgentServer::serve`] returns when it
+    /// is done.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
 }
 
 /// The agent program's own error body, `{"kind":"agent","error":…}`.
 fn bad_request(what: String) -> Refusal {
     Refusal::json(
         StatusCode::BAD_REQUEST,
-        runloop_proto::Error::kind("agent", what).value(),
+        runloop_proto::ErrorValue::kind(ErrorKind::Agent, what).value(),
     )
 }
 
 async fn register(State(shared): State<Shared>, body: Bytes) -> Response {
-    let agent = serde_json::from_slice::<serde_json::Map<String, Value>>(&body)
+    let agent = RegistrationAsk::decode(&body)
         .map_err(|error| error.to_string())
-        .and_then(|mut members| {
-            members
-                .remove("agent")
-                .ok_or_else(|| "it has no `agent` member".to_owned())
+        .and_then(|ask| {
+            serde_json::from_str::<Value>(ask.agent().get()).map_err(|error| error.to_string())
         });
     let agent = match agent {
         Ok(agent) => agent,
@@ -223,7 +343,7 @@ async fn register(State(shared): State<Shared>, body: Bytes) -> Response {
     }
 }
 
-async fn run(State(shared): State<Shared>, body: Bytes) -> Response {
+async fn run_loop(State(shared): State<Shared>, body: Bytes) -> Response {
     let request = match RunLoopRequest::decode(&body) {
         Ok(request) => request.into_owned(),
         Err(error) => {
@@ -231,7 +351,7 @@ async fn run(State(shared): State<Shared>, body: Bytes) -> Response {
                 .into_response();
         }
     };
-    let chunks = match shared.agent.run(request).await {
+    let chunks = match shared.agent.run_loop(request).await {
         Ok(chunks) => chunks,
         Err(refusal) => {
             warn!(status = %refusal.status(), "loop refused");
@@ -252,7 +372,7 @@ fn events(
         let item = tokio::select! {
             biased;
             () = shutdown.cancelled() => {
-                Err(Break("the agent program is shutting down".to_owned()))
+                Err(Break::new("the agent program is shutting down"))
             }
             item = chunks.next() => match item {
                 Some(item) => item,
@@ -273,7 +393,7 @@ fn events(
             // Compact JSON has no line breaks, so it is one `data:` line.
             serde_json::to_string(&chunk)
                 .map(|json| Event::default().data(json))
-                .map_err(|error| Break(format!("a chunk did not serialize: {error}")))
+                .map_err(|error| Break::with_source("a chunk did not serialize", error))
         });
         // After a break, nothing more is read: the body ends broken.
         let next = event.is_ok().then_some((chunks, shutdown));
@@ -305,5 +425,16 @@ mod tests {
         let refusal = Refusal::json(StatusCode::CONFLICT, &serde_json::json!({"a": 1}));
         assert_eq!(refusal.status(), StatusCode::CONFLICT);
         assert_eq!(refusal.body(), br#"{"a":1}"#);
+    }
+
+    #[test]
+    fn a_break_keeps_what_broke_it_as_its_source() {
+        let cause = std::io::Error::other("disk gone");
+        let broke = Break::with_source("a chunk did not serialize", cause);
+        assert_eq!(broke.to_string(), "a chunk did not serialize: disk gone");
+        let source = std::error::Error::source(&broke).expect("a source");
+        assert_eq!(source.to_string(), "disk gone");
+        assert!(std::error::Error::source(&Break::new("plain")).is_none());
+        assert_eq!(Break::new("same"), Break::new("same"));
     }
 }

@@ -8,14 +8,11 @@
 
 use std::sync::Arc;
 
-use runloop_proto::Encode;
-use runloop_proto::channel::ChannelRequest;
-use runloop_proto::frame::ClientFrame;
-use runloop_proto::run_loop::{Broken, RunLoopRequest};
-use tokio::sync::mpsc;
+use runloop_proto::run_loop::RunLoopRequest;
 use tokio_util::sync::CancellationToken;
 
-use super::{Client, RunLoop};
+use super::RunLoop;
+use super::connection::Connection;
 
 /// A running container, as the caller holds it.
 #[derive(Debug, Clone)]
@@ -25,7 +22,7 @@ pub struct Run {
 
 #[derive(Debug)]
 pub(super) struct RunInner {
-    client: Client,
+    connection: Arc<Connection>,
     scope: u32,
     id: String,
     ended: CancellationToken,
@@ -42,15 +39,20 @@ impl Drop for RunInner {
 impl RunInner {
     /// Opens a stop channel; the scope's finish answers it.
     fn send_stop(&self) {
-        self.client.shared().stop(self.scope);
+        self.connection.shared.stop(self.scope);
     }
 }
 
 impl Run {
-    pub(super) fn new(client: Client, scope: u32, id: String, ended: CancellationToken) -> Run {
+    pub(super) fn new(
+        connection: Arc<Connection>,
+        scope: u32,
+        id: String,
+        ended: CancellationToken,
+    ) -> Run {
         Run {
             inner: Arc::new(RunInner {
-                client,
+                connection,
                 scope,
                 id,
                 ended,
@@ -76,27 +78,10 @@ impl Run {
     /// Asks for one loop with a prepared request (its JSON goes as it is).
     pub fn run_loop_with(&self, request: &RunLoopRequest<'_>) -> RunLoop {
         let inner = &self.inner;
-        let shared = inner.client.shared();
-        let mut table = shared.table();
-        let closed = table.closed;
-        let Some(slot) = table.scopes.get_mut(&inner.scope) else {
-            let why = if closed {
-                Broken::ConnectionEnded
-            } else {
-                Broken::RunEnded
-            };
-            return RunLoop::ended(Arc::clone(inner), why);
-        };
-        let channel = slot.take_channel();
-        let (events_tx, events) = mpsc::channel(shared.limits.max_queued_responses);
-        slot.channels.insert(channel, events_tx);
-        let Ok(payload) = ChannelRequest::RunLoop(request.clone()).to_vec();
-        shared.send(&ClientFrame::ChannelRequest {
-            scope: inner.scope,
-            channel,
-            payload: &payload,
-        });
-        RunLoop::new(Arc::clone(inner), channel, events)
+        match inner.connection.shared.open_loop(inner.scope, request) {
+            Ok((channel, events)) => RunLoop::new(Arc::clone(inner), channel, events),
+            Err(why) => RunLoop::ended(Arc::clone(inner), why),
+        }
     }
 
     /// Stops the run and waits for its end (its scope's finish, or the end of

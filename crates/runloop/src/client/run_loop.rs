@@ -13,11 +13,11 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use runloop_proto::Error;
+use runloop_proto::ErrorValue;
 use runloop_proto::run_loop::{AgenticLoopChunk, Broken, Outcome, Reader, Step, Transcript};
 use tokio::sync::mpsc;
 
-use super::ChannelEvent;
+use super::connection::ChannelEvent;
 use super::run::RunInner;
 
 /// What a loop says, in order.
@@ -31,7 +31,7 @@ pub enum Event {
         json: Bytes,
     },
     /// The loop's error: it did not run, or did not finish.
-    Error(Error),
+    Error(ErrorValue),
     /// The loop's outcome. Always the last event.
     End(Outcome),
 }

@@ -20,10 +20,7 @@
 //!   the proxy checks the ask's shape (a bad ask gets a clear error instead
 //!   of an agent program's puzzled 400) and never parses a chunk.
 //! - **One loop at a time, one registration per life**, as two small claims
-//!   on shared state that release themselves when dropped, so no exit path
-//!   of a task can leave the proxy wedged. A registration that failed
-//!   releases its claim, so it may be tried again; one that succeeded is
-//!   final.
+//!   on shared state that release themselves when dropped (state.rs).
 //! - **Cancellation follows the server.** While a loop runs the proxy keeps
 //!   reading the path; when the server closes it, the HTTP request to the
 //!   agent program is dropped, which closes its connection: the agent
@@ -35,37 +32,49 @@
 //! - **Backpressure, not buffers.** An SSE event is read only after the
 //!   previous chunk was written to the path, so a slow server slows the
 //!   agent program instead of filling the proxy's memory; the ask, each
-//!   event and each error body have a bound ([`Config`]).
+//!   event and each error body have a bound ([`ProxyConfig`]).
 //! - **Shutdown is honest.** A loop cut by the proxy's shutdown ends with
 //!   an error and a clean close, never with a close alone that would read as
 //!   "finished".
+//!
+//! The pieces, in the order a chunk meets them:
+//!
+//! ```text
+//! upstream.rs   the agent program over HTTP: POST /register, POST /run,
+//!               and the error value each failure becomes
+//! sse.rs        the /run body read as an event stream, bounded, UTF-8 checked
+//! run.rs        the /agent/run path: the loop, one [0] message per event
+//! register.rs   the /agent/register path: one [0] or [1][error]
+//! state.rs      the claims: one registration per life, one loop at a time
+//! path.rs       one exchange on a path: the ask, the server leaving, the end
+//! mod.rs        the listener: each connection's handshake picks its path
+//! ```
 
+mod path;
 mod register;
 mod run;
 mod sse;
+mod state;
 mod upstream;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
-use runloop_proto::Error;
-use runloop_proto::run_loop::ERROR;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::WebSocketStream;
+use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
+use self::state::State;
 use self::upstream::Upstream;
+use crate::listener;
 use crate::metrics::ProxyMetrics;
 
 /// The proxy's port (protocol §10).
@@ -77,7 +86,7 @@ pub const DEFAULT_LISTEN: SocketAddr =
 
 /// The proxy's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Config {
+pub struct ProxyConfig {
     /// The largest ask (and any message) the server may send on a path.
     pub max_ask: usize,
     /// The largest SSE event the agent program may send, counted in stream
@@ -92,9 +101,9 @@ pub struct Config {
     pub close_timeout: Duration,
 }
 
-impl Default for Config {
+impl Default for ProxyConfig {
     fn default() -> Self {
-        Config {
+        ProxyConfig {
             max_ask: 16 << 20,
             max_event: 16 << 20,
             max_error_body: 64 << 10,
@@ -104,45 +113,53 @@ impl Default for Config {
     }
 }
 
-/// A proxy bound to its listening socket, ready to [`run`](Proxy::run).
+/// A proxy bound to its listening socket, ready to [`serve`](Proxy::serve).
 #[derive(Debug)]
 pub struct Proxy {
     listener: TcpListener,
+    addr: SocketAddr,
     agent: SocketAddr,
-    config: Config,
+    config: ProxyConfig,
+    shutdown: CancellationToken,
+    metrics: Arc<ProxyMetrics>,
+}
+
+/// Controls a proxy from elsewhere: its address and its shutdown; an admin
+/// listener watches it too ([`Watched`](crate::admin::Watched)).
+#[derive(Debug, Clone)]
+pub struct ProxyHandle {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
     metrics: Arc<ProxyMetrics>,
 }
 
 impl Proxy {
     /// Binds `listen`; the agent program is at `agent`.
     pub async fn bind(listen: SocketAddr, agent: SocketAddr) -> io::Result<Proxy> {
-        Ok(Proxy::new(TcpListener::bind(listen).await?, agent))
+        Proxy::new(TcpListener::bind(listen).await?, agent)
     }
 
     /// A proxy on a listener that is already bound.
-    pub fn new(listener: TcpListener, agent: SocketAddr) -> Proxy {
-        Proxy {
+    pub fn new(listener: TcpListener, agent: SocketAddr) -> io::Result<Proxy> {
+        Ok(Proxy {
+            addr: listener.local_addr()?,
             listener,
             agent,
-            config: Config::default(),
+            config: ProxyConfig::default(),
+            shutdown: CancellationToken::new(),
             metrics: Arc::new(ProxyMetrics::new()),
-        }
-    }
-
-    /// What the proxy counts, for an admin listener ([`ProxyAdmin`]).
-    pub fn metrics(&self) -> Arc<ProxyMetrics> {
-        Arc::clone(&self.metrics)
+        })
     }
 
     /// Replaces the default bounds.
-    pub fn with_config(mut self, config: Config) -> Proxy {
+    pub fn with_config(mut self, config: ProxyConfig) -> Proxy {
         self.config = config;
         self
     }
 
     /// The address the proxy listens on.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// The agent program's address.
@@ -150,14 +167,25 @@ impl Proxy {
         self.agent
     }
 
-    /// Serves paths until `shutdown` is cancelled, then ends every path
+    /// A handle for shutting the proxy down.
+    pub fn handle(&self) -> ProxyHandle {
+        ProxyHandle {
+            addr: self.addr,
+            shutdown: self.shutdown.clone(),
+            metrics: Arc::clone(&self.metrics),
+        }
+    }
+
+    /// Serves paths until [`ProxyHandle::shutdown`], then ends every path
     /// (a running loop gets an error and a clean close) and returns once all
     /// of them are done. Fails only if the HTTP client cannot be built.
-    pub async fn run(self, shutdown: CancellationToken) -> io::Result<()> {
+    pub async fn serve(self) -> io::Result<()> {
         let Proxy {
             listener,
+            addr,
             agent,
             config,
+            shutdown,
             metrics,
         } = self;
         let shared = Arc::new(Shared {
@@ -167,33 +195,39 @@ impl Proxy {
             metrics,
         });
         let tracker = TaskTracker::new();
-        info!(listen = ?listener.local_addr().ok(), %agent, "proxy up");
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        debug!(%peer, "connection");
-                        // Each chunk is a small message written on its own:
-                        // Nagle would hold it for the server's delayed ACK.
-                        let _ = stream.set_nodelay(true);
-                        let shared = Arc::clone(&shared);
-                        tracker.spawn(connection(stream, shared, shutdown.clone()));
-                    }
-                    Err(error) => {
-                        // Out of descriptors or the like: wait a moment
-                        // rather than spin on the same error.
-                        warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-            }
-        }
+        info!(listen = %addr, %agent, "proxy up");
+        listener::accept_until(&listener, &shutdown, |tcp, peer| {
+            debug!(%peer, "connection");
+            tracker.spawn(connection(tcp, Arc::clone(&shared), shutdown.clone()));
+        })
+        .await;
         drop(listener);
         tracker.close();
         tracker.wait().await;
         info!("proxy down");
         Ok(())
+    }
+
+    /// Spawns [`serve`](Self::serve) on the current runtime.
+    pub fn spawn(self) -> (ProxyHandle, JoinHandle<io::Result<()>>) {
+        (self.handle(), tokio::spawn(self.serve()))
+    }
+}
+
+impl ProxyHandle {
+    /// The proxy's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The proxy's `ws://` base URL; the paths go after it.
+    pub fn url(&self) -> String {
+        format!("ws://{}", self.addr)
+    }
+
+    /// Starts a graceful shutdown; [`Proxy::serve`] returns when it is done.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
     }
 }
 
@@ -201,22 +235,12 @@ impl Proxy {
 #[derive(Debug)]
 struct Shared {
     upstream: Upstream,
-    config: Config,
+    config: ProxyConfig,
     state: State,
     metrics: Arc<ProxyMetrics>,
 }
 
-/// A proxy as its admin listener sees it: its metrics, and ready until
-/// `shutdown` fires.
-#[derive(Debug)]
-pub struct ProxyAdmin {
-    /// The proxy's metrics ([`Proxy::metrics`]).
-    pub metrics: Arc<ProxyMetrics>,
-    /// The token that shuts the proxy down.
-    pub shutdown: CancellationToken,
-}
-
-impl crate::admin::Watched for ProxyAdmin {
+impl crate::admin::Watched for ProxyHandle {
     fn metrics(&self) -> String {
         self.metrics.encode()
     }
@@ -242,94 +266,12 @@ impl Drop for PathOpen<'_> {
     }
 }
 
-/// Registration and the one running loop.
-#[derive(Debug, Default)]
-struct State {
-    registration: Mutex<Registration>,
-    running: AtomicBool,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Registration {
-    #[default]
-    None,
-    Pending,
-    Done,
-}
-
-/// A claim on the registration; dropped unconfirmed, it is released.
-struct RegistrationClaim<'a> {
-    state: &'a State,
-    confirmed: bool,
-}
-
-impl RegistrationClaim<'_> {
-    fn confirm(mut self) {
-        self.confirmed = true;
-        *self.state.registration() = Registration::Done;
-    }
-}
-
-impl Drop for RegistrationClaim<'_> {
-    fn drop(&mut self) {
-        if !self.confirmed {
-            *self.state.registration() = Registration::None;
-        }
-    }
-}
-
-/// The claim on the one loop; dropping it frees the proxy for the next.
-struct LoopClaim<'a>(&'a State);
-
-impl Drop for LoopClaim<'_> {
-    fn drop(&mut self) {
-        self.0.running.store(false, Ordering::Release);
-    }
-}
-
-impl State {
-    fn registration(&self) -> std::sync::MutexGuard<'_, Registration> {
-        // The guarded value is a plain enum, valid whatever a panicking
-        // holder was doing.
-        self.registration
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn claim_registration(&self) -> Result<RegistrationClaim<'_>, &'static str> {
-        let mut registration = self.registration();
-        match *registration {
-            Registration::None => {
-                *registration = Registration::Pending;
-                Ok(RegistrationClaim {
-                    state: self,
-                    confirmed: false,
-                })
-            }
-            Registration::Pending => Err("a registration is already under way"),
-            Registration::Done => Err("an agent is already registered with this proxy"),
-        }
-    }
-
-    fn claim_loop(&self) -> Result<LoopClaim<'_>, &'static str> {
-        if *self.registration() != Registration::Done {
-            return Err("no agent is registered with this proxy");
-        }
-        self.running
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| LoopClaim(self))
-            .map_err(|_| "a loop is already running")
-    }
-}
-
 /// The two paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
     Register,
     Run,
 }
-
-type Ws = WebSocketStream<TcpStream>;
 
 /// One connection: the handshake picks the path, the path's task serves it.
 async fn connection(stream: TcpStream, shared: Arc<Shared>, shutdown: CancellationToken) {
@@ -374,197 +316,5 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellati
         Some(Path::Register) => register::serve(ws, &shared, &shutdown).await,
         Some(Path::Run) => run::serve(ws, &shared, &shutdown).await,
         None => debug!("handshake accepted without a path"),
-    }
-}
-
-/// Reads until the first binary message, the ask. Text messages carry
-/// nothing (protocol §1). When the path ends, or the proxy shuts down, before an
-/// ask, how to end it instead.
-async fn ask(ws: &mut Ws, shutdown: &CancellationToken) -> Result<Bytes, End> {
-    loop {
-        let message = tokio::select! {
-            () = shutdown.cancelled() => return Err(End::Abandon),
-            message = ws.next() => message,
-        };
-        match message {
-            Some(Ok(Message::Binary(ask))) => return Ok(ask),
-            Some(Ok(Message::Close(_))) => return Err(End::Closed),
-            None => return Err(End::Abandon),
-            Some(Ok(other)) => debug!(kind = message_kind(&other), "ignored before the ask"),
-            Some(Err(error)) => {
-                debug!(%error, "path broke before the ask");
-                return Err(End::Abandon);
-            }
-        }
-    }
-}
-
-/// Resolves when the server leaves the path, with how to end it: its close
-/// is answered, a path that broke is dropped. Whatever else it sends after
-/// the ask carries nothing and is dropped.
-async fn left(ws: &mut Ws) -> End {
-    loop {
-        match ws.next().await {
-            Some(Ok(Message::Close(_))) => return End::Closed,
-            None => return End::Abandon,
-            Some(Err(error)) => {
-                debug!(%error, "path broke");
-                return End::Abandon;
-            }
-            Some(Ok(other)) => debug!(kind = message_kind(&other), "ignored after the ask"),
-        }
-    }
-}
-
-/// What a path's task does once its exchange is over.
-enum End {
-    /// Sends this last message, if any, and closes cleanly.
-    Answer(Option<Message>),
-    /// The server closed the path: answer its close, then end the socket.
-    Closed,
-    /// The path broke, or cannot be written any more: just drop it.
-    Abandon,
-}
-
-/// The words of the error a loop or a registration cut by shutdown gets.
-const SHUTTING_DOWN: &str = "the proxy is shutting down";
-
-/// An error answer: `[1]` then the error JSON.
-fn error_message(json: &[u8]) -> Message {
-    let mut payload = Vec::with_capacity(1 + json.len());
-    payload.push(ERROR);
-    payload.extend_from_slice(json);
-    Message::Binary(Bytes::from(payload))
-}
-
-/// The proxy's own error answer, `{"kind":"proxy","error":…}`.
-fn proxy_error(what: impl std::fmt::Display) -> Message {
-    let mut json = Vec::new();
-    Error::kind("proxy", what).write_json(&mut runloop_proto::Writer::new(&mut json));
-    error_message(&json)
-}
-
-/// Ends the path as `end` says.
-async fn end(ws: Ws, end: End, config: &Config) {
-    match end {
-        End::Answer(last) => finish(ws, last, config.close_timeout).await,
-        End::Closed => answer_close(ws, config.close_timeout).await,
-        End::Abandon => debug!("path abandoned"),
-    }
-}
-
-/// Sends the answer's last message, if any, then ends the path with a clean
-/// close: the close frame, then the server's, then the socket. Shutdown does
-/// not cut this short (the last message is what tells the server how the
-/// exchange ended); `timeout` bounds it against a server that stops reading.
-async fn finish(mut ws: Ws, last: Option<Message>, timeout: Duration) {
-    let closing = async {
-        if let Some(last) = last {
-            ws.send(last).await?;
-        }
-        ws.close(None).await?;
-        // Wait for the server's close frame so the socket ends after it (an
-        // early drop could reset the connection under the server's last
-        // reads).
-        while let Some(message) = ws.next().await {
-            message?;
-        }
-        Ok::<(), tungstenite::Error>(())
-    };
-    closed_within(timeout, closing).await;
-}
-
-/// The server closed the path: sends the answer tungstenite queued for its
-/// close frame, then ends the socket (as the WebSocket server, the proxy
-/// ends it first).
-async fn answer_close(mut ws: Ws, timeout: Duration) {
-    // The sink's close flushes the queued answer; the stream's own `close`
-    // would send a second close frame, which is refused.
-    closed_within(timeout, SinkExt::close(&mut ws)).await;
-}
-
-/// Runs the end of a close handshake for at most `timeout`, and says in
-/// the log only what went wrong: a clean end is silent.
-async fn closed_within(
-    timeout: Duration,
-    closing: impl Future<Output = Result<(), tungstenite::Error>>,
-) {
-    match tokio::time::timeout(timeout, closing).await {
-        Ok(Ok(()) | Err(tungstenite::Error::ConnectionClosed)) => {}
-        Ok(Err(error)) => debug!(%error, "path broke during the close"),
-        Err(_) => debug!(?timeout, "the server did not finish the close in time"),
-    }
-}
-
-fn message_kind(message: &Message) -> &'static str {
-    match message {
-        Message::Text(_) => "text",
-        Message::Binary(_) => "binary",
-        Message::Ping(_) => "ping",
-        Message::Pong(_) => "pong",
-        Message::Close(_) => "close",
-        Message::Frame(_) => "frame",
-    }
-}
-
-/// An error and its sources, joined with `: `, for an error value that has
-/// to say what happened in one string.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(inner) = source {
-        let words = inner.to_string();
-        if !text.contains(&words) {
-            text.push_str(": ");
-            text.push_str(&words);
-        }
-        source = inner.source();
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn registration_is_once_and_a_failed_one_is_released() {
-        let state = State::default();
-        assert_eq!(
-            state.claim_loop().err(),
-            Some("no agent is registered with this proxy")
-        );
-        let claim = state.claim_registration().expect("first");
-        assert_eq!(
-            state.claim_registration().err(),
-            Some("a registration is already under way")
-        );
-        drop(claim);
-        let claim = state.claim_registration().expect("released by the failure");
-        claim.confirm();
-        assert_eq!(
-            state.claim_registration().err(),
-            Some("an agent is already registered with this proxy")
-        );
-    }
-
-    #[test]
-    fn one_loop_at_a_time() {
-        let state = State::default();
-        state.claim_registration().expect("first").confirm();
-        let running = state.claim_loop().expect("first loop");
-        assert_eq!(state.claim_loop().err(), Some("a loop is already running"));
-        drop(running);
-        assert!(state.claim_loop().is_ok());
-    }
-
-    #[test]
-    fn error_messages_are_tagged() {
-        assert_eq!(
-            proxy_error("no"),
-            Message::Binary(Bytes::from_static(
-                b"\x01{\"kind\":\"proxy\",\"error\":\"no\"}"
-            ))
-        );
     }
 }

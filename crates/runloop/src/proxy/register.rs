@@ -8,18 +8,16 @@
 //! a second registration, or one racing the first, is an error, while a
 //! failed one leaves the proxy free to be registered.
 
-use std::borrow::Cow;
-use std::collections::BTreeMap;
-
 use bytes::Bytes;
-use runloop_proto::run_loop::CHUNK;
-use serde_json::value::RawValue;
+use runloop_proto::registration::{RegistrationAnswer, RegistrationAsk};
+use runloop_proto::{Decode, Encode};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::Shared;
+use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error};
 use super::upstream::Failure;
-use super::{End, SHUTTING_DOWN, Shared, Ws, ask, end, error_message, left, proxy_error};
 use crate::metrics::Registration;
 
 /// Serves one `/agent/register` path.
@@ -34,7 +32,7 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
 
 async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {
     let counted = &shared.metrics.registrations;
-    if let Err(why) = check(&ask) {
+    if let Err(why) = RegistrationAsk::decode(&ask) {
         counted.inc(Registration::Refused);
         return End::Answer(Some(proxy_error(format!(
             "the registration did not parse: {why}"
@@ -60,7 +58,8 @@ async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellat
                 claim.confirm();
                 counted.inc(Registration::Registered);
                 info!("agent registered");
-                End::Answer(Some(Message::Binary(Bytes::from_static(&[CHUNK]))))
+                let Ok(registered) = RegistrationAnswer::Registered.to_vec();
+                End::Answer(Some(Message::Binary(registered.into())))
             }
             Err(Failure(json)) => {
                 counted.inc(Registration::Failed);
@@ -68,34 +67,5 @@ async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellat
                 End::Answer(Some(error_message(&json)))
             }
         },
-    }
-}
-
-/// Whether the ask is a JSON object with an `agent` member (of any value).
-fn check(ask: &[u8]) -> Result<(), String> {
-    let members: BTreeMap<Cow<'_, str>, &RawValue> =
-        serde_json::from_slice(ask).map_err(|error| error.to_string())?;
-    if members.contains_key("agent") {
-        Ok(())
-    } else {
-        Err("it has no `agent` member".to_owned())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_ask_is_an_object_with_an_agent() {
-        assert_eq!(check(br#"{"agent":null}"#), Ok(()));
-        assert_eq!(check(br#" {"x":1, "agent": {"a": [1]}} "#), Ok(()));
-        assert_eq!(
-            check(br#"{"x":1}"#),
-            Err("it has no `agent` member".to_owned())
-        );
-        assert!(check(br#"["agent"]"#).is_err());
-        assert!(check(br#"{"agent":1} x"#).is_err());
-        assert!(check(b"").is_err());
     }
 }

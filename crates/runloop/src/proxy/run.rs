@@ -26,13 +26,14 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::Decode;
 use runloop_proto::Writer;
-use runloop_proto::run_loop::{RunLoopRequest, frame};
+use runloop_proto::run_loop::{RunLoopRequest, response};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error};
 use super::upstream::{Failure, Framing};
-use super::{End, SHUTTING_DOWN, Shared, Ws, ask, end, error_message, left, proxy_error, sse};
+use super::{Shared, sse};
 use crate::metrics::{AgentFault, LoopOutcome, ProxyLoop};
 
 /// Serves one `/agent/run` path.
@@ -95,7 +96,7 @@ async fn relay(
             info!("the server left before the agent program answered");
             return left;
         }
-        response = shared.upstream.run(ask) => response,
+        response = shared.upstream.run_loop(ask) => response,
     };
     let (response, framing) = match response {
         Ok(answer) => answer,
@@ -180,6 +181,6 @@ fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
 /// `[0]` and the event's data, unread.
 fn chunk_message(data: &[u8]) -> Message {
     let mut payload = Vec::new();
-    frame::encode_raw_chunk(data, &mut Writer::new(&mut payload));
+    response::encode_raw_chunk(data, &mut Writer::new(&mut payload));
     Message::Binary(Bytes::from(payload))
 }

@@ -44,12 +44,14 @@ use futures_util::future;
 use futures_util::stream::{self, Stream, StreamExt};
 use sse_stream::SseByteStream;
 
+use super::upstream::chain;
+
 /// Why the event stream broke before its end.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum Broke {
     /// The HTTP body failed: the connection dropped, a chunked body was cut.
-    #[error("the event stream broke: {0}")]
-    Transport(String),
+    #[error("the event stream broke: {}", chain(.0.as_ref()))]
+    Transport(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The bytes are not UTF-8, as chunk JSON must be (SSE's own decoder
     /// would replace them, which would change a chunk).
     #[error("the event stream is not UTF-8 (bad bytes at offset {0})")]
@@ -91,7 +93,7 @@ where
             }
             Err(sse_stream::Error::Body(inner)) => Some(Err(match inner.downcast::<Broke>() {
                 Ok(broke) => *broke,
-                Err(other) => Broke::Transport(crate::proxy::chain(&*other)),
+                Err(other) => Broke::Transport(other),
             })),
             Err(other) => Some(Err(Broke::Parse(other))),
         })
@@ -175,7 +177,9 @@ where
             if self.pending.is_empty() {
                 match self.body.next().await? {
                     Ok(read) => self.pending = read,
-                    Err(error) => return Some(Err(Broke::Transport(crate::proxy::chain(&error)))),
+                    Err(error) => {
+                        return Some(Err(Broke::Transport(Box::new(error))));
+                    }
                 }
                 continue;
             }
@@ -268,6 +272,21 @@ mod tests {
 
     fn ok(data: &str) -> Result<Bytes, String> {
         Ok(Bytes::copy_from_slice(data.as_bytes()))
+    }
+
+    #[test]
+    fn a_transport_break_says_its_whole_chain_and_keeps_it_as_the_source() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("the body failed")]
+        struct Body(#[source] std::io::Error);
+        let broke = Broke::Transport(Box::new(Body(std::io::Error::other("reset"))));
+        assert_eq!(
+            broke.to_string(),
+            "the event stream broke: the body failed: reset"
+        );
+        let source = std::error::Error::source(&broke).expect("the transport's error");
+        assert_eq!(source.to_string(), "the body failed");
+        assert!(source.source().is_some(), "and what is beneath it");
     }
 
     #[tokio::test]

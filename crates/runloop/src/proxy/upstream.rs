@@ -25,7 +25,7 @@ use reqwest::header::{
     ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, TRANSFER_ENCODING,
 };
 use reqwest::{StatusCode, Version};
-use runloop_proto::Error;
+use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::{Map, Value};
 
 /// The error JSON of a failed call, ready to follow the `1` tag.
@@ -35,19 +35,19 @@ pub(super) struct Failure(pub(super) Bytes);
 impl Failure {
     /// This project's own shape, `{"kind":"agent","error":…}`.
     pub(super) fn agent(error: impl std::fmt::Display) -> Failure {
-        Failure::from_error(&Error::kind("agent", error))
+        Failure::from_error(&ErrorValue::kind(ErrorKind::Agent, error))
     }
 
     /// `{"kind":"agent","status":N,"error":…}`.
     fn status(status: u16, error: String) -> Failure {
         let mut object = Map::with_capacity(3);
-        object.insert("kind".to_owned(), Value::from("agent"));
+        object.insert("kind".to_owned(), Value::from(ErrorKind::Agent.as_str()));
         object.insert("status".to_owned(), Value::from(status));
         object.insert("error".to_owned(), Value::from(error));
-        Failure::from_error(&Error::new(object))
+        Failure::from_error(&ErrorValue::new(object))
     }
 
-    fn from_error(error: &Error) -> Failure {
+    fn from_error(error: &ErrorValue) -> Failure {
         let mut json = Vec::new();
         error.write_json(&mut runloop_proto::Writer::new(&mut json));
         Failure(Bytes::from(json))
@@ -140,7 +140,10 @@ impl Upstream {
 
     /// `POST /run` with the run-loop request, as it came; the response is
     /// a 2xx event stream, framed as it says.
-    pub(super) async fn run(&self, ask: Bytes) -> Result<(reqwest::Response, Framing), Failure> {
+    pub(super) async fn run_loop(
+        &self,
+        ask: Bytes,
+    ) -> Result<(reqwest::Response, Framing), Failure> {
         let response = self.post(&self.run_url, ask, "text/event-stream").await?;
         let status = response.status();
         if !status.is_success() {
@@ -175,7 +178,7 @@ impl Upstream {
             .body(body)
             .send()
             .await
-            .map_err(|error| Failure::agent(super::chain(&error)))
+            .map_err(|error| Failure::agent(chain(&error)))
     }
 
     /// A non-2xx answer: its body verbatim when it is JSON, else wrapped.
@@ -198,10 +201,7 @@ impl Upstream {
                 Err(error) => {
                     return Failure::status(
                         status,
-                        format!(
-                            "the agent program's error body broke: {}",
-                            super::chain(&error)
-                        ),
+                        format!("the agent program's error body broke: {}", chain(&error)),
                     );
                 }
             }
@@ -223,6 +223,22 @@ fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
         .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// An error and its sources, joined with `: `, for an error value that has
+/// to say what happened in one string.
+pub(super) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        let words = inner.to_string();
+        if !text.contains(&words) {
+            text.push_str(": ");
+            text.push_str(&words);
+        }
+        source = inner.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 
 use std::future;
 
-use super::{BoxFuture, Container, Limits, Runtime, StartError};
+use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 
 /// A runtime whose every container is the proxy at one URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,7 +32,10 @@ impl Attach {
 }
 
 impl Runtime for Attach {
-    fn start(&self, _limits: Limits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
+    fn start(
+        &self,
+        _limits: ContainerLimits,
+    ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
         let container: Box<dyn Container> = Box::new(Attached {
             url: self.url.clone(),
         });
@@ -67,7 +70,7 @@ mod tests {
     async fn attach_hands_out_the_url() {
         let runtime = Attach::new("ws://127.0.0.1:14979/");
         let container = runtime
-            .start(Limits { memory: 1, disk: 0 })
+            .start(ContainerLimits { memory: 1, disk: 0 })
             .await
             .expect("starts");
         assert_eq!(container.proxy_url(), "ws://127.0.0.1:14979");

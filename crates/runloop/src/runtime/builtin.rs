@@ -13,14 +13,12 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{BoxFuture, Container, Limits, Runtime, StartError};
-use crate::agent::{self, Agent, demo::Demo};
-use crate::proxy::Proxy;
+use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
+use crate::agent::{Agent, AgentHandle, AgentServer, demo::Demo};
+use crate::proxy::{Proxy, ProxyHandle};
 
 /// A runtime whose containers are one agent, served in-process.
 #[derive(Clone)]
@@ -58,13 +56,16 @@ impl Builtin {
 }
 
 impl Runtime for Builtin {
-    fn start(&self, _limits: Limits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
+    fn start(
+        &self,
+        _limits: ContainerLimits,
+    ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
         Box::pin(async move {
             let started = self.spawn().await.map_err(|error| {
-                StartError(format!(
-                    "cannot start the builtin agent {}: {error}",
-                    self.name
-                ))
+                StartError::with_source(
+                    format_args!("cannot start the builtin agent {}", self.name),
+                    error,
+                )
             })?;
             let container: Box<dyn Container> = Box::new(started);
             Ok(container)
@@ -75,21 +76,16 @@ impl Runtime for Builtin {
 impl Builtin {
     async fn spawn(&self) -> io::Result<Served> {
         let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-        let agent_listener = TcpListener::bind(loopback).await?;
-        let agent_addr = agent_listener.local_addr()?;
+        let agent = AgentServer::bind(loopback, Arc::clone(&self.agent)).await?;
+        let agent_addr = agent.local_addr();
         let proxy = Proxy::bind(loopback, agent_addr).await?;
-        let url = format!("ws://{}", proxy.local_addr()?);
-        let stop = CancellationToken::new();
-        let agent = tokio::spawn(agent::serve(
-            agent_listener,
-            Arc::clone(&self.agent),
-            stop.clone(),
-        ));
-        let proxy = tokio::spawn(proxy.run(stop.clone()));
+        let (agent_handle, agent) = agent.spawn();
+        let (proxy_handle, proxy) = proxy.spawn();
+        let url = proxy_handle.url();
         info!(agent = %self.name, %url, %agent_addr, "builtin container started");
         Ok(Served {
             url,
-            stop,
+            stop: (agent_handle, proxy_handle),
             tasks: [("agent program", Some(agent)), ("proxy", Some(proxy))],
             ended: None,
         })
@@ -98,10 +94,10 @@ impl Builtin {
 
 type Task = JoinHandle<io::Result<()>>;
 
-/// One builtin container: its two tasks and the token that ends them.
+/// One builtin container: its two tasks and the handles that end them.
 struct Served {
     url: String,
-    stop: CancellationToken,
+    stop: (AgentHandle, ProxyHandle),
     tasks: [(&'static str, Option<Task>); 2],
     ended: Option<String>,
 }
@@ -109,6 +105,13 @@ struct Served {
 impl fmt::Debug for Served {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Served").field("url", &self.url).finish()
+    }
+}
+
+impl Served {
+    fn shut_down(&self) {
+        self.stop.0.shutdown();
+        self.stop.1.shutdown();
     }
 }
 
@@ -150,7 +153,7 @@ impl Container for Served {
     }
 
     fn stop(mut self: Box<Self>) -> BoxFuture<'static, ()> {
-        self.stop.cancel();
+        self.shut_down();
         let tasks = std::mem::take(&mut self.tasks);
         let url = std::mem::take(&mut self.url);
         Box::pin(async move {
@@ -167,6 +170,6 @@ impl Container for Served {
 impl Drop for Served {
     /// A container dropped without `stop` still ends its tasks.
     fn drop(&mut self) {
-        self.stop.cancel();
+        self.shut_down();
     }
 }

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use runloop_proto::agents_run::{ImageRef, is_valid_digest, is_valid_name};
 use tokio_tungstenite::tungstenite::http::Uri;
 
-use super::{Attach, Builtin, Exec, Runtime};
+use super::{Attach, Builtin, Exec, ExecConfig, Runtime};
 
 /// One catalog entry as written on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +69,7 @@ pub enum RuntimeSpec {
 
 /// Why an agent spec does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpecError {
     /// No `=` between the image and the runtime.
     #[error(
@@ -191,14 +192,14 @@ fn check_proxy_url(url: &str) -> Result<(), &'static str> {
 }
 
 impl AgentSpec {
-    /// A runtime that serves this spec; `None` for `oci:`, which needs a
-    /// container host.
-    pub fn build(&self) -> Option<Arc<dyn Runtime>> {
+    /// A runtime that serves this spec, an `exec:` one configured as
+    /// `exec`; `None` for `oci:`, which needs a container host.
+    pub fn build(&self, exec: &ExecConfig) -> Option<Arc<dyn Runtime>> {
         Some(match &self.runtime {
             // The parser admits `demo` alone.
             RuntimeSpec::Builtin(_) => Arc::new(Builtin::demo()),
             RuntimeSpec::Exec { program, args } => {
-                Arc::new(Exec::new(program.clone(), args.clone()))
+                Arc::new(Exec::new(program.clone(), args.clone()).with_config(exec.clone()))
             }
             RuntimeSpec::Proxy(url) => Arc::new(Attach::new(url.clone())),
             RuntimeSpec::Oci(_) => return None,
@@ -227,7 +228,8 @@ impl fmt::Display for AgentSpec {
 
 /// Why the catalog will not run an image; the message goes to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+#[non_exhaustive]
+pub enum CatalogError {
     /// No entry for the name.
     #[error("image {name:?} is not in this server's catalog")]
     UnknownImage {
@@ -256,12 +258,20 @@ struct Entry {
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     entries: BTreeMap<String, Entry>,
+    exec: ExecConfig,
 }
 
 impl Catalog {
     /// An empty catalog.
     pub fn new() -> Self {
         Catalog::default()
+    }
+
+    /// A catalog whose `exec:` entries [`add`](Catalog::add)ed from now on
+    /// are configured as `exec`.
+    pub fn with_exec(mut self, exec: ExecConfig) -> Self {
+        self.exec = exec;
+        self
     }
 
     /// Serves `name` with `runtime`, pinned to `digest` when given. A second
@@ -287,22 +297,22 @@ impl Catalog {
     /// its runtime for [`Catalog::insert`].
     pub fn add(&mut self, spec: AgentSpec) -> Result<(), SpecError> {
         let runtime = spec
-            .build()
+            .build(&self.exec)
             .ok_or_else(|| SpecError::NeedsHost(spec.to_string()))?;
         self.insert(spec.name, spec.digest, runtime);
         Ok(())
     }
 
     /// The runtime for `image`, or why there is none.
-    pub fn resolve(&self, image: &ImageRef) -> Result<Arc<dyn Runtime>, Refusal> {
+    pub fn resolve(&self, image: &ImageRef) -> Result<Arc<dyn Runtime>, CatalogError> {
         let entry = self
             .entries
             .get(&image.name)
-            .ok_or_else(|| Refusal::UnknownImage {
+            .ok_or_else(|| CatalogError::UnknownImage {
                 name: image.name.clone(),
             })?;
         match &entry.digest {
-            Some(pinned) if *pinned != image.digest => Err(Refusal::WrongDigest {
+            Some(pinned) if *pinned != image.digest => Err(CatalogError::WrongDigest {
                 name: image.name.clone(),
                 pinned: pinned.clone(),
                 requested: image.digest.clone(),
@@ -511,7 +521,7 @@ mod tests {
         assert!(catalog.resolve(&image("demo", &pinned)).is_ok());
         assert!(matches!(
             catalog.resolve(&image("demo", &other)),
-            Err(Refusal::WrongDigest { .. })
+            Err(CatalogError::WrongDigest { .. })
         ));
     }
 }

@@ -15,7 +15,8 @@
 mod attach;
 mod builtin;
 mod catalog;
-mod exec;
+pub mod cgroup;
+pub mod exec;
 pub mod output;
 
 use std::fmt;
@@ -23,17 +24,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use runloop_proto::ErrorKind;
+
 pub use attach::Attach;
 pub use builtin::Builtin;
-pub use catalog::{AgentSpec, Catalog, Refusal, RuntimeSpec, SpecError};
-pub use exec::{Exec, ExecContainer};
+pub use catalog::{AgentSpec, Catalog, CatalogError, RuntimeSpec, SpecError};
+pub use exec::{Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The limits a run asked for (protocol §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub struct ContainerLimits {
     /// Memory limit, bytes.
     pub memory: u64,
     /// Bytes the container may write to its own file system.
@@ -41,10 +44,38 @@ pub struct Limits {
 }
 
 /// Why a container did not start. The message reaches the caller inside the
-/// run's error response, so it says what failed without leaking secrets.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StartError(pub String);
+/// run's error response, so it says what failed without leaking secrets;
+/// the error underneath, if there is one, stays its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StartError {
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StartError {
+    /// A start that failed for the reason `message` says.
+    pub fn new(message: impl Into<String>) -> Self {
+        StartError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A start that failed doing `what`, because of `source`: the message
+    /// is `what`, a colon and the source's words.
+    pub fn with_source(
+        what: impl fmt::Display,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        let source = source.into();
+        StartError {
+            message: format!("{what}: {source}"),
+            source: Some(source),
+        }
+    }
+}
 
 /// Why a `registry` image will not run: the kind of the run's error
 /// response (`policy` for a registry the server does not pull from,
@@ -53,8 +84,9 @@ pub struct StartError(pub String);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct RegistryError {
-    /// The error response's `kind`.
-    pub kind: &'static str,
+    /// The error response's `kind`: [`ErrorKind::Policy`] or
+    /// [`ErrorKind::Registry`].
+    pub kind: ErrorKind,
     /// What happened, for the caller.
     pub message: String,
 }
@@ -70,7 +102,10 @@ pub trait Registry: Send + Sync + fmt::Debug {
 /// Starts containers of one kind.
 pub trait Runtime: Send + Sync + fmt::Debug {
     /// Starts one container. Resolves once its proxy accepts connections.
-    fn start(&self, limits: Limits) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>>;
+    fn start(
+        &self,
+        limits: ContainerLimits,
+    ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>>;
 }
 
 /// One running container, as the server sees it.
@@ -87,4 +122,18 @@ pub trait Container: Send + fmt::Debug {
     /// Stops the container and releases all it holds (processes, ports,
     /// tasks). Resolves when it is gone.
     fn stop(self: Box<Self>) -> BoxFuture<'static, ()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_error_says_what_failed_and_keeps_why_as_its_source() {
+        let error = StartError::with_source("cannot bind", std::io::Error::other("no ports"));
+        assert_eq!(error.to_string(), "cannot bind: no ports");
+        let source = std::error::Error::source(&error).expect("a source");
+        assert_eq!(source.to_string(), "no ports");
+        assert!(std::error::Error::source(&StartError::new("refused")).is_none());
+    }
 }

@@ -1,55 +1,309 @@
-//! Agent program output: a child's stdout or stderr, logged line by line
-//! (target `runloop::agent_program`), shared by the runtimes that start
-//! processes.
+//! Agent program output: a child's stdout and stderr, logged line by line
+//! (target `runloop::agent_program`) within a budget per run, shared by
+//! the runtimes that start processes.
 //!
 //! A line is bounded ([`MAX_LINE`]): a program that writes without
 //! newlines is logged in pieces instead of growing a buffer, and bytes
 //! that are not UTF-8 are replaced rather than dropped.
+//!
+//! The log is the operator's disk, and an agent program is someone else's
+//! code: a run's two pipes share one [`OutputLimit`], so many lines and
+//! bytes per window, and what is over it is read (the program never
+//! blocks on a full pipe) and counted but not logged. Once the window in
+//! which lines were dropped is over, one warning says how many; when the
+//! program goes quiet it still comes at the window's end, and when its
+//! pipes end, at once.
+//!
+//! ```text
+//! stdout ─┐                     ┌─ within the budget: one log line each
+//!         ├─ lines ─▶ budget ───┤
+//! stderr ─┘   (≤ MAX_LINE)      └─ over it: counted ─▶ "N lines (B bytes) suppressed" per window
+//! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tracing::{debug, info};
+use tokio::process::Child;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
 /// The longest stdout or stderr line logged as one; longer ones are split.
 pub const MAX_LINE: usize = 16 << 10;
 
-/// Logs a pipe line by line until it ends, naming the program and its
-/// pid; lines over [`MAX_LINE`] bytes are logged in pieces, bytes that are
-/// not UTF-8 are replaced.
-pub async fn log_lines(
-    pipe: impl AsyncRead + Unpin,
-    program: Arc<str>,
-    pid: u32,
-    stream: &'static str,
-) {
-    let mut reader = BufReader::new(pipe);
-    let mut line = Vec::new();
-    let emit = |line: &[u8]| {
-        let text = String::from_utf8_lossy(line);
-        info!(target: "runloop::agent_program", %program, pid, stream, "{}", text.trim_end_matches(['\n', '\r']));
-    };
-    loop {
-        let buffer = match reader.fill_buf().await {
-            Ok([]) => break,
-            Ok(buffer) => buffer,
-            Err(error) => {
-                debug!(pid, stream, %error, "pipe read failed");
-                break;
-            }
-        };
-        // `line` is emitted whenever it is full, so there is always room.
-        let room = MAX_LINE - line.len();
-        let newline = buffer.iter().take(room).position(|&b| b == b'\n');
-        let take = newline.map_or(buffer.len().min(room), |end| end + 1);
-        line.extend_from_slice(&buffer[..take]);
-        reader.consume(take);
-        if newline.is_some() || line.len() == MAX_LINE {
-            emit(&line);
-            line.clear();
+/// How much of one run's output is logged, per window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputLimit {
+    /// Lines logged per window, at most.
+    pub lines: u64,
+    /// Bytes logged per window, at most.
+    pub bytes: u64,
+    /// The window.
+    pub window: Duration,
+}
+
+impl Default for OutputLimit {
+    /// 1000 lines and 1 MiB per 10 s: a program's start-up, a traceback,
+    /// a line per request, and at most 100 KiB/s of log for a run that
+    /// floods it.
+    fn default() -> OutputLimit {
+        OutputLimit {
+            lines: 1000,
+            bytes: 1 << 20,
+            window: Duration::from_secs(10),
         }
     }
+}
+
+/// What a run may still log in the current window, and what it dropped.
+#[derive(Debug)]
+struct Budget {
+    limit: OutputLimit,
+    start: Instant,
+    lines: u64,
+    bytes: u64,
+    dropped_lines: u64,
+    dropped_bytes: u64,
+}
+
+/// Lines and bytes dropped in a window that is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Dropped {
+    lines: u64,
+    bytes: u64,
+}
+
+impl Budget {
+    fn new(limit: OutputLimit, now: Instant) -> Budget {
+        Budget {
+            limit,
+            start: now,
+            lines: 0,
+            bytes: 0,
+            dropped_lines: 0,
+            dropped_bytes: 0,
+        }
+    }
+
+    /// Starts a new window if the current one is over; what the old one
+    /// dropped.
+    fn roll(&mut self, now: Instant) -> Option<Dropped> {
+        if now < self.start + self.limit.window {
+            return None;
+        }
+        let dropped = Dropped {
+            lines: self.dropped_lines,
+            bytes: self.dropped_bytes,
+        };
+        *self = Budget::new(self.limit, now);
+        (dropped.lines > 0).then_some(dropped)
+    }
+
+    /// What the current window dropped so far, now reported.
+    fn take_dropped(&mut self) -> Option<Dropped> {
+        let dropped = Dropped {
+            lines: std::mem::take(&mut self.dropped_lines),
+            bytes: std::mem::take(&mut self.dropped_bytes),
+        };
+        (dropped.lines > 0).then_some(dropped)
+    }
+
+    /// Whether a line of `len` bytes is logged (else it is counted as
+    /// dropped).
+    fn admit(&mut self, len: usize) -> bool {
+        let len = len as u64;
+        if self.lines < self.limit.lines && self.bytes + len <= self.limit.bytes {
+            self.lines += 1;
+            self.bytes += len;
+            true
+        } else {
+            self.dropped_lines += 1;
+            self.dropped_bytes += len;
+            false
+        }
+    }
+
+    /// When the current window ends, if it has dropped lines to report.
+    fn report_due(&self) -> Option<Instant> {
+        (self.dropped_lines > 0).then_some(self.start + self.limit.window)
+    }
+}
+
+/// Where a run's lines are logged from, and the budget its pipes share.
+#[derive(Debug, Clone)]
+struct Source {
+    program: Arc<str>,
+    pid: u32,
+    budget: Arc<Mutex<Budget>>,
+}
+
+impl Source {
+    fn budget(&self) -> std::sync::MutexGuard<'_, Budget> {
+        self.budget
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn report(&self, dropped: Dropped) {
+        let limit = self.budget().limit;
+        warn!(
+            target: "runloop::agent_program",
+            program = %self.program,
+            pid = self.pid,
+            "{} lines ({} bytes) of output suppressed: over {} lines or {} bytes per {:?}",
+            dropped.lines,
+            dropped.bytes,
+            limit.lines,
+            limit.bytes,
+            limit.window
+        );
+    }
+
+    /// Logs `line` if the budget has room; reports a window that is over.
+    fn line(&self, line: &[u8], stream: &'static str) {
+        let (dropped, admitted) = {
+            let mut budget = self.budget();
+            let dropped = budget.roll(Instant::now());
+            (dropped, budget.admit(line.len()))
+        };
+        if let Some(dropped) = dropped {
+            self.report(dropped);
+        }
+        if admitted {
+            let text = String::from_utf8_lossy(line);
+            info!(target: "runloop::agent_program", program = %self.program, pid = self.pid, stream, "{}", text.trim_end_matches(['\n', '\r']));
+        }
+    }
+
+    /// Reports the window if it is over and dropped lines.
+    fn tick(&self) {
+        let dropped = self.budget().roll(Instant::now());
+        if let Some(dropped) = dropped {
+            self.report(dropped);
+        }
+    }
+
+    /// Reports what was dropped and not reported yet (a pipe's end).
+    fn flush(&self) {
+        let dropped = self.budget().take_dropped();
+        if let Some(dropped) = dropped {
+            self.report(dropped);
+        }
+    }
+}
+
+/// Logs a child's stdout and stderr (whichever are piped) until they end,
+/// naming `program` and `pid`, within `limit` for both together; the
+/// tasks that do it.
+pub fn log_output(
+    child: &mut Child,
+    program: Arc<str>,
+    pid: u32,
+    limit: OutputLimit,
+) -> Vec<JoinHandle<()>> {
+    let source = Source {
+        program,
+        pid,
+        budget: Arc::new(Mutex::new(Budget::new(limit, Instant::now()))),
+    };
+    let mut tasks = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        tasks.push(tokio::spawn(log_lines(out, source.clone(), "stdout")));
+    }
+    if let Some(err) = child.stderr.take() {
+        tasks.push(tokio::spawn(log_lines(err, source, "stderr")));
+    }
+    tasks
+}
+
+/// Logs one pipe line by line until it ends; lines over [`MAX_LINE`]
+/// bytes are logged in pieces, bytes that are not UTF-8 are replaced.
+async fn log_lines(pipe: impl AsyncRead + Unpin, source: Source, stream: &'static str) {
+    let mut reader = BufReader::with_capacity(64 << 10, pipe);
+    let mut line = Vec::new();
+    // One timer for the report of a window that dropped lines, set when
+    // the window first drops one.
+    let report = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(report);
+    let mut armed = None;
+    loop {
+        let due = source.budget().report_due();
+        if due != armed {
+            if let Some(due) = due {
+                report.as_mut().reset(due);
+            }
+            armed = due;
+        }
+        let buffer = tokio::select! {
+            read = reader.fill_buf() => match read {
+                Ok([]) => break,
+                Ok(buffer) => buffer,
+                Err(error) => {
+                    debug!(pid = source.pid, stream, %error, "pipe read failed");
+                    break;
+                }
+            },
+            () = &mut report, if armed.is_some() => {
+                source.tick();
+                continue;
+            }
+        };
+        // Every line the buffer ends; `line` is emitted whenever it is
+        // full, so there is always room.
+        let mut used = 0;
+        while used < buffer.len() {
+            let rest = &buffer[used..];
+            let room = MAX_LINE - line.len();
+            let newline = memchr::memchr(b'\n', &rest[..rest.len().min(room)]);
+            let take = newline.map_or(rest.len().min(room), |end| end + 1);
+            line.extend_from_slice(&rest[..take]);
+            used += take;
+            if newline.is_some() || line.len() == MAX_LINE {
+                source.line(&line, stream);
+                line.clear();
+            }
+        }
+        reader.consume(used);
+    }
     if !line.is_empty() {
-        emit(&line);
+        source.line(&line, stream);
+    }
+    source.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_admits_lines_and_bytes_up_to_its_limit_per_window() {
+        let limit = OutputLimit {
+            lines: 3,
+            bytes: 100,
+            window: Duration::from_secs(10),
+        };
+        let start = Instant::now();
+        let mut budget = Budget::new(limit, start);
+        assert!(budget.admit(10));
+        assert!(budget.admit(80));
+        assert!(!budget.admit(20), "110 bytes is over 100");
+        assert!(budget.admit(10));
+        assert!(!budget.admit(1), "a fourth line is over 3");
+        assert_eq!(budget.report_due(), Some(start + limit.window));
+        assert_eq!(budget.roll(start + Duration::from_secs(9)), None);
+        assert_eq!(
+            budget.roll(start + Duration::from_secs(10)),
+            Some(Dropped {
+                lines: 2,
+                bytes: 21
+            })
+        );
+        assert!(budget.admit(100), "a new window");
+        assert_eq!(budget.report_due(), None);
+        assert!(!budget.admit(1));
+        assert_eq!(budget.take_dropped(), Some(Dropped { lines: 1, bytes: 1 }));
+        assert_eq!(budget.take_dropped(), None, "reported once");
+        assert_eq!(budget.roll(start + Duration::from_secs(30)), None);
     }
 }

@@ -1,17 +1,14 @@
-//! One caller's connection on the server: authorization, then frames in,
-//! dispatched against the table of open scopes and channels (protocol §2, §3).
+//! One caller's connection on the server: the WebSocket handshake, the
+//! authorization, then frames in, each applied to the connection's table
+//! (protocol §2, §3), until either side ends it.
 //!
-//! The table is the single source of truth for which numbers are taken. A
-//! number is freed under the table's lock *before* its finish is queued, and
-//! frames are queued in order, so when the caller sees a finish and reuses
-//! the number, the reader here already sees it free. The same lock keeps a
-//! scope's finish behind every frame of its channels: a task that answers on
-//! a channel checks, under the lock, that the scope is still open.
-//!
-//! Malformed frames (truncated, a type the client may not send, a scope or
-//! channel that is not open, a number still in use) are disregarded: counted,
-//! logged at debug, and never answered. Only a protocol violation that makes
-//! the connection's identity doubtful (a second authorization) ends it.
+//! What a frame does is the table's to say ([`Serve`]): open a run, stop
+//! one, open a run-loop channel, answer with a bare finish, disregard it,
+//! or end the connection. This module only carries it out: it spawns the
+//! scope's task, hands a loop's request to its scope, queues the bare
+//! finish, counts and logs what is disregarded. Only a violation of the
+//! authorization rules (a second authorization) ends the connection;
+//! everything else malformed is disregarded and never answered.
 //!
 //! A frame can cost an answer the reader queues at once (a bare finish for
 //! an unserved endpoint or channel, or for a request past a limit), and a
@@ -21,7 +18,7 @@
 //! a place before it reads the next frame: when the caller stops reading,
 //! the server soon stops reading too, and TCP carries the pressure back.
 //! Everything else a connection queues is bounded by its scopes and
-//! channels, themselves bounded by [`Limits`](crate::connection::Limits).
+//! channels, themselves bounded by [`Limits`](crate::limits::Limits).
 //!
 //! A connection ends with a close handshake whichever side closes (protocol §12
 //! "Clean ends"). A caller's close is answered at once, before its runs
@@ -31,22 +28,19 @@
 //! ending" line says which it was, and says "broke" only for a connection
 //! that ended without either.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::{SplitSink, SplitStream};
-use runloop_proto::authorization::Authorization;
-use runloop_proto::channel::ChannelRequest;
-use runloop_proto::endpoint::EndpointRequest;
-use runloop_proto::frame::{self, ClientFrame, FrameType, HEADER_LEN, ServerFrame};
-use runloop_proto::run_loop::{Finish, Sender};
-use runloop_proto::{Decode, Writer};
+use runloop_proto::Decode;
+use runloop_proto::connection::{Disregarded, Serve, Table, Violation};
+use runloop_proto::frame::{self, ClientFrame, HeaderError, Role};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -56,10 +50,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::scope::{self, Order};
-use super::{Held, Identity, Shared, Stats};
-use crate::connection::{CLOSE_GRACE, Outbox, Outgoing, write_frames};
+use super::config::Identity;
+use super::outbox::{Order, Outbox, ScopeOutbox, ServerTable, Serving};
+use super::scope::{self, Run};
+use super::shared::{Held, Shared, Stats};
 use crate::metrics::AuthorizationRefusal;
+use crate::writer::{CLOSE_GRACE, write_frames};
 
 /// What a connection can run over: a TCP stream, or anything else that
 /// reads and writes bytes (an in-memory pipe in tests and fuzzing).
@@ -74,135 +70,29 @@ const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// socket before it reads the caller's next frame.
 const MAX_QUEUED_ANSWERS: usize = 1024;
 
-/// What a client channel number is used for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChannelUse {
-    /// A stop channel: never finished, freed with its scope.
-    Stop,
-    /// A run-loop channel, freed by its finish.
-    RunLoop,
-}
-
-/// An open scope.
-#[derive(Debug)]
-struct ScopeEntry {
-    channels: HashMap<u32, ChannelUse>,
-    stop: CancellationToken,
-    orders: mpsc::UnboundedSender<Order>,
-}
-
-/// The numbers a connection has open.
-#[derive(Debug, Default)]
-struct Table {
-    scopes: HashMap<u32, ScopeEntry>,
-}
-
-/// What one connection's tasks share.
-#[derive(Debug)]
-pub(crate) struct Conn {
+/// What the reader of one authorized connection holds.
+struct Conn {
     shared: Arc<Shared>,
-    table: Mutex<Table>,
-    outbox: Outbox,
+    outbox: Arc<Outbox>,
     /// Fires when the connection is ending, for whatever reason.
-    pub(crate) ended: CancellationToken,
-    /// Who the connection is served as.
-    pub(crate) identity: Identity,
+    ended: CancellationToken,
+    identity: Identity,
     /// The number the connection is known by in logs.
-    pub(crate) number: u64,
+    number: u64,
+    /// The tasks of its scopes.
+    scopes: TaskTracker,
     /// Frames of this connection disregarded so far.
-    disregarded: std::sync::atomic::AtomicU64,
+    disregarded: AtomicU64,
 }
 
 impl Conn {
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
-    }
-
-    fn table(&self) -> MutexGuard<'_, Table> {
-        // A panic while holding the lock cannot leave the table half-written
-        // in a way that matters more than losing the connection would.
-        self.table
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn queue(&self, message: Vec<u8>) {
-        // The writer is gone only when the connection is: nothing to do.
-        let _ = self.outbox.send(Outgoing::control(message));
-    }
-
-    /// Queues a data frame that holds a queue place of its channel.
-    pub(crate) fn queue_data(&self, message: Vec<u8>, permit: tokio::sync::OwnedSemaphorePermit) {
-        let _ = self.outbox.send(Outgoing::data(message, permit, None));
-    }
-
-    /// Queues a relayed chunk whose proxy message came at `relayed_at`.
-    pub(crate) fn queue_relayed(
-        &self,
-        message: Vec<u8>,
-        permit: tokio::sync::OwnedSemaphorePermit,
-        relayed_at: std::time::Instant,
-    ) {
-        let _ = self
-            .outbox
-            .send(Outgoing::data(message, permit, Some(relayed_at)));
-    }
-
-    /// Queues a control frame of `scope` (a main-stream response, or a
-    /// channel's last response) if the scope is still open.
-    pub(crate) fn queue_in_scope(&self, scope: u32, message: Vec<u8>) {
-        let table = self.table();
-        if table.scopes.contains_key(&scope) {
-            self.queue(message);
-        }
-    }
-
-    /// Frees a run-loop channel, then queues its finish. The [`Finish`]
-    /// proves the channel's sequence is complete.
-    pub(crate) fn finish_channel(&self, scope: u32, channel: u32, _complete: Finish) {
-        let mut table = self.table();
-        if let Some(entry) = table.scopes.get_mut(&scope)
-            && entry.channels.remove(&channel).is_some()
-        {
-            self.queue(frame::to_message(&ServerFrame::ChannelResponseFinish {
-                scope,
-                channel,
-            }));
-        }
-    }
-
-    /// Ends a scope: every run-loop channel still open in it (asked for too
-    /// late to be served) ends with `error`, then the scope's finish frees
-    /// the scope and all its numbers. Under the table's lock, so no channel
-    /// can open in between.
-    pub(crate) fn finish_scope(&self, scope: u32, error: &runloop_proto::Error) {
-        let mut table = self.table();
-        let Some(entry) = table.scopes.remove(&scope) else {
-            return;
-        };
-        for (&channel, &used) in &entry.channels {
-            if used == ChannelUse::RunLoop {
-                let mut message = Vec::new();
-                let mut out = Writer::new(&mut message);
-                frame::write_header(&mut out, FrameType::ChannelResponse, scope, channel);
-                let Finish { .. } = Sender::new().error(error, &mut out).finish();
-                self.queue(message);
-                self.queue(frame::to_message(&ServerFrame::ChannelResponseFinish {
-                    scope,
-                    channel,
-                }));
-            }
-        }
-        self.queue(frame::to_message(&ServerFrame::ResponseFinish { scope }));
-    }
-
-    fn disregard(&self, what: std::fmt::Arguments<'_>) {
+    fn disregard(&self, why: &Disregarded) {
         self.disregarded.fetch_add(1, Ordering::Relaxed);
         self.shared
             .stats
             .disregarded
             .fetch_add(1, Ordering::Relaxed);
-        debug!("disregarded: {what}");
+        debug!(%why, "disregarded");
     }
 }
 
@@ -227,8 +117,10 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
             return;
         };
         let (sink, mut stream) = ws.split();
+        let limits = shared.config.limits;
+        let mut table = Table::server(limits.max_scopes, limits.max_channels);
         let identity = tokio::select! {
-            result = tokio::time::timeout_at(deadline, authorize(&mut stream, &shared)) => match result {
+            result = tokio::time::timeout_at(deadline, authorize(&mut stream, &shared, &mut table)) => match result {
                 Ok(Ok(identity)) => identity,
                 Ok(Err(why)) => {
                     if let Some(refusal) = why.refusal() {
@@ -246,7 +138,7 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
             () = shared.shutdown.cancelled() => return close_without_frame(sink, stream).await,
         };
         info!(%identity, "authorized");
-        serve_authorized(sink, stream, shared, identity, number).await;
+        serve_authorized(sink, stream, shared, table, identity, number).await;
     }
     .instrument(span)
     .await;
@@ -255,10 +147,10 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
 /// Why a connection was refused at authorization. Never holds the credential.
 #[derive(Debug, thiserror::Error)]
 enum Refused {
-    #[error("the first frame is not an authorization: {0}")]
-    NotAuthorization(String),
-    #[error("{0}")]
-    Payload(#[from] runloop_proto::authorization::AuthorizationError),
+    #[error("the first message is not a frame: {0}")]
+    NotAFrame(#[source] HeaderError),
+    #[error(transparent)]
+    Violation(Violation),
     #[error("the credential is not accepted")]
     Credential,
     #[error("the connection ended before it authorized")]
@@ -269,9 +161,7 @@ impl Refused {
     /// How the refusal is counted; a caller that left is not counted.
     fn refusal(&self) -> Option<AuthorizationRefusal> {
         match self {
-            Refused::NotAuthorization(_) | Refused::Payload(_) => {
-                Some(AuthorizationRefusal::Malformed)
-            }
+            Refused::NotAFrame(_) | Refused::Violation(_) => Some(AuthorizationRefusal::Malformed),
             Refused::Credential => Some(AuthorizationRefusal::Credential),
             Refused::Closed => None,
         }
@@ -282,32 +172,31 @@ impl Refused {
 async fn authorize(
     stream: &mut SplitStream<WebSocketStream<impl Io>>,
     shared: &Shared,
+    table: &mut ServerTable,
 ) -> Result<Identity, Refused> {
-    loop {
-        let bytes = match stream.next().await {
-            Some(Ok(Message::Binary(bytes))) => bytes,
+    let bytes = loop {
+        match stream.next().await {
+            Some(Ok(Message::Binary(bytes))) => break bytes,
             Some(Ok(
                 Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
-            )) => {
-                continue;
-            }
+            )) => {}
             Some(Ok(Message::Close(_)) | Err(_)) | None => return Err(Refused::Closed),
-        };
-        return match ClientFrame::decode(&bytes) {
-            Ok(ClientFrame::Authorization { payload }) => {
-                let authorization = Authorization::decode(payload)?;
-                shared
-                    .config
-                    .credentials
-                    .accept(authorization.credential())
-                    .ok_or(Refused::Credential)
-            }
-            Ok(other) => Err(Refused::NotAuthorization(format!(
-                "a {}",
-                other.frame_type().name()
-            ))),
-            Err(error) => Err(Refused::NotAuthorization(error.to_string())),
-        };
+        }
+    };
+    let frame = ClientFrame::decode(&bytes).map_err(Refused::NotAFrame)?;
+    let frame_type = frame.frame_type();
+    match table.received(frame) {
+        Serve::Authorization(authorization) => shared
+            .config
+            .credentials
+            .accept(authorization.credential())
+            .ok_or(Refused::Credential),
+        Serve::Violation(why) => Err(Refused::Violation(why)),
+        // The table answers any other first frame with a violation.
+        _ => Err(Refused::Violation(Violation::BeforeAuthorization {
+            sender: Role::Client,
+            frame_type,
+        })),
     }
 }
 
@@ -383,84 +272,108 @@ async fn close_with<S: Io>(mut ws: WebSocketStream<S>, code: CloseCode, reason: 
     let _ = tokio::time::timeout(CLOSE_GRACE, closing).await;
 }
 
+/// Serves an authorized connection: reads frames until it ends, then ends
+/// everything it started.
 async fn serve_authorized<S: Io>(
     sink: SplitSink<WebSocketStream<S>, Message>,
     mut stream: SplitStream<WebSocketStream<S>>,
     shared: Arc<Shared>,
+    table: ServerTable,
     identity: Identity,
     number: u64,
 ) {
-    let (outbox, outgoing) = mpsc::unbounded_channel();
+    let (queue, queued) = mpsc::unbounded_channel();
     let ended = shared.shutdown.child_token();
-    let conn = Arc::new(Conn {
+    let conn = Conn {
         shared: Arc::clone(&shared),
-        table: Mutex::new(Table::default()),
-        outbox,
+        outbox: Arc::new(Outbox::new(table, queue)),
         ended: ended.clone(),
         identity,
         number,
-        disregarded: std::sync::atomic::AtomicU64::new(0),
-    });
+        scopes: TaskTracker::new(),
+        disregarded: AtomicU64::new(0),
+    };
     // Fires when the caller has closed: the writer answers at once, while
     // the connection's runs are still ending, since nothing may be sent
     // after a close anyway.
     let answer_close = CancellationToken::new();
-    let mut writer = tokio::spawn({
+    let writer = tokio::spawn({
         let ended = ended.clone();
         let answer_close = answer_close.clone();
         let latency = Some(shared.metrics.relay_latency.clone());
         async move {
-            // Otherwise closed by dropping every outbox, after the last
+            // Otherwise closed by dropping every queue, after the last
             // finish is queued.
-            if let Err(error) = write_frames(sink, outgoing, answer_close, None, latency).await {
+            if let Err(error) = write_frames(sink, queued, answer_close, None, latency).await {
                 debug!(%error, "writing to the caller failed");
             }
             // Whatever ended the writer ends the connection.
             ended.cancel();
         }
     });
-    let scopes = TaskTracker::new();
-    let answers = Arc::new(Semaphore::new(MAX_QUEUED_ANSWERS));
-    let why = loop {
-        // A place for the answer the next frame may need, before reading it.
-        // (The semaphore is never closed: `None` is only the end.)
-        let place = tokio::select! {
-            place = Arc::clone(&answers).acquire_owned() => place.ok(),
-            () = ended.cancelled() => None,
-        };
-        let Some(place) = place else {
-            break ended_why(&shared);
-        };
-        tokio::select! {
-            message = stream.next() => match message {
-                Some(Ok(Message::Binary(bytes))) => {
-                    if let Err(violation) = dispatch(&conn, &scopes, bytes, place) {
-                        warn!(%violation, "ending the connection");
-                        break violation;
-                    }
-                }
-                Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-                Some(Ok(Message::Close(_))) | None => {
-                    answer_close.cancel();
-                    break "the caller closed the connection";
-                }
-                Some(Err(error)) => {
-                    debug!(%error, "reading from the caller failed");
-                    break read_failed_why(&error);
-                }
-            },
-            () = ended.cancelled() => break ended_why(&shared),
-        }
-    };
+    let why = read_frames(&conn, &mut stream, &answer_close).await;
     info!(
         why,
         disregarded = conn.disregarded.load(Ordering::Relaxed),
         "connection ending"
     );
+    end(conn, writer, stream).await;
+    info!("connection closed");
+}
+
+/// Reads and dispatches the caller's frames until the connection ends;
+/// says why it ended.
+async fn read_frames<S: Io>(
+    conn: &Conn,
+    stream: &mut SplitStream<WebSocketStream<S>>,
+    answer_close: &CancellationToken,
+) -> &'static str {
+    let answers = Arc::new(Semaphore::new(MAX_QUEUED_ANSWERS));
+    loop {
+        // A place for the answer the next frame may need, before reading it.
+        // (The semaphore is never closed: `None` is only the end.)
+        let place = tokio::select! {
+            place = Arc::clone(&answers).acquire_owned() => place.ok(),
+            () = conn.ended.cancelled() => None,
+        };
+        let Some(place) = place else {
+            return ended_why(&conn.shared);
+        };
+        tokio::select! {
+            message = stream.next() => match message {
+                Some(Ok(Message::Binary(bytes))) => {
+                    if let Err(violation) = dispatch(conn, &bytes, place) {
+                        warn!(%violation, "ending the connection");
+                        return violation_why(&violation);
+                    }
+                }
+                Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Close(_))) | None => {
+                    answer_close.cancel();
+                    return "the caller closed the connection";
+                }
+                Some(Err(error)) => {
+                    debug!(%error, "reading from the caller failed");
+                    return read_failed_why(&error);
+                }
+            },
+            () = conn.ended.cancelled() => return ended_why(&conn.shared),
+        }
+    }
+}
+
+/// Ends an authorized connection: every scope ends (channels, containers,
+/// finishes), the writer sends what is queued and closes, and the caller
+/// gets a moment to answer the close.
+async fn end<S: Io>(
+    conn: Conn,
+    mut writer: JoinHandle<()>,
+    mut stream: SplitStream<WebSocketStream<S>>,
+) {
     // Every scope sees this and ends: channels, containers, finishes.
-    ended.cancel();
-    scopes.close();
-    scopes.wait().await;
+    conn.ended.cancel();
+    conn.scopes.close();
+    conn.scopes.wait().await;
     // All frames are queued; let the writer send them and close the socket,
     // but do not let a caller that stopped reading hold the server forever.
     drop(conn);
@@ -480,7 +393,14 @@ async fn serve_authorized<S: Io>(
         let answered = async { while let Some(Ok(_)) = stream.next().await {} };
         let _ = tokio::time::timeout(CLOSE_GRACE, answered).await;
     }
-    info!("connection closed");
+}
+
+/// Why the connection ended when the caller broke the authorization rules.
+fn violation_why(violation: &Violation) -> &'static str {
+    match violation {
+        Violation::SecondAuthorization { .. } => "a second authorization frame",
+        _ => "the caller broke the authorization rules",
+    }
 }
 
 /// Why the connection ended when reading from the caller failed.
@@ -506,157 +426,60 @@ fn ended_why(shared: &Shared) -> &'static str {
 
 /// Handles one binary message; an answer it queues at once holds `place`.
 /// `Err` is a violation that ends the connection.
-fn dispatch(
-    conn: &Arc<Conn>,
-    scopes: &TaskTracker,
-    bytes: Bytes,
-    place: OwnedSemaphorePermit,
-) -> Result<(), &'static str> {
-    let frame = match ClientFrame::decode(&bytes) {
+fn dispatch(conn: &Conn, bytes: &Bytes, place: OwnedSemaphorePermit) -> Result<(), Violation> {
+    let frame = match ClientFrame::decode(bytes) {
         Ok(frame) => frame,
         Err(error) => {
-            conn.disregard(format_args!("{error}"));
+            conn.disregard(&error.into());
             return Ok(());
         }
     };
-    match frame {
-        ClientFrame::Authorization { .. } => return Err("a second authorization frame"),
-        ClientFrame::Request { scope, payload } => request(conn, scopes, scope, payload, place),
-        ClientFrame::ChannelRequest {
-            scope,
-            channel,
-            payload,
-        } => {
-            // The run-loop request's JSON, as the caller's bytes, without a copy.
-            let json = bytes.slice((HEADER_LEN + 1).min(bytes.len())..);
-            channel_request(conn, scope, channel, payload, json, place);
+    let mut table = conn.outbox.table();
+    match table.received(frame) {
+        Serve::Run { scope, request } => {
+            let number = scope.scope();
+            let (orders, orders_in) = mpsc::unbounded_channel();
+            let stop = CancellationToken::new();
+            scope.open(Serving {
+                stop: stop.clone(),
+                orders,
+            });
+            drop(table);
+            let run = Run {
+                shared: Arc::clone(&conn.shared),
+                ended: conn.ended.clone(),
+                identity: conn.identity.clone(),
+                connection: conn.number,
+                outbox: ScopeOutbox::new(Arc::clone(&conn.outbox), number),
+                stop,
+            };
+            conn.scopes.spawn(scope::serve(run, request, orders_in));
         }
-        ClientFrame::ChannelResponse { scope, channel, .. }
-        | ClientFrame::ChannelResponseFinish { scope, channel } => conn.disregard(format_args!(
-            "a response on server channel {channel} of scope {scope}, which is not open"
-        )),
+        // Answered by the scope's finish.
+        Serve::Stop { slot, .. } => slot.stop.cancel(),
+        Serve::RunLoop { channel, request } => {
+            // The request's JSON, as the caller's bytes, without a copy.
+            let order = Order {
+                channel: channel.channel(),
+                request: bytes.slice_ref(request.json()),
+            };
+            // The scope's task is alive while its scope is open.
+            let _ = channel.open(()).orders.send(order);
+        }
+        Serve::BareFinish { frame, why } => {
+            if why.is_limit() {
+                warn!(%why, "bare finish");
+            } else {
+                debug!(%why, "bare finish");
+            }
+            conn.outbox
+                .queue_held(frame::to_message(&frame), place, None);
+        }
+        Serve::Disregarded(why) => conn.disregard(&why),
+        Serve::Violation(why) => return Err(why),
+        // The authorization was the first frame; the server opens no
+        // channels of its own, so none is answered.
+        Serve::Authorization(_) | Serve::ChannelResponse { .. } | Serve::ChannelFinished(_) => {}
     }
     Ok(())
-}
-
-/// A type-1 request: opens a scope, or is answered with a bare finish.
-fn request(
-    conn: &Arc<Conn>,
-    scopes: &TaskTracker,
-    scope: u32,
-    payload: &[u8],
-    place: OwnedSemaphorePermit,
-) {
-    let mut table = conn.table();
-    if table.scopes.contains_key(&scope) {
-        return conn.disregard(format_args!(
-            "a request on scope {scope}, which is still open"
-        ));
-    }
-    let bare_finish = || {
-        let finish = frame::to_message(&ServerFrame::ResponseFinish { scope });
-        conn.queue_data(finish, place);
-    };
-    if table.scopes.len() >= conn.shared.config.limits.max_scopes {
-        warn!(
-            scope,
-            limit = conn.shared.config.limits.max_scopes,
-            "too many open scopes; bare finish"
-        );
-        return bare_finish();
-    }
-    let request = match EndpointRequest::decode(payload) {
-        Ok(EndpointRequest::AgentsRun(request)) => request,
-        Ok(EndpointRequest::Unserved(tag)) => {
-            debug!(scope, tag, "endpoint not served; bare finish");
-            return bare_finish();
-        }
-        Err(error) => {
-            debug!(scope, %error, "request did not decode; bare finish");
-            return bare_finish();
-        }
-    };
-    let (orders, orders_in) = mpsc::unbounded_channel();
-    let stop = CancellationToken::new();
-    table.scopes.insert(
-        scope,
-        ScopeEntry {
-            channels: HashMap::new(),
-            stop: stop.clone(),
-            orders,
-        },
-    );
-    drop(table);
-    scopes.spawn(scope::serve(
-        Arc::clone(conn),
-        scope,
-        request,
-        stop,
-        orders_in,
-    ));
-}
-
-/// A type-4 request: stop, run-loop, or a bare channel finish.
-fn channel_request(
-    conn: &Conn,
-    scope: u32,
-    channel: u32,
-    payload: &[u8],
-    json: Bytes,
-    place: OwnedSemaphorePermit,
-) {
-    let mut table = conn.table();
-    let Some(entry) = table.scopes.get_mut(&scope) else {
-        return conn.disregard(format_args!(
-            "a channel request on scope {scope}, which is not open"
-        ));
-    };
-    if entry.channels.contains_key(&channel) {
-        return conn.disregard(format_args!(
-            "a request on channel {channel} of scope {scope}, which is still open"
-        ));
-    }
-    let bare_finish = || {
-        let finish = frame::to_message(&ServerFrame::ChannelResponseFinish { scope, channel });
-        conn.queue_data(finish, place);
-    };
-    let limit = conn.shared.config.limits.max_channels;
-    match ChannelRequest::decode(payload) {
-        Ok(ChannelRequest::Stop) => {
-            // Answered by the scope's finish; the number is freed with it.
-            // A stop past the channel limit is obeyed but not recorded: the
-            // run is ending anyway, and a flood of stops while it ends must
-            // not grow the table.
-            if entry.channels.len() < limit {
-                entry.channels.insert(channel, ChannelUse::Stop);
-            }
-            entry.stop.cancel();
-        }
-        Ok(ChannelRequest::RunLoop(_)) => {
-            if entry.channels.len() >= limit {
-                warn!(
-                    scope,
-                    channel, limit, "too many open channels; bare channel finish"
-                );
-                return bare_finish();
-            }
-            entry.channels.insert(channel, ChannelUse::RunLoop);
-            // The scope task is alive while its entry is in the table.
-            let _ = entry.orders.send(Order {
-                channel,
-                request: json,
-            });
-        }
-        Ok(ChannelRequest::Unserved(tag)) => {
-            debug!(
-                scope,
-                channel, tag, "channel not served; bare channel finish"
-            );
-            bare_finish();
-        }
-        Err(error) => {
-            debug!(scope, channel, %error, "channel request did not decode; bare channel finish");
-            bare_finish();
-        }
-    }
 }

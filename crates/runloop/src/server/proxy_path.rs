@@ -15,14 +15,16 @@
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use runloop_proto::Error;
+use runloop_proto::ErrorValue;
+use runloop_proto::registration::{RegistrationAnswer, RegistrationAsk};
+use runloop_proto::{Decode, Encode, ErrorKind};
 use serde_json::value::RawValue;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async_with_config};
 use tracing::debug;
 
-use crate::connection::Limits;
+use crate::limits::Limits;
 
 /// An open path to a proxy.
 pub(crate) type Path = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -40,15 +42,16 @@ pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path
 
 /// Registers the agent: sends `{"agent": <the caller's JSON, verbatim>}` and
 /// reads the proxy's one answer, `[0]` or `[1][error]`.
-pub(crate) async fn register(base: &str, agent: &RawValue, limits: &Limits) -> Result<(), Error> {
-    let fail = |what: String| Error::kind("proxy", what);
+pub(crate) async fn register(
+    base: &str,
+    agent: &RawValue,
+    limits: &Limits,
+) -> Result<(), ErrorValue> {
+    let fail = |what: String| ErrorValue::kind(ErrorKind::Proxy, what);
     let mut path = open(base, "/agent/register", limits)
         .await
         .map_err(|e| fail(format!("cannot open the proxy's /agent/register: {e}")))?;
-    let mut ask = Vec::with_capacity(agent.get().len() + 10);
-    ask.extend_from_slice(b"{\"agent\":");
-    ask.extend_from_slice(agent.get().as_bytes());
-    ask.push(b'}');
+    let Ok(ask) = RegistrationAsk::new(agent).to_vec();
     path.send(Message::Binary(ask.into()))
         .await
         .map_err(|e| fail(format!("cannot send to the proxy's /agent/register: {e}")))?;
@@ -68,10 +71,10 @@ pub(crate) async fn register(base: &str, agent: &RawValue, limits: &Limits) -> R
     };
     // The answer is all the proxy has to say.
     close(path).await;
-    match answer.split_first() {
-        Some((0, _)) => Ok(()),
-        Some((1, error)) => Err(Error::decode_or_text(error)),
-        _ => Err(fail(
+    match RegistrationAnswer::decode(&answer) {
+        Ok(RegistrationAnswer::Registered) => Ok(()),
+        Ok(RegistrationAnswer::Refused(error)) => Err(error),
+        Err(_) => Err(fail(
             "the proxy's /agent/register answer is not [0] or [1][error]".into(),
         )),
     }

@@ -21,23 +21,22 @@
 //! this task stop reading the proxy, and TCP carries the pressure back to
 //! the agent program.
 
-use std::pin::pin;
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use runloop_proto::frame::{self, ServerFrame};
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
-use runloop_proto::{Error, Writer};
+use runloop_proto::{ErrorKind, ErrorValue, Writer};
 use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::tungstenite::Message;
 use tracing::debug;
 
-use super::connection::Conn;
+use super::outbox::ChannelOutbox;
 use super::proxy_path::{self, Path};
-use super::scope::Order;
-use super::{Held, Stats};
+use super::shared::{Held, Shared, Stats};
 use crate::metrics::{LoopOutcome, ProxyFault, ServerMetrics};
 
 /// A proxy path the relay has opened, counted as held until it is closed.
@@ -89,24 +88,24 @@ impl Forwarded {
 ///
 /// Not instrumented with a span: entering one on every poll is a measurable
 /// share of the relay's cost, so the few events it logs name their
-/// connection, run, scope and channel instead.
+/// connection, run, scope and channel instead (`(connection, run)` are
+/// the connection's number and the run's id).
 pub(crate) async fn serve(
-    conn: Arc<Conn>,
-    scope: u32,
-    order: Order,
+    shared: Arc<Shared>,
+    outbox: ChannelOutbox,
+    request: Bytes,
     proxy_url: String,
-    ending: watch::Receiver<Option<Error>>,
-    run: Arc<str>,
+    ending: watch::Receiver<Option<ErrorValue>>,
+    (connection, run): (u64, Arc<str>),
 ) {
-    let relaying = Held::new(conn.shared(), |s: &Stats| &s.relays);
-    let channel = order.channel;
+    let relaying = Held::new(&shared, |s: &Stats| &s.relays);
     let mut last = Vec::new();
     let mut open = None;
     let mut forwarded = Forwarded::default();
     let finish = relay(
-        &conn,
-        scope,
-        order,
+        &shared,
+        &outbox,
+        request,
         &proxy_url,
         ending,
         &mut open,
@@ -116,31 +115,26 @@ pub(crate) async fn serve(
     .await;
     // Counted before the finish is queued: a caller that has seen the
     // finish finds the loop counted.
-    forwarded.flush(&conn.shared().metrics);
+    forwarded.flush(&shared.metrics);
     let last_chunk = forwarded
         .last
         .as_deref()
         .and_then(|payload| payload.get(1..));
     let outcome = LoopOutcome::of(forwarded.chunks, !last.is_empty(), last_chunk);
-    conn.shared().metrics.loops.inc(outcome);
+    shared.metrics.loops.inc(outcome);
     if !last.is_empty() {
-        let frame = ServerFrame::ChannelResponse {
-            scope,
-            channel,
-            payload: &last,
-        };
-        conn.queue_in_scope(scope, frame::to_message(&frame));
+        outbox.respond_last(&last);
     }
     debug!(
-        connection = conn.number,
+        connection,
         run = %run,
-        scope,
-        channel,
+        scope = outbox.scope(),
+        channel = outbox.channel(),
         chunks = forwarded.chunks,
         outcome = outcome_name(outcome),
         "run-loop channel finished"
     );
-    conn.finish_channel(scope, channel, finish);
+    outbox.finish(finish);
     drop(relaying);
     if let Some(Open { path, _held }) = open {
         proxy_path::close(path).await;
@@ -154,34 +148,38 @@ fn outcome_name(outcome: LoopOutcome) -> &'static str {
 /// The relay proper. Forwards chunks as they come, noting them in
 /// `forwarded`; writes the channel's last payload, if it has one, to
 /// `last`. A path that still needs its close handshake is left in `open`.
+///
+/// Every wait is also a wait for the run's end ([`RunEnd::or`]): whatever
+/// the relay is waiting for, the run's end cuts the loop with its reason.
 #[allow(clippy::too_many_arguments)]
 async fn relay(
-    conn: &Conn,
-    scope: u32,
-    order: Order,
+    shared: &Arc<Shared>,
+    outbox: &ChannelOutbox,
+    request: Bytes,
     proxy_url: &str,
-    ending: watch::Receiver<Option<Error>>,
+    ending: watch::Receiver<Option<ErrorValue>>,
     open: &mut Option<Open>,
     last: &mut Writer<'_>,
     forwarded: &mut Forwarded,
 ) -> Finish {
-    let metrics = &conn.shared().metrics;
-    // One future for the run's end, polled by every wait below; making a
-    // new one per message would register and drop a waiter each time.
-    let mut ending = pin!(ended(ending));
-    let relay = Relay::new();
-    let limits = conn.shared().config.limits;
-    let dialled = tokio::select! {
-        biased;
-        why = &mut ending => return relay.cut(why, last),
-        dialled = proxy_path::open(proxy_url, "/agent/run", &limits) => dialled,
+    let metrics = &shared.metrics;
+    let ended = pin!(ended(ending));
+    let mut run_end = RunEnd { ended };
+    let mut relay = Relay::new();
+    let limits = shared.config.limits;
+    let dialled = match run_end
+        .or(proxy_path::open(proxy_url, "/agent/run", &limits))
+        .await
+    {
+        Ok(dialled) => dialled,
+        Err(why) => return relay.cut(why, last),
     };
     let path = match dialled {
         Ok(path) => path,
         Err(why) => {
             metrics.proxy_faults.inc(ProxyFault::Unreachable);
-            let error = Error::kind(
-                "proxy",
+            let error = ErrorValue::kind(
+                ErrorKind::Proxy,
                 format!("cannot open the proxy's /agent/run: {why}"),
             );
             return relay.cut(error, last);
@@ -189,64 +187,42 @@ async fn relay(
     };
     let Open { path, .. } = open.insert(Open {
         path,
-        _held: Held::new(conn.shared(), |s: &Stats| &s.proxy_paths),
+        _held: Held::new(shared, |s: &Stats| &s.proxy_paths),
     });
     // A proxy that does not read can hold a large ask forever: the run's end
     // must still reach the loop.
-    let sent = tokio::select! {
-        biased;
-        why = &mut ending => return relay.cut(why, last),
-        sent = path.send(Message::Binary(order.request)) => sent,
-    };
-    if let Err(why) = sent {
-        metrics.proxy_faults.inc(ProxyFault::Send);
-        *open = None;
-        return relay.broke(&why.to_string(), last);
+    match run_end.or(path.send(Message::Binary(request))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => {
+            metrics.proxy_faults.inc(ProxyFault::Send);
+            *open = None;
+            return relay.broke(&why.to_string(), last);
+        }
+        Err(why) => return relay.cut(why, last),
     }
-    let permits = Arc::new(Semaphore::new(limits.max_queued_responses));
-    let mut relay = relay;
+    let places = Arc::new(Semaphore::new(limits.max_queued_responses));
     loop {
-        let next = tokio::select! {
-            biased;
-            why = &mut ending => return relay.cut(why, last),
-            next = path.next() => next,
-        };
-        let message = match next {
-            Some(Ok(Message::Binary(message))) => message,
+        let message = match run_end.or(next_message(path)).await {
+            Ok(Next::Message(message)) => message,
             // The proxy's close: answered by the handshake in `serve`.
-            Some(Ok(Message::Close(_))) => return relay.closed(),
-            Some(Ok(
-                Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
-            )) => continue,
-            Some(Err(why)) => {
+            Ok(Next::Closed) => return relay.closed(),
+            Ok(Next::Broke(why)) => {
                 metrics.proxy_faults.inc(ProxyFault::AbruptEnd);
                 *open = None;
-                return relay.broke(&why.to_string(), last);
+                return relay.broke(&why, last);
             }
-            None => {
-                metrics.proxy_faults.inc(ProxyFault::AbruptEnd);
-                *open = None;
-                return relay.broke("the connection closed without a close frame", last);
-            }
+            Err(why) => return relay.cut(why, last),
         };
         let relayed_at = Instant::now();
         match relay.message(message, last) {
             Relayed::Forward(next, message) => {
                 relay = next;
-                let permit = tokio::select! {
-                    biased;
-                    why = &mut ending => return relay.cut(why, last),
-                    permit = Arc::clone(&permits).acquire_owned() => permit,
+                let place = match run_end.or(Arc::clone(&places).acquire_owned()).await {
+                    Ok(Ok(place)) => place,
+                    Ok(Err(_)) => unreachable!("the semaphore is never closed"),
+                    Err(why) => return relay.cut(why, last),
                 };
-                let Ok(permit) = permit else {
-                    unreachable!("the semaphore is never closed")
-                };
-                let frame = ServerFrame::ChannelResponse {
-                    scope,
-                    channel: order.channel,
-                    payload: &message,
-                };
-                conn.queue_relayed(frame::to_message(&frame), permit, relayed_at);
+                outbox.respond(&message, place, relayed_at);
                 forwarded.note(message, metrics);
             }
             Relayed::Last(error, finish) => {
@@ -258,8 +234,8 @@ async fn relay(
             Relayed::Fault(finish) => {
                 metrics.proxy_faults.inc(ProxyFault::Sequence);
                 debug!(
-                    scope,
-                    channel = order.channel,
+                    scope = outbox.scope(),
+                    channel = outbox.channel(),
                     "the proxy broke the sequence"
                 );
                 return finish;
@@ -268,14 +244,57 @@ async fn relay(
     }
 }
 
+/// What came next on the proxy's path.
+enum Next {
+    /// A binary message: a run-loop payload, unread.
+    Message(Bytes),
+    /// The proxy's clean close.
+    Closed,
+    /// The path ended without a close: how.
+    Broke(String),
+}
+
+/// Reads the path up to its next binary message, or its end. Text messages
+/// and pings carry nothing (protocol §1).
+async fn next_message(path: &mut Path) -> Next {
+    while let Some(message) = path.next().await {
+        match message {
+            Ok(Message::Binary(message)) => return Next::Message(message),
+            Ok(Message::Close(_)) => return Next::Closed,
+            Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
+            Err(why) => return Next::Broke(why.to_string()),
+        }
+    }
+    Next::Broke("the connection closed without a close frame".to_owned())
+}
+
+/// The run's end, waited for beside whatever the relay waits for. One
+/// future for the whole relay: making a new one per message would register
+/// and drop a waiter each time.
+struct RunEnd<'a, F> {
+    ended: Pin<&'a mut F>,
+}
+
+impl<F: Future<Output = ErrorValue>> RunEnd<'_, F> {
+    /// `work`'s output, or the run's end (why it ended) if that comes
+    /// first. The run's end wins a tie.
+    async fn or<T>(&mut self, work: impl Future<Output = T>) -> Result<T, ErrorValue> {
+        tokio::select! {
+            biased;
+            why = self.ended.as_mut() => Err(why),
+            output = work => Ok(output),
+        }
+    }
+}
+
 /// Resolves with the run's ending reason once it is set.
-async fn ended(mut ending: watch::Receiver<Option<Error>>) -> Error {
+async fn ended(mut ending: watch::Receiver<Option<ErrorValue>>) -> ErrorValue {
     loop {
         if let Some(why) = ending.borrow_and_update().clone() {
             return why;
         }
         if ending.changed().await.is_err() {
-            return Error::kind("server", "the run ended");
+            return ErrorValue::kind(ErrorKind::Server, "the run ended");
         }
     }
 }

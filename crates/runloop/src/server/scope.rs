@@ -21,66 +21,64 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use base64::Engine as _;
-use bytes::Bytes;
 use runloop_proto::agents_run::{Image, ImageRef, RunRequest, RunResponse};
-use runloop_proto::{Encode, Error};
+use runloop_proto::{ErrorKind, ErrorValue};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span};
 
-use super::connection::Conn;
-use super::{Held, Shared, Stats, proxy_path, relay};
+use super::config::Identity;
+use super::outbox::{Order, ScopeOutbox};
+use super::shared::{Held, Shared, Stats};
+use super::{proxy_path, relay};
 use crate::metrics::{RunEnd, RunRefusal};
-use crate::runtime::{Container, Limits, Registry};
+use crate::runtime::{Container, ContainerLimits, Registry};
 
-/// A run-loop channel request, handed from the connection to its scope.
-#[derive(Debug)]
-pub(crate) struct Order {
-    /// The client's channel number.
-    pub(crate) channel: u32,
-    /// The request's JSON, as the caller sent it.
-    pub(crate) request: Bytes,
+/// What a run is served with: the server's shared state, the connection's
+/// end, who it is served as, its outbox, and its stop.
+pub(crate) struct Run {
+    pub(crate) shared: Arc<Shared>,
+    /// Fires when the connection is ending.
+    pub(crate) ended: CancellationToken,
+    pub(crate) identity: Identity,
+    /// The number its connection is known by in logs.
+    pub(crate) connection: u64,
+    pub(crate) outbox: ScopeOutbox,
+    /// Fires on the caller's stop.
+    pub(crate) stop: CancellationToken,
 }
 
-/// Serves one run scope until its finish.
+/// Serves one run scope until its finish; its run-loop requests come as
+/// `orders`.
 pub(crate) async fn serve(
-    conn: Arc<Conn>,
-    scope: u32,
+    run: Run,
     request: Box<RunRequest>,
-    stop: CancellationToken,
     orders: mpsc::UnboundedReceiver<Order>,
 ) {
-    let _held = Held::new(conn.shared(), |s: &Stats| &s.scopes);
+    let _held = Held::new(&run.shared, |s: &Stats| &s.scopes);
     // Spawned by the connection, not inside its span: the span names the
     // connection itself; the run's id is added once it has one.
     let span = info_span!(
         "scope",
-        connection = conn.number,
-        scope,
-        identity = %conn.identity,
+        connection = run.connection,
+        scope = run.outbox.scope(),
+        identity = %run.identity,
         id = tracing::field::Empty,
     );
-    let run = Run { conn, scope, stop };
     async move {
         match run.start(&request).await {
             Ok(container) => run.serve(container, orders).await,
             Err((refusal, error)) => {
-                run.conn.shared().metrics.runs_refused.inc(refusal);
+                run.shared.metrics.runs_refused.inc(refusal);
                 info!(%error, "run refused");
-                run.respond(&RunResponse::Error(error.clone()));
-                run.conn.finish_scope(scope, &error);
+                run.outbox.respond(&RunResponse::Error(error.clone()));
+                run.outbox.finish(&error);
             }
         }
     }
     .instrument(span)
     .await;
-}
-
-struct Run {
-    conn: Arc<Conn>,
-    scope: u32,
-    stop: CancellationToken,
 }
 
 /// A started container, counted while it runs.
@@ -98,12 +96,15 @@ impl Running {
 impl Run {
     /// Checks the request, starts its container and registers its agent;
     /// a refusal says, besides its error, how it is counted.
-    async fn start(&self, request: &RunRequest) -> Result<Running, (RunRefusal, Error)> {
-        let shared = self.conn.shared();
+    async fn start(&self, request: &RunRequest) -> Result<Running, (RunRefusal, ErrorValue)> {
+        let shared = &self.shared;
         let refused = |reason| move |error| (reason, error);
-        request
-            .validate()
-            .map_err(|why| (RunRefusal::Request, Error::kind("request", why)))?;
+        request.validate().map_err(|why| {
+            (
+                RunRefusal::Request,
+                ErrorValue::kind(ErrorKind::Request, why),
+            )
+        })?;
         let container = &request.container;
         let source = match (&container.image, &shared.config.registry) {
             (Image::Server(image), _) => Source::Catalog(image),
@@ -113,8 +114,8 @@ impl Run {
             _ => {
                 return Err((
                     RunRefusal::Policy,
-                    Error::kind(
-                        "policy",
+                    ErrorValue::kind(
+                        ErrorKind::Policy,
                         format!(
                             "{} images are not run here; only server images from this server's catalog",
                             container.image.source()
@@ -126,8 +127,8 @@ impl Run {
         if let Some(list) = first_mount_list(request) {
             return Err((
                 RunRefusal::Policy,
-                Error::kind(
-                    "policy",
+                ErrorValue::kind(
+                    ErrorKind::Policy,
                     format!(
                         "{list} is refused: this server holds no volumes, identities or FUSE sessions"
                     ),
@@ -136,11 +137,9 @@ impl Run {
         }
         let (runtime, name) = match source {
             Source::Catalog(image) => {
-                let runtime = shared
-                    .config
-                    .catalog
-                    .resolve(image)
-                    .map_err(|why| (RunRefusal::Policy, Error::kind("policy", why)))?;
+                let runtime = shared.config.catalog.resolve(image).map_err(|why| {
+                    (RunRefusal::Policy, ErrorValue::kind(ErrorKind::Policy, why))
+                })?;
                 (runtime, image.name.as_str())
             }
             Source::Registry(reference, registry) => {
@@ -150,11 +149,11 @@ impl Run {
                     .await
                     .map_err(refused(RunRefusal::Abandoned))?;
                 let runtime = pulled
-                    .map_err(|why| (RunRefusal::Policy, Error::kind(why.kind, why.message)))?;
+                    .map_err(|why| (RunRefusal::Policy, ErrorValue::kind(why.kind, why.message)))?;
                 (runtime, reference)
             }
         };
-        let limits = Limits {
+        let limits = ContainerLimits {
             memory: container.memory,
             disk: container.disk,
         };
@@ -171,7 +170,10 @@ impl Run {
             }
             Err(why) => {
                 shared.metrics.runtime_failures.inc();
-                return Err((RunRefusal::Runtime, Error::kind("runtime", why)));
+                return Err((
+                    RunRefusal::Runtime,
+                    ErrorValue::kind(ErrorKind::Runtime, why),
+                ));
             }
         };
         let running = Running {
@@ -199,87 +201,74 @@ impl Run {
     }
 
     /// Runs `work` unless the run is stopped or the connection ends first.
-    async fn unless_ended<F: Future>(&self, work: F) -> Result<F::Output, Error> {
+    async fn unless_ended<F: Future>(&self, work: F) -> Result<F::Output, ErrorValue> {
         tokio::select! {
             biased;
             () = self.stop.cancelled() => {
-                Err(Error::kind("run", "the run was stopped before its container ran"))
+                Err(ErrorValue::kind(ErrorKind::Run, "the run was stopped before its container ran"))
             }
-            () = self.conn.ended.cancelled() => Err(self.connection_ending()),
+            () = self.ended.cancelled() => Err(self.connection_ending()),
             output = work => Ok(output),
         }
     }
 
-    fn connection_ending(&self) -> Error {
+    fn connection_ending(&self) -> ErrorValue {
         self.connection_ended().1
     }
 
     /// Why the connection's end ends a run: the server's shutdown, or the
     /// caller's connection.
-    fn connection_ended(&self) -> (RunEnd, Error) {
-        if self.conn.shared().shutdown.is_cancelled() {
+    fn connection_ended(&self) -> (RunEnd, ErrorValue) {
+        if self.shared.shutdown.is_cancelled() {
             (
                 RunEnd::Shutdown,
-                Error::kind("server", "the server is shutting down"),
+                ErrorValue::kind(ErrorKind::Server, "the server is shutting down"),
             )
         } else {
             (
                 RunEnd::Disconnect,
-                Error::kind("server", "the caller's connection ended"),
+                ErrorValue::kind(ErrorKind::Server, "the caller's connection ended"),
             )
-        }
-    }
-
-    fn respond(&self, response: &RunResponse) {
-        let message = runloop_proto::frame::build(
-            runloop_proto::frame::FrameType::Response,
-            self.scope,
-            0,
-            response.size_hint(),
-            |out| response.encode(out),
-        );
-        if let Ok(message) = message {
-            self.conn.queue_in_scope(self.scope, message);
         }
     }
 
     /// Serves the running container's channels until the run ends, then
     /// ends everything in order.
     async fn serve(&self, mut running: Running, mut orders: mpsc::UnboundedReceiver<Order>) {
-        let metrics = &self.conn.shared().metrics;
-        let id = match RunId::mint(self.conn.shared()) {
+        let metrics = &self.shared.metrics;
+        let id = match RunId::mint(&self.shared) {
             Ok(id) => id,
             Err(error) => {
                 running.stop().await;
                 metrics.runs_refused.inc(RunRefusal::Server);
-                self.respond(&RunResponse::Error(error.clone()));
-                return self.conn.finish_scope(self.scope, &error);
+                self.outbox.respond(&RunResponse::Error(error.clone()));
+                return self.outbox.finish(&error);
             }
         };
         tracing::Span::current().record("id", id.0.as_str());
         metrics.runs_started.inc();
-        self.respond(&RunResponse::Id(id.0.clone()));
+        self.outbox.respond(&RunResponse::Id(id.0.clone()));
         info!("running");
         let run: Arc<str> = Arc::from(id.0.as_str());
         let proxy_url = running.container.proxy_url().to_owned();
-        let (ending, ending_seen) = watch::channel(None::<Error>);
+        let (ending, ending_seen) = watch::channel(None::<ErrorValue>);
         let relays = TaskTracker::new();
         let (end, why) = loop {
             tokio::select! {
                 biased;
-                () = self.stop.cancelled() => break (RunEnd::Stop, Error::kind("run", "the run was stopped")),
-                () = self.conn.ended.cancelled() => break self.connection_ended(),
+                () = self.stop.cancelled() => break (RunEnd::Stop, ErrorValue::kind(ErrorKind::Run, "the run was stopped")),
+                () = self.ended.cancelled() => break self.connection_ended(),
                 why = running.container.ended() => {
-                    break (RunEnd::Container, Error::kind("container", format!("the container ended: {why}")));
+                    break (RunEnd::Container, ErrorValue::kind(ErrorKind::Container, format!("the container ended: {why}")));
                 }
                 Some(order) = orders.recv() => {
                     relays.spawn(relay::serve(
-                        Arc::clone(&self.conn),
-                        self.scope,
-                        order,
+                        Arc::clone(&self.shared),
+                        self.outbox.channel(order.channel),
+                        order.request,
                         proxy_url.clone(),
                         ending_seen.clone(),
-                        Arc::clone(&run),
+                        (self.connection, Arc::clone(&run)),
                     ));
                 }
             }
@@ -291,7 +280,7 @@ impl Run {
         relays.wait().await;
         running.stop().await;
         drop(id);
-        self.conn.finish_scope(self.scope, &why);
+        self.outbox.finish(&why);
     }
 }
 
@@ -326,11 +315,14 @@ struct RunId(String, Arc<Shared>);
 impl RunId {
     /// 128 bits from the OS's randomness, base64url: unguessable, and not
     /// derived from anything in the request.
-    fn mint(shared: &Arc<Shared>) -> Result<RunId, Error> {
+    fn mint(shared: &Arc<Shared>) -> Result<RunId, ErrorValue> {
         loop {
             let mut bytes = [0u8; 16];
             getrandom::fill(&mut bytes).map_err(|why| {
-                Error::kind("server", format!("no randomness for a run id: {why}"))
+                ErrorValue::kind(
+                    ErrorKind::Server,
+                    format!("no randomness for a run id: {why}"),
+                )
             })?;
             let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
             let mut ids = shared

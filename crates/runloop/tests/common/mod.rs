@@ -14,11 +14,11 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use runloop::proto::Writer;
 use runloop::proto::run_loop::{AgenticLoopChunk, Outcome, Reader, Relay, Relayed, Step};
+use runloop::proxy::ProxyHandle;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_util::sync::CancellationToken;
 use tracing_subscriber::fmt::MakeWriter;
 
 pub type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
@@ -172,7 +172,7 @@ pub fn error_json(message: &[u8]) -> serde_json::Value {
 /// A proxy on a loopback port for the agent program at `agent`.
 pub struct RunningProxy {
     pub url: String,
-    pub stop: CancellationToken,
+    pub handle: ProxyHandle,
     pub task: JoinHandle<std::io::Result<()>>,
 }
 
@@ -180,10 +180,12 @@ pub async fn proxy(agent: SocketAddr) -> RunningProxy {
     let proxy = runloop::proxy::Proxy::bind(SocketAddr::from(([127, 0, 0, 1], 0)), agent)
         .await
         .expect("binds");
-    let url = format!("ws://{}", proxy.local_addr().expect("address"));
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(proxy.run(stop.clone()));
-    RunningProxy { url, stop, task }
+    let (handle, task) = proxy.spawn();
+    RunningProxy {
+        url: handle.url(),
+        handle,
+        task,
+    }
 }
 
 /// One HTTP request as the scripted agent program read it.

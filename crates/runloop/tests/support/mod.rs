@@ -293,7 +293,7 @@ pub async fn server_with(
     let mut config = ServerConfig::new(credentials, catalog);
     adjust(&mut config);
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
-    let (handle, _task) = server.spawn().expect("spawn");
+    let (handle, _task) = server.spawn();
     handle
 }
 
@@ -636,7 +636,7 @@ impl Gated {
         catalog.insert("demo", None, Arc::new(self.clone()));
         let config = ServerConfig::new(Credentials::Any, catalog);
         let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
-        server.spawn().expect("spawn").0
+        server.spawn().0
     }
 }
 
@@ -654,7 +654,7 @@ impl Drop for StartGuard {
 impl runloop::runtime::Runtime for Gated {
     fn start(
         &self,
-        _limits: runloop::runtime::Limits,
+        _limits: runloop::runtime::ContainerLimits,
     ) -> runloop::runtime::BoxFuture<
         '_,
         Result<Box<dyn runloop::runtime::Container>, runloop::runtime::StartError>,

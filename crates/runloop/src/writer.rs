@@ -1,23 +1,24 @@
-//! The framed connection's shared parts: limits, the writer that owns the
-//! sending half of a WebSocket, and how long a close may take.
+//! The writer: the one task per framed connection that owns the sending
+//! half of its WebSocket, and how long a close may take.
 //!
 //! Both ends of a connection (the provider's server and the caller's
 //! client) send from many tasks at once — one per scope, one per channel —
 //! over one socket. Instead of sharing the socket behind a lock, every task
-//! hands complete frames to an outbox, and one writer task per
-//! connection feeds them to the socket in order. The writer writes every
+//! hands complete frames to the connection's [`Queue`], and one writer task
+//! per connection feeds them to the socket in order. The writer writes every
 //! frame that is ready before it flushes once, so a busy connection pays one
 //! system call for many frames, and an idle one still sends each frame at
 //! once.
 //!
-//! Memory stays bounded without making the outbox itself bounded (which
+//! Memory stays bounded without making the queue itself bounded (which
 //! could deadlock tasks that must send a finish): a frame that carries loop
 //! data travels with a permit from its channel's semaphore, released only
 //! when the writer has taken the frame. A channel with `max_queued_responses`
 //! frames waiting cannot produce another, so a caller that reads slowly slows
 //! the relay's read from the proxy instead of growing a buffer. Control
 //! frames (finishes, main-stream responses) need no permit; there are at most
-//! a few per scope or channel, and those are bounded by [`Limits`].
+//! a few per scope or channel, and those are bounded by the connection's
+//! [`Limits`](crate::limits::Limits).
 //!
 //! Both ends close on purpose with a close handshake (protocol §12 "Clean
 //! ends"): the writer's last act is a close frame, or the answer to the
@@ -25,9 +26,6 @@
 //! [`CLOSE_GRACE`] at most, before it lets the socket go. A socket dropped
 //! without one reads to the other side as a connection that broke.
 
-mod limits;
-
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -38,20 +36,12 @@ use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
-pub use limits::{Limit, LimitError, Limits};
-
+use crate::client::Tap;
 use crate::metrics::Histogram;
 
 /// How long a side that closes waits for the other side's close answer
 /// before it lets the socket go anyway. An answer takes one round trip.
-pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
-
-/// Sees every frame of a connection, in both directions, as its bytes.
-///
-/// The client calls it for each message it writes ([`Role::Client`]) and
-/// each binary message it reads ([`Role::Server`]); `runloop run --capture`
-/// records a connection this way.
-pub type Tap = Arc<dyn Fn(Role, &[u8]) + Send + Sync>;
+pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// A frame on its way to the socket.
 #[derive(Debug)]
@@ -90,12 +80,12 @@ impl Outgoing {
 }
 
 /// Where tasks put frames for the writer.
-pub(crate) type Outbox = mpsc::UnboundedSender<Outgoing>;
+pub(crate) type Queue = mpsc::UnboundedSender<Outgoing>;
 
 /// How many ready frames the writer takes before it flushes.
 const BATCH: usize = 64;
 
-/// Feeds frames to the socket until every [`Outbox`] is dropped or `close`
+/// Feeds frames to the socket until every [`Queue`] is dropped or `close`
 /// fires, then closes the WebSocket: a close frame, or the answer to the
 /// peer's close if it closed first (frames still queued then are dropped:
 /// nothing may follow a close). Returns the error that ended it early.
@@ -105,7 +95,7 @@ const BATCH: usize = 64;
 /// batch, one add to a bucket per frame.
 pub(crate) async fn write_frames<S>(
     mut sink: S,
-    mut outbox: mpsc::UnboundedReceiver<Outgoing>,
+    mut queue: mpsc::UnboundedReceiver<Outgoing>,
     close: CancellationToken,
     tap: Option<(Tap, Role)>,
     latency: Option<Histogram>,
@@ -119,7 +109,7 @@ where
         relayed: [None; BATCH],
         count: 0,
     };
-    match write_until_closing(&mut sink, &mut outbox, &close, &mut writer).await {
+    match write_until_closing(&mut sink, &mut queue, &close, &mut writer).await {
         Ok(()) | Err(WsError::Protocol(ProtocolError::SendAfterClosing)) => sink.close().await,
         Err(error) => Err(error),
     }
@@ -168,7 +158,7 @@ impl Batch<'_> {
 
 async fn write_until_closing<S>(
     sink: &mut S,
-    outbox: &mut mpsc::UnboundedReceiver<Outgoing>,
+    queue: &mut mpsc::UnboundedReceiver<Outgoing>,
     close: &CancellationToken,
     batch: &mut Batch<'_>,
 ) -> Result<(), WsError>
@@ -178,7 +168,7 @@ where
     loop {
         let first = tokio::select! {
             biased;
-            next = outbox.recv() => next,
+            next = queue.recv() => next,
             () = close.cancelled() => None,
         };
         let Some(first) = first else {
@@ -186,7 +176,7 @@ where
         };
         batch.feed(sink, first).await?;
         for _ in 1..BATCH {
-            match outbox.try_recv() {
+            match queue.try_recv() {
                 Ok(next) => batch.feed(sink, next).await?,
                 Err(_) => break,
             }

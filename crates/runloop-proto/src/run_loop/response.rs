@@ -1,8 +1,8 @@
 //! The run-loop response frame: one channel response payload (protocol §7).
 //!
 //! ```text
-//! [0x00][chunk JSON …]     Frame::Chunk — one piece of the loop (tag CHUNK)
-//! [0x01][error JSON …]     Frame::Error — there was no loop, or it did not finish (tag ERROR)
+//! [0x00][chunk JSON …]     Response::Chunk — one piece of the loop (tag CHUNK)
+//! [0x01][error JSON …]     Response::Error — there was no loop, or it did not finish (tag ERROR)
 //! ```
 //!
 //! The tag byte, and nothing in the JSON, tells a chunk from an error. An
@@ -19,20 +19,21 @@ use std::fmt;
 
 use super::{AgenticLoopChunk, scan};
 use crate::codec::{Decode, Encode, Writer};
-use crate::error::Error;
+use crate::error_value::{self, ErrorValue};
 
-/// Tag of [`Frame::Chunk`]; public so a relay can frame JSON it never parsed.
+/// Tag of [`Response::Chunk`]; public so a relay can frame JSON it never parsed.
 pub const CHUNK: u8 = 0;
-/// Tag of [`Frame::Error`].
-pub const ERROR: u8 = 1;
+/// Tag of [`Response::Error`], the same as every error answer's
+/// ([`error_value::TAG`]).
+pub const ERROR: u8 = error_value::TAG;
 
 /// One run-loop channel response.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Frame {
+pub enum Response {
     /// A piece of the loop. Tag `0`.
     Chunk(AgenticLoopChunk),
     /// No loop ran, or it ended without finishing. Tag `1`; always last.
-    Error(Error),
+    Error(ErrorValue),
 }
 
 /// Which of the two a payload is, read from its first byte alone.
@@ -47,7 +48,7 @@ pub enum Tag {
 /// A run-loop response payload that could not be read. The four cases and
 /// their messages are fixed by the protocol.
 #[derive(Debug)]
-pub enum FrameError {
+pub enum ResponseError {
     /// No bytes at all.
     Empty,
     /// A first byte that is neither `0` nor `1`.
@@ -58,33 +59,33 @@ pub enum FrameError {
     Error(serde_json::Error),
 }
 
-impl fmt::Display for FrameError {
+impl fmt::Display for ResponseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FrameError::Empty => f.write_str("agentic loop frame is empty"),
-            FrameError::UnknownTag(tag) => write!(f, "unknown agentic loop frame tag {tag}"),
-            FrameError::Chunk(inner) => write!(f, "agentic loop chunk did not parse: {inner}"),
-            FrameError::Error(inner) => write!(f, "agentic loop error did not parse: {inner}"),
+            ResponseError::Empty => f.write_str("agentic loop frame is empty"),
+            ResponseError::UnknownTag(tag) => write!(f, "unknown agentic loop frame tag {tag}"),
+            ResponseError::Chunk(inner) => write!(f, "agentic loop chunk did not parse: {inner}"),
+            ResponseError::Error(inner) => write!(f, "agentic loop error did not parse: {inner}"),
         }
     }
 }
 
-impl StdError for FrameError {
+impl StdError for ResponseError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            FrameError::Chunk(inner) | FrameError::Error(inner) => Some(inner),
-            FrameError::Empty | FrameError::UnknownTag(_) => None,
+            ResponseError::Chunk(inner) | ResponseError::Error(inner) => Some(inner),
+            ResponseError::Empty | ResponseError::UnknownTag(_) => None,
         }
     }
 }
 
 /// The tag of a payload, from its first byte; the rest is not looked at.
-pub fn tag(payload: &[u8]) -> Result<Tag, FrameError> {
+pub fn tag(payload: &[u8]) -> Result<Tag, ResponseError> {
     match payload.first() {
-        None => Err(FrameError::Empty),
+        None => Err(ResponseError::Empty),
         Some(&CHUNK) => Ok(Tag::Chunk),
         Some(&ERROR) => Ok(Tag::Error),
-        Some(&other) => Err(FrameError::UnknownTag(other)),
+        Some(&other) => Err(ResponseError::UnknownTag(other)),
     }
 }
 
@@ -95,18 +96,18 @@ pub fn encode_raw_chunk(json: &[u8], out: &mut Writer<'_>) {
     out.extend_from_slice(json);
 }
 
-impl Encode for Frame {
+impl Encode for Response {
     type Error = serde_json::Error;
 
     fn encode(&self, out: &mut Writer<'_>) -> Result<(), serde_json::Error> {
         match self {
-            Frame::Chunk(chunk) => {
+            Response::Chunk(chunk) => {
                 out.push(CHUNK);
                 serde_json::to_writer(out, chunk)
             }
-            Frame::Error(error) => {
-                out.push(ERROR);
-                error.encode(out)
+            Response::Error(error) => {
+                error.write_tagged(out);
+                Ok(())
             }
         }
     }
@@ -117,19 +118,19 @@ impl Encode for Frame {
     }
 }
 
-impl Decode<'_> for Frame {
-    type Error = FrameError;
+impl Decode<'_> for Response {
+    type Error = ResponseError;
 
-    fn decode(payload: &[u8]) -> Result<Self, FrameError> {
-        let (&first, rest) = payload.split_first().ok_or(FrameError::Empty)?;
+    fn decode(payload: &[u8]) -> Result<Self, ResponseError> {
+        let (&first, rest) = payload.split_first().ok_or(ResponseError::Empty)?;
         match first {
             CHUNK => parse_chunk(rest)
-                .map(Frame::Chunk)
-                .map_err(FrameError::Chunk),
-            ERROR => Error::decode(rest)
-                .map(Frame::Error)
-                .map_err(FrameError::Error),
-            other => Err(FrameError::UnknownTag(other)),
+                .map(Response::Chunk)
+                .map_err(ResponseError::Chunk),
+            ERROR => ErrorValue::decode(rest)
+                .map(Response::Error)
+                .map_err(ResponseError::Error),
+            other => Err(ResponseError::UnknownTag(other)),
         }
     }
 }
@@ -165,10 +166,10 @@ mod tests {
         #[rustfmt::skip]
         let payload = b"\x00\
             {\"type\":\"assistant_text_content\",\"text\":\"Hel\"}";
-        let frame = Frame::decode(payload).expect("decodes");
+        let frame = Response::decode(payload).expect("decodes");
         assert_eq!(
             frame,
-            Frame::Chunk(AgenticLoopChunk::AssistantTextContent(TextChunk {
+            Response::Chunk(AgenticLoopChunk::AssistantTextContent(TextChunk {
                 text: "Hel".into(),
                 ..TextChunk::default()
             }))
@@ -181,10 +182,10 @@ mod tests {
         #[rustfmt::skip]
         let payload = b"\x01\
             {\"kind\":\"agent\",\"status\":503,\"error\":\"busy\"}";
-        let frame = Frame::decode(payload).expect("decodes");
+        let frame = Response::decode(payload).expect("decodes");
         assert_eq!(
             frame,
-            Frame::Error(Error::new(
+            Response::Error(ErrorValue::new(
                 json!({"kind": "agent", "status": 503, "error": "busy"})
             ))
         );
@@ -194,10 +195,10 @@ mod tests {
     #[test]
     fn every_kind_round_trips_as_a_frame() {
         for chunk in every_kind_full().into_iter().chain(every_kind_minimal()) {
-            let frame = Frame::Chunk(chunk);
+            let frame = Response::Chunk(chunk);
             let bytes = frame.to_vec().expect("encodes");
             assert_eq!(bytes[0], CHUNK);
-            assert_eq!(Frame::decode(&bytes).expect("decodes"), frame);
+            assert_eq!(Response::decode(&bytes).expect("decodes"), frame);
         }
     }
 
@@ -208,13 +209,13 @@ mod tests {
         let mut payload = vec![ERROR];
         payload.extend_from_slice(chunk_shaped.to_string().as_bytes());
         assert_eq!(
-            Frame::decode(&payload).expect("decodes"),
-            Frame::Error(Error::new(chunk_shaped))
+            Response::decode(&payload).expect("decodes"),
+            Response::Error(ErrorValue::new(chunk_shaped))
         );
         payload[0] = CHUNK;
         assert_eq!(
-            Frame::decode(&payload).expect("decodes"),
-            Frame::Chunk(AgenticLoopChunk::Usage(UsageChunk {
+            Response::decode(&payload).expect("decodes"),
+            Response::Chunk(AgenticLoopChunk::Usage(UsageChunk {
                 completion_tokens: 1,
                 prompt_tokens: 2,
                 total_tokens: 3,
@@ -234,26 +235,26 @@ mod tests {
             json!([]),
             json!({}),
         ] {
-            let frame = Frame::Error(Error::new(value));
+            let frame = Response::Error(ErrorValue::new(value));
             let bytes = frame.to_vec().expect("encodes");
-            assert_eq!(Frame::decode(&bytes).expect("decodes"), frame);
+            assert_eq!(Response::decode(&bytes).expect("decodes"), frame);
         }
     }
 
     #[test]
     fn the_four_errors_and_their_messages() {
-        let empty = Frame::decode(b"").expect_err("empty");
-        assert!(matches!(empty, FrameError::Empty));
+        let empty = Response::decode(b"").expect_err("empty");
+        assert!(matches!(empty, ResponseError::Empty));
         assert_eq!(empty.to_string(), "agentic loop frame is empty");
         assert!(empty.source().is_none());
 
-        let unknown = Frame::decode(b"\x02{}").expect_err("unknown tag");
-        assert!(matches!(unknown, FrameError::UnknownTag(2)));
+        let unknown = Response::decode(b"\x02{}").expect_err("unknown tag");
+        assert!(matches!(unknown, ResponseError::UnknownTag(2)));
         assert_eq!(unknown.to_string(), "unknown agentic loop frame tag 2");
         assert!(unknown.source().is_none());
 
-        let chunk = Frame::decode(b"\x00{\"type\":\"nope\"}").expect_err("bad chunk");
-        assert!(matches!(chunk, FrameError::Chunk(_)));
+        let chunk = Response::decode(b"\x00{\"type\":\"nope\"}").expect_err("bad chunk");
+        assert!(matches!(chunk, ResponseError::Chunk(_)));
         let inner = chunk.source().expect("inner error reachable").to_string();
         assert_eq!(
             chunk.to_string(),
@@ -261,8 +262,8 @@ mod tests {
         );
         assert!(inner.starts_with("unknown variant `nope`"), "{inner}");
 
-        let error = Frame::decode(b"\x01{} {}").expect_err("two values");
-        assert!(matches!(error, FrameError::Error(_)));
+        let error = Response::decode(b"\x01{} {}").expect_err("two values");
+        assert!(matches!(error, ResponseError::Error(_)));
         let inner = error.source().expect("inner error reachable").to_string();
         assert_eq!(
             error.to_string(),
@@ -270,10 +271,10 @@ mod tests {
         );
         assert!(inner.starts_with("trailing characters"), "{inner}");
 
-        let nothing = Frame::decode(b"\x01").expect_err("no value");
-        assert!(matches!(nothing, FrameError::Error(_)));
-        let chunk_nothing = Frame::decode(b"\x00").expect_err("no chunk");
-        assert!(matches!(chunk_nothing, FrameError::Chunk(_)));
+        let nothing = Response::decode(b"\x01").expect_err("no value");
+        assert!(matches!(nothing, ResponseError::Error(_)));
+        let chunk_nothing = Response::decode(b"\x00").expect_err("no chunk");
+        assert!(matches!(chunk_nothing, ResponseError::Chunk(_)));
     }
 
     #[test]
@@ -282,12 +283,12 @@ mod tests {
         // serde_json skips it unread, on the byte path as before.
         let ignored = b"\x00{\"type\":\"user\",\"prompt\":\"p\",\"x\":\"\xff\"}";
         assert!(matches!(
-            Frame::decode(ignored),
-            Ok(Frame::Chunk(AgenticLoopChunk::User(_)))
+            Response::decode(ignored),
+            Ok(Response::Chunk(AgenticLoopChunk::User(_)))
         ));
         // A member it reads may not, and the error is serde_json's own.
         let read = b"\x00{\"type\":\"user\",\"prompt\":\"\xff\"}";
-        let error = Frame::decode(read).expect_err("not UTF-8");
+        let error = Response::decode(read).expect_err("not UTF-8");
         let expected = serde_json::from_slice::<AgenticLoopChunk>(&read[1..])
             .expect_err("not UTF-8")
             .to_string();
@@ -301,8 +302,8 @@ mod tests {
     fn tag_reads_only_the_first_byte() {
         assert_eq!(tag(b"\x00 not json at all").expect("tag"), Tag::Chunk);
         assert_eq!(tag(b"\x01\xff\xfe").expect("tag"), Tag::Error);
-        assert!(matches!(tag(b""), Err(FrameError::Empty)));
-        assert!(matches!(tag(b"\x07"), Err(FrameError::UnknownTag(7))));
+        assert!(matches!(tag(b""), Err(ResponseError::Empty)));
+        assert!(matches!(tag(b"\x07"), Err(ResponseError::UnknownTag(7))));
     }
 
     #[test]

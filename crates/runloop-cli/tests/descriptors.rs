@@ -1,0 +1,57 @@
+//! `runloop serve` and its descriptor limit: raised to the hard limit at
+//! startup, and a `--max-connections` that cannot fit in it refused.
+
+mod common;
+
+/// `runloop serve ARGS…` under `ulimit -S SOFT -H HARD` (descriptors), run
+/// to its end: exit code, stdout and stderr.
+fn serve_limited(soft: u32, hard: u32, args: &str) -> std::process::Output {
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" serve --listen 127.0.0.1:0 {args}"
+        ))
+        .arg(env!("CARGO_BIN_EXE_runloop"))
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("sh runs")
+}
+
+#[test]
+fn a_max_connections_that_cannot_fit_is_refused_saying_what_it_needs() {
+    let output = serve_limited(256, 1024, "--max-connections 1024");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(output.stdout.is_empty(), "it never listened");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "runloop: --max-connections 1024 needs 1088 descriptors (1 per connection, 8 per run, 64 \
+         for the server itself), but RLIMIT_NOFILE allows 1024 (the hard limit): lower the \
+         limits, or raise the hard limit (ulimit -Hn as root, LimitNOFILE= in a systemd unit)\n"
+    );
+}
+
+#[test]
+fn the_soft_limit_is_raised_to_the_hard_one() {
+    // 960 connections fit in 1024 descriptors, not in a soft limit of 256.
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 256 && ulimit -Hn 1024 && exec \"$0\" serve --listen 127.0.0.1:0 --max-connections 960")
+        .arg(env!("CARGO_BIN_EXE_runloop"))
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("sh runs");
+    common::url(&mut child);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).expect("limits");
+    let open_files = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .expect("a descriptor limit");
+    assert_eq!(
+        open_files.split_whitespace().collect::<Vec<_>>(),
+        ["Max", "open", "files", "1024", "1024", "files"]
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
