@@ -27,8 +27,9 @@ pub struct Args {
     /// this address; its URL is printed after the proxy's. Off by default.
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<SocketAddr>,
-    /// Log lines as text, or as JSON objects (one a line) for a log shipper.
-    #[arg(long, value_enum, default_value_t)]
+    /// Log lines as `text`, or as `json` objects (one a line) for a log
+    /// shipper.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t, hide_possible_values = true)]
     pub log_format: LogFormat,
 }
 

@@ -157,8 +157,9 @@ pub struct Args {
     /// signal ends them at once).
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub drain_timeout: f64,
-    /// Log lines as text, or as JSON objects (one a line) for a log shipper.
-    #[arg(long, value_enum, default_value_t)]
+    /// Log lines as `text`, or as `json` objects (one a line) for a log
+    /// shipper.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t, hide_possible_values = true)]
     pub log_format: LogFormat,
 }
 
