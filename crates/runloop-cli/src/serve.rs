@@ -159,7 +159,13 @@ pub struct Args {
     pub drain_timeout: f64,
     /// Log lines as `text`, or as `json` objects (one a line) for a log
     /// shipper.
-    #[arg(long, value_name = "FORMAT", value_enum, default_value_t, hide_possible_values = true)]
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t,
+        hide_possible_values = true
+    )]
     pub log_format: LogFormat,
 }
 
