@@ -32,6 +32,21 @@ pub enum LogFormat {
     Json,
 }
 
+/// `--log-format`, for the commands that serve (`serve`, `proxy`).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct LogArgs {
+    /// Log lines as `text`, or as `json` objects (one a line) for a log
+    /// shipper.
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t,
+        hide_possible_values = true
+    )]
+    pub log_format: LogFormat,
+}
+
 /// Logs to stderr in the text format; see [`init_logs_as`].
 pub fn init_logs(default: &str) -> Logs {
     init_logs_as(default, LogFormat::Text)

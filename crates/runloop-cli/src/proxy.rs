@@ -11,7 +11,7 @@ use runloop::proxy::{DEFAULT_LISTEN, Proxy};
 use tracing::info;
 
 use crate::exit::{Exit, Failure};
-use crate::process::{LogFormat, block_on, init_logs_as, shutdown_signal};
+use crate::process::{LogArgs, block_on, init_logs_as, shutdown_signal};
 use crate::serve::start_admin;
 
 /// Arguments of `runloop proxy`.
@@ -27,22 +27,15 @@ pub struct Args {
     /// this address; its URL is printed after the proxy's. Off by default.
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<SocketAddr>,
-    /// Log lines as `text`, or as `json` objects (one a line) for a log
-    /// shipper.
-    #[arg(
-        long,
-        value_name = "FORMAT",
-        value_enum,
-        default_value_t,
-        hide_possible_values = true
-    )]
-    pub log_format: LogFormat,
+    /// How log lines are written (`--log-format`).
+    #[command(flatten)]
+    pub logs: LogArgs,
 }
 
 impl Args {
     /// Proxies until Ctrl-C or SIGTERM.
     pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
-        let _logs = init_logs_as("info", self.log_format);
+        let _logs = init_logs_as("info", self.logs.log_format);
         let port = self
             .agent_port
             .unwrap_or_else(runloop::agent::port_from_env);

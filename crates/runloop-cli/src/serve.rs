@@ -43,7 +43,7 @@ use tracing::{info, warn};
 
 use crate::descriptors::{self, Load};
 use crate::exit::{Exit, Failure};
-use crate::process::{LogFormat, block_on, init_logs_as, shutdown_signal};
+use crate::process::{LogArgs, block_on, init_logs_as, shutdown_signal};
 use crate::token;
 
 /// Arguments of `runloop serve`.
@@ -157,16 +157,9 @@ pub struct Args {
     /// signal ends them at once).
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub drain_timeout: f64,
-    /// Log lines as `text`, or as `json` objects (one a line) for a log
-    /// shipper.
-    #[arg(
-        long,
-        value_name = "FORMAT",
-        value_enum,
-        default_value_t,
-        hide_possible_values = true
-    )]
-    pub log_format: LogFormat,
+    /// How log lines are written (`--log-format`).
+    #[command(flatten)]
+    pub logs: LogArgs,
 }
 
 /// `--exec-disk`: what the exec runtime does with a `disk` it cannot hold.
@@ -414,7 +407,7 @@ impl Args {
         let mut config = self.config()?;
         let drain_timeout = self.drain_timeout()?;
         let descriptors = self.descriptors()?;
-        let _logs = init_logs_as("info", self.log_format);
+        let _logs = init_logs_as("info", self.logs.log_format);
         let exec = self
             .agents
             .iter()
