@@ -84,7 +84,10 @@ pub fn write_image(
 
 /// The built images, made once per test run.
 pub struct Images {
-    dir: tempfile::TempDir,
+    /// Where they are: a fixed directory under the target's temporary
+    /// directory, emptied and filled again by each run. (A `TempDir` in a
+    /// static is never dropped: each run would leave its images in /tmp.)
+    dir: PathBuf,
     /// The layer with `runloop` and its libraries.
     pub runloop: Layer,
     /// The layer with the static `hog`.
@@ -99,9 +102,13 @@ impl Images {
     }
 
     fn build() -> Images {
-        let dir = tempfile::tempdir().expect("temp");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("container-images");
+        if dir.exists() {
+            fs::remove_dir_all(&dir).expect("the last run's images removed");
+        }
+        fs::create_dir_all(&dir).expect("the images' directory");
         let exe = env!("CARGO_BIN_EXE_runloop");
-        let stripped = dir.path().join("runloop");
+        let stripped = dir.join("runloop");
         let status = Command::new("strip")
             .args(["-o"])
             .arg(&stripped)
@@ -124,7 +131,7 @@ impl Images {
         );
 
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/containers/hog.c");
-        let hog_binary = dir.path().join("hog");
+        let hog_binary = dir.join("hog");
         let status = Command::new("gcc")
             .args(["-static", "-O2", "-o"])
             .arg(&hog_binary)
@@ -141,7 +148,7 @@ impl Images {
 
     /// A layout of its own (`name`) holding one image.
     pub fn layout(&self, name: &str, layers: &[&Layer], args: &[&str]) -> (PathBuf, Digest) {
-        let path = self.dir.path().join(format!("layout-{name}"));
+        let path = self.dir.join(format!("layout-{name}"));
         let layout = Layout::create(&path).expect("layout");
         let (digest, _) = write_image(&layout, "latest", layers, args);
         (path, digest)
