@@ -19,6 +19,7 @@ use std::io;
 use std::time::Duration;
 
 use runloop::client::ConnectError;
+use runloop::transport;
 use tokio_tungstenite::tungstenite::Error as WsError;
 
 /// Why a connection to a provider server could not be made.
@@ -33,13 +34,12 @@ pub enum DialError {
         suggestion: String,
     },
     /// The URL cannot be dialled as written (no host, an unsupported part).
-    #[error("cannot connect to {url}: the URL cannot be used: {source}")]
+    #[error("cannot connect to {url}: the URL cannot be used: {why}")]
     Url {
         /// The URL.
         url: String,
-        /// What the WebSocket library said.
-        #[source]
-        source: WsError,
+        /// What is wrong with it.
+        why: String,
     },
     /// Nothing answered: refused, unreachable, a name that does not resolve.
     #[error("cannot connect to {url}: {source}{}", network_hint(.source))]
@@ -50,6 +50,17 @@ pub enum DialError {
         #[source]
         source: io::Error,
     },
+    /// TLS could not be set up: the client's roots, or a handshake whose
+    /// certificate did not verify (the library's error names the host and
+    /// the reason).
+    #[error("cannot connect to {url}: {source}")]
+    Tls {
+        /// The URL.
+        url: String,
+        /// What the transport said.
+        #[source]
+        source: Box<transport::DialError>,
+    },
     /// An HTTP server answered, and did not upgrade to WebSocket.
     #[error("{url} is not a runloop server: it answered the WebSocket upgrade with HTTP {status}")]
     NotUpgraded {
@@ -57,6 +68,17 @@ pub enum DialError {
         url: String,
         /// Its answer's status, with its reason phrase.
         status: String,
+    },
+    /// A runloop server answered the upgrade with an error saying why (a
+    /// `ws://` dialled to its TLS port).
+    #[error("cannot connect to {url}: the server answered HTTP {status}: {body}")]
+    Answered {
+        /// The URL.
+        url: String,
+        /// Its answer's status, with its reason phrase.
+        status: String,
+        /// What its answer's body says.
+        body: String,
     },
     /// Something answered that does not complete a WebSocket handshake.
     #[error(
@@ -118,24 +140,40 @@ pub fn check_url(url: &str) -> Result<(), DialError> {
 }
 
 impl DialError {
-    /// The error of opening a WebSocket to `url`.
+    /// The error of the WebSocket handshake with `url`.
     pub fn websocket(url: &str, error: WsError) -> DialError {
         let url = url.to_owned();
         match error {
             WsError::Io(source) => DialError::Network { url, source },
-            WsError::Http(response) => DialError::NotUpgraded {
-                url,
-                status: response.status().to_string(),
-            },
-            source @ WsError::Url(_) => DialError::Url { url, source },
+            WsError::Http(response) => {
+                let status = response.status().to_string();
+                match transport::runloop_refusal(&response) {
+                    Some(body) => DialError::Answered { url, status, body },
+                    None => DialError::NotUpgraded { url, status },
+                }
+            }
             source => DialError::Handshake { url, source },
+        }
+    }
+
+    /// The error of dialling `url` (TCP, TLS, the WebSocket handshake).
+    pub fn transport(url: &str, error: transport::DialError) -> DialError {
+        let url = url.to_owned();
+        match error {
+            transport::DialError::Url { why, .. } => DialError::Url { url, why },
+            transport::DialError::Tcp { source, .. } => DialError::Network { url, source },
+            transport::DialError::WebSocket(error) => DialError::websocket(&url, error),
+            source => DialError::Tls {
+                url,
+                source: Box::new(source),
+            },
         }
     }
 
     /// The error of the library client's connect to `url`.
     pub fn client(url: &str, error: ConnectError) -> DialError {
         match error {
-            ConnectError::WebSocket(error) => DialError::websocket(url, error),
+            ConnectError::Dial(error) => DialError::transport(url, error),
             ConnectError::Authorization(source) => DialError::Authorization {
                 url: url.to_owned(),
                 source,

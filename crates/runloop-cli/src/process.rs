@@ -2,6 +2,9 @@
 //! stderr, and the signals that end a long-running command.
 
 use std::future::Future;
+use std::path::PathBuf;
+
+use runloop::tls::ClientTls;
 
 use crate::exit::Failure;
 
@@ -17,8 +20,41 @@ pub fn block_on<F: Future>(future: F) -> Result<F::Output, Failure> {
 /// Log lines queued for stderr, at most, while it is slow; more are dropped.
 pub const QUEUED_LOG_LINES: usize = 8192;
 
-/// Logs to stderr, filtered by `RUST_LOG` (else `default`), in colour only
-/// when stderr is a terminal, until the returned [`Logs`] is dropped.
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// For a person: one line each, in colour on a terminal.
+    #[default]
+    Text,
+    /// For a log shipper: one JSON object a line, with the event's fields
+    /// at the top level and every span it happened in (connection, scope,
+    /// with their ids) under `spans`.
+    Json,
+}
+
+/// `--log-format`, for the commands that serve (`serve`, `proxy`).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct LogArgs {
+    /// Log lines as `text`, or as `json` objects (one a line) for a log
+    /// shipper.
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t,
+        hide_possible_values = true
+    )]
+    pub log_format: LogFormat,
+}
+
+/// Logs to stderr in the text format; see [`init_logs_as`].
+pub fn init_logs(default: &str) -> Logs {
+    init_logs_as(default, LogFormat::Text)
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (else `default`), in `format`
+/// (text in colour only when stderr is a terminal), until the returned
+/// [`Logs`] is dropped.
 ///
 /// A log sink that goes away or stalls costs log lines, never the work
 /// (protocol §12 "Logs never hold anything up"). Tasks never write to stderr
@@ -32,24 +68,35 @@ pub const QUEUED_LOG_LINES: usize = 8192;
 /// library, the HTTP client) reach these logs up to debug, never at trace:
 /// at trace tungstenite writes out every message it reads or sends, byte
 /// for byte, and the first of them carries the connection's credential.
-pub fn init_logs(default: &str) -> Logs {
+pub fn init_logs_as(default: &str, format: LogFormat) -> Logs {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(QUEUED_LOG_LINES)
         .thread_name("runloop-logs")
         .finish(std::io::stderr());
     let dropped = writer.error_counter();
-    let subscriber = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_writer(writer)
-        .with_ansi(ansi)
         .with_env_filter(filter)
-        .log_internal_errors(false)
-        .finish();
+        .log_internal_errors(false);
+    let installed = match format {
+        LogFormat::Text => {
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            tracing::subscriber::set_global_default(builder.with_ansi(ansi).finish())
+        }
+        LogFormat::Json => tracing::subscriber::set_global_default(
+            builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(true)
+                .finish(),
+        ),
+    };
     // A second initialisation (tests running commands in-process) is harmless.
-    if tracing::subscriber::set_global_default(subscriber).is_ok() {
+    if installed.is_ok() {
         let _ = tracing_log::LogTracer::builder()
             .with_max_level(tracing_log::log::LevelFilter::Debug)
             .init();
@@ -86,6 +133,18 @@ impl std::fmt::Debug for Logs {
             .field("dropped", &self.dropped.dropped_lines())
             .finish()
     }
+}
+
+/// Whom a `wss://` client trusts: the platform's roots, and besides them
+/// the certificate authorities of `--ca` (`None` without any: the
+/// platform's alone, read when a `wss://` URL needs them).
+pub fn client_tls(authorities: &[PathBuf]) -> Result<Option<ClientTls>, Failure> {
+    if authorities.is_empty() {
+        return Ok(None);
+    }
+    ClientTls::new(authorities)
+        .map(Some)
+        .map_err(|error| Failure::Argument(format!("--ca: {error}")))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

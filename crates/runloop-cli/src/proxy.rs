@@ -5,11 +5,14 @@
 use std::io::Write;
 use std::net::SocketAddr;
 
+use std::sync::Arc;
+
 use runloop::proxy::{DEFAULT_LISTEN, Proxy};
 use tracing::info;
 
 use crate::exit::{Exit, Failure};
-use crate::process::{block_on, init_logs, shutdown_signal};
+use crate::process::{LogArgs, block_on, init_logs_as, shutdown_signal};
+use crate::serve::start_admin;
 
 /// Arguments of `runloop proxy`.
 #[derive(Debug, clap::Args)]
@@ -20,12 +23,19 @@ pub struct Args {
     /// The agent program's port on 127.0.0.1 (default: $PORT, else 8080).
     #[arg(long)]
     pub agent_port: Option<u16>,
+    /// Serve GET /metrics (Prometheus), /healthz and /readyz over HTTP on
+    /// this address; its URL is printed after the proxy's. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<SocketAddr>,
+    /// How log lines are written (`--log-format`).
+    #[command(flatten)]
+    pub logs: LogArgs,
 }
 
 impl Args {
     /// Proxies until Ctrl-C or SIGTERM.
     pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
-        let _logs = init_logs("info");
+        let _logs = init_logs_as("info", self.logs.log_format);
         let port = self
             .agent_port
             .unwrap_or_else(runloop::agent::port_from_env);
@@ -40,11 +50,23 @@ impl Args {
                     })?;
             let (proxy, serving) = proxy.spawn();
             writeln!(out, "{}", proxy.url())?;
+            let admin = match self.admin {
+                Some(addr) => {
+                    let (url, stop, serving) = start_admin(addr, Arc::new(proxy.clone())).await?;
+                    writeln!(out, "{url}")?;
+                    Some((stop, serving))
+                }
+                None => None,
+            };
             out.flush()?;
             info!(addr = %proxy.local_addr(), %agent, "proxying");
             shutdown_signal().await;
             proxy.shutdown();
             let _ = serving.await;
+            if let Some((stop, serving)) = admin {
+                stop.cancel();
+                let _ = serving.await;
+            }
             Ok(Exit::Success)
         })?
     }

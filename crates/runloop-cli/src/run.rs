@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use crate::dial::{DialError, check_url};
 use crate::exit::{Exit, Failure};
 use crate::notes::{DRAIN, Note, Notes};
-use crate::process::{block_on, init_logs, shutdown_signal};
+use crate::process::{block_on, client_tls, init_logs, shutdown_signal};
 use crate::render::{Format, Render};
 use crate::seconds;
 use crate::serve::bytes;
@@ -115,6 +115,10 @@ pub struct Args {
     /// the format `runloop decode` reads. The credential is not recorded.
     #[arg(long, value_name = "FILE")]
     pub capture: Option<PathBuf>,
+    /// For wss://, also trust the certificate authorities in FILE (PEM;
+    /// repeatable), besides the platform's.
+    #[arg(long = "ca", value_name = "FILE")]
+    pub authorities: Vec<PathBuf>,
 }
 
 /// When to style the output (`--color`).
@@ -377,6 +381,7 @@ impl Args {
         };
         let config = ClientConfig {
             tap: Some(tap),
+            tls: client_tls(&self.authorities)?,
             ..ClientConfig::default()
         };
         let client = limits

@@ -2,35 +2,48 @@
 //!
 //! Without a token the server accepts any credential, which is only safe
 //! where nobody else can connect: it then refuses to listen anywhere but a
-//! loopback address. Tokens come from `--token-file` or `RUNLOOP_TOKEN`;
-//! `--token` works but is warned about ([`crate::token`]). At startup the
-//! server raises its descriptor limit and refuses limits that do not fit
-//! in it ([`crate::descriptors`]), and with `exec:` entries it says how
-//! their programs are held (a cgroup each, or what is not enforced
-//! without one). It prints its `ws://` URL on stdout once it listens
-//! (so a script can start it on port 0 and read where it went), logs to
-//! stderr, and on Ctrl-C or SIGTERM shuts down gracefully: it stops
-//! accepting, ends every run (loops end with an error, containers stop,
-//! scopes finish), and closes every connection.
+//! loopback address. Beyond loopback it also wants TLS (`--tls-cert`,
+//! `--tls-key`), or to be told that something in front adds it
+//! (`--allow-plaintext`): tokens and loops would otherwise cross the
+//! network in the clear. Tokens come from `--token-file` or
+//! `RUNLOOP_TOKEN`; `--token` works but is warned about ([`crate::token`]).
+//! At startup the server raises its descriptor limit and refuses limits
+//! that do not fit in it ([`crate::descriptors`]), and with `exec:` entries
+//! it says how their programs are held (a cgroup each, or what is not
+//! enforced without one). It prints its `ws://` or `wss://` URL on stdout
+//! once it listens (so a script can start it on port 0 and read where it
+//! went), then, with `--admin`, the admin listener's `http://` URL; logs to
+//! stderr, as text or JSON lines (`--log-format`).
+//!
+//! On Ctrl-C or SIGTERM it drains: it stops accepting (a load balancer's
+//! next connection goes to another server), `/readyz` answers 503, and the
+//! connections it has are served until they end, for `--drain-timeout` at
+//! most. Then, or on a second signal, it shuts down: every run ends (loops
+//! end with the server's error, containers stop, scopes finish) and every
+//! connection closes. SIGHUP reloads the TLS certificate and key.
 
 use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use runloop::admin::{self, Watched};
 use runloop::limits::{Limit, Limits};
 use runloop::runtime::output::OutputLimit;
 use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
-use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig};
+use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig, ServerHandle};
+use runloop::tls::ServerTls;
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
 use runloop_oci::registry::{Pull, RegistryConfig};
 use runloop_oci::{Host, HostConfig};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::descriptors::{self, Load};
 use crate::exit::{Exit, Failure};
-use crate::process::{block_on, init_logs, shutdown_signal};
+use crate::process::{LogArgs, block_on, init_logs_as, shutdown_signal};
 use crate::token;
 
 /// Arguments of `runloop serve`.
@@ -126,6 +139,30 @@ pub struct Args {
     /// Bytes of one run's agent output logged per 10 s (K/M/G suffixes).
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = bytes)]
     pub agent_output_bytes: u64,
+    // --- operations (issue 16): TLS, the admin listener, drain, logs ---
+    /// Serve wss://: the certificate chain, PEM, leaf first. Reloaded with
+    /// the key on SIGHUP.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM (PKCS#8, RSA or EC).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Listen without TLS on an address that is not loopback: only where
+    /// something in front (a load balancer) adds TLS.
+    #[arg(long)]
+    pub allow_plaintext: bool,
+    /// Serve GET /metrics (Prometheus), /healthz and /readyz over HTTP on
+    /// this address. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<SocketAddr>,
+    /// Seconds the open connections are served after SIGTERM before the
+    /// loops still running are ended with the server's error (a second
+    /// signal ends them at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub drain_timeout: f64,
+    /// How log lines are written (`--log-format`).
+    #[command(flatten)]
+    pub logs: LogArgs,
 }
 
 /// `--exec-disk`: what the exec runtime does with a `disk` it cannot hold.
@@ -205,6 +242,15 @@ impl Args {
         } else {
             Credentials::Tokens(tokens)
         };
+        let tls = self.tls()?;
+        if tls.is_none() && !self.listen.ip().is_loopback() && !self.allow_plaintext {
+            return Err(Failure::Argument(format!(
+                "refusing to listen on {} without TLS: tokens and loops would cross the network \
+                 in the clear; pass --tls-cert and --tls-key, or --allow-plaintext if something \
+                 in front (a load balancer) adds TLS",
+                self.listen
+            )));
+        }
         let catalog = if self.agents.is_empty() {
             Catalog::demo()
         } else {
@@ -223,6 +269,7 @@ impl Args {
             Failure::Argument("--authorization-grace must be a number of seconds".into())
         })?;
         let mut config = ServerConfig::new(credentials, catalog);
+        config.tls = tls;
         config.authorization_grace = grace;
         config.max_connections = self.max_connections;
         config.limits = Limits {
@@ -238,6 +285,22 @@ impl Args {
             .validate()
             .map_err(|error| Failure::Argument(error.named(option(error.limit))))?;
         Ok(config)
+    }
+
+    /// The TLS certificate and key, when given, loaded and checked.
+    fn tls(&self) -> Result<Option<ServerTls>, Failure> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => ServerTls::load(cert, key)
+                .map(Some)
+                .map_err(|error| Failure::Argument(error.to_string())),
+            _ => Ok(None),
+        }
+    }
+
+    /// The drain's deadline.
+    fn drain_timeout(&self) -> Result<Duration, Failure> {
+        Duration::try_from_secs_f64(self.drain_timeout)
+            .map_err(|_| Failure::Argument("--drain-timeout must be a number of seconds".into()))
     }
 
     /// The container host's configuration.
@@ -343,11 +406,12 @@ impl Args {
         }
     }
 
-    /// Serves until Ctrl-C or SIGTERM.
+    /// Serves until Ctrl-C or SIGTERM, and the drain after it.
     pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let mut config = self.config()?;
+        let drain_timeout = self.drain_timeout()?;
         let descriptors = self.descriptors()?;
-        let _logs = init_logs("info");
+        let _logs = init_logs_as("info", self.logs.log_format);
         let exec = self
             .agents
             .iter()
@@ -365,10 +429,11 @@ impl Args {
             let server = Server::bind(self.listen, config)
                 .await
                 .map_err(|error| Failure::bind(self.listen, error))?;
-            let (handle, mut serving) = server.spawn();
+            let (handle, serving) = server.spawn();
             // The signal handlers are in place before the URL says the
-            // server is up: a SIGTERM right after it still shuts down
-            // gracefully (runs stopped, exec cgroups removed).
+            // server is up: a SIGTERM right after it still drains and shuts
+            // down gracefully (runs stopped, exec cgroups removed); and
+            // SIGHUP's default action would end the process.
             let shutdown = shutdown_signal();
             tokio::pin!(shutdown);
             std::future::poll_fn(|cx| {
@@ -376,15 +441,23 @@ impl Args {
                 std::task::Poll::Ready(())
             })
             .await;
+            let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .map_err(Failure::Runtime)?;
+            tokio::spawn(reload_on_hangup(handle.clone(), hangups));
             writeln!(out, "{}", handle.url())?;
-            out.flush()?;
-            tokio::select! {
-                () = &mut shutdown => {
-                    info!("signal received");
-                    handle.shutdown();
-                    let _ = serving.await;
+            let admin = match self.admin {
+                Some(addr) => {
+                    let (url, stop, serving) = start_admin(addr, Arc::new(handle.clone())).await?;
+                    writeln!(out, "{url}")?;
+                    Some((stop, serving))
                 }
-                _ = &mut serving => {}
+                None => None,
+            };
+            out.flush()?;
+            drain(&handle, serving, drain_timeout, shutdown).await;
+            if let Some((stop, admin)) = admin {
+                stop.cancel();
+                let _ = admin.await;
             }
             Ok(Exit::Success)
         })?;
@@ -392,5 +465,73 @@ impl Args {
             Confinement::host().release();
         }
         served
+    }
+}
+
+/// Binds an admin listener for `watched` on `addr` and serves it until the
+/// returned token is cancelled: its `http://` URL, the token, its task.
+pub async fn start_admin(
+    addr: SocketAddr,
+    watched: Arc<dyn Watched>,
+) -> Result<(String, CancellationToken, tokio::task::JoinHandle<()>), Failure> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Failure::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(Failure::Runtime)?;
+    let stop = CancellationToken::new();
+    let serving = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            if let Err(error) = admin::serve(listener, watched, stop).await {
+                warn!(%error, "the admin listener failed");
+            }
+        }
+    });
+    Ok((format!("http://{bound}"), stop, serving))
+}
+
+/// On the first Ctrl-C or SIGTERM (`signal`), drains the server for
+/// `timeout` at most; then, or on a second signal, shuts it down; returns
+/// when it is done.
+async fn drain(
+    handle: &ServerHandle,
+    mut serving: tokio::task::JoinHandle<()>,
+    timeout: Duration,
+    signal: impl Future<Output = ()>,
+) {
+    tokio::select! {
+        () = signal => {}
+        _ = &mut serving => return,
+    }
+    info!(
+        ?timeout,
+        "signal received: draining (a second signal ends every run now)"
+    );
+    handle.drain();
+    tokio::select! {
+        _ = &mut serving => return,
+        () = tokio::time::sleep(timeout) => {
+            warn!(?timeout, "the drain's deadline passed: ending the runs still open");
+        }
+        () = shutdown_signal() => info!("second signal: ending the runs still open"),
+    }
+    handle.shutdown();
+    let _ = serving.await;
+}
+
+/// Reloads the TLS certificate and key on each SIGHUP, for as long as the
+/// server lives.
+async fn reload_on_hangup(handle: ServerHandle, mut hangups: tokio::signal::unix::Signal) {
+    while hangups.recv().await.is_some() {
+        match handle.reload_tls() {
+            Ok(true) => info!("TLS certificate reloaded: new connections get it"),
+            Ok(false) => info!("SIGHUP: no TLS certificate to reload"),
+            Err(error) => {
+                warn!(%error, "the TLS certificate did not reload; the old one is still served");
+            }
+        }
     }
 }

@@ -39,7 +39,7 @@ fn every_run_that_is_done_closes_with_a_handshake() {
     // log under a scope, or in the proxy's own spans).
     let callers: Vec<&str> = logs
         .lines()
-        .filter(|line| line.contains("connection{peer=") && !line.contains("scope{"))
+        .filter(|line| line.contains("connection{connection=") && !line.contains("scope{"))
         .collect();
     let endings: Vec<&str> = callers
         .iter()

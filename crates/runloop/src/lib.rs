@@ -18,6 +18,10 @@
 //! limits     what a connection and a server may hold, with their minimums
 //! listener   (private) how the three servers accept, serve and shut down
 //! writer     (private) the one task per framed connection that writes
+//! tls        the server's certificate (reloadable) and the client's roots
+//! transport  dialling ws:// and wss://, and the server's TLS handshake
+//! metrics    the counts of the server and the proxy, for Prometheus
+//! admin      the admin listener: /metrics, /healthz, /readyz
 //! ```
 //!
 //! Every decision about what bytes mean is made by [`runloop_proto`] — the
@@ -26,13 +30,17 @@
 //! proxy, an agent, a connection — the caller still gets an honest
 //! [`Outcome`](runloop_proto::run_loop::Outcome).
 
+pub mod admin;
 pub mod agent;
 pub mod client;
 pub mod limits;
 mod listener;
+pub mod metrics;
 pub mod proxy;
 pub mod runtime;
 pub mod server;
+pub mod tls;
+pub mod transport;
 mod writer;
 
 pub use runloop_proto as proto;

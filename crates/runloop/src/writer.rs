@@ -26,7 +26,7 @@
 //! [`CLOSE_GRACE`] at most, before it lets the socket go. A socket dropped
 //! without one reads to the other side as a connection that broke.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{Sink, SinkExt};
@@ -37,6 +37,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Tap;
+use crate::metrics::Histogram;
 
 /// How long a side that closes waits for the other side's close answer
 /// before it lets the socket go anyway. An answer takes one round trip.
@@ -48,6 +49,9 @@ pub(crate) struct Outgoing {
     message: Bytes,
     /// Held until the writer has taken the frame; see the module docs.
     _permit: Option<OwnedSemaphorePermit>,
+    /// When the relayed message it carries came from the proxy, for the
+    /// relay's latency ([`write_frames`]'s histogram).
+    relayed_at: Option<Instant>,
 }
 
 impl Outgoing {
@@ -56,14 +60,21 @@ impl Outgoing {
         Outgoing {
             message: Bytes::from(message),
             _permit: None,
+            relayed_at: None,
         }
     }
 
-    /// A data frame that holds one of its channel's queue places.
-    pub(crate) fn data(message: Vec<u8>, permit: OwnedSemaphorePermit) -> Self {
+    /// A data frame that holds one of its channel's queue places;
+    /// `relayed_at` when it carries a proxy's message that came then.
+    pub(crate) fn data(
+        message: Vec<u8>,
+        permit: OwnedSemaphorePermit,
+        relayed_at: Option<Instant>,
+    ) -> Self {
         Outgoing {
             message: Bytes::from(message),
             _permit: Some(permit),
+            relayed_at,
         }
     }
 }
@@ -78,19 +89,70 @@ const BATCH: usize = 64;
 /// fires, then closes the WebSocket: a close frame, or the answer to the
 /// peer's close if it closed first (frames still queued then are dropped:
 /// nothing may follow a close). Returns the error that ended it early.
-/// A tap sees each frame as sent by `local`.
+/// A tap sees each frame as sent by `local`. `latency`, when given, gets
+/// for each relayed frame the time from its proxy message to the flush
+/// that wrote it to the socket: one clock read and one add to the sum per
+/// batch, one add to a bucket per frame.
 pub(crate) async fn write_frames<S>(
     mut sink: S,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
     close: CancellationToken,
     tap: Option<(Tap, Role)>,
+    latency: Option<Histogram>,
 ) -> Result<(), WsError>
 where
     S: Sink<Message, Error = WsError> + Unpin,
 {
-    match write_until_closing(&mut sink, &mut queue, &close, tap.as_ref()).await {
+    let mut writer = Batch {
+        tap: tap.as_ref(),
+        latency: latency.as_ref(),
+        relayed: [None; BATCH],
+        count: 0,
+    };
+    match write_until_closing(&mut sink, &mut queue, &close, &mut writer).await {
         Ok(()) | Err(WsError::Protocol(ProtocolError::SendAfterClosing)) => sink.close().await,
         Err(error) => Err(error),
+    }
+}
+
+/// One batch of frames between two flushes, and what is noted of it.
+struct Batch<'a> {
+    tap: Option<&'a (Tap, Role)>,
+    latency: Option<&'a Histogram>,
+    /// When the relayed frames of the batch came from their proxies.
+    relayed: [Option<Instant>; BATCH],
+    count: usize,
+}
+
+impl Batch<'_> {
+    async fn feed<S>(&mut self, sink: &mut S, outgoing: Outgoing) -> Result<(), WsError>
+    where
+        S: Sink<Message, Error = WsError> + Unpin,
+    {
+        if let Some((tap, local)) = self.tap {
+            tap(*local, &outgoing.message);
+        }
+        if self.latency.is_some() && outgoing.relayed_at.is_some() {
+            self.relayed[self.count] = outgoing.relayed_at;
+            self.count += 1;
+        }
+        sink.feed(Message::Binary(outgoing.message)).await
+    }
+
+    /// After the flush: each relayed frame's latency.
+    fn flushed(&mut self) {
+        if let Some(latency) = self.latency
+            && self.count > 0
+        {
+            let now = Instant::now();
+            latency.observe_all(
+                self.relayed[..self.count]
+                    .iter()
+                    .flatten()
+                    .map(|relayed_at| now.saturating_duration_since(*relayed_at)),
+            );
+        }
+        self.count = 0;
     }
 }
 
@@ -98,7 +160,7 @@ async fn write_until_closing<S>(
     sink: &mut S,
     queue: &mut mpsc::UnboundedReceiver<Outgoing>,
     close: &CancellationToken,
-    tap: Option<&(Tap, Role)>,
+    batch: &mut Batch<'_>,
 ) -> Result<(), WsError>
 where
     S: Sink<Message, Error = WsError> + Unpin,
@@ -112,23 +174,14 @@ where
         let Some(first) = first else {
             return Ok(());
         };
-        feed(sink, first, tap).await?;
+        batch.feed(sink, first).await?;
         for _ in 1..BATCH {
             match queue.try_recv() {
-                Ok(next) => feed(sink, next, tap).await?,
+                Ok(next) => batch.feed(sink, next).await?,
                 Err(_) => break,
             }
         }
         sink.flush().await?;
+        batch.flushed();
     }
-}
-
-async fn feed<S>(sink: &mut S, outgoing: Outgoing, tap: Option<&(Tap, Role)>) -> Result<(), WsError>
-where
-    S: Sink<Message, Error = WsError> + Unpin,
-{
-    if let Some((tap, local)) = tap {
-        tap(*local, &outgoing.message);
-    }
-    sink.feed(Message::Binary(outgoing.message)).await
 }

@@ -40,7 +40,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use runloop::client::{Client, Event, RunError};
+use runloop::client::{Client, ClientConfig, Event, RunError};
 use runloop_proto::authorization;
 use runloop_proto::frame::{self, ClientFrame, FrameType, HEADER_LEN, raw};
 use runloop_proto::run_loop::{Broken, Outcome, Reader, Step};
@@ -235,7 +235,16 @@ fn fail<T>(detail: impl Into<String>) -> Checked<T> {
 
 /// Connects with the library's client, bounded by the timeout.
 async fn client(ctx: &Ctx) -> Result<Client, Verdict> {
-    match timeout(ctx.timeout, Client::connect(&ctx.url, ctx.token())).await {
+    let config = ClientConfig {
+        tls: ctx.tls.clone(),
+        ..ClientConfig::default()
+    };
+    match timeout(
+        ctx.timeout,
+        Client::connect_with(&ctx.url, ctx.token(), config),
+    )
+    .await
+    {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(error)) => fail(error.to_string()),
         Err(_) => fail(format!("no connection within {}", ctx.waited())),

@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use runloop::tls::ClientTls;
 use runloop_proto::Encode;
 use runloop_proto::agents_run::{Container, FuseMount, Image, RunRequest};
 use runloop_proto::authorization::Authorization;
@@ -44,6 +45,8 @@ pub(super) struct Session {
 /// What every case reads, and what the cases learn along the way.
 pub(super) struct Ctx {
     pub(super) url: String,
+    /// Whom a `wss://` server's certificate must come from (`--ca`).
+    pub(super) tls: Option<ClientTls>,
     token: String,
     /// The run request, for the library's client.
     pub(super) request: RunRequest,
@@ -70,7 +73,7 @@ pub(super) struct Ctx {
 }
 
 impl Ctx {
-    pub(super) fn new(args: &Args, token: String) -> Ctx {
+    pub(super) fn new(args: &Args, token: String, tls: Option<ClientTls>) -> Ctx {
         let container = Container::new(Image::Server(args.image.clone()), MEMORY, DISK);
         let request = RunRequest::new(container, args.agent.clone());
         let mut with_mount = request.clone();
@@ -83,6 +86,7 @@ impl Ctx {
             ChannelRequest::RunLoop(RunLoopRequest::new(args.prompt.clone())).to_vec();
         Ctx {
             url: args.url.clone(),
+            tls,
             token,
             run_request: endpoint_payload(&request),
             mount_request: endpoint_payload(&with_mount),
@@ -194,7 +198,7 @@ impl Ctx {
                 "the server could not be reached: {why}"
             )));
         }
-        match Wire::dial(&self.url, self.timeout).await {
+        match Wire::dial(&self.url, self.tls.as_ref(), self.timeout).await {
             Ok(wire) => Ok(wire),
             Err(error) => {
                 let why = error.to_string();

@@ -74,6 +74,10 @@ pub struct Args {
     /// Print one JSON object per case, then a summary object.
     #[arg(long)]
     pub json: bool,
+    /// For wss://, also trust the certificate authorities in FILE (PEM;
+    /// repeatable), besides the platform's.
+    #[arg(long = "ca", value_name = "FILE")]
+    pub authorities: Vec<std::path::PathBuf>,
 }
 
 const CHECK_HELP: &str = "\
@@ -170,11 +174,12 @@ impl Args {
         // A server that cannot be reached at all is not a failing case: the
         // check itself could not run.
         check_url(&self.url).map_err(Failure::Dial)?;
-        match Wire::dial(&self.url, self.timeout).await {
+        let tls = crate::process::client_tls(&self.authorities)?;
+        match Wire::dial(&self.url, tls.as_ref(), self.timeout).await {
             Ok(wire) => wire.close().await,
             Err(error) => return Err(Failure::Dial(error)),
         }
-        let mut ctx = Ctx::new(self, token);
+        let mut ctx = Ctx::new(self, token, tls);
         let mut report = Report::new(out, self.json);
         let cases: Vec<&cases::Case> = cases::CASES
             .iter()

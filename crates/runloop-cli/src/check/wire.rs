@@ -26,12 +26,14 @@ use std::fmt;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use runloop::tls::ClientTls;
+use runloop::transport::{self, ClientStream};
 use runloop_proto::Decode;
 use runloop_proto::agents_run::RunResponse;
 use runloop_proto::frame::{self, ClientFrame, ServerFrame};
-use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async_with_config};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use super::{Checked, Verdict, seconds};
 use crate::dial::DialError;
@@ -177,7 +179,7 @@ pub(super) enum RunAnswer {
 
 /// One WebSocket connection, spoken frame by frame.
 pub(super) struct Wire {
-    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    ws: WebSocketStream<ClientStream>,
     /// How long any one wait lasts.
     timeout: Duration,
     next_scope: u32,
@@ -185,12 +187,15 @@ pub(super) struct Wire {
 }
 
 impl Wire {
-    /// Opens a WebSocket to `url`, sending nothing.
-    pub(super) async fn dial(url: &str, timeout: Duration) -> Result<Wire, DialError> {
-        // Small frames go back to back: Nagle would hold each for an ACK.
-        let dial = connect_async_with_config(url, None, true);
+    /// Opens a WebSocket to `url` (`wss://` trusting `tls`), sending nothing.
+    pub(super) async fn dial(
+        url: &str,
+        tls: Option<&ClientTls>,
+        timeout: Duration,
+    ) -> Result<Wire, DialError> {
+        let dial = transport::dial(url, tls, WebSocketConfig::default());
         let (ws, _response) = match tokio::time::timeout(timeout, dial).await {
-            Ok(dialled) => dialled.map_err(|error| DialError::websocket(url, error))?,
+            Ok(dialled) => dialled.map_err(|error| DialError::transport(url, error))?,
             Err(_) => {
                 return Err(DialError::Timeout {
                     url: url.to_owned(),

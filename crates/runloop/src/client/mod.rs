@@ -42,7 +42,6 @@ use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, Role};
 use runloop_proto::{Encode, ErrorValue, Undecodable};
 use tokio::sync::{mpsc, oneshot};
-use tokio_tungstenite::connect_async_with_config;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -52,6 +51,8 @@ pub use run_loop::{Event, RunLoop};
 
 use self::connection::{Connection, Shared, Started};
 use crate::limits::{LimitError, Limits};
+use crate::tls::ClientTls;
+use crate::transport::{self, DialError};
 use crate::writer::write_frames;
 
 /// Sees every frame of a connection, in both directions, as its bytes.
@@ -68,6 +69,9 @@ pub struct ClientConfig {
     pub limits: Limits,
     /// Sees every frame in both directions (for captures).
     pub tap: Option<Tap>,
+    /// Whom a `wss://` server's certificate must come from; none: the
+    /// platform's roots ([`ClientTls::platform`]).
+    pub tls: Option<ClientTls>,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -75,6 +79,7 @@ impl std::fmt::Debug for ClientConfig {
         f.debug_struct("ClientConfig")
             .field("limits", &self.limits)
             .field("tap", &self.tap.is_some())
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -83,9 +88,11 @@ impl std::fmt::Debug for ClientConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// The WebSocket could not be opened.
-    #[error("cannot connect: {0}")]
-    WebSocket(#[source] WsError),
+    /// The connection could not be opened: the URL, TCP, TLS (a
+    /// certificate that does not verify names the host and the reason) or
+    /// the WebSocket handshake.
+    #[error("{0}")]
+    Dial(#[source] DialError),
     /// The authorization frame could not be sent.
     #[error("cannot authorize: {0}")]
     Authorization(#[source] WsError),
@@ -159,7 +166,8 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to `url` (`ws://host:port`) and authorizes with `credential`.
+    /// Connects to `url` (`ws://host:port`, or `wss://` for TLS) and
+    /// authorizes with `credential`.
     pub async fn connect(url: &str, credential: &str) -> Result<Client, ConnectError> {
         Client::connect_with(url, credential, ClientConfig::default()).await
     }
@@ -171,9 +179,9 @@ impl Client {
         config: ClientConfig,
     ) -> Result<Client, ConnectError> {
         config.limits.validate().map_err(ConnectError::Limit)?;
-        let (ws, _response) = connect_async_with_config(url, Some(config.limits.websocket()), true)
+        let (ws, _response) = transport::dial(url, config.tls.as_ref(), config.limits.websocket())
             .await
-            .map_err(ConnectError::WebSocket)?;
+            .map_err(ConnectError::Dial)?;
         let (mut sink, stream) = ws.split();
         // Authorization first: nothing precedes it (protocol §3).
         let authorization = Authorization::Unbrokered(credential);
@@ -196,7 +204,7 @@ impl Client {
             let close = close.clone();
             let done = writer_done.clone();
             async move {
-                if let Err(error) = write_frames(sink, queued, close, tap).await {
+                if let Err(error) = write_frames(sink, queued, close, tap, None).await {
                     debug!(%error, "writing to the server failed");
                 }
                 done.cancel();
@@ -283,7 +291,7 @@ mod tests {
                 max_queued_responses: 0,
                 ..Limits::default()
             },
-            tap: None,
+            ..ClientConfig::default()
         };
         // Nothing listens on port 1: only a refusal up front avoids the dial.
         match Client::connect_with("ws://127.0.0.1:1", "", config).await {

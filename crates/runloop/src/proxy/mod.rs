@@ -60,6 +60,7 @@ mod upstream;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -74,6 +75,7 @@ use tracing::{debug, info};
 use self::state::State;
 use self::upstream::Upstream;
 use crate::listener;
+use crate::metrics::ProxyMetrics;
 
 /// The proxy's port (protocol §10).
 pub const DEFAULT_PORT: u16 = 14979;
@@ -119,13 +121,16 @@ pub struct Proxy {
     agent: SocketAddr,
     config: ProxyConfig,
     shutdown: CancellationToken,
+    metrics: Arc<ProxyMetrics>,
 }
 
-/// Controls a proxy from elsewhere: its address and its shutdown.
+/// Controls a proxy from elsewhere: its address and its shutdown; an admin
+/// listener watches it too ([`Watched`](crate::admin::Watched)).
 #[derive(Debug, Clone)]
 pub struct ProxyHandle {
     addr: SocketAddr,
     shutdown: CancellationToken,
+    metrics: Arc<ProxyMetrics>,
 }
 
 impl Proxy {
@@ -142,6 +147,7 @@ impl Proxy {
             agent,
             config: ProxyConfig::default(),
             shutdown: CancellationToken::new(),
+            metrics: Arc::new(ProxyMetrics::new()),
         })
     }
 
@@ -166,6 +172,7 @@ impl Proxy {
         ProxyHandle {
             addr: self.addr,
             shutdown: self.shutdown.clone(),
+            metrics: Arc::clone(&self.metrics),
         }
     }
 
@@ -179,11 +186,13 @@ impl Proxy {
             agent,
             config,
             shutdown,
+            metrics,
         } = self;
         let shared = Arc::new(Shared {
             upstream: Upstream::new(agent, config.max_error_body)?,
             config,
             state: State::default(),
+            metrics,
         });
         let tracker = TaskTracker::new();
         info!(listen = %addr, %agent, "proxy up");
@@ -228,6 +237,33 @@ struct Shared {
     upstream: Upstream,
     config: ProxyConfig,
     state: State,
+    metrics: Arc<ProxyMetrics>,
+}
+
+impl crate::admin::Watched for ProxyHandle {
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
+
+    fn ready(&self) -> bool {
+        !self.shutdown.is_cancelled()
+    }
+}
+
+/// Counts a path as open while it lives.
+struct PathOpen<'a>(&'a ProxyMetrics);
+
+impl<'a> PathOpen<'a> {
+    fn new(metrics: &'a ProxyMetrics) -> Self {
+        metrics.paths.fetch_add(1, Ordering::Relaxed);
+        PathOpen(metrics)
+    }
+}
+
+impl Drop for PathOpen<'_> {
+    fn drop(&mut self) {
+        self.0.paths.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The two paths.
@@ -275,6 +311,7 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellati
             }
         },
     };
+    let _open = PathOpen::new(&shared.metrics);
     match path {
         Some(Path::Register) => register::serve(ws, &shared, &shutdown).await,
         Some(Path::Run) => run::serve(ws, &shared, &shutdown).await,

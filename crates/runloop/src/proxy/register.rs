@@ -18,6 +18,7 @@ use tracing::{info, warn};
 use super::Shared;
 use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error};
 use super::upstream::Failure;
+use crate::metrics::Registration;
 
 /// Serves one `/agent/register` path.
 pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {
@@ -30,7 +31,9 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
 }
 
 async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {
+    let counted = &shared.metrics.registrations;
     if let Err(why) = RegistrationAsk::decode(&ask) {
+        counted.inc(Registration::Refused);
         return End::Answer(Some(proxy_error(format!(
             "the registration did not parse: {why}"
         ))));
@@ -38,22 +41,28 @@ async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellat
     let claim = match shared.state.claim_registration() {
         Ok(claim) => claim,
         Err(why) => {
+            counted.inc(Registration::Refused);
             warn!(why, "registration refused");
             return End::Answer(Some(proxy_error(why)));
         }
     };
     // Dropping the claim on any early return releases it.
     tokio::select! {
-        () = shutdown.cancelled() => End::Answer(Some(proxy_error(SHUTTING_DOWN))),
+        () = shutdown.cancelled() => {
+            counted.inc(Registration::Failed);
+            End::Answer(Some(proxy_error(SHUTTING_DOWN)))
+        }
         left = left(ws) => left,
         registered = shared.upstream.register(ask) => match registered {
             Ok(()) => {
                 claim.confirm();
+                counted.inc(Registration::Registered);
                 info!("agent registered");
                 let Ok(registered) = RegistrationAnswer::Registered.to_vec();
                 End::Answer(Some(Message::Binary(registered.into())))
             }
             Err(Failure(json)) => {
+                counted.inc(Registration::Failed);
                 warn!(error = %String::from_utf8_lossy(&json), "registration failed");
                 End::Answer(Some(error_message(&json)))
             }

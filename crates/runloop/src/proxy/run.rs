@@ -34,6 +34,7 @@ use tracing::{debug, info, warn};
 use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error};
 use super::upstream::{Failure, Framing};
 use super::{Shared, sse};
+use crate::metrics::{AgentFault, LoopOutcome, ProxyLoop};
 
 /// Serves one `/agent/run` path.
 pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {
@@ -41,25 +42,54 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
         Ok(ask) => ask,
         Err(left) => return end(ws, left, &shared.config).await,
     };
+    let metrics = &shared.metrics;
     if let Err(error) = RunLoopRequest::decode(&ask) {
+        metrics.refused.inc(ProxyLoop::Malformed);
+        metrics.loops.inc(LoopOutcome::NoLoop);
         let refusal = proxy_error(format!("the run-loop request did not parse: {error}"));
         return end(ws, End::Answer(Some(refusal)), &shared.config).await;
     }
     let claim = match shared.state.claim_loop() {
         Ok(claim) => claim,
         Err(why) => {
+            metrics.refused.inc(ProxyLoop::Busy);
+            metrics.loops.inc(LoopOutcome::NoLoop);
             warn!(why, "loop refused");
             return end(ws, End::Answer(Some(proxy_error(why))), &shared.config).await;
         }
     };
     info!("loop started");
-    let outcome = relay(&mut ws, shared, ask, shutdown).await;
+    let mut sent = Sent::default();
+    let outcome = relay(&mut ws, shared, ask, shutdown, &mut sent).await;
     drop(claim);
+    // What the server is told is how the loop ended; a path left or
+    // abandoned tells it nothing.
+    if let End::Answer(last) = &outcome {
+        let chunk = sent.last.as_deref();
+        metrics
+            .loops
+            .inc(LoopOutcome::of(sent.chunks, last.is_some(), chunk));
+    }
     end(ws, outcome, &shared.config).await;
 }
 
+/// What a loop has sent to the server: how many chunks, and the last one.
+#[derive(Default)]
+struct Sent {
+    chunks: u64,
+    last: Option<Bytes>,
+}
+
 /// Calls the agent program and passes its events on until one side ends.
-async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {
+async fn relay(
+    ws: &mut Ws,
+    shared: &Shared,
+    ask: Bytes,
+    shutdown: &CancellationToken,
+    sent: &mut Sent,
+) -> End {
+    let metrics = &shared.metrics;
+    let asked = std::time::Instant::now();
     let response = tokio::select! {
         () = shutdown.cancelled() => return End::Answer(Some(proxy_error(SHUTTING_DOWN))),
         left = left(ws) => {
@@ -71,13 +101,14 @@ async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellation
     let (response, framing) = match response {
         Ok(answer) => answer,
         Err(Failure(json)) => {
+            metrics.agent_faults.inc(AgentFault::NoStream);
             warn!(error = %String::from_utf8_lossy(&json), "no loop");
             return End::Answer(Some(error_message(&json)));
         }
     };
     let mut data = pin!(sse::data(response.bytes_stream(), shared.config.max_event));
-    let mut chunks: u64 = 0;
     loop {
+        let chunks = sent.chunks;
         // Dropping `data` (by returning) drops the HTTP response, which
         // closes the agent program's connection: the loop is cancelled.
         let next = tokio::select! {
@@ -90,6 +121,7 @@ async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellation
         };
         let data = match next {
             None if framing == Framing::Close => {
+                metrics.agent_faults.inc(AgentFault::Undelimited);
                 warn!(
                     chunks,
                     "the loop's body ended with its connection: finished or crashed?"
@@ -102,6 +134,7 @@ async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellation
                 return End::Answer(None);
             }
             Some(Err(broke)) => {
+                metrics.agent_faults.inc(AgentFault::StreamBroke);
                 warn!(chunks, error = %broke, "loop cut short");
                 let Failure(json) = Failure::agent(cut_short(&broke, framing));
                 return End::Answer(Some(error_message(&json)));
@@ -112,12 +145,18 @@ async fn relay(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellation
         tokio::select! {
             // A frame half written cannot be followed by an error: drop the path.
             () = shutdown.cancelled() => return End::Abandon,
-            sent = ws.send(chunk_message(&data)) => if let Err(error) = sent {
+            written = ws.send(chunk_message(&data)) => if let Err(error) = written {
                 info!(chunks, %error, "the path broke mid-loop; cancelling the agent program's loop");
                 return End::Abandon;
             },
         }
-        chunks += 1;
+        if chunks == 0 {
+            metrics.first_chunk.observe(asked.elapsed());
+        }
+        metrics.chunks.inc();
+        metrics.bytes.inc_by(data.len() as u64);
+        sent.chunks += 1;
+        sent.last = Some(data);
     }
 }
 

@@ -1,5 +1,5 @@
 //! The server's configuration: which credentials it accepts, who a
-//! connection is served as, and its limits (protocol §3, §12).
+//! connection is served as, its limits (protocol §3, §12), and its TLS.
 
 use std::fmt;
 use std::sync::Arc;
@@ -9,6 +9,7 @@ use subtle::ConstantTimeEq;
 
 use crate::limits::{Limit, LimitError, Limits};
 use crate::runtime::{Catalog, Registry};
+use crate::tls::ServerTls;
 
 /// Which credentials the server accepts (protocol §3).
 #[derive(Clone, PartialEq, Eq)]
@@ -83,6 +84,8 @@ pub struct ServerConfig {
     pub catalog: Catalog,
     /// Where `registry` images are pulled from; without one they are refused.
     pub registry: Option<Arc<dyn Registry>>,
+    /// TLS for the listener's connections (`wss://`); none: plain `ws://`.
+    pub tls: Option<ServerTls>,
 }
 
 impl ServerConfig {
@@ -96,6 +99,7 @@ impl ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             catalog,
             registry: None,
+            tls: None,
         }
     }
 

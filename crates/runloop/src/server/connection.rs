@@ -54,6 +54,7 @@ use super::config::Identity;
 use super::outbox::{Order, Outbox, ScopeOutbox, ServerTable, Serving};
 use super::scope::{self, Run};
 use super::shared::{Held, Shared, Stats};
+use crate::metrics::AuthorizationRefusal;
 use crate::writer::{CLOSE_GRACE, write_frames};
 
 /// What a connection can run over: a TCP stream, or anything else that
@@ -76,6 +77,8 @@ struct Conn {
     /// Fires when the connection is ending, for whatever reason.
     ended: CancellationToken,
     identity: Identity,
+    /// The number the connection is known by in logs.
+    number: u64,
     /// The tasks of its scopes.
     scopes: TaskTracker,
     /// Frames of this connection disregarded so far.
@@ -98,7 +101,9 @@ impl Conn {
 /// other end in logs.
 pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shared>) {
     let _held = Held::new(&shared, |s: &Stats| &s.connections);
-    let span = info_span!("connection", %peer);
+    shared.metrics.connections.inc();
+    let number = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+    let span = info_span!("connection", connection = number, %peer);
     async move {
         // The grace covers the WebSocket handshake and the authorization
         // together: a connection that never completes either holds a slot
@@ -118,10 +123,14 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
             result = tokio::time::timeout_at(deadline, authorize(&mut stream, &shared, &mut table)) => match result {
                 Ok(Ok(identity)) => identity,
                 Ok(Err(why)) => {
+                    if let Some(refusal) = why.refusal() {
+                        shared.metrics.refused.inc(refusal);
+                    }
                     info!(%why, "authorization refused; closing without a frame");
                     return close_without_frame(sink, stream).await;
                 }
                 Err(_) => {
+                    shared.metrics.refused.inc(AuthorizationRefusal::Timeout);
                     info!(?grace, "no authorization within the grace period; closing without a frame");
                     return close_without_frame(sink, stream).await;
                 }
@@ -129,7 +138,7 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
             () = shared.shutdown.cancelled() => return close_without_frame(sink, stream).await,
         };
         info!(%identity, "authorized");
-        serve_authorized(sink, stream, shared, table, identity).await;
+        serve_authorized(sink, stream, shared, table, identity, number).await;
     }
     .instrument(span)
     .await;
@@ -146,6 +155,17 @@ enum Refused {
     Credential,
     #[error("the connection ended before it authorized")]
     Closed,
+}
+
+impl Refused {
+    /// How the refusal is counted; a caller that left is not counted.
+    fn refusal(&self) -> Option<AuthorizationRefusal> {
+        match self {
+            Refused::NotAFrame(_) | Refused::Violation(_) => Some(AuthorizationRefusal::Malformed),
+            Refused::Credential => Some(AuthorizationRefusal::Credential),
+            Refused::Closed => None,
+        }
+    }
 }
 
 /// Waits for the first frame, which must be an acceptable authorization.
@@ -260,6 +280,7 @@ async fn serve_authorized<S: Io>(
     shared: Arc<Shared>,
     table: ServerTable,
     identity: Identity,
+    number: u64,
 ) {
     let (queue, queued) = mpsc::unbounded_channel();
     let ended = shared.shutdown.child_token();
@@ -268,6 +289,7 @@ async fn serve_authorized<S: Io>(
         outbox: Arc::new(Outbox::new(table, queue)),
         ended: ended.clone(),
         identity,
+        number,
         scopes: TaskTracker::new(),
         disregarded: AtomicU64::new(0),
     };
@@ -278,10 +300,11 @@ async fn serve_authorized<S: Io>(
     let writer = tokio::spawn({
         let ended = ended.clone();
         let answer_close = answer_close.clone();
+        let latency = Some(shared.metrics.relay_latency.clone());
         async move {
             // Otherwise closed by dropping every queue, after the last
             // finish is queued.
-            if let Err(error) = write_frames(sink, queued, answer_close, None).await {
+            if let Err(error) = write_frames(sink, queued, answer_close, None, latency).await {
                 debug!(%error, "writing to the caller failed");
             }
             // Whatever ended the writer ends the connection.
@@ -426,6 +449,7 @@ fn dispatch(conn: &Conn, bytes: &Bytes, place: OwnedSemaphorePermit) -> Result<(
                 shared: Arc::clone(&conn.shared),
                 ended: conn.ended.clone(),
                 identity: conn.identity.clone(),
+                connection: conn.number,
                 outbox: ScopeOutbox::new(Arc::clone(&conn.outbox), number),
                 stop,
             };
@@ -448,7 +472,8 @@ fn dispatch(conn: &Conn, bytes: &Bytes, place: OwnedSemaphorePermit) -> Result<(
             } else {
                 debug!(%why, "bare finish");
             }
-            conn.outbox.queue_held(frame::to_message(&frame), place);
+            conn.outbox
+                .queue_held(frame::to_message(&frame), place, None);
         }
         Serve::Disregarded(why) => conn.disregard(&why),
         Serve::Violation(why) => return Err(why),

@@ -32,7 +32,19 @@
 //!
 //! A connection usually comes from the server's own listener, but
 //! [`ServerHandle::serve_connection`] takes any byte stream (an in-memory
-//! pipe in tests and fuzzing) and serves it the same way.
+//! pipe in tests and fuzzing) and serves it the same way. With
+//! [`ServerConfig::tls`], the listener's connections speak TLS first
+//! (`wss://`); the handshake counts against the authorization grace.
+//!
+//! A server can **drain** ([`ServerHandle::drain`]): it stops accepting
+//! (the listener is closed, so a load balancer's next connection goes to
+//! another server), reports itself not ready, and keeps serving the
+//! connections it has, runs and loops included, until they end; then
+//! [`Server::serve`] returns. A [`shutdown`](ServerHandle::shutdown) at any
+//! time, the usual end of a drain's deadline, ends whatever is left.
+//!
+//! What the server does is counted in its [`ServerMetrics`](crate::metrics::ServerMetrics), exposed with
+//! its live counts by [`ServerHandle::metrics`].
 //!
 //! The server's own logs never carry a credential, at any level: a refusal
 //! says what was wrong, an identity names the credential's position. One
@@ -53,10 +65,14 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, ToSocketAddrs};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
 pub use shared::{Stats, StatsSnapshot};
@@ -64,6 +80,9 @@ pub use shared::{Stats, StatsSnapshot};
 use self::shared::Shared;
 use crate::limits::LimitError;
 use crate::listener;
+use crate::metrics::{Reload, TlsFailure};
+use crate::tls::TlsError;
+use crate::transport::{self, AcceptError};
 
 /// Why a server could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -122,21 +141,67 @@ impl Server {
     /// Serves until [`ServerHandle::shutdown`]; then stops accepting, ends
     /// every run (channels end with an error, containers stop, scopes
     /// finish), closes every connection, and returns when all of that is done.
+    /// After [`ServerHandle::drain`], it stops accepting and returns once
+    /// the connections it has are over (or a shutdown ends them).
     pub async fn serve(self) {
         let Server {
             listener,
             addr,
             shared,
         } = self;
-        info!(%addr, "serving");
-        listener::accept_until(&listener, &shared.shutdown, |tcp, peer| {
+        info!(%addr, tls = shared.config.tls.is_some(), "serving");
+        // One place per connection a TLS handshake is under way for, so
+        // that handshakes too are bounded by the connection limit.
+        let handshakes = Arc::new(Semaphore::new(
+            shared.config.max_connections.min(Semaphore::MAX_PERMITS),
+        ));
+        // A shutdown cancels the drain too: either stops the accepting.
+        listener::accept_until(&listener, &shared.draining, |tcp, peer| {
             let for_task = Arc::clone(&shared);
-            shared.tasks.spawn(connection::serve(tcp, peer, for_task));
+            match &shared.config.tls {
+                None => {
+                    shared.tasks.spawn(connection::serve(tcp, peer, for_task));
+                }
+                Some(tls) => match Arc::clone(&handshakes).try_acquire_owned() {
+                    Ok(place) => {
+                        let acceptor = tls.acceptor();
+                        shared
+                            .tasks
+                            .spawn(serve_tls(tcp, peer, acceptor, for_task, place));
+                    }
+                    Err(_) => {
+                        // No TLS to say why in: the socket just closes.
+                        shared.metrics.tls_failures.inc(TlsFailure::Busy);
+                        warn!(%peer, "turned away: as many TLS handshakes under way as connections allowed");
+                    }
+                },
+            }
         })
         .await;
         drop(listener);
-        info!("shutting down: ending runs and closing connections");
         shared.tasks.close();
+        if !shared.shutdown.is_cancelled() {
+            let started = Instant::now();
+            info!(
+                connections = shared.stats.connections.load(Ordering::Relaxed),
+                runs = shared.stats.scopes.load(Ordering::Relaxed),
+                loops = shared.stats.relays.load(Ordering::Relaxed),
+                "draining: no new connection; the open ones are served until they end"
+            );
+            tokio::select! {
+                () = shared.tasks.wait() => {
+                    info!(took = ?started.elapsed(), "drained: every connection ended");
+                    return;
+                }
+                () = shared.shutdown.cancelled() => {}
+            }
+        }
+        info!(
+            connections = shared.stats.connections.load(Ordering::Relaxed),
+            runs = shared.stats.scopes.load(Ordering::Relaxed),
+            loops = shared.stats.relays.load(Ordering::Relaxed),
+            "shutting down: ending runs and closing connections"
+        );
         shared.tasks.wait().await;
         info!("shut down");
     }
@@ -153,9 +218,14 @@ impl ServerHandle {
         self.addr
     }
 
-    /// The `ws://` URL of the server.
+    /// The URL of the server: `wss://` with TLS, else `ws://`.
     pub fn url(&self) -> String {
-        format!("ws://{}", self.addr)
+        let scheme = if self.shared.config.tls.is_some() {
+            "wss"
+        } else {
+            "ws"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Starts a graceful shutdown; [`Server::serve`] returns when it is done.
@@ -163,9 +233,46 @@ impl ServerHandle {
         self.shared.shutdown.cancel();
     }
 
+    /// Starts a drain: no new connection is accepted, the server reports
+    /// itself not ready, and [`Server::serve`] returns once the connections
+    /// it has are over. Put a deadline on it with [`shutdown`](Self::shutdown).
+    pub fn drain(&self) {
+        self.shared.draining.cancel();
+    }
+
+    /// Whether the server accepts new connections: neither draining nor
+    /// shutting down.
+    pub fn is_ready(&self) -> bool {
+        !self.shared.draining.is_cancelled() && !self.shared.shutdown.is_cancelled()
+    }
+
     /// The server's live counts.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.stats.snapshot()
+    }
+
+    /// The server's metrics and live counts, in the Prometheus text format.
+    pub fn metrics(&self) -> String {
+        self.shared
+            .metrics
+            .encode(&self.stats(), self.shared.draining.is_cancelled())
+    }
+
+    /// Reads the TLS certificate and key again and serves them from the
+    /// next handshake on ([`ServerTls::reload`](crate::tls::ServerTls::reload)); counted either way.
+    /// `Ok(false)`: the server has no TLS.
+    pub fn reload_tls(&self) -> Result<bool, TlsError> {
+        let Some(tls) = &self.shared.config.tls else {
+            return Ok(false);
+        };
+        let reloaded = tls.reload();
+        let result = if reloaded.is_ok() {
+            Reload::Loaded
+        } else {
+            Reload::Failed
+        };
+        self.shared.metrics.tls_reloads.inc(result);
+        reloaded.map(|()| true)
     }
 
     /// Serves one caller's connection that reached the server some other way
@@ -188,6 +295,48 @@ impl ServerHandle {
         self.shared
             .tasks
             .spawn(connection::serve(io, peer, Arc::clone(&self.shared)))
+    }
+}
+
+impl crate::admin::Watched for ServerHandle {
+    fn metrics(&self) -> String {
+        ServerHandle::metrics(self)
+    }
+
+    fn ready(&self) -> bool {
+        self.is_ready()
+    }
+}
+
+/// The TLS handshake of a listener's connection, within the authorization
+/// grace, holding a handshake `place`; then the connection is served.
+async fn serve_tls(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    shared: Arc<Shared>,
+    place: tokio::sync::OwnedSemaphorePermit,
+) {
+    let grace = shared.config.authorization_grace;
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(grace, transport::accept(tcp, &acceptor)) => accepted,
+        () = shared.shutdown.cancelled() => return,
+    };
+    drop(place);
+    match accepted {
+        Ok(Ok(tls)) => connection::serve(tls, peer, shared).await,
+        Ok(Err(error)) => {
+            shared.metrics.tls_failures.inc(match error {
+                AcceptError::Plaintext => TlsFailure::Plaintext,
+                AcceptError::NotTls => TlsFailure::NotTls,
+                AcceptError::Handshake(_) => TlsFailure::Handshake,
+            });
+            info!(%peer, %error, "TLS refused");
+        }
+        Err(_) => {
+            shared.metrics.tls_failures.inc(TlsFailure::Timeout);
+            info!(%peer, ?grace, "no TLS handshake within the authorization grace");
+        }
     }
 }
 

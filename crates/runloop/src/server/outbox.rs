@@ -17,6 +17,7 @@
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use bytes::Bytes;
 use runloop_proto::agents_run::RunResponse;
@@ -77,10 +78,16 @@ impl Outbox {
     }
 
     /// Queues a frame that holds a place (of a channel's responses, or of
-    /// the reader's answers) until the writer has taken it.
-    pub(crate) fn queue_held(&self, message: Vec<u8>, place: OwnedSemaphorePermit) {
+    /// the reader's answers) until the writer has taken it; `relayed_at`
+    /// when it carries a proxy's message that came then.
+    pub(crate) fn queue_held(
+        &self,
+        message: Vec<u8>,
+        place: OwnedSemaphorePermit,
+        relayed_at: Option<Instant>,
+    ) {
         // The writer is gone only when the connection is: nothing to do.
-        let _ = self.queue.send(Outgoing::data(message, place));
+        let _ = self.queue.send(Outgoing::data(message, place, relayed_at));
     }
 
     fn queue(&self, message: Vec<u8>) {
@@ -191,8 +198,10 @@ impl ChannelOutbox {
     /// Queues a response that holds one of the channel's queue places until
     /// the writer has taken it. Not checked against the table: the scope
     /// finishes only after its relays have ended.
-    pub(crate) fn respond(&self, payload: &[u8], place: OwnedSemaphorePermit) {
-        self.outbox.queue_held(self.message(payload), place);
+    /// `relayed_at`: when the proxy's message came, for the relay's latency.
+    pub(crate) fn respond(&self, payload: &[u8], place: OwnedSemaphorePermit, relayed_at: Instant) {
+        self.outbox
+            .queue_held(self.message(payload), place, Some(relayed_at));
     }
 
     /// Queues the channel's last response, if the channel is still open.

@@ -24,6 +24,7 @@
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -36,6 +37,7 @@ use tracing::debug;
 use super::outbox::ChannelOutbox;
 use super::proxy_path::{self, Path};
 use super::shared::{Held, Shared, Stats};
+use crate::metrics::{LoopOutcome, ProxyFault, ServerMetrics};
 
 /// A proxy path the relay has opened, counted as held until it is closed.
 struct Open {
@@ -43,23 +45,63 @@ struct Open {
     _held: Held,
 }
 
+/// What the relay noted of the chunks it forwarded: how many, and the
+/// last payload (kept, not copied: to tell a fatal ending once the loop is
+/// over).
+///
+/// The server's counts of chunks and bytes are shared by every relay, and
+/// an atomic add on a line other cores write to costs more than the rest
+/// of a small chunk's bookkeeping; so a relay adds its own in batches of
+/// [`FLUSH_EVERY`] chunks, and the rest when the loop ends.
+#[derive(Default)]
+struct Forwarded {
+    chunks: u64,
+    last: Option<Bytes>,
+    /// Chunks and bytes not yet added to the server's counts.
+    pending: (u64, u64),
+}
+
+/// Chunks a relay forwards before it adds them to the server's counts.
+const FLUSH_EVERY: u64 = 64;
+
+impl Forwarded {
+    fn note(&mut self, payload: Bytes, metrics: &ServerMetrics) {
+        self.chunks += 1;
+        self.pending.0 += 1;
+        self.pending.1 += payload.len() as u64;
+        self.last = Some(payload);
+        if self.pending.0 == FLUSH_EVERY {
+            self.flush(metrics);
+        }
+    }
+
+    fn flush(&mut self, metrics: &ServerMetrics) {
+        let (chunks, bytes) = std::mem::take(&mut self.pending);
+        metrics.chunks.inc_by(chunks);
+        metrics.bytes.inc_by(bytes);
+    }
+}
+
 /// Relays one run-loop channel until its finish, then closes its path.
 /// The channel counts as relayed ([`Stats`]'s `relays`) from the order to
 /// its finish; the close after it counts only as an open proxy path.
 ///
 /// Not instrumented with a span: entering one on every poll is a measurable
-/// share of the relay's cost, so the few events it logs name their scope
-/// and channel instead.
+/// share of the relay's cost, so the few events it logs name their
+/// connection, run, scope and channel instead (`(connection, run)` are
+/// the connection's number and the run's id).
 pub(crate) async fn serve(
     shared: Arc<Shared>,
     outbox: ChannelOutbox,
     request: Bytes,
     proxy_url: String,
     ending: watch::Receiver<Option<ErrorValue>>,
+    (connection, run): (u64, Arc<str>),
 ) {
     let relaying = Held::new(&shared, |s: &Stats| &s.relays);
     let mut last = Vec::new();
     let mut open = None;
+    let mut forwarded = Forwarded::default();
     let finish = relay(
         &shared,
         &outbox,
@@ -68,15 +110,28 @@ pub(crate) async fn serve(
         ending,
         &mut open,
         &mut Writer::new(&mut last),
+        &mut forwarded,
     )
     .await;
+    // Counted before the finish is queued: a caller that has seen the
+    // finish finds the loop counted.
+    forwarded.flush(&shared.metrics);
+    let last_chunk = forwarded
+        .last
+        .as_deref()
+        .and_then(|payload| payload.get(1..));
+    let outcome = LoopOutcome::of(forwarded.chunks, !last.is_empty(), last_chunk);
+    shared.metrics.loops.inc(outcome);
     if !last.is_empty() {
         outbox.respond_last(&last);
     }
     debug!(
+        connection,
+        run = %run,
         scope = outbox.scope(),
         channel = outbox.channel(),
-        ended_with_error = !last.is_empty(),
+        chunks = forwarded.chunks,
+        outcome = outcome_name(outcome),
         "run-loop channel finished"
     );
     outbox.finish(finish);
@@ -86,12 +141,17 @@ pub(crate) async fn serve(
     }
 }
 
-/// The relay proper. Forwards chunks as they come; writes the channel's
-/// last payload, if it has one, to `last`. A path that still needs its
-/// close handshake is left in `open`.
+fn outcome_name(outcome: LoopOutcome) -> &'static str {
+    crate::metrics::Label::name(outcome)
+}
+
+/// The relay proper. Forwards chunks as they come, noting them in
+/// `forwarded`; writes the channel's last payload, if it has one, to
+/// `last`. A path that still needs its close handshake is left in `open`.
 ///
 /// Every wait is also a wait for the run's end ([`RunEnd::or`]): whatever
 /// the relay is waiting for, the run's end cuts the loop with its reason.
+#[allow(clippy::too_many_arguments)]
 async fn relay(
     shared: &Arc<Shared>,
     outbox: &ChannelOutbox,
@@ -100,7 +160,9 @@ async fn relay(
     ending: watch::Receiver<Option<ErrorValue>>,
     open: &mut Option<Open>,
     last: &mut Writer<'_>,
+    forwarded: &mut Forwarded,
 ) -> Finish {
+    let metrics = &shared.metrics;
     let ended = pin!(ended(ending));
     let mut run_end = RunEnd { ended };
     let mut relay = Relay::new();
@@ -115,6 +177,7 @@ async fn relay(
     let path = match dialled {
         Ok(path) => path,
         Err(why) => {
+            metrics.proxy_faults.inc(ProxyFault::Unreachable);
             let error = ErrorValue::kind(
                 ErrorKind::Proxy,
                 format!("cannot open the proxy's /agent/run: {why}"),
@@ -131,6 +194,7 @@ async fn relay(
     match run_end.or(path.send(Message::Binary(request))).await {
         Ok(Ok(())) => {}
         Ok(Err(why)) => {
+            metrics.proxy_faults.inc(ProxyFault::Send);
             *open = None;
             return relay.broke(&why.to_string(), last);
         }
@@ -143,11 +207,13 @@ async fn relay(
             // The proxy's close: answered by the handshake in `serve`.
             Ok(Next::Closed) => return relay.closed(),
             Ok(Next::Broke(why)) => {
+                metrics.proxy_faults.inc(ProxyFault::AbruptEnd);
                 *open = None;
                 return relay.broke(&why, last);
             }
             Err(why) => return relay.cut(why, last),
         };
+        let relayed_at = Instant::now();
         match relay.message(message, last) {
             Relayed::Forward(next, message) => {
                 relay = next;
@@ -156,7 +222,8 @@ async fn relay(
                     Ok(Err(_)) => unreachable!("the semaphore is never closed"),
                     Err(why) => return relay.cut(why, last),
                 };
-                outbox.respond(&message, place);
+                outbox.respond(&message, place, relayed_at);
+                forwarded.note(message, metrics);
             }
             Relayed::Last(error, finish) => {
                 // The proxy's error is the end (protocol §12): nothing after it
@@ -165,6 +232,7 @@ async fn relay(
                 return finish;
             }
             Relayed::Fault(finish) => {
+                metrics.proxy_faults.inc(ProxyFault::Sequence);
                 debug!(
                     scope = outbox.scope(),
                     channel = outbox.channel(),

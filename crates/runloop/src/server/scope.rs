@@ -18,6 +18,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use base64::Engine as _;
 use runloop_proto::agents_run::{Image, ImageRef, RunRequest, RunResponse};
@@ -31,6 +32,7 @@ use super::config::Identity;
 use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
 use super::{proxy_path, relay};
+use crate::metrics::{RunEnd, RunRefusal};
 use crate::runtime::{Container, ContainerLimits, Registry};
 
 /// What a run is served with: the server's shared state, the connection's
@@ -40,6 +42,8 @@ pub(crate) struct Run {
     /// Fires when the connection is ending.
     pub(crate) ended: CancellationToken,
     pub(crate) identity: Identity,
+    /// The number its connection is known by in logs.
+    pub(crate) connection: u64,
     pub(crate) outbox: ScopeOutbox,
     /// Fires on the caller's stop.
     pub(crate) stop: CancellationToken,
@@ -53,11 +57,20 @@ pub(crate) async fn serve(
     orders: mpsc::UnboundedReceiver<Order>,
 ) {
     let _held = Held::new(&run.shared, |s: &Stats| &s.scopes);
-    let span = info_span!("scope", scope = run.outbox.scope(), identity = %run.identity);
+    // Spawned by the connection, not inside its span: the span names the
+    // connection itself; the run's id is added once it has one.
+    let span = info_span!(
+        "scope",
+        connection = run.connection,
+        scope = run.outbox.scope(),
+        identity = %run.identity,
+        id = tracing::field::Empty,
+    );
     async move {
         match run.start(&request).await {
             Ok(container) => run.serve(container, orders).await,
-            Err(error) => {
+            Err((refusal, error)) => {
+                run.shared.metrics.runs_refused.inc(refusal);
                 info!(%error, "run refused");
                 run.outbox.respond(&RunResponse::Error(error.clone()));
                 run.outbox.finish(&error);
@@ -81,12 +94,17 @@ impl Running {
 }
 
 impl Run {
-    /// Checks the request, starts its container and registers its agent.
-    async fn start(&self, request: &RunRequest) -> Result<Running, ErrorValue> {
+    /// Checks the request, starts its container and registers its agent;
+    /// a refusal says, besides its error, how it is counted.
+    async fn start(&self, request: &RunRequest) -> Result<Running, (RunRefusal, ErrorValue)> {
         let shared = &self.shared;
-        request
-            .validate()
-            .map_err(|why| ErrorValue::kind(ErrorKind::Request, why))?;
+        let refused = |reason| move |error| (reason, error);
+        request.validate().map_err(|why| {
+            (
+                RunRefusal::Request,
+                ErrorValue::kind(ErrorKind::Request, why),
+            )
+        })?;
         let container = &request.container;
         let source = match (&container.image, &shared.config.registry) {
             (Image::Server(image), _) => Source::Catalog(image),
@@ -94,36 +112,44 @@ impl Run {
                 Source::Registry(&image.reference, registry)
             }
             _ => {
-                return Err(ErrorValue::kind(
-                    ErrorKind::Policy,
-                    format!(
-                        "{} images are not run here; only server images from this server's catalog",
-                        container.image.source()
+                return Err((
+                    RunRefusal::Policy,
+                    ErrorValue::kind(
+                        ErrorKind::Policy,
+                        format!(
+                            "{} images are not run here; only server images from this server's catalog",
+                            container.image.source()
+                        ),
                     ),
                 ));
             }
         };
         if let Some(list) = first_mount_list(request) {
-            return Err(ErrorValue::kind(
-                ErrorKind::Policy,
-                format!(
-                    "{list} is refused: this server holds no volumes, identities or FUSE sessions"
+            return Err((
+                RunRefusal::Policy,
+                ErrorValue::kind(
+                    ErrorKind::Policy,
+                    format!(
+                        "{list} is refused: this server holds no volumes, identities or FUSE sessions"
+                    ),
                 ),
             ));
         }
         let (runtime, name) = match source {
             Source::Catalog(image) => {
-                let runtime = shared
-                    .config
-                    .catalog
-                    .resolve(image)
-                    .map_err(|why| ErrorValue::kind(ErrorKind::Policy, why))?;
+                let runtime = shared.config.catalog.resolve(image).map_err(|why| {
+                    (RunRefusal::Policy, ErrorValue::kind(ErrorKind::Policy, why))
+                })?;
                 (runtime, image.name.as_str())
             }
             Source::Registry(reference, registry) => {
                 info!(%reference, "pulling the image");
-                let pulled = self.unless_ended(registry.resolve(reference)).await?;
-                let runtime = pulled.map_err(|why| ErrorValue::kind(why.kind, why.message))?;
+                let pulled = self
+                    .unless_ended(registry.resolve(reference))
+                    .await
+                    .map_err(refused(RunRefusal::Abandoned))?;
+                let runtime = pulled
+                    .map_err(|why| (RunRefusal::Policy, ErrorValue::kind(why.kind, why.message)))?;
                 (runtime, reference)
             }
         };
@@ -132,9 +158,26 @@ impl Run {
             disk: container.disk,
         };
         info!(image = %name, "starting the container");
-        let started = self.unless_ended(runtime.start(limits)).await?;
+        let starting = Instant::now();
+        let started = self
+            .unless_ended(runtime.start(limits))
+            .await
+            .map_err(refused(RunRefusal::Abandoned))?;
+        let container = match started {
+            Ok(container) => {
+                shared.metrics.runtime_start.observe(starting.elapsed());
+                container
+            }
+            Err(why) => {
+                shared.metrics.runtime_failures.inc();
+                return Err((
+                    RunRefusal::Runtime,
+                    ErrorValue::kind(ErrorKind::Runtime, why),
+                ));
+            }
+        };
         let running = Running {
-            container: started.map_err(|why| ErrorValue::kind(ErrorKind::Runtime, why))?,
+            container,
             _held: Held::new(shared, |s: &Stats| &s.containers),
         };
         let registered = self
@@ -146,9 +189,13 @@ impl Run {
             .await;
         match registered {
             Ok(Ok(())) => Ok(running),
-            Ok(Err(error)) | Err(error) => {
+            Ok(Err(error)) => {
                 running.stop().await;
-                Err(error)
+                Err((RunRefusal::Registration, error))
+            }
+            Err(error) => {
+                running.stop().await;
+                Err((RunRefusal::Abandoned, error))
             }
         }
     }
@@ -166,36 +213,53 @@ impl Run {
     }
 
     fn connection_ending(&self) -> ErrorValue {
+        self.connection_ended().1
+    }
+
+    /// Why the connection's end ends a run: the server's shutdown, or the
+    /// caller's connection.
+    fn connection_ended(&self) -> (RunEnd, ErrorValue) {
         if self.shared.shutdown.is_cancelled() {
-            ErrorValue::kind(ErrorKind::Server, "the server is shutting down")
+            (
+                RunEnd::Shutdown,
+                ErrorValue::kind(ErrorKind::Server, "the server is shutting down"),
+            )
         } else {
-            ErrorValue::kind(ErrorKind::Server, "the caller's connection ended")
+            (
+                RunEnd::Disconnect,
+                ErrorValue::kind(ErrorKind::Server, "the caller's connection ended"),
+            )
         }
     }
 
     /// Serves the running container's channels until the run ends, then
     /// ends everything in order.
     async fn serve(&self, mut running: Running, mut orders: mpsc::UnboundedReceiver<Order>) {
+        let metrics = &self.shared.metrics;
         let id = match RunId::mint(&self.shared) {
             Ok(id) => id,
             Err(error) => {
                 running.stop().await;
+                metrics.runs_refused.inc(RunRefusal::Server);
                 self.outbox.respond(&RunResponse::Error(error.clone()));
                 return self.outbox.finish(&error);
             }
         };
+        tracing::Span::current().record("id", id.0.as_str());
+        metrics.runs_started.inc();
         self.outbox.respond(&RunResponse::Id(id.0.clone()));
-        info!(id = %id.0, "running");
+        info!("running");
+        let run: Arc<str> = Arc::from(id.0.as_str());
         let proxy_url = running.container.proxy_url().to_owned();
         let (ending, ending_seen) = watch::channel(None::<ErrorValue>);
         let relays = TaskTracker::new();
-        let why = loop {
+        let (end, why) = loop {
             tokio::select! {
                 biased;
-                () = self.stop.cancelled() => break ErrorValue::kind(ErrorKind::Run, "the run was stopped"),
-                () = self.ended.cancelled() => break self.connection_ending(),
+                () = self.stop.cancelled() => break (RunEnd::Stop, ErrorValue::kind(ErrorKind::Run, "the run was stopped")),
+                () = self.ended.cancelled() => break self.connection_ended(),
                 why = running.container.ended() => {
-                    break ErrorValue::kind(ErrorKind::Container, format!("the container ended: {why}"));
+                    break (RunEnd::Container, ErrorValue::kind(ErrorKind::Container, format!("the container ended: {why}")));
                 }
                 Some(order) = orders.recv() => {
                     relays.spawn(relay::serve(
@@ -204,11 +268,13 @@ impl Run {
                         order.request,
                         proxy_url.clone(),
                         ending_seen.clone(),
+                        (self.connection, Arc::clone(&run)),
                     ));
                 }
             }
         };
-        info!(id = %id.0, reason = %why, "run ending");
+        metrics.runs_ended.inc(end);
+        info!(reason = %why, "run ending");
         ending.send_replace(Some(why.clone()));
         relays.close();
         relays.wait().await;

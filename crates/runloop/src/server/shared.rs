@@ -1,6 +1,6 @@
 //! What every connection of a server shares: its configuration, its
-//! shutdown, its tasks, its connection slots, the ids of its runs, and the
-//! live counts of what it holds.
+//! shutdown and drain, its tasks, its connection slots, the ids of its
+//! runs, the live counts of what it holds and its metrics.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::config::ServerConfig;
+use crate::metrics::ServerMetrics;
 
 /// Live counts of what the server holds; every one returns to zero when
 /// the connections that caused it are gone.
@@ -87,8 +88,13 @@ impl Drop for Held {
 pub(crate) struct Shared {
     pub(crate) config: ServerConfig,
     pub(crate) shutdown: CancellationToken,
+    /// Fires when a drain begins, or a shutdown: the listener closes.
+    pub(crate) draining: CancellationToken,
     pub(crate) tasks: TaskTracker,
     pub(crate) stats: Stats,
+    pub(crate) metrics: ServerMetrics,
+    /// The number the next connection is known by in logs.
+    pub(crate) next_connection: AtomicU64,
     /// One permit per connection being served, `max_connections` in all.
     pub(crate) slots: Arc<Semaphore>,
     /// Ids of running containers, so a new id is unique among them.
@@ -100,11 +106,15 @@ impl Shared {
         let slots = Arc::new(Semaphore::new(
             config.max_connections.min(Semaphore::MAX_PERMITS),
         ));
+        let shutdown = CancellationToken::new();
         Shared {
             config,
-            shutdown: CancellationToken::new(),
+            draining: shutdown.child_token(),
+            shutdown,
             tasks: TaskTracker::new(),
             stats: Stats::default(),
+            metrics: ServerMetrics::new(),
+            next_connection: AtomicU64::new(1),
             slots,
             ids: Mutex::new(HashSet::new()),
         }

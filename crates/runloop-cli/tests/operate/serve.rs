@@ -1,0 +1,104 @@
+//! `runloop serve` as a child process: its URL and admin address, its
+//! stderr kept, a SIGTERM or a SIGHUP sent, its exit awaited.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::common::{self, drain, exits};
+
+/// A running `runloop serve`, killed if the test ends first.
+pub struct Serve {
+    child: Child,
+    /// The URL it printed (`ws://…` or `wss://…`).
+    pub url: String,
+    /// Its admin listener, when it has one.
+    pub admin: Option<SocketAddr>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl Serve {
+    /// Starts `runloop serve --listen 127.0.0.1:0 ARGS…` at `RUST_LOG=level`.
+    pub fn start(level: &str, args: &[&str]) -> Serve {
+        let mut child = common::start(
+            level,
+            &[&["serve", "--listen", "127.0.0.1:0"], args].concat(),
+        );
+        let stderr = drain(child.stderr.take().expect("stderr"));
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut url = String::new();
+        stdout.read_line(&mut url).expect("serve prints its URL");
+        if url.is_empty() {
+            let _ = child.wait();
+            panic!("serve did not start: {}", stderr.join().unwrap_or_default());
+        }
+        let admin = args.contains(&"--admin").then(|| {
+            let mut line = String::new();
+            stdout
+                .read_line(&mut line)
+                .expect("serve prints its admin URL");
+            line.trim()
+                .strip_prefix("http://")
+                .and_then(|addr| addr.parse().ok())
+                .unwrap_or_else(|| panic!("not an admin URL: {line:?}"))
+        });
+        Serve {
+            child,
+            url: url.trim().to_owned(),
+            admin,
+            stderr: Some(stderr),
+        }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.addr().port()
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.url
+            .rsplit_once("://")
+            .and_then(|(_, addr)| addr.parse().ok())
+            .unwrap_or_else(|| panic!("no address in {}", self.url))
+    }
+
+    /// Sends `signal` (a name `kill` knows: TERM, HUP…).
+    pub fn signal(&self, signal: &str) {
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .stdout(Stdio::null())
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "kill -{signal}");
+    }
+
+    /// Waits (bounded) for the exit: its status, how long it took, and
+    /// everything it logged.
+    pub fn exit(mut self) -> (ExitStatus, std::time::Duration, String) {
+        let start = Instant::now();
+        let status = exits(&mut self.child, "runloop serve");
+        let took = start.elapsed();
+        let stderr = self
+            .stderr
+            .take()
+            .map(|s| s.join().unwrap_or_default())
+            .unwrap_or_default();
+        (status, took, stderr)
+    }
+
+    /// SIGTERM, then [`exit`](Self::exit).
+    pub fn terminate(self) -> (ExitStatus, std::time::Duration, String) {
+        self.signal("TERM");
+        self.exit()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,192 @@
+//! TLS on both sides: `runloop run` and `runloop check` over `wss://`
+//! against `runloop serve --tls-cert/--tls-key`, with certificates made in
+//! the test; each way a certificate can fail to verify, and each way of
+//! speaking the wrong protocol to a port, fails with words that say which.
+
+use std::path::Path;
+
+use crate::certs::Pki;
+use crate::common::run;
+use crate::serve::Serve;
+
+fn tls_server(pki: &Pki, pair: &crate::certs::Pair) -> Serve {
+    let (cert, key) = (path(&pair.cert), path(&pair.key));
+    let _ = pki;
+    Serve::start("warn", &["--tls-cert", &cert, "--tls-key", &key])
+}
+
+fn path(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// `runloop run --url URL ARGS… PROMPT`: exit code, stdout, stderr.
+fn run_at(url: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let (status, stdout, stderr) = run(&[&["run", "--url", url], args, &["hello"]].concat());
+    (status.code(), stdout, stderr)
+}
+
+#[test]
+fn a_loop_runs_over_wss_with_the_test_authority_trusted() {
+    let pki = Pki::new();
+    let server = tls_server(&pki, &pki.localhost);
+    assert!(server.url.starts_with("wss://"), "{}", server.url);
+    let url = format!("wss://localhost:{}", server.port());
+    let (code, stdout, stderr) = run_at(&url, &["--ca", &path(&pki.ca)]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stderr.lines().any(|line| line == "the loop finished"),
+        "{stderr}"
+    );
+    // `check` speaks wss:// too, with the same --ca.
+    let (status, stdout, stderr) = run(&["check", "--url", &url, "--ca", &path(&pki.ca)]);
+    assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
+}
+
+#[test]
+fn a_certificate_that_does_not_verify_says_which_host_and_why() {
+    let pki = Pki::new();
+    let good = tls_server(&pki, &pki.localhost);
+    let expired = tls_server(&pki, &pki.expired);
+    let cases = [
+        (
+            "an authority the client was not told to trust",
+            format!("wss://localhost:{}", good.port()),
+            path(&pki.other_ca),
+            "TLS with localhost failed: its certificate is not signed by a certificate \
+             authority this client trusts",
+        ),
+        (
+            "an expired certificate",
+            format!("wss://localhost:{}", expired.port()),
+            path(&pki.ca),
+            "TLS with localhost failed: its certificate expired",
+        ),
+        (
+            "a host name the certificate does not name",
+            format!("wss://127.0.0.1:{}", good.port()),
+            path(&pki.ca),
+            "TLS with 127.0.0.1 failed: its certificate was not issued for this host name \
+             (it names localhost)",
+        ),
+    ];
+    for (what, url, ca, expected) in cases {
+        let (code, stdout, stderr) = run_at(&url, &["--ca", &ca]);
+        assert_eq!(code, Some(2), "{what}: {stdout}\n{stderr}");
+        assert!(stderr.contains(expected), "{what}: {stderr}");
+        assert!(
+            stderr.contains(&format!("cannot connect to {url}")),
+            "{what}: {stderr}"
+        );
+        // `check` says the same.
+        let (status, stdout, stderr) = run(&["check", "--url", &url, "--ca", &ca]);
+        assert_ne!(status.code(), Some(0), "{what}: {stdout}\n{stderr}");
+        assert!(
+            format!("{stdout}{stderr}").contains(expected),
+            "{what}: {stdout}\n{stderr}"
+        );
+    }
+    // Without --ca, only the platform's roots are trusted: not the test's.
+    let (code, _, stderr) = run_at(&format!("wss://localhost:{}", good.port()), &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("not signed by a certificate authority"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_wrong_protocol_for_the_port_is_named() {
+    let pki = Pki::new();
+    let tls = tls_server(&pki, &pki.localhost);
+    let (code, _, stderr) = run_at(&format!("ws://localhost:{}", tls.port()), &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr
+            .contains("the server answered HTTP 400 Bad Request: this port speaks TLS: use wss://"),
+        "{stderr}"
+    );
+    let plain = Serve::start("warn", &[]);
+    let (code, _, stderr) = run_at(
+        &format!("wss://localhost:{}", plain.port()),
+        &["--ca", &path(&pki.ca)],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("TLS with localhost failed: the server did not answer in TLS (is it a plain ws:// port?)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sighup_reloads_the_certificate_for_new_connections() {
+    let pki = Pki::new();
+    let scratch = tempfile::tempdir().expect("scratch");
+    let cert = scratch.path().join("cert.pem");
+    let key = scratch.path().join("key.pem");
+    std::fs::copy(&pki.localhost.cert, &cert).expect("copy");
+    std::fs::copy(&pki.localhost.key, &key).expect("copy");
+    let server = Serve::start(
+        "info",
+        &["--tls-cert", &path(&cert), "--tls-key", &path(&key)],
+    );
+    let url = format!("wss://localhost:{}", server.port());
+    let ca = path(&pki.ca);
+    assert_eq!(run_at(&url, &["--ca", &ca]).0, Some(0));
+    // Files that do not load are refused, and the certificate stays.
+    std::fs::write(&key, "not a key").expect("write");
+    server.signal("HUP");
+    assert_eq!(run_at(&url, &["--ca", &ca]).0, Some(0));
+    // Renewed files are served from the next handshake on.
+    std::fs::copy(&pki.expired.cert, &cert).expect("copy");
+    std::fs::copy(&pki.expired.key, &key).expect("copy");
+    server.signal("HUP");
+    let served_expired = (0..50).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        run_at(&url, &["--ca", &ca])
+            .2
+            .contains("its certificate expired")
+    });
+    let (_, _, log) = server.terminate();
+    assert!(served_expired, "{log}");
+    assert!(log.contains("the TLS certificate did not reload"), "{log}");
+    assert!(log.contains("TLS certificate reloaded"), "{log}");
+}
+
+#[test]
+fn serve_refuses_a_network_address_without_a_token_or_without_tls() {
+    let pki = Pki::new();
+    let (cert, key) = (path(&pki.localhost.cert), path(&pki.localhost.key));
+    let cases: [(&[&str], &str); 3] = [
+        (&[], "without a token"),
+        (&["--token", "t"], "without TLS"),
+        (&["--tls-cert", &cert, "--tls-key", &key], "without a token"),
+    ];
+    for (args, why) in cases {
+        let (status, _, stderr) = run(&[&["serve", "--listen", "0.0.0.0:0"], args].concat());
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(why), "{args:?}: {stderr}");
+    }
+    let (_, _, stderr) = run(&["serve", "--listen", "0.0.0.0:0", "--token", "t"]);
+    assert!(stderr.contains("--allow-plaintext"), "{stderr}");
+    // Told explicitly, it listens in the clear.
+    let mut child = crate::common::start(
+        "warn",
+        &[
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--token",
+            "t",
+            "--allow-plaintext",
+        ],
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("a URL");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.starts_with("ws://0.0.0.0:"), "{line}");
+}

@@ -1,0 +1,390 @@
+//! The byte stream under a framed connection: TCP, or TLS over TCP, chosen
+//! by the URL's scheme (`ws://`, `wss://`) on the client and by the
+//! server's configuration on the server.
+//!
+//! Dialling is done here rather than by the WebSocket library so that each
+//! step fails in words an operator can act on: the URL, the TCP connection,
+//! the TLS handshake (which host, and why its certificate did not verify:
+//! an unknown authority, an expiry, a name it was not issued for), and the
+//! WebSocket handshake (with the server's HTTP answer when it gave one).
+//!
+//! The server side answers a plain HTTP request on a TLS port with a
+//! `400` that says to use `wss://`, instead of a TLS alert the caller's
+//! WebSocket library would report as garbage.
+
+use std::io;
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use rustls::{AlertDescription, CertificateError};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_rustls::{client, server};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Error as WsError;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::client::Response;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_util::either::Either;
+
+use crate::tls::{ClientTls, TlsError};
+
+/// A client's stream: plain TCP (`ws://`) or TLS over TCP (`wss://`).
+pub type ClientStream = Either<TcpStream, client::TlsStream<TcpStream>>;
+
+/// Why a connection could not be dialled. Each names the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The URL is not a `ws://` or `wss://` URL with a host.
+    #[error("{url:?} is not a ws:// or wss:// URL: {why}")]
+    Url {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The TCP connection failed.
+    #[error("cannot reach {host}:{port}: {source}")]
+    Tcp {
+        /// The host.
+        host: String,
+        /// The port.
+        port: u16,
+        /// What went wrong.
+        #[source]
+        source: io::Error,
+    },
+    /// The client's trust roots could not be made.
+    #[error("{0}")]
+    Roots(#[source] TlsError),
+    /// The TLS handshake failed.
+    #[error("TLS with {host} failed: {reason}")]
+    Tls {
+        /// The host, as the URL names it.
+        host: String,
+        /// Why, in words.
+        reason: TlsReason,
+        /// The handshake's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The WebSocket handshake failed.
+    #[error("the WebSocket handshake failed: {}", websocket_failure(.0))]
+    WebSocket(#[source] WsError),
+}
+
+/// Why a TLS handshake failed, as far as a caller can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsReason {
+    /// The certificate is not signed by an authority the client trusts.
+    UnknownAuthority,
+    /// The certificate expired this many seconds ago.
+    Expired(Option<u64>),
+    /// The certificate is not valid yet.
+    NotValidYet,
+    /// The certificate was not issued for the host dialled; the names it
+    /// holds.
+    WrongName(Vec<String>),
+    /// The server does not speak TLS on this port.
+    NotTls,
+    /// The server ended the handshake with this alert.
+    Alert(String),
+    /// Another reason, in the TLS library's words.
+    Other(String),
+}
+
+impl std::fmt::Display for TlsReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TlsReason::UnknownAuthority => f.write_str(
+                "its certificate is not signed by a certificate authority this client trusts \
+                 (unknown issuer)",
+            ),
+            TlsReason::Expired(Some(ago)) => {
+                write!(f, "its certificate expired {} ago", Ago(*ago))
+            }
+            TlsReason::Expired(None) => f.write_str("its certificate has expired"),
+            TlsReason::NotValidYet => f.write_str("its certificate is not valid yet"),
+            TlsReason::WrongName(names) if names.is_empty() => {
+                f.write_str("its certificate was not issued for this host name")
+            }
+            TlsReason::WrongName(names) => write!(
+                f,
+                "its certificate was not issued for this host name (it names {})",
+                names.join(", ")
+            ),
+            TlsReason::NotTls => {
+                f.write_str("the server did not answer in TLS (is it a plain ws:// port?)")
+            }
+            TlsReason::Alert(alert) => write!(f, "the server refused the handshake ({alert})"),
+            TlsReason::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+/// A duration in seconds, in the largest whole unit.
+struct Ago(u64);
+
+impl std::fmt::Display for Ago {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let units = [
+            (86_400, "day"),
+            (3_600, "hour"),
+            (60, "minute"),
+            (1, "second"),
+        ];
+        let (size, name) = units
+            .into_iter()
+            .find(|(size, _)| self.0 >= *size)
+            .unwrap_or((1, "second"));
+        let n = self.0 / size;
+        write!(f, "{n} {name}{}", if n == 1 { "" } else { "s" })
+    }
+}
+
+impl TlsReason {
+    /// The reason behind a failed client handshake.
+    fn of(error: &io::Error) -> TlsReason {
+        let rustls = error
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        match rustls {
+            Some(rustls::Error::InvalidCertificate(certificate)) => match certificate {
+                CertificateError::UnknownIssuer => TlsReason::UnknownAuthority,
+                CertificateError::Expired => TlsReason::Expired(None),
+                CertificateError::ExpiredContext { time, not_after } => {
+                    TlsReason::Expired(Some(time.as_secs().saturating_sub(not_after.as_secs())))
+                }
+                CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                    TlsReason::NotValidYet
+                }
+                CertificateError::NotValidForName => TlsReason::WrongName(Vec::new()),
+                CertificateError::NotValidForNameContext { presented, .. } => {
+                    TlsReason::WrongName(presented.iter().map(|name| bare_name(name)).collect())
+                }
+                other => TlsReason::Other(format!("its certificate does not verify: {other:?}")),
+            },
+            Some(rustls::Error::InvalidMessage(_)) => TlsReason::NotTls,
+            Some(rustls::Error::AlertReceived(alert)) => TlsReason::Alert(alert_name(*alert)),
+            Some(other) => TlsReason::Other(other.to_string()),
+            None if error.kind() == io::ErrorKind::UnexpectedEof => TlsReason::NotTls,
+            None => TlsReason::Other(error.to_string()),
+        }
+    }
+}
+
+/// A name as the certificate verifier presents it (`DnsName("example.com")`,
+/// `IpAddress(10.0.0.1)`), without its wrapping.
+fn bare_name(presented: &str) -> String {
+    presented
+        .split_once('(')
+        .and_then(|(_, inner)| inner.strip_suffix(')'))
+        .map_or(presented, |inner| inner.trim_matches('"'))
+        .to_owned()
+}
+
+fn alert_name(alert: AlertDescription) -> String {
+    format!("{alert:?}")
+}
+
+/// What the server's HTTP answer said, when the handshake got one.
+fn websocket_failure(error: &WsError) -> String {
+    match error {
+        WsError::Http(response) => match answer_body(response) {
+            Some(body) => format!("the server answered HTTP {}: {body}", response.status()),
+            None => format!("the server answered HTTP {}", response.status()),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// The `Server` header of a runloop server's own HTTP answers.
+const SERVER: &str = "runloop";
+
+/// Why a runloop server refused the WebSocket upgrade (a `ws://` to its
+/// TLS port), when the answer is a runloop server's (its `Server` header)
+/// and says why; `None` for any other server's answer.
+pub fn runloop_refusal(response: &Response) -> Option<String> {
+    let server = response.headers().get("server")?;
+    (server.as_bytes() == SERVER.as_bytes())
+        .then(|| answer_body(response))
+        .flatten()
+}
+
+/// The body of an answer to the WebSocket upgrade, trimmed, when it has one.
+fn answer_body(
+    response: &tokio_tungstenite::tungstenite::http::Response<Option<Vec<u8>>>,
+) -> Option<String> {
+    response
+        .body()
+        .as_deref()
+        .map(String::from_utf8_lossy)
+        .map(|body| body.trim().to_owned())
+        .filter(|body| !body.is_empty())
+}
+
+/// Opens a WebSocket to `url`: TCP, then TLS for `wss://` (trusting
+/// `tls`, or the platform's roots when it is `None`), then the WebSocket
+/// handshake with `config`.
+pub async fn dial(
+    url: &str,
+    tls: Option<&ClientTls>,
+    config: WebSocketConfig,
+) -> Result<(WebSocketStream<ClientStream>, Response), DialError> {
+    let bad = |why: &str| DialError::Url {
+        url: url.to_owned(),
+        why: why.to_owned(),
+    };
+    let request = url
+        .into_client_request()
+        .map_err(|error| bad(&error.to_string()))?;
+    let uri = request.uri();
+    let secure = match uri.scheme_str() {
+        Some("ws") => false,
+        Some("wss") => true,
+        _ => return Err(bad("the scheme must be ws or wss")),
+    };
+    let host = uri
+        .host()
+        .ok_or_else(|| bad("it names no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
+    let tcp = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|source| DialError::Tcp {
+            host: host.clone(),
+            port,
+            source,
+        })?;
+    // Frames are small and written in batches: Nagle would only hold each
+    // batch back for an ACK.
+    let _ = tcp.set_nodelay(true);
+    let stream = if secure {
+        let name = ServerName::try_from(host.clone())
+            .map_err(|_| bad("the host is not a DNS name or an IP address"))?;
+        let connector = match tls {
+            Some(tls) => tls.connector(),
+            None => ClientTls::platform().map_err(DialError::Roots)?.connector(),
+        };
+        let tls = connector
+            .connect(name, tcp)
+            .await
+            .map_err(|source| DialError::Tls {
+                host: host.clone(),
+                reason: TlsReason::of(&source),
+                source,
+            })?;
+        Either::Right(tls)
+    } else {
+        Either::Left(tcp)
+    };
+    tokio_tungstenite::client_async_with_config(request, stream, Some(config))
+        .await
+        .map_err(DialError::WebSocket)
+}
+
+/// Why a server-side TLS handshake did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    /// The caller sent plain HTTP; it was answered with a `400` that says
+    /// to use `wss://`.
+    #[error("the caller spoke plain HTTP to the TLS port (answered 400: use wss://)")]
+    Plaintext,
+    /// The caller sent something that is neither TLS nor HTTP, or nothing.
+    #[error("the caller did not start a TLS handshake")]
+    NotTls,
+    /// The handshake failed.
+    #[error("the TLS handshake failed: {0}")]
+    Handshake(#[source] io::Error),
+}
+
+/// The first byte of a TLS record that starts a handshake.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// The body of the answer to a plain HTTP request on the TLS port.
+const PLAINTEXT_BODY: &str = "this port speaks TLS: use wss://, not ws://\n";
+
+/// The whole answer to a plain HTTP request on the TLS port.
+fn plaintext_answer() -> String {
+    format!(
+        "HTTP/1.1 400 Bad Request\r\nServer: {SERVER}\r\n\
+         Content-Type: text/plain; charset=utf-8\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n{PLAINTEXT_BODY}",
+        PLAINTEXT_BODY.len()
+    )
+}
+
+/// Accepts TLS on a caller's TCP connection. A caller that speaks plain
+/// HTTP is answered with a `400` that says why, so that its WebSocket
+/// library shows the reason instead of a broken handshake.
+pub async fn accept(
+    tcp: TcpStream,
+    acceptor: &tokio_rustls::TlsAcceptor,
+) -> Result<server::TlsStream<TcpStream>, AcceptError> {
+    let mut first = [0u8; 1];
+    match tcp.peek(&mut first).await {
+        Ok(1) if first[0] == TLS_HANDSHAKE => {}
+        Ok(1) if first[0].is_ascii_uppercase() => {
+            answer_plaintext(tcp).await;
+            return Err(AcceptError::Plaintext);
+        }
+        Ok(_) => return Err(AcceptError::NotTls),
+        Err(error) => return Err(AcceptError::Handshake(error)),
+    }
+    acceptor.accept(tcp).await.map_err(AcceptError::Handshake)
+}
+
+/// Writes the `400` and closes, without reading the request: it is small
+/// and sits in the socket's buffer, so the close may reset the connection;
+/// a short linger first lets the answer reach the caller.
+async fn answer_plaintext(mut tcp: TcpStream) {
+    let answered = async {
+        tcp.write_all(plaintext_answer().as_bytes()).await?;
+        tcp.shutdown().await?;
+        // Read what the caller sent until it closes, so the close is clean.
+        let mut sink = [0u8; 1024];
+        loop {
+            tcp.readable().await?;
+            match tcp.try_read(&mut sink) {
+                Ok(0) => return Ok::<(), io::Error>(()),
+                Ok(_) => {}
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), answered).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plaintext_answer_is_well_formed() {
+        let text = plaintext_answer();
+        let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn presented_names_lose_their_wrapping() {
+        assert_eq!(bare_name("DnsName(\"localhost\")"), "localhost");
+        assert_eq!(bare_name("IpAddress(10.0.0.1)"), "10.0.0.1");
+        assert_eq!(bare_name("plain"), "plain");
+    }
+
+    #[test]
+    fn ago_says_the_largest_unit() {
+        assert_eq!(Ago(1).to_string(), "1 second");
+        assert_eq!(Ago(59).to_string(), "59 seconds");
+        assert_eq!(Ago(3 * 86_400 + 5).to_string(), "3 days");
+        assert_eq!(Ago(7_200).to_string(), "2 hours");
+        assert_eq!(Ago(0).to_string(), "0 seconds");
+    }
+}
