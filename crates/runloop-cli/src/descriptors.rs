@@ -36,7 +36,7 @@ pub const PER_RUN: u64 = 8;
 pub struct Load {
     /// Connections (`--max-connections`).
     pub connections: u64,
-    /// Runs, server-wide.
+    /// Runs, server-wide (`--max-runs`).
     pub runs: u64,
 }
 
@@ -52,12 +52,12 @@ impl Load {
 /// Why a load does not fit in the descriptor limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "--max-connections {connections}{runs} needs {needed} descriptors ({PER_CONNECTION} per \
+    "--max-connections {connections} with --max-runs {runs} need {needed} descriptors ({PER_CONNECTION} per \
      connection, {PER_RUN} per run, {RESERVED} for the server itself), but RLIMIT_NOFILE allows \
      {limit} (the hard limit): lower the limits, or raise the hard limit (ulimit -Hn as root, \
      LimitNOFILE= in a systemd unit)",
     connections = load.connections,
-    runs = if load.runs > 0 { format!(" with {} runs", load.runs) } else { String::new() },
+    runs = load.runs,
     needed = load.descriptors()
 )]
 pub struct TooFew {
@@ -112,8 +112,8 @@ mod tests {
         assert_eq!(
             check(load, 1024).map_err(|e| e.to_string()),
             Err(
-                "--max-connections 1024 needs 1088 descriptors (1 per connection, 8 per run, 64 \
-                 for the server itself), but RLIMIT_NOFILE allows 1024 (the hard limit): lower \
+                "--max-connections 1024 with --max-runs 0 need 1088 descriptors (1 per connection, \
+                 8 per run, 64 for the server itself), but RLIMIT_NOFILE allows 1024 (the hard limit): lower \
                  the limits, or raise the hard limit (ulimit -Hn as root, LimitNOFILE= in a \
                  systemd unit)"
                     .to_owned()
@@ -128,7 +128,7 @@ mod tests {
             check(with_runs, 800)
                 .expect_err("too few")
                 .to_string()
-                .starts_with("--max-connections 10 with 100 runs needs 874 descriptors")
+                .starts_with("--max-connections 10 with --max-runs 100 need 874 descriptors")
         );
         let huge = Load {
             connections: u64::MAX,

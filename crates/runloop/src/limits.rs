@@ -25,6 +25,10 @@
 //! authorization_grace   1 s         a caller across a slow network has a few
 //!                                   round trips for the WebSocket handshake and
 //!                                   its authorization
+//! max_runs              1           one run at a time, server-wide
+//! max_runs_per_identity 1           one run at a time for each token
+//! max_run_memory        16 MiB      an agent program with its proxy beside it
+//! memory_budget         16 MiB      the same, for all runs together
 //! ```
 
 use std::fmt;
@@ -80,10 +84,10 @@ impl Limits {
     /// Whether every limit is at least its minimum; the first that is not
     /// is the error.
     pub fn validate(&self) -> Result<(), LimitError> {
-        Limit::MaxMessageSize.check(self.max_message_size)?;
-        Limit::MaxScopes.check(self.max_scopes)?;
-        Limit::MaxChannels.check(self.max_channels)?;
-        Limit::MaxQueuedResponses.check(self.max_queued_responses)
+        Limit::MaxMessageSize.check(self.max_message_size as u64)?;
+        Limit::MaxScopes.check(self.max_scopes as u64)?;
+        Limit::MaxChannels.check(self.max_channels as u64)?;
+        Limit::MaxQueuedResponses.check(self.max_queued_responses as u64)
     }
 }
 
@@ -102,6 +106,14 @@ pub enum Limit {
     MaxConnections,
     /// The server's `authorization_grace`.
     AuthorizationGrace,
+    /// The server's `max_runs`.
+    MaxRuns,
+    /// The server's `max_runs_per_identity`.
+    MaxRunsPerIdentity,
+    /// The server's `max_run_memory`.
+    MaxRunMemory,
+    /// The server's `memory_budget`.
+    MemoryBudget,
 }
 
 impl Limit {
@@ -111,6 +123,8 @@ impl Limit {
     pub const MIN_COUNT: usize = 1;
     /// The least authorization grace.
     pub const MIN_AUTHORIZATION_GRACE: Duration = Duration::from_secs(1);
+    /// The least `memory` a run may be allowed, alone or with every other.
+    pub const MIN_RUN_MEMORY: u64 = 16 << 20;
 
     /// The configuration field's name.
     pub fn name(self) -> &'static str {
@@ -121,6 +135,10 @@ impl Limit {
             Limit::MaxQueuedResponses => "max_queued_responses",
             Limit::MaxConnections => "max_connections",
             Limit::AuthorizationGrace => "authorization_grace",
+            Limit::MaxRuns => "max_runs",
+            Limit::MaxRunsPerIdentity => "max_runs_per_identity",
+            Limit::MaxRunMemory => "max_run_memory",
+            Limit::MemoryBudget => "memory_budget",
         }
     }
 
@@ -129,6 +147,9 @@ impl Limit {
         match self {
             Limit::MaxMessageSize => format!("{} bytes", Limit::MIN_MESSAGE_SIZE),
             Limit::AuthorizationGrace => format!("{:?}", Limit::MIN_AUTHORIZATION_GRACE),
+            Limit::MaxRunMemory | Limit::MemoryBudget => {
+                format!("{} bytes", Limit::MIN_RUN_MEMORY)
+            }
             _ => Limit::MIN_COUNT.to_string(),
         }
     }
@@ -146,14 +167,19 @@ impl Limit {
             Limit::AuthorizationGrace => {
                 "a caller needs a few round trips to complete the WebSocket handshake and authorize"
             }
+            Limit::MaxRuns | Limit::MaxRunsPerIdentity => "no run could be served",
+            Limit::MaxRunMemory | Limit::MemoryBudget => {
+                "an agent program with its proxy needs a few MiB"
+            }
         }
     }
 
     /// `Ok` when `value` (a size or a count) is at least the minimum.
-    pub(crate) fn check(self, value: usize) -> Result<(), LimitError> {
+    pub(crate) fn check(self, value: u64) -> Result<(), LimitError> {
         let (minimum, unit) = match self {
-            Limit::MaxMessageSize => (Limit::MIN_MESSAGE_SIZE, " bytes"),
-            _ => (Limit::MIN_COUNT, ""),
+            Limit::MaxMessageSize => (Limit::MIN_MESSAGE_SIZE as u64, " bytes"),
+            Limit::MaxRunMemory | Limit::MemoryBudget => (Limit::MIN_RUN_MEMORY, " bytes"),
+            _ => (Limit::MIN_COUNT as u64, ""),
         };
         if value >= minimum {
             return Ok(());
@@ -228,7 +254,7 @@ mod tests {
             Limit::MaxScopes => &mut limits.max_scopes,
             Limit::MaxChannels => &mut limits.max_channels,
             Limit::MaxQueuedResponses => &mut limits.max_queued_responses,
-            Limit::MaxConnections | Limit::AuthorizationGrace => unreachable!("the server's"),
+            _ => unreachable!("the server's"),
         }
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use subtle::ConstantTimeEq;
 
+use super::budget::RunBudget;
 use crate::limits::{Limit, LimitError, Limits};
 use crate::runtime::{Catalog, Registry};
 
@@ -31,7 +32,7 @@ impl fmt::Debug for Credentials {
 
 /// Who a connection is served as. It names the credential's position, never
 /// the credential, so it can be logged.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Identity(String);
 
 impl fmt::Display for Identity {
@@ -79,6 +80,8 @@ pub struct ServerConfig {
     /// at once with close code 1013 (try again later) and a reason that
     /// says so, before anything of it is read. At least one.
     pub max_connections: usize,
+    /// What runs may claim, each and together (see [`RunBudget`]).
+    pub budget: RunBudget,
     /// The images this server runs.
     pub catalog: Catalog,
     /// Where `registry` images are pulled from; without one they are refused.
@@ -86,14 +89,15 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// A configuration with default limits, a 10 s authorization grace and
-    /// [`DEFAULT_MAX_CONNECTIONS`].
+    /// A configuration with default limits, a 10 s authorization grace,
+    /// [`DEFAULT_MAX_CONNECTIONS`] and the default [`RunBudget`].
     pub fn new(credentials: Credentials, catalog: Catalog) -> Self {
         ServerConfig {
             credentials,
             limits: Limits::default(),
             authorization_grace: Duration::from_secs(10),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            budget: RunBudget::default(),
             catalog,
             registry: None,
         }
@@ -104,8 +108,9 @@ impl ServerConfig {
     /// the error. [`Server::bind`](super::Server::bind) refuses a configuration that fails this.
     pub fn validate(&self) -> Result<(), LimitError> {
         self.limits.validate()?;
-        Limit::MaxConnections.check(self.max_connections)?;
-        Limit::check_grace(self.authorization_grace)
+        Limit::MaxConnections.check(self.max_connections as u64)?;
+        Limit::check_grace(self.authorization_grace)?;
+        self.budget.validate()
     }
 }
 

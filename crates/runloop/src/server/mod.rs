@@ -13,6 +13,8 @@
 //! outbox.rs       the connection's table and its writer's queue under one
 //!                 lock; a scope and a relay each get a handle that writes
 //!                 only their own frames
+//! budget.rs       what runs may claim: how many at once, their memory
+//!                 together, the most one may ask for
 //! connection.rs   one caller's socket: authorization, frames in, each applied
 //!                 to the table (runloop_proto::connection), disregarded
 //!                 frames counted
@@ -41,6 +43,7 @@
 //! included. A subscriber that bridges `log` records must cap them below
 //! trace, as `runloop serve` does.
 
+mod budget;
 mod config;
 mod connection;
 mod outbox;
@@ -58,6 +61,10 @@ use tokio::net::{TcpListener, ToSocketAddrs};
 use tokio::task::JoinHandle;
 use tracing::info;
 
+pub use budget::{
+    DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS, RunBudget,
+    default_memory_budget,
+};
 pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
 pub use shared::{Stats, StatsSnapshot};
 
@@ -208,6 +215,10 @@ mod tests {
             Limit::MaxQueuedResponses,
             Limit::MaxConnections,
             Limit::AuthorizationGrace,
+            Limit::MaxRuns,
+            Limit::MaxRunsPerIdentity,
+            Limit::MaxRunMemory,
+            Limit::MemoryBudget,
         ];
         for limit in cases {
             let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
@@ -220,6 +231,10 @@ mod tests {
                 Limit::AuthorizationGrace => {
                     config.authorization_grace = Duration::from_millis(999);
                 }
+                Limit::MaxRuns => config.budget.max_runs = 0,
+                Limit::MaxRunsPerIdentity => config.budget.max_runs_per_identity = 0,
+                Limit::MaxRunMemory => config.budget.max_run_memory = Limit::MIN_RUN_MEMORY - 1,
+                Limit::MemoryBudget => config.budget.memory_budget = 0,
             }
             match Server::bind("127.0.0.1:0", config).await {
                 Err(BindError::Limit(error)) => {
@@ -241,6 +256,13 @@ mod tests {
         };
         least.max_connections = 1;
         least.authorization_grace = Limit::MIN_AUTHORIZATION_GRACE;
+        least.budget = RunBudget {
+            max_runs: 1,
+            max_runs_per_identity: 1,
+            max_run_memory: Limit::MIN_RUN_MEMORY,
+            max_run_disk: 0,
+            memory_budget: Limit::MIN_RUN_MEMORY,
+        };
         assert!(Server::bind("127.0.0.1:0", least).await.is_ok());
     }
 }

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span};
 
+use super::budget::Claim;
 use super::config::Identity;
 use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
@@ -68,15 +69,18 @@ pub(crate) async fn serve(
     .await;
 }
 
-/// A started container, counted while it runs.
+/// A started container, counted while it runs, with its run's claim on
+/// the budget, given back once it has stopped.
 struct Running {
     container: Box<dyn Container>,
     _held: Held,
+    claim: Claim,
 }
 
 impl Running {
     async fn stop(self) {
         self.container.stop().await;
+        drop(self.claim);
     }
 }
 
@@ -111,6 +115,7 @@ impl Run {
                 ),
             ));
         }
+        let claim = Claim::admit(shared, &self.identity, container.memory, container.disk)?;
         let (runtime, name) = match source {
             Source::Catalog(image) => {
                 let runtime = shared
@@ -136,6 +141,7 @@ impl Run {
         let running = Running {
             container: started.map_err(|why| ErrorValue::kind(ErrorKind::Runtime, why))?,
             _held: Held::new(shared, |s: &Stats| &s.containers),
+            claim,
         };
         let registered = self
             .unless_ended(proxy_path::register(

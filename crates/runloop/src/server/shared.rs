@@ -4,13 +4,14 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::ServerConfig;
+use super::budget::Claimed;
+use super::config::{Credentials, ServerConfig};
 
 /// Live counts of what the server holds; every one returns to zero when
 /// the connections that caused it are gone.
@@ -93,6 +94,11 @@ pub(crate) struct Shared {
     pub(crate) slots: Arc<Semaphore>,
     /// Ids of running containers, so a new id is unique among them.
     pub(crate) ids: Mutex<HashSet<String>>,
+    /// What the runs held claim of the run budget.
+    claimed: Mutex<Claimed>,
+    /// Whether identities are tokens, each with its own limits; with any
+    /// credential accepted, every caller is the same identity.
+    pub(crate) per_identity: bool,
 }
 
 impl Shared {
@@ -100,13 +106,23 @@ impl Shared {
         let slots = Arc::new(Semaphore::new(
             config.max_connections.min(Semaphore::MAX_PERMITS),
         ));
+        let per_identity = matches!(config.credentials, Credentials::Tokens(_));
         Shared {
             config,
+            claimed: Mutex::new(Claimed::default()),
+            per_identity,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             stats: Stats::default(),
             slots,
             ids: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The run budget's counts, locked.
+    pub(crate) fn claimed(&self) -> MutexGuard<'_, Claimed> {
+        self.claimed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
