@@ -23,8 +23,8 @@ use runloop::limits::{Limit, Limits};
 use runloop::runtime::output::OutputLimit;
 use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
 use runloop::server::{
-    Credentials, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_RUNS, RunBudget, Server, ServerConfig,
-    default_memory_budget,
+    Admission, Credentials, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_RUNS, RunBudget, Server,
+    ServerConfig, default_memory_budget,
 };
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
 use runloop_oci::registry::{Pull, RegistryConfig};
@@ -82,6 +82,28 @@ pub struct Args {
     /// code 1013 (try again later) and a reason (at least 1).
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// Connections not yet authorized, at once (those turned away with
+    /// 1013 included); one more is closed at once, nothing of it read (at
+    /// least 1).
+    #[arg(long, default_value_t = Admission::default().max_unauthorized)]
+    pub max_unauthorized: usize,
+    /// Connections from one IP address, authorized or not; one more is
+    /// closed at once, nothing of it read (at least 1).
+    #[arg(long, default_value_t = Admission::default().max_connections_per_address)]
+    pub max_connections_per_address: usize,
+    /// Authorized connections of one token; one more is closed with close
+    /// code 1013 and a reason (at least 1; without tokens every caller is
+    /// one identity, held by --max-connections alone).
+    #[arg(long, default_value_t = Admission::default().max_connections_per_identity)]
+    pub max_connections_per_identity: usize,
+    /// Seconds a new connection may take for its TCP connection and
+    /// WebSocket handshake (at least 1).
+    #[arg(long, default_value_t = Admission::default().handshake_timeout.as_secs_f64())]
+    pub handshake_timeout: f64,
+    /// The largest message before authorization, bytes (K/M/G suffixes; at
+    /// least 4K); a larger one closes the connection, never read whole.
+    #[arg(long, default_value = "64K", value_parser = bytes)]
+    pub max_authorization_size: u64,
     /// Runs held at once, server-wide; one more is refused with an error
     /// naming the limit (at least 1).
     #[arg(long, default_value_t = DEFAULT_MAX_RUNS)]
@@ -169,6 +191,11 @@ fn option(limit: Limit) -> &'static str {
         Limit::MaxRunsPerIdentity => "--max-runs-per-identity",
         Limit::MaxRunMemory => "--max-run-memory",
         Limit::MemoryBudget => "--memory-budget",
+        Limit::MaxUnauthorized => "--max-unauthorized",
+        Limit::MaxConnectionsPerAddress => "--max-connections-per-address",
+        Limit::MaxConnectionsPerIdentity => "--max-connections-per-identity",
+        Limit::HandshakeTimeout => "--handshake-timeout",
+        Limit::MaxAuthorizationSize => "--max-authorization-size",
     }
 }
 
@@ -253,6 +280,16 @@ impl Args {
             max_scopes: self.max_scopes,
             max_channels: self.max_channels,
             max_queued_responses: self.max_queued_responses,
+        };
+        config.admission = Admission {
+            max_unauthorized: self.max_unauthorized,
+            max_connections_per_address: self.max_connections_per_address,
+            max_connections_per_identity: self.max_connections_per_identity,
+            handshake_timeout: Duration::try_from_secs_f64(self.handshake_timeout).map_err(
+                |_| Failure::Argument("--handshake-timeout must be a number of seconds".into()),
+            )?,
+            max_authorization_size: usize::try_from(self.max_authorization_size)
+                .map_err(|_| Failure::Argument("--max-authorization-size is too large".into()))?,
         };
         config.budget = RunBudget {
             max_runs: self.max_runs,
@@ -340,6 +377,7 @@ impl Args {
         let limit = descriptors::raise().map_err(Failure::Runtime)?;
         let load = Load {
             connections: self.max_connections as u64,
+            unauthorized: self.max_unauthorized as u64,
             runs: self.max_runs as u64,
         };
         descriptors::check(load, limit).map_err(|error| Failure::Argument(error.to_string()))?;

@@ -50,7 +50,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn a_run_over_the_largest_memory_or_disk_is_refused_naming_the_limit() {
-    let server = Serve::start("error", &["--max-run-disk", "1G"]);
+    let server = Serve::start("error", &["--max-run-disk", "1G", "--memory-budget", "8G"]);
     runtime().block_on(async {
         let client = Client::connect(&server.url, "").await.expect("connects");
         for memory in [1 << 63, u64::MAX, (4 << 30) + 1] {

@@ -7,7 +7,7 @@ use common::{Serve, run};
 
 #[test]
 fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {
-    let cases: [(&str, &str, &str); 14] = [
+    let cases: [(&str, &str, &str); 19] = [
         ("--max-message-size", "0", "4096 bytes"),
         ("--max-message-size", "8", "4096 bytes"),
         ("--max-message-size", "4095", "4096 bytes"),
@@ -22,6 +22,11 @@ fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {
         ("--max-run-memory", "0", "16777216 bytes"),
         ("--max-run-memory", "16777215", "16777216 bytes"),
         ("--memory-budget", "1M", "16777216 bytes"),
+        ("--max-unauthorized", "0", "minimum of 1:"),
+        ("--max-connections-per-address", "0", "minimum of 1:"),
+        ("--max-connections-per-identity", "0", "minimum of 1:"),
+        ("--handshake-timeout", "0.5", "minimum of 1s:"),
+        ("--max-authorization-size", "4095", "4096 bytes"),
     ];
     for (option, value, minimum) in cases {
         // Bounded: a server that starts anyway would never exit.
@@ -52,6 +57,16 @@ fn serve_at_every_minimum_still_serves_a_loop() {
             "1",
             "--authorization-grace",
             "1",
+            "--max-unauthorized",
+            "1",
+            "--max-connections-per-address",
+            "1",
+            "--max-connections-per-identity",
+            "1",
+            "--handshake-timeout",
+            "1",
+            "--max-authorization-size",
+            "4K",
             "--max-runs",
             "1",
             "--max-runs-per-identity",

@@ -27,6 +27,11 @@
 //!                                   its authorization
 //! max_runs              1           one run at a time, server-wide
 //! max_runs_per_identity 1           one run at a time for each token
+//! max_unauthorized      1           one caller authorizing at a time
+//! max_connections_per_address  1    one caller from each address
+//! max_connections_per_identity 1    one connection for each token
+//! handshake_timeout     1 s         as the authorization grace
+//! max_authorization_size 4096 bytes an authorization frame with its credential
 //! max_run_memory        16 MiB      an agent program with its proxy beside it
 //! memory_budget         16 MiB      the same, for all runs together
 //! ```
@@ -70,7 +75,7 @@ impl Default for Limits {
 /// (128 KiB) is zero-filled before every read, which for a stream of small
 /// chunks costs more than the read itself; a larger message simply takes
 /// several reads.
-const READ_BUFFER: usize = 16 << 10;
+pub(crate) const READ_BUFFER: usize = 16 << 10;
 
 impl Limits {
     /// The WebSocket configuration these limits imply.
@@ -114,6 +119,16 @@ pub enum Limit {
     MaxRunMemory,
     /// The server's `memory_budget`.
     MemoryBudget,
+    /// The server's `max_unauthorized`.
+    MaxUnauthorized,
+    /// The server's `max_connections_per_address`.
+    MaxConnectionsPerAddress,
+    /// The server's `max_connections_per_identity`.
+    MaxConnectionsPerIdentity,
+    /// The server's `handshake_timeout`.
+    HandshakeTimeout,
+    /// The server's `max_authorization_size`.
+    MaxAuthorizationSize,
 }
 
 impl Limit {
@@ -139,14 +154,23 @@ impl Limit {
             Limit::MaxRunsPerIdentity => "max_runs_per_identity",
             Limit::MaxRunMemory => "max_run_memory",
             Limit::MemoryBudget => "memory_budget",
+            Limit::MaxUnauthorized => "max_unauthorized",
+            Limit::MaxConnectionsPerAddress => "max_connections_per_address",
+            Limit::MaxConnectionsPerIdentity => "max_connections_per_identity",
+            Limit::HandshakeTimeout => "handshake_timeout",
+            Limit::MaxAuthorizationSize => "max_authorization_size",
         }
     }
 
     /// The minimum, as a person reads it.
     pub fn minimum(self) -> String {
         match self {
-            Limit::MaxMessageSize => format!("{} bytes", Limit::MIN_MESSAGE_SIZE),
-            Limit::AuthorizationGrace => format!("{:?}", Limit::MIN_AUTHORIZATION_GRACE),
+            Limit::MaxMessageSize | Limit::MaxAuthorizationSize => {
+                format!("{} bytes", Limit::MIN_MESSAGE_SIZE)
+            }
+            Limit::AuthorizationGrace | Limit::HandshakeTimeout => {
+                format!("{:?}", Limit::MIN_AUTHORIZATION_GRACE)
+            }
             Limit::MaxRunMemory | Limit::MemoryBudget => {
                 format!("{} bytes", Limit::MIN_RUN_MEMORY)
             }
@@ -159,6 +183,16 @@ impl Limit {
         match self {
             Limit::MaxMessageSize => {
                 "a message must hold an authorization with its credential, a run request and a prompt"
+            }
+            Limit::MaxAuthorizationSize => {
+                "an authorization frame must hold a credential such as a bearer token or a JWT"
+            }
+            Limit::MaxUnauthorized | Limit::MaxConnectionsPerAddress => {
+                "every caller would be turned away"
+            }
+            Limit::MaxConnectionsPerIdentity => "every token holder would be turned away",
+            Limit::HandshakeTimeout => {
+                "a caller needs a few round trips to complete the WebSocket handshake"
             }
             Limit::MaxScopes => "no run could be served",
             Limit::MaxChannels => "no loop could be served",
@@ -177,7 +211,9 @@ impl Limit {
     /// `Ok` when `value` (a size or a count) is at least the minimum.
     pub(crate) fn check(self, value: u64) -> Result<(), LimitError> {
         let (minimum, unit) = match self {
-            Limit::MaxMessageSize => (Limit::MIN_MESSAGE_SIZE as u64, " bytes"),
+            Limit::MaxMessageSize | Limit::MaxAuthorizationSize => {
+                (Limit::MIN_MESSAGE_SIZE as u64, " bytes")
+            }
             Limit::MaxRunMemory | Limit::MemoryBudget => (Limit::MIN_RUN_MEMORY, " bytes"),
             _ => (Limit::MIN_COUNT as u64, ""),
         };
@@ -192,11 +228,16 @@ impl Limit {
 
     /// `Ok` when the authorization grace `value` is at least the minimum.
     pub(crate) fn check_grace(value: Duration) -> Result<(), LimitError> {
+        Limit::AuthorizationGrace.check_duration(value)
+    }
+
+    /// `Ok` when `value` (a grace or a timeout) is at least the minimum.
+    pub(crate) fn check_duration(self, value: Duration) -> Result<(), LimitError> {
         if value >= Limit::MIN_AUTHORIZATION_GRACE {
             return Ok(());
         }
         Err(LimitError {
-            limit: Limit::AuthorizationGrace,
+            limit: self,
             value: format!("{value:?}"),
         })
     }

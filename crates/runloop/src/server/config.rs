@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use subtle::ConstantTimeEq;
 
+use super::admission::Admission;
 use super::budget::RunBudget;
 use crate::limits::{Limit, LimitError, Limits};
 use crate::runtime::{Catalog, Registry};
@@ -78,8 +79,12 @@ pub struct ServerConfig {
     /// Caller connections served at once, authorized or not yet. One more
     /// is turned away: its WebSocket handshake completes and it is closed
     /// at once with close code 1013 (try again later) and a reason that
-    /// says so, before anything of it is read. At least one.
+    /// says so, before anything of it is read. At least one. (Before that,
+    /// [`Admission`] may close it at once.)
     pub max_connections: usize,
+    /// Which connections are taken on, and what one may cost before it
+    /// authorizes (see [`Admission`]).
+    pub admission: Admission,
     /// What runs may claim, each and together (see [`RunBudget`]).
     pub budget: RunBudget,
     /// The images this server runs.
@@ -97,6 +102,7 @@ impl ServerConfig {
             limits: Limits::default(),
             authorization_grace: Duration::from_secs(10),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            admission: Admission::default(),
             budget: RunBudget::default(),
             catalog,
             registry: None,
@@ -110,6 +116,7 @@ impl ServerConfig {
         self.limits.validate()?;
         Limit::MaxConnections.check(self.max_connections as u64)?;
         Limit::check_grace(self.authorization_grace)?;
+        self.admission.validate()?;
         self.budget.validate()
     }
 }

@@ -13,11 +13,14 @@
 //! outbox.rs       the connection's table and its writer's queue under one
 //!                 lock; a scope and a relay each get a handle that writes
 //!                 only their own frames
+//! admission.rs    which connections are taken on, what one costs before
+//!                 it authorizes, per address and per identity
 //! budget.rs       what runs may claim: how many at once, their memory
 //!                 together, the most one may ask for
 //! connection.rs   one caller's socket: authorization, frames in, each applied
 //!                 to the table (runloop_proto::connection), disregarded
 //!                 frames counted
+//! refusal_log.rs  refusal lines, rate limited per address
 //! mod.rs          the listener, the handle; config.rs and shared.rs what
 //!                 every connection shares
 //! ```
@@ -43,11 +46,13 @@
 //! included. A subscriber that bridges `log` records must cap them below
 //! trace, as `runloop serve` does.
 
+mod admission;
 mod budget;
 mod config;
 mod connection;
 mod outbox;
 mod proxy_path;
+mod refusal_log;
 mod relay;
 mod scope;
 mod shared;
@@ -61,6 +66,7 @@ use tokio::net::{TcpListener, ToSocketAddrs};
 use tokio::task::JoinHandle;
 use tracing::info;
 
+pub use admission::Admission;
 pub use budget::{
     DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS, RunBudget,
     default_memory_budget,
@@ -68,6 +74,7 @@ pub use budget::{
 pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
 pub use shared::{Stats, StatsSnapshot};
 
+use self::admission::Admitted;
 use self::shared::Shared;
 use crate::limits::LimitError;
 use crate::listener;
@@ -136,11 +143,23 @@ impl Server {
             shared,
         } = self;
         info!(%addr, "serving");
-        listener::accept_until(&listener, &shared.shutdown, |tcp, peer| {
-            let for_task = Arc::clone(&shared);
-            shared.tasks.spawn(connection::serve(tcp, peer, for_task));
-        })
-        .await;
+        let accepting = listener::accept_until(&listener, &shared.shutdown, |tcp, peer| {
+            match Admitted::admit(&shared, Some(peer.ip())) {
+                Ok(admitted) => {
+                    let for_task = Arc::clone(&shared);
+                    shared
+                        .tasks
+                        .spawn(connection::serve(tcp, peer, for_task, admitted));
+                }
+                // Dropped: closed at once, nothing of it read.
+                Err(why) => shared.closed_at_accept(peer, Some(peer.ip()), why),
+            }
+        });
+        // The refusal log is swept in the listener's task, beside it.
+        tokio::select! {
+            () = accepting => {}
+            () = sweep_refusals(&shared) => {}
+        }
         drop(listener);
         info!("shutting down: ending runs and closing connections");
         shared.tasks.close();
@@ -180,8 +199,9 @@ impl ServerHandle {
     /// (an in-memory pipe in tests and fuzzing, a socket accepted elsewhere).
     /// `peer` names the other end in logs.
     ///
-    /// The connection is served exactly as an accepted TCP connection is:
-    /// same limits, same authorization, counted in [`stats`](Self::stats),
+    /// The connection is served exactly as an accepted TCP connection is
+    /// (without a per-address limit, having no address): same limits, same
+    /// authorization, counted in [`stats`](Self::stats),
     /// and ended by [`shutdown`](Self::shutdown), which waits for it. The
     /// returned handle resolves when the connection is over.
     pub fn serve_connection<S>(
@@ -192,9 +212,22 @@ impl ServerHandle {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.shared
-            .tasks
-            .spawn(connection::serve(io, peer, Arc::clone(&self.shared)))
+        let shared = Arc::clone(&self.shared);
+        self.shared.tasks.spawn(async move {
+            match Admitted::admit(&shared, None) {
+                Ok(admitted) => connection::serve(io, peer, shared, admitted).await,
+                Err(why) => shared.closed_at_accept(peer, None, why),
+            }
+        })
+    }
+}
+
+/// Sweeps the refusal log once per window, for ever.
+async fn sweep_refusals(shared: &Shared) {
+    let mut ticks = tokio::time::interval(refusal_log::RefusalLog::WINDOW);
+    loop {
+        ticks.tick().await;
+        shared.refusals.sweep();
     }
 }
 
@@ -219,6 +252,11 @@ mod tests {
             Limit::MaxRunsPerIdentity,
             Limit::MaxRunMemory,
             Limit::MemoryBudget,
+            Limit::MaxUnauthorized,
+            Limit::MaxConnectionsPerAddress,
+            Limit::MaxConnectionsPerIdentity,
+            Limit::HandshakeTimeout,
+            Limit::MaxAuthorizationSize,
         ];
         for limit in cases {
             let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
@@ -235,6 +273,17 @@ mod tests {
                 Limit::MaxRunsPerIdentity => config.budget.max_runs_per_identity = 0,
                 Limit::MaxRunMemory => config.budget.max_run_memory = Limit::MIN_RUN_MEMORY - 1,
                 Limit::MemoryBudget => config.budget.memory_budget = 0,
+                Limit::MaxUnauthorized => config.admission.max_unauthorized = 0,
+                Limit::MaxConnectionsPerAddress => {
+                    config.admission.max_connections_per_address = 0;
+                }
+                Limit::MaxConnectionsPerIdentity => {
+                    config.admission.max_connections_per_identity = 0;
+                }
+                Limit::HandshakeTimeout => {
+                    config.admission.handshake_timeout = Duration::from_millis(999);
+                }
+                Limit::MaxAuthorizationSize => config.admission.max_authorization_size = 4095,
             }
             match Server::bind("127.0.0.1:0", config).await {
                 Err(BindError::Limit(error)) => {
@@ -256,6 +305,13 @@ mod tests {
         };
         least.max_connections = 1;
         least.authorization_grace = Limit::MIN_AUTHORIZATION_GRACE;
+        least.admission = Admission {
+            max_unauthorized: 1,
+            max_connections_per_address: 1,
+            max_connections_per_identity: 1,
+            handshake_timeout: Limit::MIN_AUTHORIZATION_GRACE,
+            max_authorization_size: Limit::MIN_MESSAGE_SIZE,
+        };
         least.budget = RunBudget {
             max_runs: 1,
             max_runs_per_identity: 1,
