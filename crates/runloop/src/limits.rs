@@ -14,26 +14,26 @@
 //! caller, not recommendations:
 //!
 //! ```text
-//! max_message_size      4096 bytes  an authorization frame with a bearer token or a
-//!                                   JWT (usually under 2 KiB), a run request with
-//!                                   its image reference and a small agent value,
-//!                                   a prompt of a few KiB
-//! max_scopes            1           one run at a time
-//! max_channels          1           one loop at a time (a stop needs no place)
-//! max_queued_responses  1           a chunk can be relayed at all
-//! max_connections       1           one caller at a time
-//! authorization_grace   1 s         a caller across a slow network has a few
-//!                                   round trips for the WebSocket handshake and
-//!                                   its authorization
-//! max_runs              1           one run at a time, server-wide
-//! max_runs_per_identity 1           one run at a time for each token
-//! max_unauthorized      1           one caller authorizing at a time
-//! max_connections_per_address  1    one caller from each address
-//! max_connections_per_identity 1    one connection for each token
-//! handshake_timeout     1 s         as the authorization grace
-//! max_authorization_size 4096 bytes an authorization frame with its credential
-//! max_run_memory        16 MiB      an agent program with its proxy beside it
-//! memory_budget         16 MiB      the same, for all runs together
+//! max_message_size              4096 bytes  an authorization frame with a bearer token or a
+//!                                           JWT (usually under 2 KiB), a run request with
+//!                                           its image reference and a small agent value,
+//!                                           a prompt of a few KiB
+//! max_scopes                    1           one run at a time
+//! max_channels                  1           one loop at a time (a stop needs no place)
+//! max_queued_responses          1           a chunk can be relayed at all
+//! max_connections               1           one caller at a time
+//! authorization_grace           1 s         a caller across a slow network has a few
+//!                                           round trips for the WebSocket handshake and
+//!                                           its authorization
+//! handshake_timeout             1 s         the same, for the handshake alone
+//! max_authorization_size        4096 bytes  an authorization frame with its credential
+//! max_unauthorized              1           one caller authorizing at a time
+//! max_connections_per_address   1           one caller from each address
+//! max_connections_per_identity  1           one connection for each token
+//! max_runs                      1           one run at a time, server-wide
+//! max_runs_per_identity         1           one run at a time for each token
+//! max_run_memory                16 MiB      an agent program with its proxy beside it
+//! memory_budget                 16 MiB      the same, for all runs together
 //! ```
 
 use std::fmt;
