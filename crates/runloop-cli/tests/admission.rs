@@ -38,26 +38,9 @@ fn addr(server: &Serve) -> SocketAddr {
         .expect("an address")
 }
 
-/// A field of the server's `/proc/PID/status`, bytes.
-fn status(server: &Serve, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).expect("status");
-    let line = status
-        .lines()
-        .find(|line| line.starts_with(field))
-        .unwrap_or_else(|| panic!("{field} in {status}"));
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|kib| kib.parse().ok())
-        .expect("a size in kB");
-    kib * 1024
-}
-
-/// Descriptors the server has open.
-fn descriptors(server: &Serve) -> usize {
-    std::fs::read_dir(format!("/proc/{}/fd", server.pid()))
-        .map(|fds| fds.count())
-        .unwrap_or(0)
+/// Descriptors process `pid` has open.
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |fds| fds.count())
 }
 
 fn demo_request() -> RunRequest {
@@ -181,7 +164,7 @@ fn pre_authorization_flood(args: &[&str], connections: usize) -> (u64, u64) {
     runtime.block_on(async {
         served(&server.url, "").await.expect("a warm-up loop");
     });
-    let baseline = status(&server, "VmRSS");
+    let baseline = server.status("VmRSS");
     runtime.block_on(async {
         let floods: Vec<_> = (0..connections)
             .map(|_| tokio::spawn(flood_before_authorizing(ATTACKER, to, 15 * MIB)))
@@ -192,7 +175,7 @@ fn pre_authorization_flood(args: &[&str], connections: usize) -> (u64, u64) {
         }
         served(&server.url, "").await.expect("served after");
     });
-    let peak = status(&server, "VmHWM");
+    let peak = server.status("VmHWM");
     (baseline, peak)
 }
 
@@ -322,21 +305,38 @@ fn row_4_slowloris() {
     assert!(ok * 10 >= tries * 9);
 }
 
-/// `runloop serve ARGS…` with `ulimit -n nofile`.
-fn serve_with_nofile(nofile: u32, args: &str) -> (std::process::Child, String) {
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "ulimit -n {nofile} && exec \"$0\" serve --listen 127.0.0.1:0 {args}"
-        ))
-        .arg(env!("CARGO_BIN_EXE_runloop"))
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("sh runs");
-    let url = common::url(&mut child);
-    (child, url)
+/// `runloop serve ARGS…` under `ulimit -n NOFILE`, its log drained.
+struct Limited {
+    child: std::process::Child,
+    url: String,
+    log: std::thread::JoinHandle<String>,
+}
+
+impl Limited {
+    fn start(nofile: u32, args: &str) -> Limited {
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -n {nofile} && exec \"$0\" serve --listen 127.0.0.1:0 {args}"
+            ))
+            .arg(env!("CARGO_BIN_EXE_runloop"))
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh runs");
+        let url = common::url(&mut child);
+        let log = common::drain(child.stderr.take().expect("stderr"));
+        Limited { child, url, log }
+    }
+
+    /// Ends the server, and checks that it never ran out of descriptors.
+    fn never_ran_out(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = self.log.join().expect("the log");
+        assert!(!log.contains("Too many open files"), "{log}");
+    }
 }
 
 #[test]
@@ -344,17 +344,16 @@ fn silent_sockets_past_the_limits_hold_no_descriptors() {
     // 64 + 100 + 50 + 8 × 10 = 294 descriptors at most, in 512; one
     // address holds fewer than all the places of connections not yet
     // authorized.
-    let (mut child, url) = serve_with_nofile(
+    let server = Limited::start(
         512,
         "--max-connections 100 --max-unauthorized 50 --max-runs 10 \
          --max-connections-per-address 16",
     );
-    let stderr = common::drain(child.stderr.take().expect("stderr"));
+    let url = &server.url;
     let to: SocketAddr = url.trim_start_matches("ws://").parse().expect("an address");
-    let fds = |pid: u32| std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
     runtime().block_on(async {
         // A caller authorized before the attack, with a run.
-        let client = Client::connect(&url, "").await.expect("connects");
+        let client = Client::connect(url, "").await.expect("connects");
         let run = client.start(demo_request()).await.expect("a run");
         let mut silent = Vec::new();
         for _ in 0..2000 {
@@ -362,38 +361,35 @@ fn silent_sockets_past_the_limits_hold_no_descriptors() {
                 silent.push(tcp);
             }
         }
-        let held = fds(child.id());
+        let held = descriptors(server.child.id());
         assert!(held < 512, "{held} descriptors open");
         // Both the caller already served and a new one are served.
         let outcome = run.run_loop("still here").outcome().await;
         assert_eq!(outcome, Outcome::Finished { fatal: false });
-        served(&url, "").await.expect("a new caller is served");
+        served(url, "").await.expect("a new caller is served");
         run.stop().await;
         client.close().await;
         drop(silent);
     });
-    let _ = child.kill();
-    let _ = child.wait();
-    let log = stderr.join().expect("the log");
-    assert!(!log.contains("Too many open files"), "{log}");
+    server.never_ran_out();
 }
 
 #[test]
 fn past_max_connections_under_a_small_nofile_callers_get_1013() {
     // 64 + 40 + 20 + 8 × 10 = 204 descriptors at most, in 256.
-    let (mut child, url) = serve_with_nofile(
+    let server = Limited::start(
         256,
         "--max-connections 40 --max-unauthorized 20 --max-runs 10 \
          --max-connections-per-address 100",
     );
-    let stderr = common::drain(child.stderr.take().expect("stderr"));
+    let url = &server.url;
     runtime().block_on(async {
         let mut clients = Vec::new();
         for _ in 0..40 {
-            clients.push(Client::connect(&url, "").await.expect("connects"));
+            clients.push(Client::connect(url, "").await.expect("connects"));
         }
         for _ in 0..30 {
-            let client = Client::connect(&url, "").await.expect("the handshake");
+            let client = Client::connect(url, "").await.expect("the handshake");
             match client.start(demo_request()).await {
                 Err(RunError::Closed { code: 1013, .. }) => {}
                 other => panic!("past the limit: {:?}", other.map(|_| "a run")),
@@ -403,10 +399,7 @@ fn past_max_connections_under_a_small_nofile_callers_get_1013() {
             client.close().await;
         }
     });
-    let _ = child.kill();
-    let _ = child.wait();
-    let log = stderr.join().expect("the log");
-    assert!(!log.contains("Too many open files"), "{log}");
+    server.never_ran_out();
 }
 
 /// Row 7: one token's connections × runs of the demo, at once; then
@@ -431,7 +424,7 @@ fn one_token_floods_runs(connections: usize, runs: usize) -> (usize, usize, usiz
             .flat_map(|client| (0..runs).map(move |_| client.start(demo_request())));
         let started = futures_util::future::join_all(starts).await;
         let (ok, refused): (Vec<_>, Vec<_>) = started.into_iter().partition(Result::is_ok);
-        let held = descriptors(&server);
+        let held = descriptors(server.pid());
         let other = served(&server.url, "bob").await;
         for run in ok.iter().flatten() {
             run.stop().await;
