@@ -451,3 +451,39 @@ fn row_7_one_token_24_connections_of_256_runs() {
     );
     assert!(other);
 }
+
+#[test]
+fn refusal_lines_are_rate_limited_per_address_with_a_summary() {
+    let mut server = Serve::start("warn", &["--max-connections-per-address", "1"]);
+    let log = common::drain(server.stderr());
+    let to = addr(&server);
+    runtime().block_on(async {
+        // The address's one place, held; each connect after it is closed
+        // at once, with a refusal line.
+        let held = connect_from(ATTACKER, to).await.expect("connects");
+        let refused = || async {
+            let mut tcp = connect_from(ATTACKER, to).await.expect("connects");
+            let _ = tcp.read(&mut [0u8; 1]).await;
+        };
+        for _ in 0..100 {
+            refused().await;
+        }
+        // The next refusal, once the window is over, says how many of the
+        // window's lines were suppressed first. (The place held before
+        // was given back at the handshake timeout: it is taken again.)
+        tokio::time::sleep(Duration::from_millis(10_500)).await;
+        drop(held);
+        let _held = connect_from(ATTACKER, to).await.expect("connects");
+        refused().await;
+    });
+    server.kill();
+    let log = log.join().expect("the log");
+    let closed = log.matches("closed at once").count();
+    assert_eq!(closed, 11, "10 in the first window, 1 in the next: {log}");
+    // 90 of the refusals at accept, and the line (at info level) of the
+    // first place's handshake timeout: a refusal line too.
+    assert!(
+        log.contains("refusal lines suppressed address=127.0.0.2 suppressed=91"),
+        "{log}"
+    );
+}
