@@ -476,7 +476,8 @@ fn refusal_lines_are_rate_limited_per_address_with_a_summary() {
         let _held = connect_from(ATTACKER, to).await.expect("connects");
         refused().await;
     });
-    server.kill();
+    // A graceful end, so that every line written is flushed.
+    assert!(server.terminate().success());
     let log = log.join().expect("the log");
     let closed = log.matches("closed at once").count();
     assert_eq!(closed, 11, "10 in the first window, 1 in the next: {log}");
