@@ -116,6 +116,18 @@ impl Spawn for ThisBinary {
         if load.connections >= DEFAULT_MAX_CONNECTIONS {
             command.args(["--max-connections", &(load.connections + 1).to_string()]);
         }
+        // The bench is one token on one address, connecting all at once,
+        // with runs whose memory nothing holds: every per-address and
+        // per-identity limit, and the run budget, fit its load.
+        let connections = (load.connections + 1).to_string();
+        let runs = (load.connections * load.runs_per_connection).max(1);
+        command
+            .args(["--max-unauthorized", &connections])
+            .args(["--max-connections-per-address", &connections])
+            .args(["--max-connections-per-identity", &connections])
+            .args(["--max-runs", &runs.to_string()])
+            .args(["--max-runs-per-identity", &runs.to_string()])
+            .args(["--memory-budget", &format!("{runs}G")]);
         command
     }
 

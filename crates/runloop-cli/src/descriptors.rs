@@ -15,7 +15,8 @@
 //! server itself    RESERVED  stdio, the listener, the runtime's epoll, eventfd and
 //!                            signal pipe, the log thread, a container store's lock,
 //!                            short-lived files (cgroup and /proc reads), headroom
-//! a connection     1         its socket
+//! a connection     1         its socket (authorized, or being turned away with 1013:
+//!                            those are bounded by --max-unauthorized)
 //! a run            8         the proxy's listener, the /agent/* path (server and proxy
 //!                            ends), the proxy's HTTP connection to the agent (both ends
 //!                            when the agent is in-process), the child's stdout and
@@ -36,7 +37,10 @@ pub const PER_RUN: u64 = 8;
 pub struct Load {
     /// Connections (`--max-connections`).
     pub connections: u64,
-    /// Runs, server-wide.
+    /// Connections being turned away with 1013 past `connections`, at
+    /// most `--max-unauthorized`.
+    pub unauthorized: u64,
+    /// Runs, server-wide (`--max-runs`).
     pub runs: u64,
 }
 
@@ -44,7 +48,11 @@ impl Load {
     /// The descriptors this load needs.
     pub fn descriptors(&self) -> u64 {
         RESERVED
-            .saturating_add(self.connections.saturating_mul(PER_CONNECTION))
+            .saturating_add(
+                self.connections
+                    .saturating_add(self.unauthorized)
+                    .saturating_mul(PER_CONNECTION),
+            )
             .saturating_add(self.runs.saturating_mul(PER_RUN))
     }
 }
@@ -52,12 +60,13 @@ impl Load {
 /// Why a load does not fit in the descriptor limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "--max-connections {connections}{runs} needs {needed} descriptors ({PER_CONNECTION} per \
-     connection, {PER_RUN} per run, {RESERVED} for the server itself), but RLIMIT_NOFILE allows \
-     {limit} (the hard limit): lower the limits, or raise the hard limit (ulimit -Hn as root, \
-     LimitNOFILE= in a systemd unit)",
+    "--max-connections {connections}, --max-unauthorized {unauthorized} and --max-runs {runs} need \
+     {needed} descriptors ({PER_CONNECTION} per connection, {PER_RUN} per run, {RESERVED} for the \
+     server itself), but RLIMIT_NOFILE allows {limit} (the hard limit): lower the limits, or \
+     raise the hard limit (ulimit -Hn as root, LimitNOFILE= in a systemd unit)",
     connections = load.connections,
-    runs = if load.runs > 0 { format!(" with {} runs", load.runs) } else { String::new() },
+    unauthorized = load.unauthorized,
+    runs = load.runs,
     needed = load.descriptors()
 )]
 pub struct TooFew {
@@ -104,7 +113,8 @@ mod tests {
     #[test]
     fn a_load_fits_or_says_what_it_needs() {
         let load = Load {
-            connections: 1024,
+            connections: 768,
+            unauthorized: 256,
             runs: 0,
         };
         assert_eq!(load.descriptors(), 1088);
@@ -112,26 +122,31 @@ mod tests {
         assert_eq!(
             check(load, 1024).map_err(|e| e.to_string()),
             Err(
-                "--max-connections 1024 needs 1088 descriptors (1 per connection, 8 per run, 64 \
-                 for the server itself), but RLIMIT_NOFILE allows 1024 (the hard limit): lower \
-                 the limits, or raise the hard limit (ulimit -Hn as root, LimitNOFILE= in a \
-                 systemd unit)"
+                "--max-connections 768, --max-unauthorized 256 and --max-runs 0 need 1088 \
+                 descriptors (1 per connection, 8 per run, 64 for the server itself), but \
+                 RLIMIT_NOFILE allows 1024 (the hard limit): lower the limits, or raise the hard \
+                 limit (ulimit -Hn as root, LimitNOFILE= in a systemd unit)"
                     .to_owned()
             )
         );
         let with_runs = Load {
             connections: 10,
+            unauthorized: 1,
             runs: 100,
         };
-        assert_eq!(with_runs.descriptors(), 64 + 10 + 800);
+        assert_eq!(with_runs.descriptors(), 64 + 11 + 800);
         assert!(
             check(with_runs, 800)
                 .expect_err("too few")
                 .to_string()
-                .starts_with("--max-connections 10 with 100 runs needs 874 descriptors")
+                .starts_with(
+                    "--max-connections 10, --max-unauthorized 1 and --max-runs 100 need 875 \
+                     descriptors"
+                )
         );
         let huge = Load {
             connections: u64::MAX,
+            unauthorized: u64::MAX,
             runs: u64::MAX,
         };
         assert_eq!(huge.descriptors(), u64::MAX);

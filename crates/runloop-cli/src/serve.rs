@@ -33,7 +33,10 @@ use runloop::admin::{self, Watched};
 use runloop::limits::{Limit, Limits};
 use runloop::runtime::output::OutputLimit;
 use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
-use runloop::server::{Credentials, DEFAULT_MAX_CONNECTIONS, Server, ServerConfig, ServerHandle};
+use runloop::server::{
+    Admission, Credentials, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_RUNS, RunBudget, Server,
+    ServerConfig, ServerHandle, default_memory_budget,
+};
 use runloop::tls::ServerTls;
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
 use runloop_oci::registry::{Pull, RegistryConfig};
@@ -92,6 +95,47 @@ pub struct Args {
     /// code 1013 (try again later) and a reason (at least 1).
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// Connections not yet authorized, at once (those turned away with
+    /// 1013 included); one more is closed at once, nothing of it read (at
+    /// least 1).
+    #[arg(long, default_value_t = Admission::default().max_unauthorized)]
+    pub max_unauthorized: usize,
+    /// Connections from one IP address, authorized or not; one more is
+    /// closed at once, nothing of it read (at least 1).
+    #[arg(long, default_value_t = Admission::default().max_connections_per_address)]
+    pub max_connections_per_address: usize,
+    /// Authorized connections of one token; one more is closed with close
+    /// code 1013 and a reason (at least 1; without tokens every caller is
+    /// one identity, held by --max-connections alone).
+    #[arg(long, default_value_t = Admission::default().max_connections_per_identity)]
+    pub max_connections_per_identity: usize,
+    /// Seconds a new connection may take for its TCP connection and
+    /// WebSocket handshake (at least 1).
+    #[arg(long, default_value_t = Admission::default().handshake_timeout.as_secs_f64())]
+    pub handshake_timeout: f64,
+    /// The largest message before authorization, bytes (K/M/G suffixes; at
+    /// least 4K); a larger one closes the connection, never read whole.
+    #[arg(long, default_value = "64K", value_parser = bytes)]
+    pub max_authorization_size: u64,
+    /// Runs held at once, server-wide; one more is refused with an error
+    /// naming the limit (at least 1).
+    #[arg(long, default_value_t = DEFAULT_MAX_RUNS)]
+    pub max_runs: usize,
+    /// Runs one token may hold at once (at least 1; without tokens every
+    /// caller is one identity, held by --max-runs alone).
+    #[arg(long, default_value_t = RunBudget::default().max_runs_per_identity)]
+    pub max_runs_per_identity: usize,
+    /// The largest `memory` a run may ask for, bytes (K/M/G suffixes; at
+    /// least 16M).
+    #[arg(long, default_value = "4G", value_parser = bytes)]
+    pub max_run_memory: u64,
+    /// The largest `disk` a run may ask for, bytes (K/M/G suffixes).
+    #[arg(long, default_value = "16G", value_parser = bytes)]
+    pub max_run_disk: u64,
+    /// The most the `memory` of all runs held may add up to, bytes (K/M/G
+    /// suffixes; at least 16M) [default: 3/4 of MemTotal in /proc/meminfo].
+    #[arg(long, value_name = "SIZE", value_parser = bytes)]
+    pub memory_budget: Option<u64>,
     /// A registry whose images are run (repeatable): `HOST[:PORT]`, as
     /// written in the references of `registry` images, pulled over HTTPS.
     /// Without any, `registry` images are refused.
@@ -183,6 +227,15 @@ fn option(limit: Limit) -> &'static str {
         Limit::MaxQueuedResponses => "--max-queued-responses",
         Limit::MaxConnections => "--max-connections",
         Limit::AuthorizationGrace => "--authorization-grace",
+        Limit::MaxRuns => "--max-runs",
+        Limit::MaxRunsPerIdentity => "--max-runs-per-identity",
+        Limit::MaxRunMemory => "--max-run-memory",
+        Limit::MemoryBudget => "--memory-budget",
+        Limit::MaxUnauthorized => "--max-unauthorized",
+        Limit::MaxConnectionsPerAddress => "--max-connections-per-address",
+        Limit::MaxConnectionsPerIdentity => "--max-connections-per-identity",
+        Limit::HandshakeTimeout => "--handshake-timeout",
+        Limit::MaxAuthorizationSize => "--max-authorization-size",
     }
 }
 
@@ -279,6 +332,23 @@ impl Args {
             max_channels: self.max_channels,
             max_queued_responses: self.max_queued_responses,
         };
+        config.admission = Admission {
+            max_unauthorized: self.max_unauthorized,
+            max_connections_per_address: self.max_connections_per_address,
+            max_connections_per_identity: self.max_connections_per_identity,
+            handshake_timeout: Duration::try_from_secs_f64(self.handshake_timeout).map_err(
+                |_| Failure::Argument("--handshake-timeout must be a number of seconds".into()),
+            )?,
+            max_authorization_size: usize::try_from(self.max_authorization_size)
+                .map_err(|_| Failure::Argument("--max-authorization-size is too large".into()))?,
+        };
+        config.budget = RunBudget {
+            max_runs: self.max_runs,
+            max_runs_per_identity: self.max_runs_per_identity,
+            max_run_memory: self.max_run_memory,
+            max_run_disk: self.max_run_disk,
+            memory_budget: self.memory_budget.unwrap_or_else(default_memory_budget),
+        };
         // A limit that would serve nobody is refused now, not met by every
         // caller later.
         config
@@ -372,11 +442,10 @@ impl Args {
     /// its limits fit in them.
     fn descriptors(&self) -> Result<u64, Failure> {
         let limit = descriptors::raise().map_err(Failure::Runtime)?;
-        // No server-wide bound on runs exists yet; when one does, its
-        // runs go here.
         let load = Load {
             connections: self.max_connections as u64,
-            runs: 0,
+            unauthorized: self.max_unauthorized as u64,
+            runs: self.max_runs as u64,
         };
         descriptors::check(load, limit).map_err(|error| Failure::Argument(error.to_string()))?;
         Ok(limit)
@@ -390,6 +459,14 @@ impl Args {
             warn!("{}", token::COMMAND_LINE_WARNING);
         }
         info!(descriptors, "descriptor limit");
+        info!(
+            max_runs = self.max_runs,
+            max_runs_per_identity = self.max_runs_per_identity,
+            max_run_memory = self.max_run_memory,
+            max_run_disk = self.max_run_disk,
+            memory_budget = self.memory_budget.unwrap_or_else(default_memory_budget),
+            "run budget"
+        );
         if !exec {
             return;
         }

@@ -1,5 +1,6 @@
 //! `runloop serve` and its descriptor limit: raised to the hard limit at
-//! startup, and a `--max-connections` that cannot fit in it refused.
+//! startup, and a `--max-connections` and `--max-runs` that cannot fit in
+//! it refused.
 
 mod common;
 
@@ -19,23 +20,29 @@ fn serve_limited(soft: u32, hard: u32, args: &str) -> std::process::Output {
 
 #[test]
 fn a_max_connections_that_cannot_fit_is_refused_saying_what_it_needs() {
-    let output = serve_limited(256, 1024, "--max-connections 1024");
+    let output = serve_limited(
+        256,
+        1024,
+        "--max-connections 256 --max-unauthorized 256 --max-runs 64",
+    );
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     assert!(output.stdout.is_empty(), "it never listened");
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
-        "runloop: --max-connections 1024 needs 1088 descriptors (1 per connection, 8 per run, 64 \
-         for the server itself), but RLIMIT_NOFILE allows 1024 (the hard limit): lower the \
-         limits, or raise the hard limit (ulimit -Hn as root, LimitNOFILE= in a systemd unit)\n"
+        "runloop: --max-connections 256, --max-unauthorized 256 and --max-runs 64 need 1088 \
+         descriptors (1 per connection, 8 per run, 64 for the server itself), but RLIMIT_NOFILE \
+         allows 1024 (the hard limit): lower the limits, or raise the hard limit (ulimit -Hn as \
+         root, LimitNOFILE= in a systemd unit)\n"
     );
 }
 
 #[test]
 fn the_soft_limit_is_raised_to_the_hard_one() {
-    // 960 connections fit in 1024 descriptors, not in a soft limit of 256.
+    // 700 connections, 200 not yet authorized and 7 runs fit in 1024
+    // descriptors, not in a soft limit of 256.
     let mut child = std::process::Command::new("sh")
         .arg("-c")
-        .arg("ulimit -Sn 256 && ulimit -Hn 1024 && exec \"$0\" serve --listen 127.0.0.1:0 --max-connections 960")
+        .arg("ulimit -Sn 256 && ulimit -Hn 1024 && exec \"$0\" serve --listen 127.0.0.1:0 --max-connections 700 --max-unauthorized 200 --max-runs 7")
         .arg(env!("CARGO_BIN_EXE_runloop"))
         .env("RUST_LOG", "error")
         .stdout(std::process::Stdio::piped())

@@ -7,7 +7,7 @@ use common::{Serve, run};
 
 #[test]
 fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {
-    let cases: [(&str, &str, &str); 9] = [
+    let cases: [(&str, &str, &str); 19] = [
         ("--max-message-size", "0", "4096 bytes"),
         ("--max-message-size", "8", "4096 bytes"),
         ("--max-message-size", "4095", "4096 bytes"),
@@ -17,6 +17,16 @@ fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {
         ("--max-connections", "0", "minimum of 1:"),
         ("--authorization-grace", "0", "minimum of 1s:"),
         ("--authorization-grace", "0.5", "minimum of 1s:"),
+        ("--max-runs", "0", "minimum of 1:"),
+        ("--max-runs-per-identity", "0", "minimum of 1:"),
+        ("--max-run-memory", "0", "16777216 bytes"),
+        ("--max-run-memory", "16777215", "16777216 bytes"),
+        ("--memory-budget", "1M", "16777216 bytes"),
+        ("--max-unauthorized", "0", "minimum of 1:"),
+        ("--max-connections-per-address", "0", "minimum of 1:"),
+        ("--max-connections-per-identity", "0", "minimum of 1:"),
+        ("--handshake-timeout", "0.5", "minimum of 1s:"),
+        ("--max-authorization-size", "4095", "4096 bytes"),
     ];
     for (option, value, minimum) in cases {
         // Bounded: a server that starts anyway would never exit.
@@ -47,6 +57,26 @@ fn serve_at_every_minimum_still_serves_a_loop() {
             "1",
             "--authorization-grace",
             "1",
+            "--max-unauthorized",
+            "1",
+            "--max-connections-per-address",
+            "1",
+            "--max-connections-per-identity",
+            "1",
+            "--handshake-timeout",
+            "1",
+            "--max-authorization-size",
+            "4K",
+            "--max-runs",
+            "1",
+            "--max-runs-per-identity",
+            "1",
+            "--max-run-memory",
+            "16M",
+            "--max-run-disk",
+            "0",
+            "--memory-budget",
+            "16M",
         ],
     );
     let (status, stdout, stderr) = run(&[
@@ -55,6 +85,10 @@ fn serve_at_every_minimum_still_serves_a_loop() {
         &server.url,
         "--token",
         &"t".repeat(2000),
+        "--memory",
+        "16M",
+        "--disk",
+        "0",
         "at the minimums",
     ]);
     assert_eq!(status.code(), Some(0), "{stdout}{stderr}");

@@ -25,21 +25,6 @@ use runloop::proto::run_loop::Outcome;
 
 const MIB: u64 = 1 << 20;
 
-/// A field of the server's `/proc/PID/status`, bytes.
-fn status(server: &Serve, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).expect("status");
-    let line = status
-        .lines()
-        .find(|line| line.starts_with(field))
-        .unwrap_or_else(|| panic!("{field} in {status}"));
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|kib| kib.parse().ok())
-        .expect("a size in kB");
-    kib * 1024
-}
-
 fn demo_request() -> RunRequest {
     let image = Image::Server(ImageRef {
         name: "demo".into(),
@@ -70,16 +55,16 @@ async fn one_loop(url: &str, prompt: String) {
 /// The server's peak with one loop of a 15.9 MiB prompt of `word`-letter words.
 fn large_prompt_peak(word: usize) -> u64 {
     let server = Serve::start("error", &[]);
-    let baseline = status(&server, "VmRSS");
+    let baseline = server.status("VmRSS");
     let prompt = prompt(15_900 * 1024, word);
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(one_loop(&server.url, prompt));
-    let peak = status(&server, "VmHWM");
+    let peak = server.status("VmHWM");
     println!(
         "15.9 MiB prompt, {word}-letter words: server baseline {} MiB, peak {} MiB, after {} MiB",
         baseline / MIB,
         peak / MIB,
-        status(&server, "VmRSS") / MIB
+        server.status("VmRSS") / MIB
     );
     peak
 }
@@ -104,7 +89,7 @@ fn memory_goes_back_after_waves_of_large_messages() {
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     // Warm up: one small loop, so the baseline has the runtime's threads.
     runtime.block_on(one_loop(&server.url, "warm up".into()));
-    let baseline = status(&server, "VmRSS");
+    let baseline = server.status("VmRSS");
     runtime.block_on(async {
         let waves: Vec<_> = (0..32)
             .map(|_| tokio::spawn(unauthorized(server.url.clone())))
@@ -122,10 +107,10 @@ fn memory_goes_back_after_waves_of_large_messages() {
             each.await.expect("a loop");
         }
     });
-    let peak = status(&server, "VmHWM");
-    let right_after = status(&server, "VmRSS");
+    let peak = server.status("VmHWM");
+    let right_after = server.status("VmRSS");
     std::thread::sleep(Duration::from_secs(30));
-    let after = status(&server, "VmRSS");
+    let after = server.status("VmRSS");
     println!(
         "32 × 15 MiB before authorization, then 8 loops of 15.9 MiB prompts: server baseline {} \
          MiB, peak {} MiB, right after {} MiB, 30 s after {} MiB",

@@ -14,17 +14,26 @@
 //! caller, not recommendations:
 //!
 //! ```text
-//! max_message_size      4096 bytes  an authorization frame with a bearer token or a
-//!                                   JWT (usually under 2 KiB), a run request with
-//!                                   its image reference and a small agent value,
-//!                                   a prompt of a few KiB
-//! max_scopes            1           one run at a time
-//! max_channels          1           one loop at a time (a stop needs no place)
-//! max_queued_responses  1           a chunk can be relayed at all
-//! max_connections       1           one caller at a time
-//! authorization_grace   1 s         a caller across a slow network has a few
-//!                                   round trips for the WebSocket handshake and
-//!                                   its authorization
+//! max_message_size              4096 bytes  an authorization frame with a bearer token or a
+//!                                           JWT (usually under 2 KiB), a run request with
+//!                                           its image reference and a small agent value,
+//!                                           a prompt of a few KiB
+//! max_scopes                    1           one run at a time
+//! max_channels                  1           one loop at a time (a stop needs no place)
+//! max_queued_responses          1           a chunk can be relayed at all
+//! max_connections               1           one caller at a time
+//! authorization_grace           1 s         a caller across a slow network has a few
+//!                                           round trips for the WebSocket handshake and
+//!                                           its authorization
+//! handshake_timeout             1 s         the same, for the handshake alone
+//! max_authorization_size        4096 bytes  an authorization frame with its credential
+//! max_unauthorized              1           one caller authorizing at a time
+//! max_connections_per_address   1           one caller from each address
+//! max_connections_per_identity  1           one connection for each token
+//! max_runs                      1           one run at a time, server-wide
+//! max_runs_per_identity         1           one run at a time for each token
+//! max_run_memory                16 MiB      an agent program with its proxy beside it
+//! memory_budget                 16 MiB      the same, for all runs together
 //! ```
 
 use std::fmt;
@@ -66,7 +75,7 @@ impl Default for Limits {
 /// (128 KiB) is zero-filled before every read, which for a stream of small
 /// chunks costs more than the read itself; a larger message simply takes
 /// several reads.
-const READ_BUFFER: usize = 16 << 10;
+pub(crate) const READ_BUFFER: usize = 16 << 10;
 
 impl Limits {
     /// The WebSocket configuration these limits imply.
@@ -80,10 +89,10 @@ impl Limits {
     /// Whether every limit is at least its minimum; the first that is not
     /// is the error.
     pub fn validate(&self) -> Result<(), LimitError> {
-        Limit::MaxMessageSize.check(self.max_message_size)?;
-        Limit::MaxScopes.check(self.max_scopes)?;
-        Limit::MaxChannels.check(self.max_channels)?;
-        Limit::MaxQueuedResponses.check(self.max_queued_responses)
+        Limit::MaxMessageSize.check(self.max_message_size as u64)?;
+        Limit::MaxScopes.check(self.max_scopes as u64)?;
+        Limit::MaxChannels.check(self.max_channels as u64)?;
+        Limit::MaxQueuedResponses.check(self.max_queued_responses as u64)
     }
 }
 
@@ -102,6 +111,24 @@ pub enum Limit {
     MaxConnections,
     /// The server's `authorization_grace`.
     AuthorizationGrace,
+    /// The server's `max_runs`.
+    MaxRuns,
+    /// The server's `max_runs_per_identity`.
+    MaxRunsPerIdentity,
+    /// The server's `max_run_memory`.
+    MaxRunMemory,
+    /// The server's `memory_budget`.
+    MemoryBudget,
+    /// The server's `max_unauthorized`.
+    MaxUnauthorized,
+    /// The server's `max_connections_per_address`.
+    MaxConnectionsPerAddress,
+    /// The server's `max_connections_per_identity`.
+    MaxConnectionsPerIdentity,
+    /// The server's `handshake_timeout`.
+    HandshakeTimeout,
+    /// The server's `max_authorization_size`.
+    MaxAuthorizationSize,
 }
 
 impl Limit {
@@ -111,6 +138,8 @@ impl Limit {
     pub const MIN_COUNT: usize = 1;
     /// The least authorization grace.
     pub const MIN_AUTHORIZATION_GRACE: Duration = Duration::from_secs(1);
+    /// The least `memory` a run may be allowed, alone or with every other.
+    pub const MIN_RUN_MEMORY: u64 = 16 << 20;
 
     /// The configuration field's name.
     pub fn name(self) -> &'static str {
@@ -121,14 +150,30 @@ impl Limit {
             Limit::MaxQueuedResponses => "max_queued_responses",
             Limit::MaxConnections => "max_connections",
             Limit::AuthorizationGrace => "authorization_grace",
+            Limit::MaxRuns => "max_runs",
+            Limit::MaxRunsPerIdentity => "max_runs_per_identity",
+            Limit::MaxRunMemory => "max_run_memory",
+            Limit::MemoryBudget => "memory_budget",
+            Limit::MaxUnauthorized => "max_unauthorized",
+            Limit::MaxConnectionsPerAddress => "max_connections_per_address",
+            Limit::MaxConnectionsPerIdentity => "max_connections_per_identity",
+            Limit::HandshakeTimeout => "handshake_timeout",
+            Limit::MaxAuthorizationSize => "max_authorization_size",
         }
     }
 
     /// The minimum, as a person reads it.
     pub fn minimum(self) -> String {
         match self {
-            Limit::MaxMessageSize => format!("{} bytes", Limit::MIN_MESSAGE_SIZE),
-            Limit::AuthorizationGrace => format!("{:?}", Limit::MIN_AUTHORIZATION_GRACE),
+            Limit::MaxMessageSize | Limit::MaxAuthorizationSize => {
+                format!("{} bytes", Limit::MIN_MESSAGE_SIZE)
+            }
+            Limit::AuthorizationGrace | Limit::HandshakeTimeout => {
+                format!("{:?}", Limit::MIN_AUTHORIZATION_GRACE)
+            }
+            Limit::MaxRunMemory | Limit::MemoryBudget => {
+                format!("{} bytes", Limit::MIN_RUN_MEMORY)
+            }
             _ => Limit::MIN_COUNT.to_string(),
         }
     }
@@ -139,6 +184,16 @@ impl Limit {
             Limit::MaxMessageSize => {
                 "a message must hold an authorization with its credential, a run request and a prompt"
             }
+            Limit::MaxAuthorizationSize => {
+                "an authorization frame must hold a credential such as a bearer token or a JWT"
+            }
+            Limit::MaxUnauthorized | Limit::MaxConnectionsPerAddress => {
+                "every caller would be turned away"
+            }
+            Limit::MaxConnectionsPerIdentity => "every token holder would be turned away",
+            Limit::HandshakeTimeout => {
+                "a caller needs a few round trips to complete the WebSocket handshake"
+            }
             Limit::MaxScopes => "no run could be served",
             Limit::MaxChannels => "no loop could be served",
             Limit::MaxQueuedResponses => "no response could be relayed",
@@ -146,14 +201,21 @@ impl Limit {
             Limit::AuthorizationGrace => {
                 "a caller needs a few round trips to complete the WebSocket handshake and authorize"
             }
+            Limit::MaxRuns | Limit::MaxRunsPerIdentity => "no run could be served",
+            Limit::MaxRunMemory | Limit::MemoryBudget => {
+                "an agent program with its proxy needs a few MiB"
+            }
         }
     }
 
     /// `Ok` when `value` (a size or a count) is at least the minimum.
-    pub(crate) fn check(self, value: usize) -> Result<(), LimitError> {
+    pub(crate) fn check(self, value: u64) -> Result<(), LimitError> {
         let (minimum, unit) = match self {
-            Limit::MaxMessageSize => (Limit::MIN_MESSAGE_SIZE, " bytes"),
-            _ => (Limit::MIN_COUNT, ""),
+            Limit::MaxMessageSize | Limit::MaxAuthorizationSize => {
+                (Limit::MIN_MESSAGE_SIZE as u64, " bytes")
+            }
+            Limit::MaxRunMemory | Limit::MemoryBudget => (Limit::MIN_RUN_MEMORY, " bytes"),
+            _ => (Limit::MIN_COUNT as u64, ""),
         };
         if value >= minimum {
             return Ok(());
@@ -166,11 +228,16 @@ impl Limit {
 
     /// `Ok` when the authorization grace `value` is at least the minimum.
     pub(crate) fn check_grace(value: Duration) -> Result<(), LimitError> {
+        Limit::AuthorizationGrace.check_duration(value)
+    }
+
+    /// `Ok` when `value` (a grace or a timeout) is at least the minimum.
+    pub(crate) fn check_duration(self, value: Duration) -> Result<(), LimitError> {
         if value >= Limit::MIN_AUTHORIZATION_GRACE {
             return Ok(());
         }
         Err(LimitError {
-            limit: Limit::AuthorizationGrace,
+            limit: self,
             value: format!("{value:?}"),
         })
     }
@@ -228,7 +295,7 @@ mod tests {
             Limit::MaxScopes => &mut limits.max_scopes,
             Limit::MaxChannels => &mut limits.max_channels,
             Limit::MaxQueuedResponses => &mut limits.max_queued_responses,
-            Limit::MaxConnections | Limit::AuthorizationGrace => unreachable!("the server's"),
+            _ => unreachable!("the server's"),
         }
     }
 

@@ -153,7 +153,7 @@ fn mib(bytes: u64) -> f64 {
 async fn serve() -> ServerHandle {
     let server = Server::bind(
         "127.0.0.1:0",
-        ServerConfig::new(Credentials::Any, Catalog::demo()),
+        support::unbudgeted(ServerConfig::new(Credentials::Any, Catalog::demo())),
     )
     .await
     .expect("bind");

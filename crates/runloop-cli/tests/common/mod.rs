@@ -80,6 +80,22 @@ impl Serve {
         self.child.id()
     }
 
+    /// A size field of its `/proc/PID/status` (`VmRSS`, `VmHWM`…), bytes.
+    pub fn status(&self, field: &str) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("status");
+        let line = status
+            .lines()
+            .find(|line| line.starts_with(field))
+            .unwrap_or_else(|| panic!("{field} in {status}"));
+        let kib: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|kib| kib.parse().ok())
+            .expect("a size in kB");
+        kib * 1024
+    }
+
     /// Kills it outright (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -20,6 +20,8 @@ label! {
         Malformed = "malformed",
         /// No authorization within the grace period.
         Timeout = "timeout",
+        /// More sent before the authorization than the bound allows.
+        TooLarge = "too_large",
     }
 }
 
@@ -47,6 +49,9 @@ label! {
         Request = "request",
         /// An image or a mount this server will not run.
         Policy = "policy",
+        /// Over a limit of runs: the runs at once (server-wide or per
+        /// identity), a run's largest memory or disk, the memory budget.
+        Budget = "budget",
         /// The container did not start.
         Runtime = "runtime",
         /// The agent's registration failed (the proxy or the agent program refused it, or the proxy could not be reached).

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use subtle::ConstantTimeEq;
 
+use super::admission::Admission;
+use super::budget::RunBudget;
 use crate::limits::{Limit, LimitError, Limits};
 use crate::runtime::{Catalog, Registry};
 use crate::tls::ServerTls;
@@ -32,7 +34,7 @@ impl fmt::Debug for Credentials {
 
 /// Who a connection is served as. It names the credential's position, never
 /// the credential, so it can be logged.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Identity(String);
 
 impl fmt::Display for Identity {
@@ -78,8 +80,14 @@ pub struct ServerConfig {
     /// Caller connections served at once, authorized or not yet. One more
     /// is turned away: its WebSocket handshake completes and it is closed
     /// at once with close code 1013 (try again later) and a reason that
-    /// says so, before anything of it is read. At least one.
+    /// says so, before anything of it is read. At least one. (Before that,
+    /// [`Admission`] may close it at once.)
     pub max_connections: usize,
+    /// Which connections are taken on, and what one may cost before it
+    /// authorizes (see [`Admission`]).
+    pub admission: Admission,
+    /// What runs may claim, each and together (see [`RunBudget`]).
+    pub budget: RunBudget,
     /// The images this server runs.
     pub catalog: Catalog,
     /// Where `registry` images are pulled from; without one they are refused.
@@ -89,14 +97,16 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// A configuration with default limits, a 10 s authorization grace and
-    /// [`DEFAULT_MAX_CONNECTIONS`].
+    /// A configuration with default limits, a 10 s authorization grace,
+    /// [`DEFAULT_MAX_CONNECTIONS`] and the default [`RunBudget`].
     pub fn new(credentials: Credentials, catalog: Catalog) -> Self {
         ServerConfig {
             credentials,
             limits: Limits::default(),
             authorization_grace: Duration::from_secs(10),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            admission: Admission::default(),
+            budget: RunBudget::default(),
             catalog,
             registry: None,
             tls: None,
@@ -108,8 +118,10 @@ impl ServerConfig {
     /// the error. [`Server::bind`](super::Server::bind) refuses a configuration that fails this.
     pub fn validate(&self) -> Result<(), LimitError> {
         self.limits.validate()?;
-        Limit::MaxConnections.check(self.max_connections)?;
-        Limit::check_grace(self.authorization_grace)
+        Limit::MaxConnections.check(self.max_connections as u64)?;
+        Limit::check_grace(self.authorization_grace)?;
+        self.admission.validate()?;
+        self.budget.validate()
     }
 }
 

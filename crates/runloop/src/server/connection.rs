@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::admission::{Admitted, OverAllowance};
 use super::config::Identity;
 use super::outbox::{Order, Outbox, ScopeOutbox, ServerTable, Serving};
 use super::scope::{self, Run};
@@ -98,8 +99,13 @@ impl Conn {
 
 /// Serves one connection to its end: the WebSocket handshake, the
 /// authorization, then frames until either side ends it. `peer` names the
-/// other end in logs.
-pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shared>) {
+/// other end in logs; `admitted` holds its places (see [`Admitted`]).
+pub(crate) async fn serve(
+    io: impl Io,
+    peer: impl fmt::Display,
+    shared: Arc<Shared>,
+    mut admitted: Admitted,
+) {
     let _held = Held::new(&shared, |s: &Stats| &s.connections);
     shared.metrics.connections.inc();
     let number = shared.next_connection.fetch_add(1, Ordering::Relaxed);
@@ -107,13 +113,20 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
     async move {
         // The grace covers the WebSocket handshake and the authorization
         // together: a connection that never completes either holds a slot
-        // no longer than one that never authorizes.
+        // no longer than one that never authorizes. The handshake alone
+        // has a shorter deadline.
         let grace = shared.config.authorization_grace;
-        let deadline = tokio::time::Instant::now() + grace;
+        let now = tokio::time::Instant::now();
+        let deadline = now + grace;
+        let handshake_by = deadline.min(now + shared.config.admission.handshake_timeout);
+        let io = admitted.bounded(io);
+        // Refusal lines are rate limited per address.
+        let address = admitted.address();
+        let logged = || shared.refusals.allows(address);
         let Ok(_slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
-            return turn_away(io, &shared, deadline).await;
+            return turn_away(io, &shared, handshake_by, logged()).await;
         };
-        let Some(ws) = handshake(io, &shared, deadline).await else {
+        let Some(ws) = handshake(io, &shared, handshake_by, &logged).await else {
             return;
         };
         let (sink, mut stream) = ws.split();
@@ -126,17 +139,34 @@ pub(crate) async fn serve(io: impl Io, peer: impl fmt::Display, shared: Arc<Shar
                     if let Some(refusal) = why.refusal() {
                         shared.metrics.refused.inc(refusal);
                     }
-                    info!(%why, "authorization refused; closing without a frame");
+                    if logged() {
+                        info!(%why, "authorization refused; closing without a frame");
+                    }
                     return close_without_frame(sink, stream).await;
                 }
                 Err(_) => {
                     shared.metrics.refused.inc(AuthorizationRefusal::Timeout);
-                    info!(?grace, "no authorization within the grace period; closing without a frame");
+                    if logged() {
+                        info!(?grace, "no authorization within the grace period; closing without a frame");
+                    }
                     return close_without_frame(sink, stream).await;
                 }
             },
             () = shared.shutdown.cancelled() => return close_without_frame(sink, stream).await,
         };
+        if let Err((limit, value)) = admitted.authorized(&identity) {
+            shared.stats.turned_away.fetch_add(1, Ordering::Relaxed);
+            if logged() {
+                warn!(%identity, limit, value, "turned away: the identity holds as many connections as it may");
+            }
+            let reason = format!(
+                "{identity} holds as many connections as one identity may ({limit} {value}); try again later"
+            );
+            if let Ok(ws) = sink.reunite(stream) {
+                close_with(ws, CloseCode::Again, reason).await;
+            }
+            return;
+        }
         info!(%identity, "authorized");
         serve_authorized(sink, stream, shared, table, identity, number).await;
     }
@@ -155,6 +185,8 @@ enum Refused {
     Credential,
     #[error("the connection ended before it authorized")]
     Closed,
+    #[error("more than max_authorization_size ({0} bytes) was sent before authorization")]
+    TooLarge(usize),
 }
 
 impl Refused {
@@ -163,6 +195,7 @@ impl Refused {
         match self {
             Refused::NotAFrame(_) | Refused::Violation(_) => Some(AuthorizationRefusal::Malformed),
             Refused::Credential => Some(AuthorizationRefusal::Credential),
+            Refused::TooLarge(_) => Some(AuthorizationRefusal::TooLarge),
             Refused::Closed => None,
         }
     }
@@ -174,12 +207,19 @@ async fn authorize(
     shared: &Shared,
     table: &mut ServerTable,
 ) -> Result<Identity, Refused> {
+    let bound = shared.config.admission.max_authorization_size;
     let bytes = loop {
         match stream.next().await {
+            Some(Ok(Message::Binary(bytes))) if bytes.len() > bound => {
+                return Err(Refused::TooLarge(bound));
+            }
             Some(Ok(Message::Binary(bytes))) => break bytes,
             Some(Ok(
                 Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
             )) => {}
+            Some(Err(WsError::Io(error))) if OverAllowance::is(&error) => {
+                return Err(Refused::TooLarge(bound));
+            }
             Some(Ok(Message::Close(_)) | Err(_)) | None => return Err(Refused::Closed),
         }
     };
@@ -206,6 +246,7 @@ async fn handshake<S: Io>(
     io: S,
     shared: &Shared,
     deadline: tokio::time::Instant,
+    logged: impl Fn() -> bool,
 ) -> Option<WebSocketStream<S>> {
     let handshake = accept_async_with_config(io, Some(shared.config.limits.websocket()));
     tokio::select! {
@@ -216,8 +257,10 @@ async fn handshake<S: Io>(
                 None
             }
             Err(_) => {
-                let grace = shared.config.authorization_grace;
-                info!(?grace, "no WebSocket handshake within the grace period; closing");
+                if logged() {
+                    let timeout = shared.config.admission.handshake_timeout;
+                    info!(?timeout, "no WebSocket handshake within its timeout; closing");
+                }
                 None
             }
         },
@@ -228,15 +271,18 @@ async fn handshake<S: Io>(
 /// Closes a connection past the connection limit: the WebSocket handshake
 /// (by the same deadline as any connection's), then close code 1013 (try
 /// again later) with a reason the caller can show. Nothing it sends is
-/// looked at.
-async fn turn_away(io: impl Io, shared: &Shared, deadline: tokio::time::Instant) {
+/// looked at, and no more of it is read than of any connection not yet
+/// authorized. `logged`: whether its line may be logged.
+async fn turn_away(io: impl Io, shared: &Shared, deadline: tokio::time::Instant, logged: bool) {
     shared.stats.turned_away.fetch_add(1, Ordering::Relaxed);
     let limit = shared.config.max_connections;
-    warn!(
-        limit,
-        "turned away: the server is serving as many connections as it may"
-    );
-    let Some(ws) = handshake(io, shared, deadline).await else {
+    if logged {
+        warn!(
+            limit,
+            "turned away: the server is serving as many connections as it may"
+        );
+    }
+    let Some(ws) = handshake(io, shared, deadline, || false).await else {
         return;
     };
     let reason =

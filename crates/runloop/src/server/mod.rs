@@ -13,9 +13,14 @@
 //! outbox.rs       the connection's table and its writer's queue under one
 //!                 lock; a scope and a relay each get a handle that writes
 //!                 only their own frames
+//! admission.rs    which connections are taken on, what one costs before
+//!                 it authorizes, per address and per identity
+//! budget.rs       what runs may claim: how many at once, their memory
+//!                 together, the most one may ask for
 //! connection.rs   one caller's socket: authorization, frames in, each applied
 //!                 to the table (runloop_proto::connection), disregarded
 //!                 frames counted
+//! refusal_log.rs  refusal lines, rate limited per address
 //! mod.rs          the listener, the handle; config.rs and shared.rs what
 //!                 every connection shares
 //! ```
@@ -53,10 +58,13 @@
 //! included. A subscriber that bridges `log` records must cap them below
 //! trace, as `runloop serve` does.
 
+mod admission;
+mod budget;
 mod config;
 mod connection;
 mod outbox;
 mod proxy_path;
+mod refusal_log;
 mod relay;
 mod scope;
 mod shared;
@@ -74,9 +82,15 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub use admission::Admission;
+pub use budget::{
+    DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS, RunBudget,
+    default_memory_budget,
+};
 pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
 pub use shared::{Stats, StatsSnapshot};
 
+use self::admission::Admitted;
 use self::shared::Shared;
 use crate::limits::LimitError;
 use crate::listener;
@@ -156,18 +170,29 @@ impl Server {
             shared.config.max_connections.min(Semaphore::MAX_PERMITS),
         ));
         // A shutdown cancels the drain too: either stops the accepting.
-        listener::accept_until(&listener, &shared.draining, |tcp, peer| {
+        let accepting = listener::accept_until(&listener, &shared.draining, |tcp, peer| {
+            let admitted = match Admitted::admit(&shared, Some(peer.ip())) {
+                Ok(admitted) => admitted,
+                // Dropped: closed at once, nothing of it read.
+                Err(why) => return shared.closed_at_accept(peer, Some(peer.ip()), why),
+            };
             let for_task = Arc::clone(&shared);
             match &shared.config.tls {
                 None => {
-                    shared.tasks.spawn(connection::serve(tcp, peer, for_task));
+                    shared
+                        .tasks
+                        .spawn(connection::serve(tcp, peer, for_task, admitted));
                 }
                 Some(tls) => match Arc::clone(&handshakes).try_acquire_owned() {
                     Ok(place) => {
                         let acceptor = tls.acceptor();
-                        shared
-                            .tasks
-                            .spawn(serve_tls(tcp, peer, acceptor, for_task, place));
+                        shared.tasks.spawn(serve_tls(
+                            (tcp, peer),
+                            acceptor,
+                            for_task,
+                            place,
+                            admitted,
+                        ));
                     }
                     Err(_) => {
                         // No TLS to say why in: the socket just closes.
@@ -176,8 +201,12 @@ impl Server {
                     }
                 },
             }
-        })
-        .await;
+        });
+        // The refusal log is swept in the listener's task, beside it.
+        tokio::select! {
+            () = accepting => {}
+            () = sweep_refusals(&shared) => {}
+        }
         drop(listener);
         shared.tasks.close();
         if !shared.shutdown.is_cancelled() {
@@ -280,8 +309,9 @@ impl ServerHandle {
     /// (an in-memory pipe in tests and fuzzing, a socket accepted elsewhere).
     /// `peer` names the other end in logs.
     ///
-    /// The connection is served exactly as an accepted TCP connection is:
-    /// same limits, same authorization, counted in [`stats`](Self::stats),
+    /// The connection is served exactly as an accepted TCP connection is
+    /// (without a per-address limit, having no address): same limits, same
+    /// authorization, counted in [`stats`](Self::stats),
     /// and ended by [`shutdown`](Self::shutdown), which waits for it. The
     /// returned handle resolves when the connection is over.
     pub fn serve_connection<S>(
@@ -292,9 +322,22 @@ impl ServerHandle {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.shared
-            .tasks
-            .spawn(connection::serve(io, peer, Arc::clone(&self.shared)))
+        let shared = Arc::clone(&self.shared);
+        self.shared.tasks.spawn(async move {
+            match Admitted::admit(&shared, None) {
+                Ok(admitted) => connection::serve(io, peer, shared, admitted).await,
+                Err(why) => shared.closed_at_accept(peer, None, why),
+            }
+        })
+    }
+}
+
+/// Sweeps the refusal log once per window, for ever.
+async fn sweep_refusals(shared: &Shared) {
+    let mut ticks = tokio::time::interval(refusal_log::RefusalLog::WINDOW);
+    loop {
+        ticks.tick().await;
+        shared.refusals.sweep();
     }
 }
 
@@ -311,11 +354,11 @@ impl crate::admin::Watched for ServerHandle {
 /// The TLS handshake of a listener's connection, within the authorization
 /// grace, holding a handshake `place`; then the connection is served.
 async fn serve_tls(
-    tcp: TcpStream,
-    peer: SocketAddr,
+    (tcp, peer): (TcpStream, SocketAddr),
     acceptor: tokio_rustls::TlsAcceptor,
     shared: Arc<Shared>,
     place: tokio::sync::OwnedSemaphorePermit,
+    admitted: Admitted,
 ) {
     let grace = shared.config.authorization_grace;
     let accepted = tokio::select! {
@@ -324,7 +367,7 @@ async fn serve_tls(
     };
     drop(place);
     match accepted {
-        Ok(Ok(tls)) => connection::serve(tls, peer, shared).await,
+        Ok(Ok(tls)) => connection::serve(tls, peer, shared, admitted).await,
         Ok(Err(error)) => {
             shared.metrics.tls_failures.inc(match error {
                 AcceptError::Plaintext => TlsFailure::Plaintext,
@@ -357,6 +400,15 @@ mod tests {
             Limit::MaxQueuedResponses,
             Limit::MaxConnections,
             Limit::AuthorizationGrace,
+            Limit::MaxRuns,
+            Limit::MaxRunsPerIdentity,
+            Limit::MaxRunMemory,
+            Limit::MemoryBudget,
+            Limit::MaxUnauthorized,
+            Limit::MaxConnectionsPerAddress,
+            Limit::MaxConnectionsPerIdentity,
+            Limit::HandshakeTimeout,
+            Limit::MaxAuthorizationSize,
         ];
         for limit in cases {
             let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
@@ -369,6 +421,21 @@ mod tests {
                 Limit::AuthorizationGrace => {
                     config.authorization_grace = Duration::from_millis(999);
                 }
+                Limit::MaxRuns => config.budget.max_runs = 0,
+                Limit::MaxRunsPerIdentity => config.budget.max_runs_per_identity = 0,
+                Limit::MaxRunMemory => config.budget.max_run_memory = Limit::MIN_RUN_MEMORY - 1,
+                Limit::MemoryBudget => config.budget.memory_budget = 0,
+                Limit::MaxUnauthorized => config.admission.max_unauthorized = 0,
+                Limit::MaxConnectionsPerAddress => {
+                    config.admission.max_connections_per_address = 0;
+                }
+                Limit::MaxConnectionsPerIdentity => {
+                    config.admission.max_connections_per_identity = 0;
+                }
+                Limit::HandshakeTimeout => {
+                    config.admission.handshake_timeout = Duration::from_millis(999);
+                }
+                Limit::MaxAuthorizationSize => config.admission.max_authorization_size = 4095,
             }
             match Server::bind("127.0.0.1:0", config).await {
                 Err(BindError::Limit(error)) => {
@@ -390,6 +457,20 @@ mod tests {
         };
         least.max_connections = 1;
         least.authorization_grace = Limit::MIN_AUTHORIZATION_GRACE;
+        least.admission = Admission {
+            max_unauthorized: 1,
+            max_connections_per_address: 1,
+            max_connections_per_identity: 1,
+            handshake_timeout: Limit::MIN_AUTHORIZATION_GRACE,
+            max_authorization_size: Limit::MIN_MESSAGE_SIZE,
+        };
+        least.budget = RunBudget {
+            max_runs: 1,
+            max_runs_per_identity: 1,
+            max_run_memory: Limit::MIN_RUN_MEMORY,
+            max_run_disk: 0,
+            memory_budget: Limit::MIN_RUN_MEMORY,
+        };
         assert!(Server::bind("127.0.0.1:0", least).await.is_ok());
     }
 }

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span};
 
+use super::budget::Claim;
 use super::config::Identity;
 use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
@@ -81,15 +82,18 @@ pub(crate) async fn serve(
     .await;
 }
 
-/// A started container, counted while it runs.
+/// A started container, counted while it runs, with its run's claim on
+/// the budget, given back once it has stopped.
 struct Running {
     container: Box<dyn Container>,
     _held: Held,
+    claim: Claim,
 }
 
 impl Running {
     async fn stop(self) {
         self.container.stop().await;
+        drop(self.claim);
     }
 }
 
@@ -135,6 +139,8 @@ impl Run {
                 ),
             ));
         }
+        let claim = Claim::admit(shared, &self.identity, container.memory, container.disk)
+            .map_err(|why| (RunRefusal::Budget, why))?;
         let (runtime, name) = match source {
             Source::Catalog(image) => {
                 let runtime = shared.config.catalog.resolve(image).map_err(|why| {
@@ -179,6 +185,7 @@ impl Run {
         let running = Running {
             container,
             _held: Held::new(shared, |s: &Stats| &s.containers),
+            claim,
         };
         let registered = self
             .unless_ended(proxy_path::register(

@@ -4,13 +4,16 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::ServerConfig;
+use super::admission::{self, TurnedAway};
+use super::budget::Claimed;
+use super::config::{Credentials, ServerConfig};
+use super::refusal_log::RefusalLog;
 use crate::metrics::ServerMetrics;
 
 /// Live counts of what the server holds; every one returns to zero when
@@ -42,8 +45,9 @@ pub struct StatsSnapshot {
     pub proxy_paths: usize,
     /// Frames disregarded since the server started (protocol §2).
     pub disregarded: u64,
-    /// Connections turned away at the connection limit since the server
-    /// started.
+    /// Connections turned away at a connection limit since the server
+    /// started: closed at once when accepted (per address, not yet
+    /// authorized), with close code 1013 (`max_connections`, per identity).
     pub turned_away: u64,
 }
 
@@ -99,6 +103,15 @@ pub(crate) struct Shared {
     pub(crate) slots: Arc<Semaphore>,
     /// Ids of running containers, so a new id is unique among them.
     pub(crate) ids: Mutex<HashSet<String>>,
+    /// Refusal lines, rate limited per address.
+    pub(crate) refusals: RefusalLog,
+    /// What connections hold, by address and identity.
+    admission: Mutex<admission::Held>,
+    /// What the runs held claim of the run budget.
+    claimed: Mutex<Claimed>,
+    /// Whether identities are tokens, each with its own limits; with any
+    /// credential accepted, every caller is the same identity.
+    pub(crate) per_identity: bool,
 }
 
 impl Shared {
@@ -106,9 +119,14 @@ impl Shared {
         let slots = Arc::new(Semaphore::new(
             config.max_connections.min(Semaphore::MAX_PERMITS),
         ));
+        let per_identity = matches!(config.credentials, Credentials::Tokens(_));
         let shutdown = CancellationToken::new();
         Shared {
             config,
+            claimed: Mutex::new(Claimed::default()),
+            admission: Mutex::new(admission::Held::default()),
+            refusals: RefusalLog::new(),
+            per_identity,
             draining: shutdown.child_token(),
             shutdown,
             tasks: TaskTracker::new(),
@@ -118,5 +136,33 @@ impl Shared {
             slots,
             ids: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Counts and logs (rate limited) a connection closed when it was
+    /// accepted.
+    pub(crate) fn closed_at_accept(
+        &self,
+        peer: impl std::fmt::Display,
+        address: Option<std::net::IpAddr>,
+        why: TurnedAway,
+    ) {
+        self.stats.turned_away.fetch_add(1, Ordering::Relaxed);
+        if self.refusals.allows(address) {
+            tracing::warn!(%peer, %why, "closed at once");
+        }
+    }
+
+    /// The admission's counts, locked.
+    pub(crate) fn admission(&self) -> MutexGuard<'_, admission::Held> {
+        self.admission
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The run budget's counts, locked.
+    pub(crate) fn claimed(&self) -> MutexGuard<'_, Claimed> {
+        self.claimed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

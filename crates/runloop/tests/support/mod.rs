@@ -290,11 +290,21 @@ pub async fn server_with(
 ) -> ServerHandle {
     let mut catalog = Catalog::new();
     catalog.insert("demo", None, Arc::new(Attach::new(proxy.url())));
-    let mut config = ServerConfig::new(credentials, catalog);
+    let mut config = unbudgeted(ServerConfig::new(credentials, catalog));
     adjust(&mut config);
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
     let (handle, _task) = server.spawn();
     handle
+}
+
+/// `config` with a run budget that no test here reaches: the default
+/// memory budget is a part of the machine's memory, which the tests'
+/// requests (1 GiB each, a number the demo never uses) must not depend on.
+/// The budget itself is tested by `runloop-cli`'s `budget` tests.
+pub fn unbudgeted(mut config: ServerConfig) -> ServerConfig {
+    config.budget.max_runs = 4096;
+    config.budget.memory_budget = 1 << 50;
+    config
 }
 
 /// The texts of a loop's chunks (all text chunks), and its outcome.
@@ -634,7 +644,7 @@ impl Gated {
     pub async fn server(&self) -> ServerHandle {
         let mut catalog = Catalog::new();
         catalog.insert("demo", None, Arc::new(self.clone()));
-        let config = ServerConfig::new(Credentials::Any, catalog);
+        let config = unbudgeted(ServerConfig::new(Credentials::Any, catalog));
         let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
         server.spawn().0
     }
