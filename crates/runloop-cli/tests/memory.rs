@@ -18,35 +18,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::Serve;
+use common::{Serve, demo_request};
 use runloop::client::Client;
-use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
 
 const MIB: u64 = 1 << 20;
 
 /// A field of the server's `/proc/PID/status`, bytes.
 fn status(server: &Serve, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).expect("status");
-    let line = status
-        .lines()
-        .find(|line| line.starts_with(field))
-        .unwrap_or_else(|| panic!("{field} in {status}"));
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|kib| kib.parse().ok())
-        .expect("a size in kB");
-    kib * 1024
-}
-
-fn demo_request() -> RunRequest {
-    let image = Image::Server(ImageRef {
-        name: "demo".into(),
-        digest: format!("sha256:{}", "0".repeat(64)),
-    });
-    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
-    RunRequest::new(Container::new(image, 1 << 30, 1 << 30), agent)
+    server.status(field)
 }
 
 /// A prompt of `size` bytes: words of `word` letters and a space.

@@ -80,6 +80,22 @@ impl Serve {
         self.child.id()
     }
 
+    /// A size field of its `/proc/PID/status` (`VmRSS`, `VmHWM`), bytes.
+    pub fn status(&self, field: &str) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("status");
+        let line = status
+            .lines()
+            .find(|line| line.starts_with(field))
+            .unwrap_or_else(|| panic!("{field} in {status}"));
+        let kib: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|kib| kib.parse().ok())
+            .expect("a size in kB");
+        kib * 1024
+    }
+
     /// Kills it outright (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -142,4 +158,15 @@ pub fn run(args: &[&str]) -> (ExitStatus, String, String) {
         stdout.join().expect("stdout read"),
         stderr.join().expect("stderr read"),
     )
+}
+
+/// A run request for the demo agent, with room to spare.
+pub fn demo_request() -> runloop::proto::agents_run::RunRequest {
+    use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
+    let image = Image::Server(ImageRef {
+        name: "demo".into(),
+        digest: format!("sha256:{}", "0".repeat(64)),
+    });
+    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
+    RunRequest::new(Container::new(image, 1 << 30, 1 << 30), agent)
 }

@@ -20,6 +20,10 @@
 //! Everything else a connection queues is bounded by its scopes and
 //! channels, themselves bounded by [`Limits`](crate::limits::Limits).
 //!
+//! Control frames mean nothing here, but each ping costs an answer: a
+//! caller past its [`pings`](super::pings) budget is closed, before or
+//! after its authorization.
+//!
 //! A connection ends with a close handshake whichever side closes (protocol §12
 //! "Clean ends"). A caller's close is answered at once, before its runs
 //! have ended (nothing may be sent after a close anyway); the server's own
@@ -31,6 +35,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -52,9 +57,10 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::config::Identity;
 use super::outbox::{Order, Outbox, ScopeOutbox, ServerTable, Serving};
+use super::pings::{Flood, Pings};
 use super::scope::{self, Run};
 use super::shared::{Held, Shared, Stats};
-use crate::writer::{CLOSE_GRACE, write_frames};
+use crate::writer::{CLOSE_GRACE, Place, write_frames};
 
 /// What a connection can run over: a TCP stream, or anything else that
 /// reads and writes bytes (an in-memory pipe in tests and fuzzing).
@@ -144,6 +150,8 @@ enum Refused {
     Violation(Violation),
     #[error("the credential is not accepted")]
     Credential,
+    #[error(transparent)]
+    Flood(Flood),
     #[error("the connection ended before it authorized")]
     Closed,
 }
@@ -154,12 +162,14 @@ async fn authorize(
     shared: &Shared,
     table: &mut ServerTable,
 ) -> Result<Identity, Refused> {
+    let mut pings = Pings::new(Instant::now());
     let bytes = loop {
         match stream.next().await {
             Some(Ok(Message::Binary(bytes))) => break bytes,
-            Some(Ok(
-                Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
-            )) => {}
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                pings.received(Instant::now()).map_err(Refused::Flood)?;
+            }
+            Some(Ok(Message::Text(_) | Message::Frame(_))) => {}
             Some(Ok(Message::Close(_)) | Err(_)) | None => return Err(Refused::Closed),
         }
     };
@@ -265,7 +275,7 @@ async fn serve_authorized<S: Io>(
     let ended = shared.shutdown.child_token();
     let conn = Conn {
         shared: Arc::clone(&shared),
-        outbox: Arc::new(Outbox::new(table, queue)),
+        outbox: Arc::new(Outbox::new(table, queue, &shared.config.limits)),
         ended: ended.clone(),
         identity,
         scopes: TaskTracker::new(),
@@ -306,6 +316,7 @@ async fn read_frames<S: Io>(
     answer_close: &CancellationToken,
 ) -> &'static str {
     let answers = Arc::new(Semaphore::new(MAX_QUEUED_ANSWERS));
+    let mut pings = Pings::new(Instant::now());
     loop {
         // A place for the answer the next frame may need, before reading it.
         // (The semaphore is never closed: `None` is only the end.)
@@ -324,7 +335,13 @@ async fn read_frames<S: Io>(
                         return violation_why(&violation);
                     }
                 }
-                Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                    if let Err(flood) = pings.received(Instant::now()) {
+                        warn!(%flood, "ending the connection");
+                        return "the caller flooded the connection with control frames";
+                    }
+                }
+                Some(Ok(Message::Text(_) | Message::Frame(_))) => {}
                 Some(Ok(Message::Close(_))) | None => {
                     answer_close.cancel();
                     return "the caller closed the connection";
@@ -448,7 +465,8 @@ fn dispatch(conn: &Conn, bytes: &Bytes, place: OwnedSemaphorePermit) -> Result<(
             } else {
                 debug!(%why, "bare finish");
             }
-            conn.outbox.queue_held(frame::to_message(&frame), place);
+            conn.outbox
+                .queue_held(frame::to_message(&frame), Place::one(place));
         }
         Serve::Disregarded(why) => conn.disregard(&why),
         Serve::Violation(why) => return Err(why),
