@@ -74,7 +74,7 @@ pub struct Args {
     /// Bytes one loop may have queued for a slow caller before the server
     /// stops reading its proxy (K/M/G suffixes; at least 4K; a larger
     /// chunk still goes, alone).
-    #[arg(long, default_value = "1M", value_parser = bytes)]
+    #[arg(long, default_value = "256K", value_parser = bytes)]
     pub max_queued_bytes: u64,
     /// Bytes all loops of one connection together may have queued for a
     /// slow caller (K/M/G suffixes; at least 4K).

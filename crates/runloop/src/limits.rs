@@ -70,8 +70,8 @@ impl Default for Limits {
             max_message_size: 16 << 20,
             max_scopes: 256,
             max_channels: 64,
-            max_queued_responses: 1024,
-            max_queued_bytes: 1 << 20,
+            max_queued_responses: 256,
+            max_queued_bytes: 256 << 10,
             max_connection_queued_bytes: 16 << 20,
         }
     }
