@@ -87,6 +87,15 @@ pub struct Args {
     /// server stops reading its proxy (at least 1).
     #[arg(long, default_value_t = Limits::default().max_queued_responses)]
     pub max_queued_responses: usize,
+    /// Bytes one loop may have queued for a slow caller before the server
+    /// stops reading its proxy (K/M/G suffixes; at least 4K; a larger
+    /// chunk still goes, alone).
+    #[arg(long, default_value = "256K", value_parser = bytes)]
+    pub max_queued_bytes: u64,
+    /// Bytes all loops of one connection together may have queued for a
+    /// slow caller (K/M/G suffixes; at least 4K).
+    #[arg(long, default_value = "16M", value_parser = bytes)]
+    pub max_connection_queued_bytes: u64,
     /// Seconds a new connection may take to authorize before it is closed
     /// (at least 1).
     #[arg(long, default_value_t = 10.0)]
@@ -225,6 +234,8 @@ fn option(limit: Limit) -> &'static str {
         Limit::MaxScopes => "--max-scopes",
         Limit::MaxChannels => "--max-channels",
         Limit::MaxQueuedResponses => "--max-queued-responses",
+        Limit::MaxQueuedBytes => "--max-queued-bytes",
+        Limit::MaxConnectionQueuedBytes => "--max-connection-queued-bytes",
         Limit::MaxConnections => "--max-connections",
         Limit::AuthorizationGrace => "--authorization-grace",
         Limit::MaxRuns => "--max-runs",
@@ -331,6 +342,12 @@ impl Args {
             max_scopes: self.max_scopes,
             max_channels: self.max_channels,
             max_queued_responses: self.max_queued_responses,
+            max_queued_bytes: usize::try_from(self.max_queued_bytes)
+                .map_err(|_| Failure::Argument("--max-queued-bytes is too large".into()))?,
+            max_connection_queued_bytes: usize::try_from(self.max_connection_queued_bytes)
+                .map_err(|_| {
+                    Failure::Argument("--max-connection-queued-bytes is too large".into())
+                })?,
         };
         config.admission = Admission {
             max_unauthorized: self.max_unauthorized,

@@ -18,21 +18,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::Serve;
+use common::{Serve, demo_request};
 use runloop::client::Client;
-use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
 
 const MIB: u64 = 1 << 20;
-
-fn demo_request() -> RunRequest {
-    let image = Image::Server(ImageRef {
-        name: "demo".into(),
-        digest: format!("sha256:{}", "0".repeat(64)),
-    });
-    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
-    RunRequest::new(Container::new(image, 1 << 30, 1 << 30), agent)
-}
 
 /// A prompt of `size` bytes: words of `word` letters and a space.
 fn prompt(size: usize, word: usize) -> String {

@@ -21,6 +21,9 @@
 //! max_scopes                    1           one run at a time
 //! max_channels                  1           one loop at a time (a stop needs no place)
 //! max_queued_responses          1           a chunk can be relayed at all
+//! max_queued_bytes              4096 bytes  a chunk can be relayed at all (a larger one
+//!                                           still goes, alone)
+//! max_connection_queued_bytes   4096 bytes  the same, for the connection's loops together
 //! max_connections               1           one caller at a time
 //! authorization_grace           1 s         a caller across a slow network has a few
 //!                                           round trips for the WebSocket handshake and
@@ -58,6 +61,15 @@ pub struct Limits {
     /// Channel responses one channel may have queued for the socket before
     /// its producer waits.
     pub max_queued_responses: usize,
+    /// Bytes of channel responses one channel may have queued for the
+    /// socket before its producer waits (a response larger than this still
+    /// goes, alone). The server's bound; a client does not queue responses
+    /// for sending.
+    pub max_queued_bytes: usize,
+    /// Bytes of channel responses all channels of one connection together
+    /// may have queued for the socket before their producers wait. The
+    /// server's bound.
+    pub max_connection_queued_bytes: usize,
 }
 
 impl Default for Limits {
@@ -66,7 +78,9 @@ impl Default for Limits {
             max_message_size: 16 << 20,
             max_scopes: 256,
             max_channels: 64,
-            max_queued_responses: 32,
+            max_queued_responses: 256,
+            max_queued_bytes: 256 << 10,
+            max_connection_queued_bytes: 16 << 20,
         }
     }
 }
@@ -77,13 +91,27 @@ impl Default for Limits {
 /// several reads.
 pub(crate) const READ_BUFFER: usize = 16 << 10;
 
+/// The most a WebSocket frame adds to its payload: a 14-byte header, and
+/// room for a ping's answer.
+const FRAME_OVERHEAD: usize = 14 + 131;
+
 impl Limits {
-    /// The WebSocket configuration these limits imply.
+    /// The WebSocket configuration these limits imply. What waits to be
+    /// written is bounded too: a message that goes out is written whole,
+    /// so the bound is one message past the write buffer; past it,
+    /// tungstenite keeps only the latest answer to a ping, so a peer that
+    /// pings and never reads grows nothing.
     pub fn websocket(&self) -> WebSocketConfig {
-        WebSocketConfig::default()
+        let config = WebSocketConfig::default();
+        let max_write_buffer = config
+            .write_buffer_size
+            .saturating_add(self.max_message_size)
+            .saturating_add(FRAME_OVERHEAD);
+        config
             .read_buffer_size(READ_BUFFER)
             .max_message_size(Some(self.max_message_size))
             .max_frame_size(Some(self.max_message_size))
+            .max_write_buffer_size(max_write_buffer)
     }
 
     /// Whether every limit is at least its minimum; the first that is not
@@ -92,7 +120,9 @@ impl Limits {
         Limit::MaxMessageSize.check(self.max_message_size as u64)?;
         Limit::MaxScopes.check(self.max_scopes as u64)?;
         Limit::MaxChannels.check(self.max_channels as u64)?;
-        Limit::MaxQueuedResponses.check(self.max_queued_responses as u64)
+        Limit::MaxQueuedResponses.check(self.max_queued_responses as u64)?;
+        Limit::MaxQueuedBytes.check(self.max_queued_bytes as u64)?;
+        Limit::MaxConnectionQueuedBytes.check(self.max_connection_queued_bytes as u64)
     }
 }
 
@@ -107,6 +137,10 @@ pub enum Limit {
     MaxChannels,
     /// [`Limits::max_queued_responses`].
     MaxQueuedResponses,
+    /// [`Limits::max_queued_bytes`].
+    MaxQueuedBytes,
+    /// [`Limits::max_connection_queued_bytes`].
+    MaxConnectionQueuedBytes,
     /// The server's `max_connections`.
     MaxConnections,
     /// The server's `authorization_grace`.
@@ -148,6 +182,8 @@ impl Limit {
             Limit::MaxScopes => "max_scopes",
             Limit::MaxChannels => "max_channels",
             Limit::MaxQueuedResponses => "max_queued_responses",
+            Limit::MaxQueuedBytes => "max_queued_bytes",
+            Limit::MaxConnectionQueuedBytes => "max_connection_queued_bytes",
             Limit::MaxConnections => "max_connections",
             Limit::AuthorizationGrace => "authorization_grace",
             Limit::MaxRuns => "max_runs",
@@ -165,7 +201,10 @@ impl Limit {
     /// The minimum, as a person reads it.
     pub fn minimum(self) -> String {
         match self {
-            Limit::MaxMessageSize | Limit::MaxAuthorizationSize => {
+            Limit::MaxMessageSize
+            | Limit::MaxAuthorizationSize
+            | Limit::MaxQueuedBytes
+            | Limit::MaxConnectionQueuedBytes => {
                 format!("{} bytes", Limit::MIN_MESSAGE_SIZE)
             }
             Limit::AuthorizationGrace | Limit::HandshakeTimeout => {
@@ -197,6 +236,9 @@ impl Limit {
             Limit::MaxScopes => "no run could be served",
             Limit::MaxChannels => "no loop could be served",
             Limit::MaxQueuedResponses => "no response could be relayed",
+            Limit::MaxQueuedBytes | Limit::MaxConnectionQueuedBytes => {
+                "responses would be relayed a few bytes at a time"
+            }
             Limit::MaxConnections => "every caller would be turned away",
             Limit::AuthorizationGrace => {
                 "a caller needs a few round trips to complete the WebSocket handshake and authorize"
@@ -211,9 +253,10 @@ impl Limit {
     /// `Ok` when `value` (a size or a count) is at least the minimum.
     pub(crate) fn check(self, value: u64) -> Result<(), LimitError> {
         let (minimum, unit) = match self {
-            Limit::MaxMessageSize | Limit::MaxAuthorizationSize => {
-                (Limit::MIN_MESSAGE_SIZE as u64, " bytes")
-            }
+            Limit::MaxMessageSize
+            | Limit::MaxAuthorizationSize
+            | Limit::MaxQueuedBytes
+            | Limit::MaxConnectionQueuedBytes => (Limit::MIN_MESSAGE_SIZE as u64, " bytes"),
             Limit::MaxRunMemory | Limit::MemoryBudget => (Limit::MIN_RUN_MEMORY, " bytes"),
             _ => (Limit::MIN_COUNT as u64, ""),
         };
@@ -295,6 +338,8 @@ mod tests {
             Limit::MaxScopes => &mut limits.max_scopes,
             Limit::MaxChannels => &mut limits.max_channels,
             Limit::MaxQueuedResponses => &mut limits.max_queued_responses,
+            Limit::MaxQueuedBytes => &mut limits.max_queued_bytes,
+            Limit::MaxConnectionQueuedBytes => &mut limits.max_connection_queued_bytes,
             _ => unreachable!("the server's"),
         }
     }
@@ -306,9 +351,13 @@ mod tests {
             Limit::MaxScopes,
             Limit::MaxChannels,
             Limit::MaxQueuedResponses,
+            Limit::MaxQueuedBytes,
+            Limit::MaxConnectionQueuedBytes,
         ] {
             let minimum = match limit {
-                Limit::MaxMessageSize => Limit::MIN_MESSAGE_SIZE,
+                Limit::MaxMessageSize | Limit::MaxQueuedBytes | Limit::MaxConnectionQueuedBytes => {
+                    Limit::MIN_MESSAGE_SIZE
+                }
                 _ => Limit::MIN_COUNT,
             };
             let mut limits = Limits::default();

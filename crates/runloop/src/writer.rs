@@ -12,10 +12,12 @@
 //!
 //! Memory stays bounded without making the queue itself bounded (which
 //! could deadlock tasks that must send a finish): a frame that carries loop
-//! data travels with a permit from its channel's semaphore, released only
-//! when the writer has taken the frame. A channel with `max_queued_responses`
-//! frames waiting cannot produce another, so a caller that reads slowly slows
-//! the relay's read from the proxy instead of growing a buffer. Control
+//! data travels with its [`Place`] (permits of its channel's and its
+//! connection's semaphores), released only when the writer has taken the
+//! frame. A channel whose places are taken (`max_queued_responses`,
+//! `max_queued_bytes`, `max_connection_queued_bytes`) cannot produce
+//! another, so a caller that reads slowly slows the relay's read from the
+//! proxy instead of growing a buffer. Control
 //! frames (finishes, main-stream responses) need no permit; there are at most
 //! a few per scope or channel, and those are bounded by the connection's
 //! [`Limits`](crate::limits::Limits).
@@ -43,12 +45,38 @@ use crate::metrics::Histogram;
 /// before it lets the socket go anyway. An answer takes one round trip.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
+/// The queue places a frame holds until the writer has taken it: one
+/// semaphore's permits, or two's.
+#[derive(Debug)]
+pub(crate) struct Place {
+    _first: OwnedSemaphorePermit,
+    _second: Option<OwnedSemaphorePermit>,
+}
+
+impl Place {
+    /// Places of one semaphore.
+    pub(crate) fn one(permit: OwnedSemaphorePermit) -> Place {
+        Place {
+            _first: permit,
+            _second: None,
+        }
+    }
+
+    /// Places of two semaphores.
+    pub(crate) fn two(first: OwnedSemaphorePermit, second: OwnedSemaphorePermit) -> Place {
+        Place {
+            _first: first,
+            _second: Some(second),
+        }
+    }
+}
+
 /// A frame on its way to the socket.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
     message: Bytes,
     /// Held until the writer has taken the frame; see the module docs.
-    _permit: Option<OwnedSemaphorePermit>,
+    _place: Option<Place>,
     /// When the relayed message it carries came from the proxy, for the
     /// relay's latency ([`write_frames`]'s histogram).
     relayed_at: Option<Instant>,
@@ -59,21 +87,17 @@ impl Outgoing {
     pub(crate) fn control(message: Vec<u8>) -> Self {
         Outgoing {
             message: Bytes::from(message),
-            _permit: None,
+            _place: None,
             relayed_at: None,
         }
     }
 
-    /// A data frame that holds one of its channel's queue places;
-    /// `relayed_at` when it carries a proxy's message that came then.
-    pub(crate) fn data(
-        message: Vec<u8>,
-        permit: OwnedSemaphorePermit,
-        relayed_at: Option<Instant>,
-    ) -> Self {
+    /// A data frame that holds its queue places; `relayed_at` when it
+    /// carries a proxy's message that came then.
+    pub(crate) fn data(message: Vec<u8>, place: Place, relayed_at: Option<Instant>) -> Self {
         Outgoing {
             message: Bytes::from(message),
-            _permit: Some(permit),
+            _place: Some(place),
             relayed_at,
         }
     }
@@ -82,8 +106,10 @@ impl Outgoing {
 /// Where tasks put frames for the writer.
 pub(crate) type Queue = mpsc::UnboundedSender<Outgoing>;
 
-/// How many ready frames the writer takes before it flushes.
-const BATCH: usize = 64;
+/// How many ready frames the writer takes before it flushes: enough that
+/// a busy connection pays one flush for many small frames (the WebSocket
+/// layer writes to the socket on its own whenever its buffer fills).
+const BATCH: usize = 1024;
 
 /// Feeds frames to the socket until every [`Queue`] is dropped or `close`
 /// fires, then closes the WebSocket: a close frame, or the answer to the

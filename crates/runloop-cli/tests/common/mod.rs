@@ -164,3 +164,14 @@ pub fn run(args: &[&str]) -> (ExitStatus, String, String) {
         stderr.join().expect("stderr read"),
     )
 }
+
+/// A run request for the demo agent, with room to spare.
+pub fn demo_request() -> runloop::proto::agents_run::RunRequest {
+    use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
+    let image = Image::Server(ImageRef {
+        name: "demo".into(),
+        digest: format!("sha256:{}", "0".repeat(64)),
+    });
+    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
+    RunRequest::new(Container::new(image, 1 << 30, 1 << 30), agent)
+}

@@ -22,6 +22,8 @@ label! {
         Timeout = "timeout",
         /// More sent before the authorization than the bound allows.
         TooLarge = "too_large",
+        /// More control frames (pings, pongs) than the budget allows.
+        Flood = "flood",
     }
 }
 

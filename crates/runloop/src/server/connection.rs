@@ -20,6 +20,10 @@
 //! Everything else a connection queues is bounded by its scopes and
 //! channels, themselves bounded by [`Limits`](crate::limits::Limits).
 //!
+//! Control frames mean nothing here, but each ping costs an answer: a
+//! caller past its [`pings`](super::pings) budget is closed, before or
+//! after its authorization.
+//!
 //! A connection ends with a close handshake whichever side closes (protocol §12
 //! "Clean ends"). A caller's close is answered at once, before its runs
 //! have ended (nothing may be sent after a close anyway); the server's own
@@ -31,6 +35,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -53,10 +58,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::admission::{Admitted, OverAllowance};
 use super::config::Identity;
 use super::outbox::{Order, Outbox, ScopeOutbox, ServerTable, Serving};
+use super::pings::{Flood, Pings};
 use super::scope::{self, Run};
 use super::shared::{Held, Shared, Stats};
 use crate::metrics::AuthorizationRefusal;
-use crate::writer::{CLOSE_GRACE, write_frames};
+use crate::writer::{CLOSE_GRACE, Place, write_frames};
 
 /// What a connection can run over: a TCP stream, or anything else that
 /// reads and writes bytes (an in-memory pipe in tests and fuzzing).
@@ -183,6 +189,8 @@ enum Refused {
     Violation(Violation),
     #[error("the credential is not accepted")]
     Credential,
+    #[error(transparent)]
+    Flood(Flood),
     #[error("the connection ended before it authorized")]
     Closed,
     #[error("more than max_authorization_size ({0} bytes) was sent before authorization")]
@@ -196,6 +204,7 @@ impl Refused {
             Refused::NotAFrame(_) | Refused::Violation(_) => Some(AuthorizationRefusal::Malformed),
             Refused::Credential => Some(AuthorizationRefusal::Credential),
             Refused::TooLarge(_) => Some(AuthorizationRefusal::TooLarge),
+            Refused::Flood(_) => Some(AuthorizationRefusal::Flood),
             Refused::Closed => None,
         }
     }
@@ -208,15 +217,17 @@ async fn authorize(
     table: &mut ServerTable,
 ) -> Result<Identity, Refused> {
     let bound = shared.config.admission.max_authorization_size;
+    let mut pings = Pings::new(Instant::now());
     let bytes = loop {
         match stream.next().await {
             Some(Ok(Message::Binary(bytes))) if bytes.len() > bound => {
                 return Err(Refused::TooLarge(bound));
             }
             Some(Ok(Message::Binary(bytes))) => break bytes,
-            Some(Ok(
-                Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
-            )) => {}
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                pings.received(Instant::now()).map_err(Refused::Flood)?;
+            }
+            Some(Ok(Message::Text(_) | Message::Frame(_))) => {}
             Some(Err(WsError::Io(error))) if OverAllowance::is(&error) => {
                 return Err(Refused::TooLarge(bound));
             }
@@ -332,7 +343,7 @@ async fn serve_authorized<S: Io>(
     let ended = shared.shutdown.child_token();
     let conn = Conn {
         shared: Arc::clone(&shared),
-        outbox: Arc::new(Outbox::new(table, queue)),
+        outbox: Arc::new(Outbox::new(table, queue, &shared.config.limits)),
         ended: ended.clone(),
         identity,
         number,
@@ -375,6 +386,7 @@ async fn read_frames<S: Io>(
     answer_close: &CancellationToken,
 ) -> &'static str {
     let answers = Arc::new(Semaphore::new(MAX_QUEUED_ANSWERS));
+    let mut pings = Pings::new(Instant::now());
     loop {
         // A place for the answer the next frame may need, before reading it.
         // (The semaphore is never closed: `None` is only the end.)
@@ -393,7 +405,13 @@ async fn read_frames<S: Io>(
                         return violation_why(&violation);
                     }
                 }
-                Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                    if let Err(flood) = pings.received(Instant::now()) {
+                        warn!(%flood, "ending the connection");
+                        return "the caller flooded the connection with control frames";
+                    }
+                }
+                Some(Ok(Message::Text(_) | Message::Frame(_))) => {}
                 Some(Ok(Message::Close(_))) | None => {
                     answer_close.cancel();
                     return "the caller closed the connection";
@@ -519,7 +537,7 @@ fn dispatch(conn: &Conn, bytes: &Bytes, place: OwnedSemaphorePermit) -> Result<(
                 debug!(%why, "bare finish");
             }
             conn.outbox
-                .queue_held(frame::to_message(&frame), place, None);
+                .queue_held(frame::to_message(&frame), Place::one(place), None);
         }
         Serve::Disregarded(why) => conn.disregard(&why),
         Serve::Violation(why) => return Err(why),

@@ -13,13 +13,14 @@
 //! outbox.rs       the connection's table and its writer's queue under one
 //!                 lock; a scope and a relay each get a handle that writes
 //!                 only their own frames
+//! places.rs       a channel's places in that queue, in responses and bytes
 //! admission.rs    which connections are taken on, what one costs before
 //!                 it authorizes, per address and per identity
 //! budget.rs       what runs may claim: how many at once, their memory
 //!                 together, the most one may ask for
 //! connection.rs   one caller's socket: authorization, frames in, each applied
 //!                 to the table (runloop_proto::connection), disregarded
-//!                 frames counted
+//!                 frames counted; pings.rs its budget of control frames
 //! refusal_log.rs  refusal lines, rate limited per address
 //! mod.rs          the listener, the handle; config.rs and shared.rs what
 //!                 every connection shares
@@ -63,6 +64,8 @@ mod budget;
 mod config;
 mod connection;
 mod outbox;
+mod pings;
+mod places;
 mod proxy_path;
 mod refusal_log;
 mod relay;
@@ -398,6 +401,8 @@ mod tests {
             Limit::MaxScopes,
             Limit::MaxChannels,
             Limit::MaxQueuedResponses,
+            Limit::MaxQueuedBytes,
+            Limit::MaxConnectionQueuedBytes,
             Limit::MaxConnections,
             Limit::AuthorizationGrace,
             Limit::MaxRuns,
@@ -417,6 +422,10 @@ mod tests {
                 Limit::MaxScopes => config.limits.max_scopes = 0,
                 Limit::MaxChannels => config.limits.max_channels = 0,
                 Limit::MaxQueuedResponses => config.limits.max_queued_responses = 0,
+                Limit::MaxQueuedBytes => config.limits.max_queued_bytes = 4095,
+                Limit::MaxConnectionQueuedBytes => {
+                    config.limits.max_connection_queued_bytes = 4095;
+                }
                 Limit::MaxConnections => config.max_connections = 0,
                 Limit::AuthorizationGrace => {
                     config.authorization_grace = Duration::from_millis(999);
@@ -454,6 +463,8 @@ mod tests {
             max_scopes: 1,
             max_channels: 1,
             max_queued_responses: 1,
+            max_queued_bytes: Limit::MIN_MESSAGE_SIZE,
+            max_connection_queued_bytes: Limit::MIN_MESSAGE_SIZE,
         };
         least.max_connections = 1;
         least.authorization_grace = Limit::MIN_AUTHORIZATION_GRACE;

@@ -25,10 +25,12 @@ use runloop_proto::connection::{Table, side};
 use runloop_proto::frame::{self, FrameType, ServerFrame};
 use runloop_proto::run_loop::{Finish, Sender};
 use runloop_proto::{Encode, ErrorValue};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::writer::{Outgoing, Queue};
+use super::places::{self, Places};
+use crate::limits::Limits;
+use crate::writer::{Outgoing, Place, Queue};
 
 /// A run-loop channel request, handed from the connection to its scope.
 #[derive(Debug)]
@@ -52,18 +54,21 @@ pub(crate) struct Serving {
 /// but its number.
 pub(crate) type ServerTable = Table<side::Server, Serving, ()>;
 
-/// The table and the writer's queue of one connection.
+/// The table and the writer's queue of one connection, and the byte
+/// places of its channels' responses ([`places`]).
 #[derive(Debug)]
 pub(crate) struct Outbox {
     table: Mutex<ServerTable>,
     queue: Queue,
+    places: Arc<Semaphore>,
 }
 
 impl Outbox {
-    pub(crate) fn new(table: ServerTable, queue: Queue) -> Self {
+    pub(crate) fn new(table: ServerTable, queue: Queue, limits: &Limits) -> Self {
         Outbox {
             table: Mutex::new(table),
             queue,
+            places: places::connection(limits),
         }
     }
 
@@ -80,12 +85,7 @@ impl Outbox {
     /// Queues a frame that holds a place (of a channel's responses, or of
     /// the reader's answers) until the writer has taken it; `relayed_at`
     /// when it carries a proxy's message that came then.
-    pub(crate) fn queue_held(
-        &self,
-        message: Vec<u8>,
-        place: OwnedSemaphorePermit,
-        relayed_at: Option<Instant>,
-    ) {
+    pub(crate) fn queue_held(&self, message: Vec<u8>, place: Place, relayed_at: Option<Instant>) {
         // The writer is gone only when the connection is: nothing to do.
         let _ = self.queue.send(Outgoing::data(message, place, relayed_at));
     }
@@ -195,11 +195,16 @@ impl ChannelOutbox {
         self.channel
     }
 
-    /// Queues a response that holds one of the channel's queue places until
-    /// the writer has taken it. Not checked against the table: the scope
-    /// finishes only after its relays have ended.
+    /// The channel's places under `limits`, among its connection's.
+    pub(crate) fn places(&self, limits: &Limits) -> Places {
+        Places::new(limits, Arc::clone(&self.outbox.places))
+    }
+
+    /// Queues a response that holds its queue places until the writer has
+    /// taken it. Not checked against the table: the scope finishes only
+    /// after its relays have ended.
     /// `relayed_at`: when the proxy's message came, for the relay's latency.
-    pub(crate) fn respond(&self, payload: &[u8], place: OwnedSemaphorePermit, relayed_at: Instant) {
+    pub(crate) fn respond(&self, payload: &[u8], place: Place, relayed_at: Instant) {
         self.outbox
             .queue_held(self.message(payload), place, Some(relayed_at));
     }

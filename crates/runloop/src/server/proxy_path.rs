@@ -33,10 +33,17 @@ pub(crate) type Path = WebSocketStream<MaybeTlsStream<TcpStream>>;
 /// dropped.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// How much a path reads from its socket at once. A server holds a path
+/// per loop, tens of thousands of them, and each keeps its read buffer
+/// (zero-filled, so resident) for as long as it is open; a busy loop's
+/// messages still arrive several to a read.
+const READ_BUFFER: usize = 4 << 10;
+
 /// Opens `path` (`/agent/run`, …) on the proxy at `base` (`ws://host:port`).
 pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path, WsError> {
+    let config = limits.websocket().read_buffer_size(READ_BUFFER);
     let (ws, _response) =
-        connect_async_with_config(format!("{base}{path}"), Some(limits.websocket()), true).await?;
+        connect_async_with_config(format!("{base}{path}"), Some(config), true).await?;
     Ok(ws)
 }
 

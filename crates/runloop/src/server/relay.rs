@@ -16,10 +16,11 @@
 //! it ([`proxy_path::close`]), so a proxy that is slow to close never
 //! delays the caller's end of the loop.
 //!
-//! Each forwarded frame holds one of the channel's `max_queued_responses`
-//! permits until the writer takes it, so a caller that reads slowly makes
-//! this task stop reading the proxy, and TCP carries the pressure back to
-//! the agent program.
+//! Each forwarded frame holds its places in the connection's queue
+//! ([`places`](super::places): so many responses and bytes of the
+//! channel, so many bytes of the connection) until the writer takes it, so
+//! a caller that reads slowly makes this task stop reading the proxy, and
+//! TCP carries the pressure back to the agent program.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -27,10 +28,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
+use runloop_proto::frame;
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
 use runloop_proto::{ErrorKind, ErrorValue, Writer};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::debug;
 
@@ -163,8 +165,14 @@ async fn relay(
     forwarded: &mut Forwarded,
 ) -> Finish {
     let metrics = &shared.metrics;
+    let watch = ending.clone();
+    let quiet = watch.borrow().is_none();
     let ended = pin!(ended(ending));
-    let mut run_end = RunEnd { ended };
+    let mut run_end = RunEnd {
+        watch,
+        quiet,
+        ended,
+    };
     let mut relay = Relay::new();
     let limits = shared.config.limits;
     let dialled = match run_end
@@ -200,7 +208,7 @@ async fn relay(
         }
         Err(why) => return relay.cut(why, last),
     }
-    let places = Arc::new(Semaphore::new(limits.max_queued_responses));
+    let places = outbox.places(&limits);
     loop {
         let message = match run_end.or(next_message(path)).await {
             Ok(Next::Message(message)) => message,
@@ -217,10 +225,13 @@ async fn relay(
         match relay.message(message, last) {
             Relayed::Forward(next, message) => {
                 relay = next;
-                let place = match run_end.or(Arc::clone(&places).acquire_owned()).await {
-                    Ok(Ok(place)) => place,
-                    Ok(Err(_)) => unreachable!("the semaphore is never closed"),
-                    Err(why) => return relay.cut(why, last),
+                let size = message.len() + frame::HEADER_LEN;
+                let place = match places.try_take(size) {
+                    Some(place) => place,
+                    None => match run_end.or(places.take(size)).await {
+                        Ok(place) => place,
+                        Err(why) => return relay.cut(why, last),
+                    },
                 };
                 outbox.respond(&message, place, relayed_at);
                 forwarded.note(message, metrics);
@@ -272,13 +283,29 @@ async fn next_message(path: &mut Path) -> Next {
 /// future for the whole relay: making a new one per message would register
 /// and drop a waiter each time.
 struct RunEnd<'a, F> {
+    /// The run's ending, only to see whether it has changed: an atomic
+    /// load, where polling `ended` takes its waiters' lock.
+    watch: watch::Receiver<Option<ErrorValue>>,
+    /// Whether the run had not ended when the relay began.
+    quiet: bool,
     ended: Pin<&'a mut F>,
 }
 
 impl<F: Future<Output = ErrorValue>> RunEnd<'_, F> {
     /// `work`'s output, or the run's end (why it ended) if that comes
     /// first. The run's end wins a tie.
+    ///
+    /// Work that is ready at once, while the run's ending has not changed,
+    /// is taken without waiting for the end at all: most of a busy loop's
+    /// messages are already read when the relay asks for them.
     async fn or<T>(&mut self, work: impl Future<Output = T>) -> Result<T, ErrorValue> {
+        let mut work = pin!(work);
+        if self.quiet
+            && matches!(self.watch.has_changed(), Ok(false))
+            && let Some(output) = (&mut work).now_or_never()
+        {
+            return Ok(output);
+        }
         tokio::select! {
             biased;
             why = self.ended.as_mut() => Err(why),
