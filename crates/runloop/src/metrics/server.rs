@@ -409,6 +409,6 @@ mod tests {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("runloop_"), "{line}");
         }
-        assert!(RunRefusal::ALL.len() == 6);
+        assert!(RunRefusal::ALL.len() == 7);
     }
 }
