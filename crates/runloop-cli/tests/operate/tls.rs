@@ -190,3 +190,43 @@ fn serve_refuses_a_network_address_without_a_token_or_without_tls() {
     let _ = child.wait();
     assert!(line.starts_with("ws://0.0.0.0:"), "{line}");
 }
+
+#[test]
+fn a_caller_silent_before_its_tls_handshake_is_closed_by_the_handshake_timeout() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+
+    let pki = Pki::new();
+    let (cert, key) = (path(&pki.localhost.cert), path(&pki.localhost.key));
+    // The authorization grace (10 s by default) is far longer than the
+    // handshake timeout: only the latter can close the socket in time.
+    let server = Serve::start(
+        "warn",
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--handshake-timeout",
+            "1",
+        ],
+    );
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connects");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(6)))
+        .expect("a read timeout");
+    let started = Instant::now();
+    let mut byte = [0u8; 1];
+    let read = socket.read(&mut byte);
+    assert!(
+        matches!(read, Ok(0))
+            || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the server should have closed a silent socket: {read:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -36,7 +36,7 @@ label! {
         NotTls = "not_tls",
         /// The handshake itself failed (no common version, a bad record…).
         Handshake = "handshake",
-        /// No handshake within the authorization grace period.
+        /// No handshake within the handshake timeout.
         Timeout = "timeout",
         /// As many handshakes under way as connections allowed.
         Busy = "busy",

@@ -363,9 +363,16 @@ async fn serve_tls(
     place: tokio::sync::OwnedSemaphorePermit,
     admitted: Admitted,
 ) {
-    let grace = shared.config.authorization_grace;
+    // The TLS handshake is part of the handshake a connection must finish
+    // before it may authorize: an unauthorized caller holds its admission
+    // place no longer over TLS than over plain TCP.
+    let deadline = shared
+        .config
+        .admission
+        .handshake_timeout
+        .min(shared.config.authorization_grace);
     let accepted = tokio::select! {
-        accepted = tokio::time::timeout(grace, transport::accept(tcp, &acceptor)) => accepted,
+        accepted = tokio::time::timeout(deadline, transport::accept(tcp, &acceptor)) => accepted,
         () = shared.shutdown.cancelled() => return,
     };
     drop(place);
@@ -381,7 +388,7 @@ async fn serve_tls(
         }
         Err(_) => {
             shared.metrics.tls_failures.inc(TlsFailure::Timeout);
-            info!(%peer, ?grace, "no TLS handshake within the authorization grace");
+            info!(%peer, ?deadline, "no TLS handshake within the handshake timeout");
         }
     }
 }
