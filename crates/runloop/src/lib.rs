@@ -17,7 +17,8 @@
 //! client     the caller: connection, runs, loops
 //! limits     what a connection and a server may hold, with their minimums
 //! listener   (private) how the three servers accept, serve and shut down
-//! writer     (private) the one task per framed connection that writes
+//! writer     (private) a framed connection's socket, its queue and the
+//!            task that writes what is queued
 //! tls        the server's certificate (reloadable) and the client's roots
 //! transport  dialling ws:// and wss://, and the server's TLS handshake
 //! metrics    the counts of the server and the proxy, for Prometheus

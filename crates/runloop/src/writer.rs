@@ -1,14 +1,22 @@
-//! The writer: the one task per framed connection that owns the sending
+//! The writer: how the tasks of one framed connection share the sending
 //! half of its WebSocket, and how long a close may take.
 //!
 //! Both ends of a connection (the provider's server and the caller's
 //! client) send from many tasks at once — one per scope, one per channel —
-//! over one socket. Instead of sharing the socket behind a lock, every task
-//! hands complete frames to the connection's [`Queue`], and one writer task
-//! per connection feeds them to the socket in order. The writer writes every
-//! frame that is ready before it flushes once, so a busy connection pays one
-//! system call for many frames, and an idle one still sends each frame at
-//! once.
+//! over one socket. The socket's sending half sits in the connection's
+//! [`Outlet`], behind one lock, with the connection's [`Queue`] in front of
+//! it:
+//!
+//! - A task that cannot wait puts complete frames on the queue, and the
+//!   connection's writer task ([`write_frames`]) takes the socket, feeds it
+//!   every frame that is ready and flushes once: a busy connection pays one
+//!   system call for many frames, an idle one still sends each frame at once.
+//! - A relay whose proxy has messages ready may instead take the socket
+//!   itself ([`Queue::direct`]) — only while nothing is queued, so frames
+//!   still go out in the order they were made — and feed it what its proxy
+//!   has ready before it flushes, as a plain forwarder would: no hand-over
+//!   to another task, no wake-up, no queue places. A full socket then holds
+//!   the relay itself, which stops reading its proxy.
 //!
 //! Memory stays bounded without making the queue itself bounded (which
 //! could deadlock tasks that must send a finish): a frame that carries loop
@@ -17,7 +25,8 @@
 //! frame. A channel whose places are taken (`max_queued_responses`,
 //! `max_queued_bytes`, `max_connection_queued_bytes`) cannot produce
 //! another, so a caller that reads slowly slows the relay's read from the
-//! proxy instead of growing a buffer. Control
+//! proxy instead of growing a buffer. A relay that writes itself holds the
+//! socket for at most as much as its places would let it queue. Control
 //! frames (finishes, main-stream responses) need no permit; there are at most
 //! a few per scope or channel, and those are bounded by the connection's
 //! [`Limits`](crate::limits::Limits).
@@ -28,12 +37,15 @@
 //! [`CLOSE_GRACE`] at most, before it lets the socket go. A socket dropped
 //! without one reads to the other side as a connection that broke.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{Sink, SinkExt};
 use runloop_proto::frame::Role;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{Mutex, MutexGuard, OwnedSemaphorePermit, mpsc};
 use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
@@ -78,7 +90,7 @@ pub(crate) struct Outgoing {
     /// Held until the writer has taken the frame; see the module docs.
     _place: Option<Place>,
     /// When the relayed message it carries came from the proxy, for the
-    /// relay's latency ([`write_frames`]'s histogram).
+    /// relay's latency ([`Outlet`]'s histogram).
     relayed_at: Option<Instant>,
 }
 
@@ -103,111 +115,284 @@ impl Outgoing {
     }
 }
 
-/// Where tasks put frames for the writer.
-pub(crate) type Queue = mpsc::UnboundedSender<Outgoing>;
+/// The sending half of a connection's WebSocket, whatever its transport.
+pub(crate) type WsSink = Pin<Box<dyn Sink<Message, Error = WsError> + Send>>;
+
+/// What a connection's writers share: the socket, and how many frames are
+/// on its queue and not yet fed to it.
+pub(crate) struct Outlet {
+    sending: Mutex<Sending>,
+    /// Frames put on the queue and not yet fed to the socket: a relay may
+    /// write itself only when there are none.
+    queued: AtomicUsize,
+    /// Fired when a write fails: the connection is over.
+    failed: CancellationToken,
+}
+
+/// The socket, and what is noted of the frames fed to it since its last
+/// flush.
+struct Sending {
+    /// Let go when the writer is done, whatever still holds the outlet.
+    sink: Option<WsSink>,
+    /// Sees each frame as sent by the given side.
+    tap: Option<(Tap, Role)>,
+    /// Gets, for each relayed frame, the time from its proxy message to
+    /// the flush that wrote it to the socket: one clock read and one add to
+    /// the sum per flush, one add to a bucket per frame.
+    latency: Option<Histogram>,
+    /// When the relayed frames fed since the last flush came from their
+    /// proxies.
+    relayed: Vec<Instant>,
+    /// Frames fed since the last flush.
+    fed: usize,
+}
+
+impl Sending {
+    async fn feed(&mut self, message: Bytes, relayed_at: Option<Instant>) -> Result<(), WsError> {
+        if let Some((tap, local)) = &self.tap {
+            tap(*local, &message);
+        }
+        if self.latency.is_some()
+            && let Some(relayed_at) = relayed_at
+        {
+            self.relayed.push(relayed_at);
+        }
+        self.fed += 1;
+        self.sink()?.feed(Message::Binary(message)).await
+    }
+
+    async fn flush(&mut self) -> Result<(), WsError> {
+        self.sink()?.flush().await?;
+        if let Some(latency) = &self.latency
+            && !self.relayed.is_empty()
+        {
+            let now = Instant::now();
+            latency.observe_all(
+                self.relayed
+                    .iter()
+                    .map(|relayed_at| now.saturating_duration_since(*relayed_at)),
+            );
+        }
+        self.relayed.clear();
+        self.fed = 0;
+        Ok(())
+    }
+
+    fn sink(&mut self) -> Result<&mut WsSink, WsError> {
+        self.sink.as_mut().ok_or(WsError::AlreadyClosed)
+    }
+}
+
+/// What the writer takes from its queue at once: one frame, or a relay's
+/// batch (every message its proxy had ready), which costs the queue one
+/// push and the writer at most one wake-up.
+#[derive(Debug)]
+enum Queued {
+    One(Outgoing),
+    Many(Vec<Outgoing>),
+}
+
+/// Where tasks put frames for the writer. Putting never waits: what a
+/// frame may hold is bounded by its [`Place`] (see the module docs).
+#[derive(Clone)]
+pub(crate) struct Queue {
+    frames: mpsc::UnboundedSender<Queued>,
+    outlet: Arc<Outlet>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("queued", &self.outlet.queued.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The writer's end of its [`Queue`].
+pub(crate) struct Frames {
+    frames: mpsc::UnboundedReceiver<Queued>,
+    outlet: Arc<Outlet>,
+}
+
+/// A connection's outlet on `sink`: the queue its tasks put frames on, and
+/// the end its writer task ([`write_frames`]) reads. A tap sees each frame
+/// as sent by the given side; `latency` gets each relayed frame's time
+/// from its proxy to the socket; `failed` fires when a write fails.
+pub(crate) fn outlet(
+    sink: WsSink,
+    tap: Option<(Tap, Role)>,
+    latency: Option<Histogram>,
+    failed: CancellationToken,
+) -> (Queue, Frames) {
+    let outlet = Arc::new(Outlet {
+        sending: Mutex::new(Sending {
+            sink: Some(sink),
+            tap,
+            latency,
+            relayed: Vec::new(),
+            fed: 0,
+        }),
+        queued: AtomicUsize::new(0),
+        failed,
+    });
+    let (frames, queued) = mpsc::unbounded_channel();
+    (
+        Queue {
+            frames,
+            outlet: Arc::clone(&outlet),
+        },
+        Frames {
+            frames: queued,
+            outlet,
+        },
+    )
+}
+
+impl Queue {
+    /// Puts one frame. The writer is gone only when its connection is:
+    /// then there is nothing to do.
+    pub(crate) fn put(&self, frame: Outgoing) {
+        self.outlet.queued.fetch_add(1, Ordering::AcqRel);
+        let _ = self.frames.send(Queued::One(frame));
+    }
+
+    /// Puts frames, in order, at once.
+    pub(crate) fn put_all(&self, frames: Vec<Outgoing>) {
+        if !frames.is_empty() {
+            self.outlet.queued.fetch_add(frames.len(), Ordering::AcqRel);
+            let _ = self.frames.send(Queued::Many(frames));
+        }
+    }
+
+    /// The socket itself, if no one else is writing to it and nothing is
+    /// on the queue: frames fed to it go out next, as they would from the
+    /// queue. Whoever holds it keeps every other writer waiting, so it is
+    /// held only while there is something ready to feed.
+    pub(crate) fn direct(&self) -> Option<Direct<'_>> {
+        if self.outlet.queued.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let sending = self.outlet.sending.try_lock().ok()?;
+        // Checked again under the lock: the writer feeds only while it
+        // holds the lock, so no queued frame can be on its way now.
+        if self.outlet.queued.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        Some(Direct {
+            sending,
+            failed: &self.outlet.failed,
+        })
+    }
+}
+
+/// The socket, held by a task that writes to it itself
+/// ([`Queue::direct`]); let go when dropped. Frames fed and not flushed go
+/// out with the next flush, whoever makes it.
+pub(crate) struct Direct<'a> {
+    sending: MutexGuard<'a, Sending>,
+    failed: &'a CancellationToken,
+}
+
+impl Direct<'_> {
+    /// Feeds a frame that carries a proxy's message that came at
+    /// `relayed_at`. A failed write ends the connection.
+    pub(crate) async fn feed(&mut self, message: Vec<u8>, relayed_at: Instant) {
+        if let Err(error) = self.sending.feed(message.into(), Some(relayed_at)).await {
+            self.fail(&error);
+        }
+    }
+
+    /// Writes what is fed to the socket. A failed write ends the connection.
+    pub(crate) async fn flush(&mut self) {
+        if let Err(error) = self.sending.flush().await {
+            self.fail(&error);
+        }
+    }
+
+    fn fail(&self, error: &WsError) {
+        tracing::debug!(%error, "writing to the peer failed");
+        self.failed.cancel();
+    }
+}
 
 /// How many ready frames the writer takes before it flushes: enough that
 /// a busy connection pays one flush for many small frames (the WebSocket
 /// layer writes to the socket on its own whenever its buffer fills).
 const BATCH: usize = 1024;
 
-/// Feeds frames to the socket until every [`Queue`] is dropped or `close`
-/// fires, then closes the WebSocket: a close frame, or the answer to the
-/// peer's close if it closed first (frames still queued then are dropped:
-/// nothing may follow a close). Returns the error that ended it early.
-/// A tap sees each frame as sent by `local`. `latency`, when given, gets
-/// for each relayed frame the time from its proxy message to the flush
-/// that wrote it to the socket: one clock read and one add to the sum per
-/// batch, one add to a bucket per frame.
-pub(crate) async fn write_frames<S>(
-    mut sink: S,
-    mut queue: mpsc::UnboundedReceiver<Outgoing>,
+/// Feeds queued frames to the socket until every [`Queue`] is dropped or
+/// `close` fires, then closes the WebSocket: a close frame, or the answer
+/// to the peer's close if it closed first (frames still queued then are
+/// dropped: nothing may follow a close). A failed write fires the outlet's
+/// `failed` and ends it with the error.
+pub(crate) async fn write_frames(
+    mut frames: Frames,
     close: CancellationToken,
-    tap: Option<(Tap, Role)>,
-    latency: Option<Histogram>,
-) -> Result<(), WsError>
-where
-    S: Sink<Message, Error = WsError> + Unpin,
-{
-    let mut writer = Batch {
-        tap: tap.as_ref(),
-        latency: latency.as_ref(),
-        relayed: [None; BATCH],
-        count: 0,
-    };
-    match write_until_closing(&mut sink, &mut queue, &close, &mut writer).await {
-        Ok(()) | Err(WsError::Protocol(ProtocolError::SendAfterClosing)) => sink.close().await,
+) -> Result<(), WsError> {
+    let outlet = Arc::clone(&frames.outlet);
+    let written = write_until_closing(&mut frames, &close).await;
+    let mut sending = outlet.sending.lock().await;
+    let result = match written {
+        Ok(()) | Err(WsError::Protocol(ProtocolError::SendAfterClosing)) => match sending.sink() {
+            Ok(sink) => sink.close().await,
+            Err(error) => Err(error),
+        },
         Err(error) => Err(error),
+    };
+    // The socket's sending half goes with the writer, though tasks may
+    // still hold the queue.
+    sending.sink = None;
+    if result.is_err() {
+        outlet.failed.cancel();
     }
+    result
 }
 
-/// One batch of frames between two flushes, and what is noted of it.
-struct Batch<'a> {
-    tap: Option<&'a (Tap, Role)>,
-    latency: Option<&'a Histogram>,
-    /// When the relayed frames of the batch came from their proxies.
-    relayed: [Option<Instant>; BATCH],
-    count: usize,
-}
-
-impl Batch<'_> {
-    async fn feed<S>(&mut self, sink: &mut S, outgoing: Outgoing) -> Result<(), WsError>
-    where
-        S: Sink<Message, Error = WsError> + Unpin,
-    {
-        if let Some((tap, local)) = self.tap {
-            tap(*local, &outgoing.message);
-        }
-        if self.latency.is_some() && outgoing.relayed_at.is_some() {
-            self.relayed[self.count] = outgoing.relayed_at;
-            self.count += 1;
-        }
-        sink.feed(Message::Binary(outgoing.message)).await
-    }
-
-    /// After the flush: each relayed frame's latency.
-    fn flushed(&mut self) {
-        if let Some(latency) = self.latency
-            && self.count > 0
-        {
-            let now = Instant::now();
-            latency.observe_all(
-                self.relayed[..self.count]
-                    .iter()
-                    .flatten()
-                    .map(|relayed_at| now.saturating_duration_since(*relayed_at)),
-            );
-        }
-        self.count = 0;
-    }
-}
-
-async fn write_until_closing<S>(
-    sink: &mut S,
-    queue: &mut mpsc::UnboundedReceiver<Outgoing>,
+async fn write_until_closing(
+    frames: &mut Frames,
     close: &CancellationToken,
-    batch: &mut Batch<'_>,
-) -> Result<(), WsError>
-where
-    S: Sink<Message, Error = WsError> + Unpin,
-{
+) -> Result<(), WsError> {
     loop {
         let first = tokio::select! {
             biased;
-            next = queue.recv() => next,
+            next = frames.frames.recv() => next,
             () = close.cancelled() => None,
         };
         let Some(first) = first else {
             return Ok(());
         };
-        batch.feed(sink, first).await?;
-        for _ in 1..BATCH {
-            match queue.try_recv() {
-                Ok(next) => batch.feed(sink, next).await?,
+        let mut sending = frames.outlet.sending.lock().await;
+        feed(&mut sending, &frames.outlet.queued, first).await?;
+        while sending.fed < BATCH {
+            match frames.frames.try_recv() {
+                Ok(next) => feed(&mut sending, &frames.outlet.queued, next).await?,
                 Err(_) => break,
             }
         }
-        sink.flush().await?;
-        batch.flushed();
+        sending.flush().await?;
     }
+}
+
+/// Feeds what was taken from the queue, counting it off the queue.
+async fn feed(sending: &mut Sending, queued: &AtomicUsize, frames: Queued) -> Result<(), WsError> {
+    match frames {
+        Queued::One(frame) => feed_one(sending, queued, frame).await,
+        Queued::Many(frames) => {
+            for frame in frames {
+                feed_one(sending, queued, frame).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn feed_one(
+    sending: &mut Sending,
+    queued: &AtomicUsize,
+    frame: Outgoing,
+) -> Result<(), WsError> {
+    let result = sending.feed(frame.message, frame.relayed_at).await;
+    // Its places go back here, once it is fed.
+    queued.fetch_sub(1, Ordering::AcqRel);
+    result
 }

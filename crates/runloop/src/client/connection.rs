@@ -126,7 +126,7 @@ impl Shared {
 
     fn send(&self, frame: &ClientFrame<'_>) {
         // After the connection ends, frames have nowhere to go.
-        let _ = self.queue.send(Outgoing::control(frame::to_message(frame)));
+        self.queue.put(Outgoing::control(frame::to_message(frame)));
     }
 
     /// Takes a scope for a run request whose endpoint tag and request are

@@ -41,7 +41,7 @@ use runloop_proto::authorization::Authorization;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, Role};
 use runloop_proto::{Encode, ErrorValue, Undecodable};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -53,7 +53,7 @@ use self::connection::{Connection, Shared, Started};
 use crate::limits::{LimitError, Limits};
 use crate::tls::ClientTls;
 use crate::transport::{self, DialError};
-use crate::writer::write_frames;
+use crate::writer::{self, write_frames};
 
 /// Sees every frame of a connection, in both directions, as its bytes.
 ///
@@ -195,16 +195,16 @@ impl Client {
             .await
             .map_err(ConnectError::Authorization)?;
 
-        let (queue, queued) = mpsc::unbounded_channel();
+        let writer_done = CancellationToken::new();
+        let tap = config.tap.clone().map(|tap| (tap, Role::Client));
+        let (queue, queued) = writer::outlet(Box::pin(sink), tap, None, writer_done.clone());
         let close = CancellationToken::new();
         let shared = Arc::new(Shared::new(queue, config.limits));
-        let writer_done = CancellationToken::new();
         let writer = tokio::spawn({
-            let tap = config.tap.clone().map(|tap| (tap, Role::Client));
             let close = close.clone();
             let done = writer_done.clone();
             async move {
-                if let Err(error) = write_frames(sink, queued, close, tap, None).await {
+                if let Err(error) = write_frames(queued, close).await {
                     debug!(%error, "writing to the server failed");
                 }
                 done.cancel();

@@ -62,7 +62,7 @@ use super::pings::{Flood, Pings};
 use super::scope::{self, Run};
 use super::shared::{Held, Shared, Stats};
 use crate::metrics::AuthorizationRefusal;
-use crate::writer::{CLOSE_GRACE, Place, write_frames};
+use crate::writer::{self, CLOSE_GRACE, Place, write_frames};
 
 /// What a connection can run over: a TCP stream, or anything else that
 /// reads and writes bytes (an in-memory pipe in tests and fuzzing).
@@ -339,8 +339,9 @@ async fn serve_authorized<S: Io>(
     identity: Identity,
     number: u64,
 ) {
-    let (queue, queued) = mpsc::unbounded_channel();
     let ended = shared.shutdown.child_token();
+    let latency = Some(shared.metrics.relay_latency.clone());
+    let (queue, queued) = writer::outlet(Box::pin(sink), None, latency, ended.clone());
     let conn = Conn {
         shared: Arc::clone(&shared),
         outbox: Arc::new(Outbox::new(table, queue, &shared.config.limits)),
@@ -357,11 +358,10 @@ async fn serve_authorized<S: Io>(
     let writer = tokio::spawn({
         let ended = ended.clone();
         let answer_close = answer_close.clone();
-        let latency = Some(shared.metrics.relay_latency.clone());
         async move {
             // Otherwise closed by dropping every queue, after the last
             // finish is queued.
-            if let Err(error) = write_frames(sink, queued, answer_close, None, latency).await {
+            if let Err(error) = write_frames(queued, answer_close).await {
                 debug!(%error, "writing to the caller failed");
             }
             // Whatever ended the writer ends the connection.

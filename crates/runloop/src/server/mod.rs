@@ -5,9 +5,11 @@
 //! caller:
 //!
 //! ```text
-//! proxy_path.rs   dialling the proxy's bare /agent/* paths
+//! proxy_path.rs   dialling the proxy's bare /agent/* paths; read_ahead.rs
+//!                 their sockets read in large pieces, small buffers kept
 //! relay.rs        one run-loop channel: /agent/run, one byte read per proxy
-//!                 message, everything else copied
+//!                 message, everything else copied; written to the socket
+//!                 itself while it is free, queued otherwise
 //! scope.rs        one run: policy, runtime, /agent/register, the id, the
 //!                 channels, and the ending (stop, container end, disconnect)
 //! outbox.rs       the connection's table and its writer's queue under one
@@ -67,6 +69,7 @@ mod outbox;
 mod pings;
 mod places;
 mod proxy_path;
+mod read_ahead;
 mod refusal_log;
 mod relay;
 mod scope;

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::places::{self, Places};
 use crate::limits::Limits;
-use crate::writer::{Outgoing, Place, Queue};
+use crate::writer::{Direct, Outgoing, Place, Queue};
 
 /// A run-loop channel request, handed from the connection to its scope.
 #[derive(Debug)]
@@ -86,12 +86,11 @@ impl Outbox {
     /// the reader's answers) until the writer has taken it; `relayed_at`
     /// when it carries a proxy's message that came then.
     pub(crate) fn queue_held(&self, message: Vec<u8>, place: Place, relayed_at: Option<Instant>) {
-        // The writer is gone only when the connection is: nothing to do.
-        let _ = self.queue.send(Outgoing::data(message, place, relayed_at));
+        self.queue.put(Outgoing::data(message, place, relayed_at));
     }
 
     fn queue(&self, message: Vec<u8>) {
-        let _ = self.queue.send(Outgoing::control(message));
+        self.queue.put(Outgoing::control(message));
     }
 
     fn queue_frame(&self, frame: &ServerFrame<'_>) {
@@ -200,13 +199,23 @@ impl ChannelOutbox {
         Places::new(limits, Arc::clone(&self.outbox.places))
     }
 
-    /// Queues a response that holds its queue places until the writer has
-    /// taken it. Not checked against the table: the scope finishes only
-    /// after its relays have ended.
+    /// A response that holds its queue places until the writer has taken
+    /// it, for [`respond_all`](Self::respond_all).
     /// `relayed_at`: when the proxy's message came, for the relay's latency.
-    pub(crate) fn respond(&self, payload: &[u8], place: Place, relayed_at: Instant) {
-        self.outbox
-            .queue_held(self.message(payload), place, Some(relayed_at));
+    pub(crate) fn response(&self, payload: &[u8], place: Place, relayed_at: Instant) -> Outgoing {
+        Outgoing::data(self.message(payload), place, Some(relayed_at))
+    }
+
+    /// The connection's socket, to write responses to it itself, if no one
+    /// else is writing and nothing is queued ([`Queue::direct`]).
+    pub(crate) fn direct(&self) -> Option<Direct<'_>> {
+        self.outbox.queue.direct()
+    }
+
+    /// Queues responses, in order, at once. Not checked against the table:
+    /// the scope finishes only after its relays have ended.
+    pub(crate) fn respond_all(&self, responses: Vec<Outgoing>) {
+        self.outbox.queue.put_all(responses);
     }
 
     /// Queues the channel's last response, if the channel is still open.
@@ -230,7 +239,8 @@ impl ChannelOutbox {
         }
     }
 
-    fn message(&self, payload: &[u8]) -> Vec<u8> {
+    /// A response's frame.
+    pub(crate) fn message(&self, payload: &[u8]) -> Vec<u8> {
         frame::to_message(&ServerFrame::ChannelResponse {
             scope: self.scope,
             channel: self.channel,

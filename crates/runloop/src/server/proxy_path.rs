@@ -20,30 +20,48 @@ use runloop_proto::registration::{RegistrationAnswer, RegistrationAsk};
 use runloop_proto::{Decode, Encode, ErrorKind};
 use serde_json::value::RawValue;
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::error::UrlError;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async_with_config};
+use tokio_tungstenite::{WebSocketStream, client_async_with_config};
 use tracing::debug;
 
+use super::read_ahead::ReadAhead;
 use crate::limits::Limits;
 
 /// An open path to a proxy.
-pub(crate) type Path = WebSocketStream<MaybeTlsStream<TcpStream>>;
+pub(crate) type Path = WebSocketStream<ReadAhead<TcpStream>>;
 
 /// How long the proxy has to finish a close handshake before its socket is
 /// dropped.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// How much a path reads from its socket at once. A server holds a path
-/// per loop, tens of thousands of them, and each keeps its read buffer
-/// (zero-filled, so resident) for as long as it is open; a busy loop's
-/// messages still arrive several to a read.
-const READ_BUFFER: usize = 4 << 10;
+/// The WebSocket's own read buffer on a path. A server holds a path per
+/// loop, tens of thousands of them, and each keeps this buffer (zero-filled,
+/// so resident) for as long as it is open; the socket is still read in
+/// larger pieces, below the WebSocket ([`ReadAhead`]).
+pub(crate) const READ_BUFFER: usize = 4 << 10;
 
-/// Opens `path` (`/agent/run`, …) on the proxy at `base` (`ws://host:port`).
+/// Opens `path` (`/agent/run`, …) on the proxy at `base` (`ws://host:port`),
+/// Nagle off.
 pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path, WsError> {
+    let request = format!("{base}{path}").into_client_request()?;
+    let uri = request.uri();
+    if uri.scheme_str() != Some("ws") {
+        return Err(WsError::Url(UrlError::UnsupportedUrlScheme));
+    }
+    let host = uri.host().ok_or(WsError::Url(UrlError::NoHostName))?;
+    // An IPv6 address comes in brackets.
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(80);
+    let tcp = TcpStream::connect((host.as_str(), port)).await?;
+    tcp.set_nodelay(true)?;
     let config = limits.websocket().read_buffer_size(READ_BUFFER);
     let (ws, _response) =
-        connect_async_with_config(format!("{base}{path}"), Some(config), true).await?;
+        client_async_with_config(request, ReadAhead::new(tcp), Some(config)).await?;
     Ok(ws)
 }
 

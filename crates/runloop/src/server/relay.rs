@@ -16,11 +16,16 @@
 //! it ([`proxy_path::close`]), so a proxy that is slow to close never
 //! delays the caller's end of the loop.
 //!
-//! Each forwarded frame holds its places in the connection's queue
-//! ([`places`](super::places): so many responses and bytes of the
-//! channel, so many bytes of the connection) until the writer takes it, so
-//! a caller that reads slowly makes this task stop reading the proxy, and
-//! TCP carries the pressure back to the agent program.
+//! While no other task is writing to the connection's socket and nothing
+//! is queued for it, the relay writes its frames to the socket itself
+//! ([`Direct`]), as a plain forwarder would: every message the proxy has
+//! ready, then one flush. Otherwise each forwarded frame is queued and
+//! holds its places in the connection's queue ([`places`](super::places):
+//! so many responses and bytes of the channel, so many bytes of the
+//! connection) until the writer takes it. Either way a caller that reads
+//! slowly makes this task stop reading the proxy (a full socket holds it,
+//! or its places run out), and TCP carries the pressure back to the agent
+//! program.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -39,7 +44,9 @@ use tracing::debug;
 use super::outbox::ChannelOutbox;
 use super::proxy_path::{self, Path};
 use super::shared::{Held, Shared, Stats};
+use crate::limits::Limits;
 use crate::metrics::{LoopOutcome, ProxyFault, ServerMetrics};
+use crate::writer::Direct;
 
 /// A proxy path the relay has opened, counted as held until it is closed.
 struct Open {
@@ -209,40 +216,103 @@ async fn relay(
         Err(why) => return relay.cut(why, last),
     }
     let places = outbox.places(&limits);
+    // The relay writes to the connection's socket itself while no one else
+    // is, and otherwise queues; either way it takes every message its proxy
+    // has ready before it flushes, or queues them together: one flush, or
+    // one push and at most one wake-up of the writer, for all of them.
+    let mut socket: Option<Socket<'_>> = None;
+    let mut ready = Vec::new();
+    // When the messages being relayed came: read once per wait, since the
+    // messages that were ready after it came with it (one clock read a
+    // batch, not one a message).
+    let mut relayed_at = Instant::now();
     loop {
-        let message = match run_end.or(next_message(path)).await {
+        let next = if socket.is_none() && ready.is_empty() {
+            let next = run_end.or(next_message(path)).await;
+            relayed_at = Instant::now();
+            next
+        } else {
+            match run_end.ready(next_message(path)) {
+                Some(next) => next,
+                None => {
+                    // Nothing more is ready: send what is.
+                    outbox.respond_all(std::mem::take(&mut ready));
+                    if let Some(mut held) = socket.take()
+                        && let Err(why) = run_end.or(held.direct.flush()).await
+                    {
+                        return relay.cut(why, last);
+                    }
+                    continue;
+                }
+            }
+        };
+        // Whatever ends the loop here is followed by its finish, which the
+        // writer queues and flushes after whatever was fed or queued here.
+        let message = match next {
             Ok(Next::Message(message)) => message,
             // The proxy's close: answered by the handshake in `serve`.
-            Ok(Next::Closed) => return relay.closed(),
+            Ok(Next::Closed) => {
+                outbox.respond_all(ready);
+                return relay.closed();
+            }
             Ok(Next::Broke(why)) => {
+                outbox.respond_all(ready);
                 metrics.proxy_faults.inc(ProxyFault::AbruptEnd);
                 *open = None;
                 return relay.broke(&why, last);
             }
-            Err(why) => return relay.cut(why, last),
+            Err(why) => {
+                outbox.respond_all(ready);
+                return relay.cut(why, last);
+            }
         };
-        let relayed_at = Instant::now();
         match relay.message(message, last) {
             Relayed::Forward(next, message) => {
                 relay = next;
                 let size = message.len() + frame::HEADER_LEN;
+                if socket.is_none() && ready.is_empty() {
+                    socket = outbox.direct().map(Socket::new);
+                }
+                if let Some(held) = &mut socket {
+                    let frame = outbox.message(&message);
+                    if let Err(why) = run_end.or(held.direct.feed(frame, relayed_at)).await {
+                        return relay.cut(why, last);
+                    }
+                    forwarded.note(message, metrics);
+                    if held.fed(size, &limits) {
+                        // Its share written: the others' turn.
+                        if let Some(mut held) = socket.take()
+                            && let Err(why) = run_end.or(held.direct.flush()).await
+                        {
+                            return relay.cut(why, last);
+                        }
+                    }
+                    continue;
+                }
                 let place = match places.try_take(size) {
                     Some(place) => place,
-                    None => match run_end.or(places.take(size)).await {
-                        Ok(place) => place,
-                        Err(why) => return relay.cut(why, last),
-                    },
+                    None => {
+                        // The places come back as the writer takes what is
+                        // queued: queue what is ready before waiting.
+                        outbox.respond_all(std::mem::take(&mut ready));
+                        match run_end.or(places.take(size)).await {
+                            Ok(place) => place,
+                            Err(why) => return relay.cut(why, last),
+                        }
+                    }
                 };
-                outbox.respond(&message, place, relayed_at);
+                ready.push(outbox.response(&message, place, relayed_at));
                 forwarded.note(message, metrics);
             }
             Relayed::Last(error, finish) => {
+                outbox.respond_all(ready);
                 // The proxy's error is the end (protocol §12): nothing after it
                 // is read, whether or not the proxy goes on to close.
                 last.extend_from_slice(&error);
                 return finish;
             }
             Relayed::Fault(finish) => {
+                outbox.respond_all(ready);
                 metrics.proxy_faults.inc(ProxyFault::Sequence);
                 debug!(
                     scope = outbox.scope(),
@@ -252,6 +322,32 @@ async fn relay(
                 return finish;
             }
         }
+    }
+}
+
+/// The connection's socket while the relay writes to it itself, and what
+/// it has fed since it took it.
+struct Socket<'a> {
+    direct: Direct<'a>,
+    frames: usize,
+    bytes: usize,
+}
+
+impl<'a> Socket<'a> {
+    fn new(direct: Direct<'a>) -> Self {
+        Socket {
+            direct,
+            frames: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Notes a frame of `size` bytes fed; whether the relay has fed as much
+    /// as its channel may queue, so that it should let the others write.
+    fn fed(&mut self, size: usize, limits: &Limits) -> bool {
+        self.frames += 1;
+        self.bytes += size;
+        self.frames >= limits.max_queued_responses || self.bytes >= limits.max_queued_bytes
     }
 }
 
@@ -311,6 +407,15 @@ impl<F: Future<Output = ErrorValue>> RunEnd<'_, F> {
             why = self.ended.as_mut() => Err(why),
             output = work => Ok(output),
         }
+    }
+
+    /// `work`'s output if it is ready now, or the run's end if that has
+    /// come; `None` if neither is.
+    fn ready<T>(&mut self, work: impl Future<Output = T>) -> Option<Result<T, ErrorValue>> {
+        if self.quiet && matches!(self.watch.has_changed(), Ok(false)) {
+            return work.now_or_never().map(Ok);
+        }
+        self.or(work).now_or_never()
     }
 }
 
