@@ -414,6 +414,7 @@ mod tests {
             Limit::AuthorizationGrace,
             Limit::MaxRuns,
             Limit::MaxRunsPerIdentity,
+            Limit::MaxLoopsPerIdentity,
             Limit::MaxRunMemory,
             Limit::MemoryBudget,
             Limit::MaxUnauthorized,
@@ -439,6 +440,7 @@ mod tests {
                 }
                 Limit::MaxRuns => config.budget.max_runs = 0,
                 Limit::MaxRunsPerIdentity => config.budget.max_runs_per_identity = 0,
+                Limit::MaxLoopsPerIdentity => config.budget.max_loops_per_identity = 0,
                 Limit::MaxRunMemory => config.budget.max_run_memory = Limit::MIN_RUN_MEMORY - 1,
                 Limit::MemoryBudget => config.budget.memory_budget = 0,
                 Limit::MaxUnauthorized => config.admission.max_unauthorized = 0,
@@ -485,6 +487,7 @@ mod tests {
         least.budget = RunBudget {
             max_runs: 1,
             max_runs_per_identity: 1,
+            max_loops_per_identity: 1,
             max_run_memory: Limit::MIN_RUN_MEMORY,
             max_run_disk: 0,
             memory_budget: Limit::MIN_RUN_MEMORY,
