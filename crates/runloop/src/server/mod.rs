@@ -87,8 +87,8 @@ use tracing::{info, warn};
 
 pub use admission::Admission;
 pub use budget::{
-    DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS, RunBudget,
-    default_memory_budget,
+    DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
+    RunBudget, default_memory_budget,
 };
 pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
 pub use shared::{Stats, StatsSnapshot};
