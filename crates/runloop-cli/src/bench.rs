@@ -117,8 +117,9 @@ impl Spawn for ThisBinary {
             command.args(["--max-connections", &(load.connections + 1).to_string()]);
         }
         // The bench is one token on one address, connecting all at once,
-        // with runs whose memory nothing holds: every per-address and
-        // per-identity limit, and the run budget, fit its load.
+        // with runs whose memory nothing holds, one loop each: every
+        // per-address and per-identity limit, and the run budget, fit its
+        // load.
         let connections = (load.connections + 1).to_string();
         let runs = (load.connections * load.runs_per_connection).max(1);
         command
@@ -127,6 +128,7 @@ impl Spawn for ThisBinary {
             .args(["--max-connections-per-identity", &connections])
             .args(["--max-runs", &runs.to_string()])
             .args(["--max-runs-per-identity", &runs.to_string()])
+            .args(["--max-loops-per-identity", &runs.to_string()])
             .args(["--memory-budget", &format!("{runs}G")]);
         command
     }

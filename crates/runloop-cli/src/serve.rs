@@ -134,6 +134,12 @@ pub struct Args {
     /// caller is one identity, held by --max-runs alone).
     #[arg(long, default_value_t = RunBudget::default().max_runs_per_identity)]
     pub max_runs_per_identity: usize,
+    /// Loops (run-loop channels) one token may have served at once, over
+    /// all its runs; one more is answered with an error naming the limit
+    /// (at least 1; without tokens every caller is one identity, held by
+    /// --max-runs and --max-channels alone).
+    #[arg(long, default_value_t = RunBudget::default().max_loops_per_identity)]
+    pub max_loops_per_identity: usize,
     /// The largest `memory` a run may ask for, bytes (K/M/G suffixes; at
     /// least 16M).
     #[arg(long, default_value = "4G", value_parser = bytes)]
@@ -240,6 +246,7 @@ fn option(limit: Limit) -> &'static str {
         Limit::AuthorizationGrace => "--authorization-grace",
         Limit::MaxRuns => "--max-runs",
         Limit::MaxRunsPerIdentity => "--max-runs-per-identity",
+        Limit::MaxLoopsPerIdentity => "--max-loops-per-identity",
         Limit::MaxRunMemory => "--max-run-memory",
         Limit::MemoryBudget => "--memory-budget",
         Limit::MaxUnauthorized => "--max-unauthorized",
@@ -362,6 +369,7 @@ impl Args {
         config.budget = RunBudget {
             max_runs: self.max_runs,
             max_runs_per_identity: self.max_runs_per_identity,
+            max_loops_per_identity: self.max_loops_per_identity,
             max_run_memory: self.max_run_memory,
             max_run_disk: self.max_run_disk,
             memory_budget: self.memory_budget.unwrap_or_else(default_memory_budget),
@@ -479,6 +487,7 @@ impl Args {
         info!(
             max_runs = self.max_runs,
             max_runs_per_identity = self.max_runs_per_identity,
+            max_loops_per_identity = self.max_loops_per_identity,
             max_run_memory = self.max_run_memory,
             max_run_disk = self.max_run_disk,
             memory_budget = self.memory_budget.unwrap_or_else(default_memory_budget),

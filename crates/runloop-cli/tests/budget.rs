@@ -2,7 +2,8 @@
 //! `memory` and `disk` over the per-run maximum, a run past `--max-runs`,
 //! past `--max-runs-per-identity`, or past the memory budget, each refused
 //! with an error response that names the limit and its value, while the
-//! runs within them are served.
+//! runs within them are served; and a loop past `--max-loops-per-identity`,
+//! refused as a loop that did not run, with an error naming the limit.
 //!
 //! Row 8 as a load (one connection asking for 256 runs of an `exec` agent
 //! at the default budget; the processes and memory they take) is
@@ -14,8 +15,10 @@ mod common;
 use std::time::Duration;
 
 use common::Serve;
-use runloop::client::{Client, Run, RunError};
+use futures_util::StreamExt;
+use runloop::client::{Client, Event, Run, RunError};
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
+use runloop::proto::run_loop::Outcome;
 
 const MIB: u64 = 1 << 20;
 
@@ -159,6 +162,83 @@ fn one_token_cannot_hold_every_run() {
             .expect("bob is still served");
         bobs.stop().await;
         for run in runs {
+            run.stop().await;
+        }
+    });
+}
+
+#[test]
+fn one_token_cannot_hold_every_loop() {
+    let server = Serve::start(
+        "error",
+        &[
+            "--token",
+            "alice",
+            "--token",
+            "bob",
+            "--max-loops-per-identity",
+            "2",
+        ],
+    );
+    runtime().block_on(async {
+        let alice = Client::connect(&server.url, "alice")
+            .await
+            .expect("connects");
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            runs.push(alice.start(request("demo", MIB, 0)).await.expect("alice's"));
+        }
+        // Two loops of two runs, each a few seconds long; a chunk of each
+        // shows that the server relays them.
+        let mut held = Vec::new();
+        for run in &runs[..2] {
+            let mut held_loop = run.run_loop("held demo:pace=250");
+            match held_loop.next().await {
+                Some(Event::Chunk { .. }) => {}
+                other => panic!("alice's loop is not relayed: {other:?}"),
+            }
+            held.push(held_loop);
+        }
+        let refused = "token #1 holds as many loops as one identity may \
+                       (max_loops_per_identity 2); try again later";
+        // A third, on the third run: no loop ran, and the error says why.
+        let events: Vec<Event> = runs[2].run_loop("a third").collect().await;
+        match &events[..] {
+            [Event::Error(error), Event::End(Outcome::NoLoop(_))] => {
+                assert_eq!(error.0["kind"], "policy", "{error:?}");
+                assert_eq!(error.0["error"], refused, "{error:?}");
+            }
+            other => panic!("the third loop: {other:?}"),
+        }
+        // A second connection of the same token is the same identity.
+        let alice_again = Client::connect(&server.url, "alice")
+            .await
+            .expect("connects");
+        let again = alice_again
+            .start(request("demo", MIB, 0))
+            .await
+            .expect("a run within the runs' limits");
+        let outcome = again.run_loop("again").outcome().await;
+        assert_eq!(
+            outcome.error().map(|error| error.0["error"].clone()),
+            Some(refused.into()),
+            "{outcome:?}"
+        );
+        // Another token is served meanwhile.
+        let bob = Client::connect(&server.url, "bob").await.expect("connects");
+        let bobs = bob.start(request("demo", MIB, 0)).await.expect("bob's");
+        let outcome = bobs.run_loop("bob's loop").outcome().await;
+        assert!(matches!(outcome, Outcome::Finished { .. }), "{outcome:?}");
+        // Alice's loops were not disturbed; once one has ended, her next
+        // loop is served.
+        let mut held = held.into_iter();
+        let (_, outcome) = held.next().expect("a loop").collect_chunks().await;
+        assert!(matches!(outcome, Outcome::Finished { .. }), "{outcome:?}");
+        let outcome = runs[2].run_loop("after one ended").outcome().await;
+        assert!(matches!(outcome, Outcome::Finished { .. }), "{outcome:?}");
+        let (_, outcome) = held.next().expect("a loop").collect_chunks().await;
+        assert!(matches!(outcome, Outcome::Finished { .. }), "{outcome:?}");
+        for run in runs.iter().chain([&again, &bobs]) {
             run.stop().await;
         }
     });

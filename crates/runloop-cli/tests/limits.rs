@@ -7,7 +7,7 @@ use common::{Serve, run};
 
 #[test]
 fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {
-    let cases: [(&str, &str, &str); 19] = [
+    let cases: [(&str, &str, &str); 20] = [
         ("--max-message-size", "0", "4096 bytes"),
         ("--max-message-size", "8", "4096 bytes"),
         ("--max-message-size", "4095", "4096 bytes"),
@@ -19,6 +19,7 @@ fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {
         ("--authorization-grace", "0.5", "minimum of 1s:"),
         ("--max-runs", "0", "minimum of 1:"),
         ("--max-runs-per-identity", "0", "minimum of 1:"),
+        ("--max-loops-per-identity", "0", "minimum of 1:"),
         ("--max-run-memory", "0", "16777216 bytes"),
         ("--max-run-memory", "16777215", "16777216 bytes"),
         ("--memory-budget", "1M", "16777216 bytes"),
@@ -70,6 +71,8 @@ fn serve_at_every_minimum_still_serves_a_loop() {
             "--max-runs",
             "1",
             "--max-runs-per-identity",
+            "1",
+            "--max-loops-per-identity",
             "1",
             "--max-run-memory",
             "16M",

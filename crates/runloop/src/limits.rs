@@ -35,6 +35,7 @@
 //! max_connections_per_identity  1           one connection for each token
 //! max_runs                      1           one run at a time, server-wide
 //! max_runs_per_identity         1           one run at a time for each token
+//! max_loops_per_identity        1           one loop at a time for each token
 //! max_run_memory                16 MiB      an agent program with its proxy beside it
 //! memory_budget                 16 MiB      the same, for all runs together
 //! ```
@@ -149,6 +150,8 @@ pub enum Limit {
     MaxRuns,
     /// The server's `max_runs_per_identity`.
     MaxRunsPerIdentity,
+    /// The server's `max_loops_per_identity`.
+    MaxLoopsPerIdentity,
     /// The server's `max_run_memory`.
     MaxRunMemory,
     /// The server's `memory_budget`.
@@ -188,6 +191,7 @@ impl Limit {
             Limit::AuthorizationGrace => "authorization_grace",
             Limit::MaxRuns => "max_runs",
             Limit::MaxRunsPerIdentity => "max_runs_per_identity",
+            Limit::MaxLoopsPerIdentity => "max_loops_per_identity",
             Limit::MaxRunMemory => "max_run_memory",
             Limit::MemoryBudget => "memory_budget",
             Limit::MaxUnauthorized => "max_unauthorized",
@@ -234,7 +238,7 @@ impl Limit {
                 "a caller needs a few round trips to complete the WebSocket handshake"
             }
             Limit::MaxScopes => "no run could be served",
-            Limit::MaxChannels => "no loop could be served",
+            Limit::MaxChannels | Limit::MaxLoopsPerIdentity => "no loop could be served",
             Limit::MaxQueuedResponses => "no response could be relayed",
             Limit::MaxQueuedBytes | Limit::MaxConnectionQueuedBytes => {
                 "responses would be relayed a few bytes at a time"

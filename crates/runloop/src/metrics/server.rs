@@ -184,6 +184,7 @@ pub struct ServerMetrics {
     pub(crate) runs_refused: Counts<RunRefusal>,
     pub(crate) runs_ended: Counts<RunEnd>,
     pub(crate) loops: Counts<LoopOutcome>,
+    pub(crate) loops_refused: Counter,
     pub(crate) chunks: Counter,
     pub(crate) bytes: Counter,
     pub(crate) proxy_faults: Counts<ProxyFault>,
@@ -250,6 +251,12 @@ impl ServerMetrics {
             "Run-loop channels ended, by the outcome the server sent",
             loops.clone(),
         );
+        let loops_refused = Counter::default();
+        registry.register(
+            "loops_refused",
+            "Run-loop channels refused at max_loops_per_identity (counted as no_loop too)",
+            loops_refused.clone(),
+        );
         let chunks = Counter::default();
         registry.register(
             "chunks_relayed",
@@ -299,6 +306,7 @@ impl ServerMetrics {
             runs_refused,
             runs_ended,
             loops,
+            loops_refused,
             chunks,
             bytes,
             proxy_faults,
@@ -393,6 +401,7 @@ mod tests {
         for line in [
             "runloop_loops_total{outcome=\"fatal\"} 1",
             "runloop_loops_total{outcome=\"not_served\"} 0",
+            "runloop_loops_refused_total 0",
             "runloop_chunks_relayed_total 7",
             "runloop_relayed_bytes_total 0",
             "runloop_relay_latency_seconds_bucket{le=\"5e-05\"} 1",

@@ -214,7 +214,7 @@ impl Drop for Admitted {
 
 /// Gives one place of `key` back, forgetting it at zero so that the map
 /// holds only what is held.
-fn release<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K) {
+pub(crate) fn release<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K) {
     if let Some(count) = map.get_mut(key) {
         *count -= 1;
         if *count == 0 {

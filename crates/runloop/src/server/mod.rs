@@ -90,8 +90,8 @@ use tracing::{info, warn};
 
 pub use admission::Admission;
 pub use budget::{
-    DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS, RunBudget,
-    default_memory_budget,
+    DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
+    RunBudget, default_memory_budget,
 };
 pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
 pub use shared::{Stats, StatsSnapshot};
@@ -417,6 +417,7 @@ mod tests {
             Limit::AuthorizationGrace,
             Limit::MaxRuns,
             Limit::MaxRunsPerIdentity,
+            Limit::MaxLoopsPerIdentity,
             Limit::MaxRunMemory,
             Limit::MemoryBudget,
             Limit::MaxUnauthorized,
@@ -442,6 +443,7 @@ mod tests {
                 }
                 Limit::MaxRuns => config.budget.max_runs = 0,
                 Limit::MaxRunsPerIdentity => config.budget.max_runs_per_identity = 0,
+                Limit::MaxLoopsPerIdentity => config.budget.max_loops_per_identity = 0,
                 Limit::MaxRunMemory => config.budget.max_run_memory = Limit::MIN_RUN_MEMORY - 1,
                 Limit::MemoryBudget => config.budget.memory_budget = 0,
                 Limit::MaxUnauthorized => config.admission.max_unauthorized = 0,
@@ -488,6 +490,7 @@ mod tests {
         least.budget = RunBudget {
             max_runs: 1,
             max_runs_per_identity: 1,
+            max_loops_per_identity: 1,
             max_run_memory: Limit::MIN_RUN_MEMORY,
             max_run_disk: 0,
             memory_budget: Limit::MIN_RUN_MEMORY,

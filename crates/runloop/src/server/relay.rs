@@ -41,6 +41,7 @@ use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::debug;
 
+use super::budget::LoopClaim;
 use super::outbox::ChannelOutbox;
 use super::proxy_path::{self, Path};
 use super::shared::{Held, Shared, Stats};
@@ -93,7 +94,8 @@ impl Forwarded {
 
 /// Relays one run-loop channel until its finish, then closes its path.
 /// The channel counts as relayed ([`Stats`]'s `relays`) from the order to
-/// its finish; the close after it counts only as an open proxy path.
+/// its finish, and holds its identity's place (`claim`) as long; the
+/// close after it counts only as an open proxy path.
 ///
 /// Not instrumented with a span: entering one on every poll is a measurable
 /// share of the relay's cost, so the few events it logs name their
@@ -106,6 +108,7 @@ pub(crate) async fn serve(
     proxy_url: String,
     ending: watch::Receiver<Option<ErrorValue>>,
     (connection, run): (u64, Arc<str>),
+    claim: LoopClaim,
 ) {
     let relaying = Held::new(&shared, |s: &Stats| &s.relays);
     let mut last = Vec::new();
@@ -143,6 +146,9 @@ pub(crate) async fn serve(
         outcome = outcome_name(outcome),
         "run-loop channel finished"
     );
+    // Given back before the finish is queued: a caller that has seen the
+    // finish may ask for its next loop at once.
+    drop(claim);
     outbox.finish(finish);
     drop(relaying);
     if let Some(Open { path, _held }) = open {
@@ -429,4 +435,16 @@ async fn ended(mut ending: watch::Receiver<Option<ErrorValue>>) -> ErrorValue {
             return ErrorValue::kind(ErrorKind::Server, "the run ended");
         }
     }
+}
+
+/// Ends a run-loop channel that is not relayed (its identity holds as many
+/// loops as it may) with `error`: the error and the finish, "no loop ran"
+/// (protocol §7), counted as such.
+pub(crate) fn refuse(shared: &Shared, outbox: ChannelOutbox, error: ErrorValue) {
+    let mut last = Vec::new();
+    let finish = Relay::new().cut(error, &mut Writer::new(&mut last));
+    shared.metrics.loops.inc(LoopOutcome::NoLoop);
+    shared.metrics.loops_refused.inc();
+    outbox.respond_last(&last);
+    outbox.finish(finish);
 }

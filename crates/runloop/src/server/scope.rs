@@ -15,6 +15,10 @@
 //! server) still answers the main stream with one error, so the caller never
 //! reads a bare finish ("not served") for a run that was in fact refused or
 //! abandoned. After the id the main stream carries nothing but the finish.
+//!
+//! Each run-loop channel is relayed by a task of its own once its identity
+//! has a place for it ([`LoopClaim`]); one past `max_loops_per_identity`
+//! gets an error and the finish instead, and no proxy path is opened.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,9 +30,9 @@ use runloop_proto::{ErrorKind, ErrorValue};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, info, info_span};
+use tracing::{Instrument, debug, info, info_span};
 
-use super::budget::Claim;
+use super::budget::{Claim, LoopClaim};
 use super::config::Identity;
 use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
@@ -269,14 +273,24 @@ impl Run {
                     break (RunEnd::Container, ErrorValue::kind(ErrorKind::Container, format!("the container ended: {why}")));
                 }
                 Some(order) = orders.recv() => {
-                    relays.spawn(relay::serve(
-                        Arc::clone(&self.shared),
-                        self.outbox.channel(order.channel),
-                        order.request,
-                        proxy_url.clone(),
-                        ending_seen.clone(),
-                        (self.connection, Arc::clone(&run)),
-                    ));
+                    let outbox = self.outbox.channel(order.channel);
+                    match LoopClaim::admit(&self.shared, &self.identity) {
+                        Ok(claim) => {
+                            relays.spawn(relay::serve(
+                                Arc::clone(&self.shared),
+                                outbox,
+                                order.request,
+                                proxy_url.clone(),
+                                ending_seen.clone(),
+                                (self.connection, Arc::clone(&run)),
+                                claim,
+                            ));
+                        }
+                        Err(error) => {
+                            debug!(channel = order.channel, %error, "loop refused");
+                            relay::refuse(&self.shared, outbox, error);
+                        }
+                    }
                 }
             }
         };
