@@ -21,6 +21,8 @@
 //!                            ends), the proxy's HTTP connection to the agent (both ends
 //!                            when the agent is in-process), the child's stdout and
 //!                            stderr pipes, its pidfd
+//! a run on a       1         the /agent/* path's server end: the proxy runs elsewhere
+//! proxy that runs            (when every agent of the catalog is a `proxy:` entry)
 //! ```
 
 use std::io;
@@ -31,6 +33,9 @@ pub const RESERVED: u64 = 64;
 pub const PER_CONNECTION: u64 = 1;
 /// Descriptors one run holds, with one loop going.
 pub const PER_RUN: u64 = 8;
+/// Descriptors one run on a proxy that already runs holds, with one loop
+/// going.
+pub const PER_ATTACHED_RUN: u64 = 1;
 
 /// What the configured limits allow at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +47,9 @@ pub struct Load {
     pub unauthorized: u64,
     /// Runs, server-wide (`--max-runs`).
     pub runs: u64,
+    /// Descriptors each run holds: [`PER_RUN`], or [`PER_ATTACHED_RUN`]
+    /// when every agent is a proxy that already runs.
+    pub per_run: u64,
 }
 
 impl Load {
@@ -53,7 +61,7 @@ impl Load {
                     .saturating_add(self.unauthorized)
                     .saturating_mul(PER_CONNECTION),
             )
-            .saturating_add(self.runs.saturating_mul(PER_RUN))
+            .saturating_add(self.runs.saturating_mul(self.per_run))
     }
 }
 
@@ -61,12 +69,13 @@ impl Load {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "--max-connections {connections}, --max-unauthorized {unauthorized} and --max-runs {runs} need \
-     {needed} descriptors ({PER_CONNECTION} per connection, {PER_RUN} per run, {RESERVED} for the \
+     {needed} descriptors ({PER_CONNECTION} per connection, {per_run} per run, {RESERVED} for the \
      server itself), but RLIMIT_NOFILE allows {limit} (the hard limit): lower the limits, or \
      raise the hard limit (ulimit -Hn as root, LimitNOFILE= in a systemd unit)",
     connections = load.connections,
     unauthorized = load.unauthorized,
     runs = load.runs,
+    per_run = load.per_run,
     needed = load.descriptors()
 )]
 pub struct TooFew {
@@ -116,6 +125,7 @@ mod tests {
             connections: 768,
             unauthorized: 256,
             runs: 0,
+            per_run: PER_RUN,
         };
         assert_eq!(load.descriptors(), 1088);
         assert_eq!(check(load, 1088), Ok(()));
@@ -133,6 +143,7 @@ mod tests {
             connections: 10,
             unauthorized: 1,
             runs: 100,
+            per_run: PER_RUN,
         };
         assert_eq!(with_runs.descriptors(), 64 + 11 + 800);
         assert!(
@@ -148,7 +159,21 @@ mod tests {
             connections: u64::MAX,
             unauthorized: u64::MAX,
             runs: u64::MAX,
+            per_run: PER_RUN,
         };
         assert_eq!(huge.descriptors(), u64::MAX);
+        let attached = Load {
+            connections: 101,
+            unauthorized: 101,
+            runs: 10_000,
+            per_run: PER_ATTACHED_RUN,
+        };
+        assert_eq!(attached.descriptors(), 64 + 202 + 10_000);
+        assert!(
+            check(attached, 10_000)
+                .expect_err("too few")
+                .to_string()
+                .contains("(1 per connection, 1 per run, 64 for the server itself)")
+        );
     }
 }

@@ -471,6 +471,16 @@ impl Args {
             connections: self.max_connections as u64,
             unauthorized: self.max_unauthorized as u64,
             runs: self.max_runs as u64,
+            per_run: if !self.agents.is_empty()
+                && self
+                    .agents
+                    .iter()
+                    .all(|spec| matches!(spec.runtime, RuntimeSpec::Proxy(_)))
+            {
+                descriptors::PER_ATTACHED_RUN
+            } else {
+                descriptors::PER_RUN
+            },
         };
         descriptors::check(load, limit).map_err(|error| Failure::Argument(error.to_string()))?;
         Ok(limit)

@@ -6,11 +6,22 @@
 //! back to holding nothing, its process's memory back near where it started.
 //!
 //! Short by default (300 loops in sequence, 100 at once: seconds in a debug
-//! build); `RUNLOOP_SOAK=full` runs 10,000 and 1,000, best in `--release`:
+//! build); `RUNLOOP_SOAK=full` runs 10,000 and 1,000, then the scale of
+//! issue 14: 10,000 loops at once over 100 connections, each loop its own
+//! run of 100 chunks, every chunk checked in order. Best in `--release`:
 //!
 //! ```text
 //! RUNLOOP_SOAK=full cargo test --release -p runloop --test soak -- --nocapture
 //! ```
+//!
+//! At that scale the demo cannot be the agent: each of its runs is a proxy
+//! and an agent program in this process, six descriptors a loop. The scale
+//! runs on one proxy that streams numbered chunks
+//! ([`support::FakeProxy`]), in a child process (this test again, with
+//! `RUNLOOP_SOAK=proxy`), so that neither process needs more descriptors
+//! than a loop's socket end each (the server's peak memory at this scale is
+//! `runloop bench --loops 10000 --connections 100`'s to measure: here the
+//! client shares the process).
 
 mod support;
 
@@ -23,7 +34,7 @@ use futures_util::StreamExt;
 use runloop::agent::Agent;
 use runloop::agent::demo::{Demo, SEQ};
 use runloop::client::{Client, Event, Run};
-use runloop::runtime::Catalog;
+use runloop::runtime::{Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::run_loop::{AgenticLoopChunk, Outcome, RunLoopRequest};
 
@@ -160,9 +171,146 @@ async fn serve() -> ServerHandle {
     server.spawn().0
 }
 
+/// The scale of the full soak: loops at once, connections, chunks a loop.
+const SCALE: (usize, usize, usize) = (10_000, 100, 100);
+
+/// What the scale's proxy prints before its URL.
+const PROXY_AT: &str = "soak proxy at ";
+
+/// The scale's proxy, in the child process: serves numbered chunks for
+/// the prompt `scale` until the soak closes its standard input.
+async fn scale_proxy() {
+    raise_descriptor_limit();
+    let proxy = support::FakeProxy::start().await;
+    proxy.script(
+        "scale",
+        vec![
+            support::Step::Flood {
+                count: SCALE.2,
+                size: 64,
+            },
+            support::Step::Close,
+        ],
+    );
+    println!("{PROXY_AT}{}", proxy.url());
+    tokio::task::spawn_blocking(|| {
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+    })
+    .await
+    .expect("reads standard input")
+    .expect("standard input");
+}
+
+/// Raises the soft descriptor limit to the hard one: a loop is a socket
+/// end in each process.
+fn raise_descriptor_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: system calls on a local struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+}
+
+/// Starts the scale's proxy in a child process; the child, and its URL.
+fn spawn_scale_proxy() -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().expect("this test"))
+        .args([
+            "--exact",
+            "thousands_of_loops_lose_nothing_and_leave_nothing",
+            "--nocapture",
+        ])
+        .env("RUNLOOP_SOAK", "proxy")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts the proxy");
+    let stdout = child.stdout.take().expect("piped");
+    let url = std::io::BufReader::new(stdout)
+        .lines()
+        .map(|line| line.expect("the proxy's output"))
+        .find_map(|line| line.strip_prefix(PROXY_AT).map(str::to_owned))
+        .expect("the proxy's URL");
+    (child, url)
+}
+
+/// 10,000 loops at once over 100 connections, each its own run on the
+/// proxy in the child: every chunk arrives, in order, and every loop
+/// finishes. The chunks counted.
+async fn at_scale() -> usize {
+    let (loops, connections, chunks) = SCALE;
+    raise_descriptor_limit();
+    let (mut proxy, url) = spawn_scale_proxy();
+    let mut catalog = Catalog::new();
+    catalog.insert("demo", None, Arc::new(Attach::new(url)));
+    let mut config = support::unbudgeted(ServerConfig::new(Credentials::Any, catalog));
+    config.budget.max_runs = loops;
+    config.budget.max_runs_per_identity = loops;
+    config.admission.max_connections_per_address = connections;
+    config.admission.max_connections_per_identity = connections;
+    config.limits.max_scopes = loops.div_ceil(connections);
+    let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
+    let (server, _task) = server.spawn();
+
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(Client::connect(&server.url(), "").await.expect("connect"));
+    }
+    // Every run started and every loop asked for before any is read.
+    let all_asked = Arc::new(tokio::sync::Barrier::new(loops));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..loops {
+        let client = clients[i % connections].clone();
+        let all_asked = Arc::clone(&all_asked);
+        tasks.spawn(async move {
+            let run = client.start(support::run_request()).await.expect("run");
+            let run_loop = run.run_loop("scale");
+            all_asked.wait().await;
+            let (texts, outcome) = support::texts(run_loop).await;
+            assert_eq!(outcome, Outcome::Finished { fatal: false }, "loop {i}");
+            for (n, text) in texts.iter().enumerate() {
+                assert_eq!(
+                    text.get(..10).map(str::trim_start),
+                    Some(&*n.to_string()),
+                    "loop {i}: chunk {n} in order"
+                );
+            }
+            assert_eq!(texts.len(), chunks, "loop {i}: no chunk lost");
+            run.stop().await;
+            texts.len()
+        });
+    }
+    let mut delivered = 0;
+    let all_done = async {
+        while let Some(done) = tasks.join_next().await {
+            delivered += done.expect("a loop's task");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(300), all_done)
+        .await
+        .expect("10,000 loops within 5 minutes (a safety net, not a speed bar)");
+    for client in &clients {
+        client.close().await;
+    }
+    support::released(&server).await;
+    server.shutdown();
+    drop(proxy.stdin.take());
+    proxy.wait().expect("the proxy ends");
+    delivered
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
-    let full = std::env::var("RUNLOOP_SOAK").is_ok_and(|mode| mode == "full");
+    let mode = std::env::var("RUNLOOP_SOAK");
+    if mode.as_deref() == Ok("proxy") {
+        return scale_proxy().await;
+    }
+    let full = mode.is_ok_and(|mode| mode == "full");
     let (sequential, concurrent, connections) = if full {
         (10_000, 1_000, 10)
     } else {
@@ -233,6 +381,10 @@ async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
     }
     let at_once = started.elapsed();
 
+    let started = Instant::now();
+    let scaled = if full { at_scale().await } else { 0 };
+    let at_scale = started.elapsed();
+
     support::released(&server).await;
     sampling.store(false, Ordering::SeqCst);
     sampler.await.expect("the sampler");
@@ -241,8 +393,11 @@ async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
     println!(
         "soak: {sequential} loops in sequence ({chunks} chunks) in {in_sequence:.2?}; \
          {concurrent} at once over {connections} connections ({concurrent_chunks} chunks) \
-         in {at_once:.2?}; RSS {:.1} MiB before, {:.1} MiB at peak, {:.1} MiB after; \
+         in {at_once:.2?}; {} loops at once over {} connections ({scaled} chunks) in \
+         {at_scale:.2?}; RSS {:.1} MiB before, {:.1} MiB at peak, {:.1} MiB after; \
          server holds {:?}",
+        if full { SCALE.0 } else { 0 },
+        if full { SCALE.1 } else { 0 },
         mib(baseline),
         mib(peak),
         mib(after),

@@ -208,9 +208,10 @@ fn seq(n: u64) -> Option<MetaObject> {
 fn load(count: u64, size: usize) -> impl Iterator<Item = Result<AgenticLoopChunk, Break>> + Send {
     const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
     (0..count).map(move |n| {
-        let text = (0..size)
-            .map(|i| char::from(LETTERS[(i + n as usize) % LETTERS.len()]))
-            .collect();
+        // Sized once: a text grown by doubling would hold up to twice its
+        // size while it grows.
+        let mut text = String::with_capacity(size);
+        text.extend((0..size).map(|i| char::from(LETTERS[(i + n as usize) % LETTERS.len()])));
         Ok(AgenticLoopChunk::AssistantTextContent(TextChunk {
             text,
             meta: seq(n),

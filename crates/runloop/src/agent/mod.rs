@@ -33,11 +33,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::HeaderValue;
-use axum::http::header::CONTENT_TYPE;
-use axum::response::sse::{Event, Sse};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::serve::ListenerExt;
@@ -359,14 +358,20 @@ async fn run_loop(State(shared): State<Shared>, body: Bytes) -> Response {
         }
     };
     info!("loop started");
-    Sse::new(events(chunks, shared.shutdown)).into_response()
+    let headers = [
+        (CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+        (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+    ];
+    (headers, Body::from_stream(events(chunks, shared.shutdown))).into_response()
 }
 
-/// The chunks as SSE events, broken if the server shuts down first.
+/// The chunks as SSE events, each written once, straight into the body
+/// bytes that hyper sends (a chunk of many MiB is not copied again on its
+/// way out); broken if the server shuts down first.
 fn events(
     chunks: ChunkStream,
     shutdown: CancellationToken,
-) -> impl futures_util::Stream<Item = Result<Event, Break>> + Send {
+) -> impl futures_util::Stream<Item = Result<Bytes, Break>> + Send {
     stream::unfold(Some((chunks, shutdown)), |state| async move {
         let (mut chunks, shutdown) = state?;
         let item = tokio::select! {
@@ -390,10 +395,7 @@ fn events(
             tokio::task::yield_now().await;
         }
         let event = item.and_then(|chunk| {
-            // Compact JSON has no line breaks, so it is one `data:` line.
-            serde_json::to_string(&chunk)
-                .map(|json| Event::default().data(json))
-                .map_err(|error| Break::with_source("a chunk did not serialize", error))
+            event(&chunk).map_err(|error| Break::with_source("a chunk did not serialize", error))
         });
         // After a break, nothing more is read: the body ends broken.
         let next = event.is_ok().then_some((chunks, shutdown));
@@ -402,6 +404,15 @@ fn events(
         }
         Some((event, next))
     })
+}
+
+/// One SSE event: `data: `, the chunk's JSON, and the blank line that ends
+/// it. Compact JSON has no line breaks, so it is one `data:` line.
+fn event(chunk: &AgenticLoopChunk) -> serde_json::Result<Bytes> {
+    let mut event = b"data: ".to_vec();
+    serde_json::to_writer(&mut event, chunk)?;
+    event.extend_from_slice(b"\n\n");
+    Ok(Bytes::from(event))
 }
 
 #[cfg(test)]

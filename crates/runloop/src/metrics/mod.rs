@@ -264,6 +264,15 @@ pub(crate) fn is_fatal(chunk: &[u8]) -> bool {
     serde_json::from_slice::<AgenticLoopChunk>(chunk).is_ok_and(|chunk| chunk.is_fatal())
 }
 
+/// Whether a chunk's JSON can be a fatal notification at all: it holds
+/// the literal `true`, which JSON cannot escape. A byte scan, for a relay
+/// that keeps a loop's last chunk only to ask [`is_fatal`] at the end: a
+/// large chunk that cannot be fatal is let go at once instead of being held
+/// beside the copy on its way out.
+pub(crate) fn may_be_fatal(chunk: &[u8]) -> bool {
+    memchr::memmem::find(chunk, b"true").is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,6 +372,15 @@ mod tests {
             br#"{"type":"assistant_text_content","text":"is_fatal"}"#
         ));
         assert!(!is_fatal(b"not json"));
+        for fatal in [
+            &br#"{"type":"notification","is_fatal":true,"message":null}"#[..],
+            br#"{"type":"notification","is_\u0066atal":true,"message":null}"#,
+        ] {
+            assert!(may_be_fatal(fatal) && is_fatal(fatal));
+        }
+        assert!(!may_be_fatal(
+            br#"{"type":"notification","is_fatal":false,"message":null}"#
+        ));
         assert!(!is_fatal(b""));
     }
 }

@@ -18,7 +18,10 @@
 //! - **Bytes pass through unread.** The ask goes to the agent program as it
 //!   came, and each SSE `data` goes to the server as `[0]` and those bytes:
 //!   the proxy checks the ask's shape (a bad ask gets a clear error instead
-//!   of an agent program's puzzled 400) and never parses a chunk.
+//!   of an agent program's puzzled 400) and never parses a chunk. A chunk
+//!   is written to the path from the event's own bytes, behind its tag and
+//!   the frame's header, not copied into a write buffer first: a loop of
+//!   large chunks holds one copy in the proxy, not three.
 //! - **One loop at a time, one registration per life**, as two small claims
 //!   on shared state that release themselves when dropped (state.rs).
 //! - **Cancellation follows the server.** While a loop runs the proxy keeps

@@ -6,13 +6,17 @@
 //! frame and waits for the server's; it answers a close the server starts.
 //! Either way the log stays silent, so "broke" in it means something broke.
 
+use std::io;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::{ErrorKind, ErrorValue, Writer};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -59,6 +63,30 @@ pub(super) async fn left(ws: &mut Ws) -> End {
             Some(Ok(other)) => debug!(kind = message_kind(&other), "ignored after the ask"),
         }
     }
+}
+
+/// Sends one binary message, `head` then `body`, as a single frame written
+/// straight from their bytes. Through the sink, the message would be
+/// copied into tungstenite's write buffer, which keeps the capacity of the
+/// largest message for as long as the path is open: for a loop of 15 MiB
+/// chunks, a copy per chunk and 15 MiB held for good. What tungstenite has
+/// queued itself (the answer to a ping) goes first, so frames never mix.
+pub(super) async fn send_binary(ws: &mut Ws, head: &[u8], body: Bytes) -> io::Result<()> {
+    ws.flush().await.map_err(io::Error::other)?;
+    let length = (head.len() + body.len()) as u64;
+    let mut frame = Vec::with_capacity(14 + head.len());
+    let header = FrameHeader {
+        opcode: OpCode::Data(Data::Binary),
+        ..FrameHeader::default()
+    };
+    header
+        .format(length, &mut frame)
+        .map_err(io::Error::other)?;
+    frame.extend_from_slice(head);
+    let mut message = Bytes::from(frame).chain(body);
+    let socket = ws.get_mut();
+    socket.write_all_buf(&mut message).await?;
+    socket.flush().await
 }
 
 /// What a path's task does once its exchange is over.

@@ -23,18 +23,18 @@
 use std::pin::pin;
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use runloop_proto::Decode;
-use runloop_proto::Writer;
 use runloop_proto::run_loop::{RunLoopRequest, response};
-use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error};
+use super::path::{
+    End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error, send_binary,
+};
 use super::upstream::{Failure, Framing};
 use super::{Shared, sse};
-use crate::metrics::{AgentFault, LoopOutcome, ProxyLoop};
+use crate::metrics::{AgentFault, LoopOutcome, ProxyLoop, may_be_fatal};
 
 /// Serves one `/agent/run` path.
 pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {
@@ -73,7 +73,8 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
     end(ws, outcome, &shared.config).await;
 }
 
-/// What a loop has sent to the server: how many chunks, and the last one.
+/// What a loop has sent to the server: how many chunks, and the last one
+/// if it may be a fatal notification ([`may_be_fatal`]).
 #[derive(Default)]
 struct Sent {
     chunks: u64,
@@ -141,11 +142,15 @@ async fn relay(
             }
             Some(Ok(data)) => data,
         };
-        debug!(bytes = data.len(), "chunk");
+        let bytes = data.len();
+        debug!(bytes, "chunk");
+        // Kept only if it may be the fatal ending: a large chunk that
+        // cannot be is let go once it is written, not held until the next.
+        let last = may_be_fatal(&data).then(|| data.clone());
         tokio::select! {
             // A frame half written cannot be followed by an error: drop the path.
             () = shutdown.cancelled() => return End::Abandon,
-            written = ws.send(chunk_message(&data)) => if let Err(error) = written {
+            written = send_binary(ws, &CHUNK_TAG, data) => if let Err(error) = written {
                 info!(chunks, %error, "the path broke mid-loop; cancelling the agent program's loop");
                 return End::Abandon;
             },
@@ -154,9 +159,9 @@ async fn relay(
             metrics.first_chunk.observe(asked.elapsed());
         }
         metrics.chunks.inc();
-        metrics.bytes.inc_by(data.len() as u64);
+        metrics.bytes.inc_by(bytes as u64);
         sent.chunks += 1;
-        sent.last = Some(data);
+        sent.last = last;
     }
 }
 
@@ -178,9 +183,5 @@ fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
     }
 }
 
-/// `[0]` and the event's data, unread.
-fn chunk_message(data: &[u8]) -> Message {
-    let mut payload = Vec::new();
-    response::encode_raw_chunk(data, &mut Writer::new(&mut payload));
-    Message::Binary(Bytes::from(payload))
-}
+/// What goes before an event's data, unread, to make it a chunk: `[0]`.
+const CHUNK_TAG: [u8; 1] = [response::CHUNK];

@@ -44,8 +44,16 @@ pub(crate) const READ_BUFFER: usize = 4 << 10;
 
 /// Opens `path` (`/agent/run`, …) on the proxy at `base` (`ws://host:port`),
 /// Nagle off.
+///
+/// The dial and the handshake are a large future (several KiB), boxed so
+/// that it is held only while it runs: the relay that awaits it lives as
+/// long as its loop, and a server holds one per loop.
 pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path, WsError> {
-    let request = format!("{base}{path}").into_client_request()?;
+    Box::pin(dial(format!("{base}{path}"), limits)).await
+}
+
+async fn dial(url: String, limits: &Limits) -> Result<Path, WsError> {
+    let request = url.into_client_request()?;
     let uri = request.uri();
     if uri.scheme_str() != Some("ws") {
         return Err(WsError::Url(UrlError::UnsupportedUrlScheme));
@@ -120,7 +128,8 @@ pub(crate) async fn close(mut path: Path) {
         }
         Ok::<(), WsError>(())
     };
-    match tokio::time::timeout(CLOSE_GRACE, closing).await {
+    // Boxed for the same reason as `open`'s handshake.
+    match tokio::time::timeout(CLOSE_GRACE, Box::pin(closing)).await {
         Ok(Ok(())) => {}
         Ok(Err(why)) => debug!(%why, "a proxy path broke during the close"),
         Err(_) => {

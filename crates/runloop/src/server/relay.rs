@@ -46,7 +46,7 @@ use super::outbox::ChannelOutbox;
 use super::proxy_path::{self, Path};
 use super::shared::{Held, Shared, Stats};
 use crate::limits::Limits;
-use crate::metrics::{LoopOutcome, ProxyFault, ServerMetrics};
+use crate::metrics::{LoopOutcome, ProxyFault, ServerMetrics, may_be_fatal};
 use crate::writer::Direct;
 
 /// A proxy path the relay has opened, counted as held until it is closed.
@@ -57,7 +57,7 @@ struct Open {
 
 /// What the relay noted of the chunks it forwarded: how many, and the
 /// last payload (kept, not copied: to tell a fatal ending once the loop is
-/// over).
+/// over; a large one only if it may be fatal).
 ///
 /// The server's counts of chunks and bytes are shared by every relay, and
 /// an atomic add on a line other cores write to costs more than the rest
@@ -74,12 +74,17 @@ struct Forwarded {
 /// Chunks a relay forwards before it adds them to the server's counts.
 const FLUSH_EVERY: u64 = 64;
 
+/// The largest last chunk kept without looking whether it may be fatal.
+const KEEP_ANY: usize = 64 << 10;
+
 impl Forwarded {
     fn note(&mut self, payload: Bytes, metrics: &ServerMetrics) {
         self.chunks += 1;
         self.pending.0 += 1;
         self.pending.1 += payload.len() as u64;
-        self.last = Some(payload);
+        // A large chunk that cannot be the fatal ending is let go: kept, it
+        // would be held beside its copy in the queue.
+        self.last = (payload.len() <= KEEP_ANY || may_be_fatal(&payload)).then_some(payload);
         if self.pending.0 == FLUSH_EVERY {
             self.flush(metrics);
         }
