@@ -30,6 +30,7 @@
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -402,22 +403,27 @@ impl<F: Future<Output = ErrorValue>> RunEnd<'_, F> {
     /// `work`'s output, or the run's end (why it ended) if that comes
     /// first. The run's end wins a tie.
     ///
-    /// Work that is ready at once, while the run's ending has not changed,
-    /// is taken without waiting for the end at all: most of a busy loop's
-    /// messages are already read when the relay asks for them.
+    /// While the run's ending has not changed, the work is polled first and
+    /// the end only when the work must wait (to be woken by either): most
+    /// of a busy loop's messages are already read when the relay asks for
+    /// them, and polling the end takes its waiters' lock. Each poll of the
+    /// relay polls the work once, so a wait costs one read of the socket.
     async fn or<T>(&mut self, work: impl Future<Output = T>) -> Result<T, ErrorValue> {
         let mut work = pin!(work);
-        if self.quiet
-            && matches!(self.watch.has_changed(), Ok(false))
-            && let Some(output) = (&mut work).now_or_never()
-        {
-            return Ok(output);
-        }
-        tokio::select! {
-            biased;
-            why = self.ended.as_mut() => Err(why),
-            output = work => Ok(output),
-        }
+        std::future::poll_fn(|cx| {
+            let quiet = self.quiet && matches!(self.watch.has_changed(), Ok(false));
+            if !quiet && let Poll::Ready(why) = self.ended.as_mut().poll(cx) {
+                return Poll::Ready(Err(why));
+            }
+            if let Poll::Ready(output) = work.as_mut().poll(cx) {
+                return Poll::Ready(Ok(output));
+            }
+            if quiet && let Poll::Ready(why) = self.ended.as_mut().poll(cx) {
+                return Poll::Ready(Err(why));
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// `work`'s output if it is ready now, or the run's end if that has
