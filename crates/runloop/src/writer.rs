@@ -396,3 +396,67 @@ async fn feed_one(
     queued.fetch_sub(1, Ordering::AcqRel);
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use super::*;
+
+    /// An outlet on a sink that records what is sent, and the record.
+    fn recorded() -> (Queue, Frames, Arc<StdMutex<Vec<Bytes>>>) {
+        let seen = Arc::new(StdMutex::new(Vec::new()));
+        let sink = futures_util::sink::unfold(Arc::clone(&seen), |seen, message: Message| {
+            seen.lock().expect("lock").push(message.into_data());
+            async move { Ok::<_, WsError>(seen) }
+        });
+        let (queue, frames) = outlet(Box::pin(sink), None, None, CancellationToken::new());
+        (queue, frames, seen)
+    }
+
+    async fn until_sent(seen: &StdMutex<Vec<Bytes>>, count: usize) {
+        while seen.lock().expect("lock").len() < count {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_task_writes_itself_only_when_nothing_is_queued_and_the_order_holds() {
+        let (queue, frames, seen) = recorded();
+        queue.put(Outgoing::control(b"a".to_vec()));
+        assert!(queue.direct().is_none(), "a frame is queued");
+        let writer = tokio::spawn(write_frames(frames, CancellationToken::new()));
+        until_sent(&seen, 1).await;
+        {
+            let mut direct = queue.direct().expect("nothing queued, no one writing");
+            direct.feed(b"b".to_vec(), Instant::now()).await;
+            // Queued while the socket is held: it goes after what is fed.
+            queue.put(Outgoing::control(b"c".to_vec()));
+            assert!(queue.direct().is_none(), "the socket is held");
+            direct.flush().await;
+        }
+        until_sent(&seen, 3).await;
+        assert!(queue.direct().is_some(), "the queue is empty again");
+        drop(queue);
+        writer.await.expect("the writer").expect("no error");
+        let seen: Vec<_> = seen.lock().expect("lock").clone();
+        assert_eq!(seen, [&b"a"[..], b"b", b"c"]);
+    }
+
+    #[tokio::test]
+    async fn the_socket_goes_with_the_writer_whatever_holds_the_queue() {
+        let (queue, frames, seen) = recorded();
+        let close = CancellationToken::new();
+        let writer = tokio::spawn(write_frames(frames, close.clone()));
+        close.cancel();
+        writer.await.expect("the writer").expect("no error");
+        // The sink held the record's other reference.
+        assert_eq!(Arc::strong_count(&seen), 1, "the sink is let go");
+        let mut direct = queue.direct().expect("no one writing");
+        direct.feed(b"late".to_vec(), Instant::now()).await;
+        assert!(
+            seen.lock().expect("lock").is_empty(),
+            "nothing after the end"
+        );
+    }
+}
