@@ -44,7 +44,7 @@ use runloop_oci::{Host, HostConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::descriptors::{self, Load};
+use crate::descriptors::{self, Holds, Load};
 use crate::exit::{Exit, Failure};
 use crate::process::{LogArgs, block_on, init_logs_as, shutdown_signal};
 use crate::token;
@@ -464,22 +464,24 @@ impl Args {
     }
 
     /// The descriptors the server may open, raised to the hard limit, if
-    /// its limits fit in them.
-    fn descriptors(&self) -> Result<u64, Failure> {
+    /// its limits fit in them; `identities` are the credentials it knows.
+    fn descriptors(&self, identities: usize) -> Result<u64, Failure> {
         let limit = descriptors::raise().map_err(Failure::Runtime)?;
         let load = Load {
             connections: self.max_connections as u64,
             unauthorized: self.max_unauthorized as u64,
             runs: self.max_runs as u64,
-            per_run: if !self.agents.is_empty()
+            loops_per_identity: self.max_loops_per_identity as u64,
+            identities: identities.max(1) as u64,
+            holds: if !self.agents.is_empty()
                 && self
                     .agents
                     .iter()
                     .all(|spec| matches!(spec.runtime, RuntimeSpec::Proxy(_)))
             {
-                descriptors::PER_ATTACHED_RUN
+                Holds::ATTACHED
             } else {
-                descriptors::PER_RUN
+                Holds::CONTAINER
             },
         };
         descriptors::check(load, limit).map_err(|error| Failure::Argument(error.to_string()))?;
@@ -523,7 +525,11 @@ impl Args {
     pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
         let mut config = self.config()?;
         let drain_timeout = self.drain_timeout()?;
-        let descriptors = self.descriptors()?;
+        let identities = match &config.credentials {
+            Credentials::Any => 1,
+            Credentials::Tokens(tokens) => tokens.len(),
+        };
+        let descriptors = self.descriptors(identities)?;
         let _logs = init_logs_as("info", self.logs.log_format);
         let exec = self
             .agents

@@ -341,13 +341,13 @@ impl Limited {
 
 #[test]
 fn silent_sockets_past_the_limits_hold_no_descriptors() {
-    // 64 + 100 + 50 + 8 × 10 = 294 descriptors at most, in 512; one
-    // address holds fewer than all the places of connections not yet
+    // 64 + 100 + 50 + 4 × 10 + 4 × 10 = 294 descriptors at most, in 512;
+    // one address holds fewer than all the places of connections not yet
     // authorized.
     let server = Limited::start(
         512,
         "--max-connections 100 --max-unauthorized 50 --max-runs 10 \
-         --max-connections-per-address 16",
+         --max-loops-per-identity 10 --max-connections-per-address 16",
     );
     let url = &server.url;
     let to: SocketAddr = url.trim_start_matches("ws://").parse().expect("an address");
@@ -376,11 +376,11 @@ fn silent_sockets_past_the_limits_hold_no_descriptors() {
 
 #[test]
 fn past_max_connections_under_a_small_nofile_callers_get_1013() {
-    // 64 + 40 + 20 + 8 × 10 = 204 descriptors at most, in 256.
+    // 64 + 40 + 20 + 4 × 10 + 4 × 10 = 204 descriptors at most, in 256.
     let server = Limited::start(
         256,
         "--max-connections 40 --max-unauthorized 20 --max-runs 10 \
-         --max-connections-per-address 100",
+         --max-loops-per-identity 10 --max-connections-per-address 100",
     );
     let url = &server.url;
     runtime().block_on(async {

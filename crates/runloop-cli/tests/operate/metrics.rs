@@ -196,6 +196,71 @@ fn prometheus_scrapes_the_exact_counts_of_every_outcome() {
     assert_eq!(http::get(admin, "/readyz"), (200, "ready\n".to_owned()));
 }
 
+/// A metric's one sample in an exposition, by its full series name.
+fn sample(exposition: &str, series: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{exposition}"))
+}
+
+#[test]
+fn a_loop_past_the_identity_s_limit_is_counted_as_refused() {
+    use futures_util::StreamExt;
+    use runloop::client::{Client, Event};
+    use runloop::proto::run_loop::Outcome;
+
+    let server = Serve::start(
+        "warn",
+        &[
+            "--token",
+            TOKEN,
+            "--admin",
+            "127.0.0.1:0",
+            "--max-loops-per-identity",
+            "1",
+        ],
+    );
+    let admin = server.admin.expect("an admin listener");
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(async {
+        let client = Client::connect(&server.url, TOKEN).await.expect("connects");
+        let first = client
+            .start(crate::common::demo_request())
+            .await
+            .expect("a run");
+        let second = client
+            .start(crate::common::demo_request())
+            .await
+            .expect("a run");
+        // The one loop the token may have, held while the next is asked.
+        let mut held = first.run_loop("held demo:pace=200");
+        assert!(
+            matches!(held.next().await, Some(Event::Chunk { .. })),
+            "the first loop is relayed"
+        );
+        let outcome = second.run_loop("one too many").outcome().await;
+        assert!(matches!(outcome, Outcome::NoLoop(_)), "{outcome:?}");
+        let (_, outcome) = held.collect_chunks().await;
+        assert!(matches!(outcome, Outcome::Finished { .. }), "{outcome:?}");
+        first.stop().await;
+        second.stop().await;
+        client.close().await;
+    });
+    let (status, text) = http::get(admin, "/metrics");
+    assert_eq!(status, 200);
+    assert_eq!(sample(&text, "runloop_loops_refused_total"), 1.0);
+    assert_eq!(
+        sample(&text, "runloop_loops_total{outcome=\"no_loop\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "runloop_loops_total{outcome=\"finished\"}"),
+        1.0
+    );
+}
+
 #[test]
 fn the_proxy_counts_its_side() {
     // The demo agent program and a proxy in front of it, each a process.
