@@ -138,11 +138,12 @@ struct Sending {
     tap: Option<(Tap, Role)>,
     /// Gets, for each relayed frame, the time from its proxy message to
     /// the flush that wrote it to the socket: one clock read and one add to
-    /// the sum per flush, one add to a bucket per frame.
+    /// the sum per flush, one add to a bucket per time the frames came.
     latency: Option<Histogram>,
     /// When the relayed frames fed since the last flush came from their
-    /// proxies.
-    relayed: Vec<Instant>,
+    /// proxies, and how many came at each time: the frames of one relay's
+    /// batch share one.
+    relayed: Vec<(Instant, u64)>,
     /// Frames fed since the last flush.
     fed: usize,
 }
@@ -155,7 +156,10 @@ impl Sending {
         if self.latency.is_some()
             && let Some(relayed_at) = relayed_at
         {
-            self.relayed.push(relayed_at);
+            match self.relayed.last_mut() {
+                Some((at, count)) if *at == relayed_at => *count += 1,
+                _ => self.relayed.push((relayed_at, 1)),
+            }
         }
         self.fed += 1;
         self.sink()?.feed(Message::Binary(message)).await
@@ -168,9 +172,9 @@ impl Sending {
         {
             let now = Instant::now();
             latency.observe_all(
-                self.relayed
-                    .iter()
-                    .map(|relayed_at| now.saturating_duration_since(*relayed_at)),
+                self.relayed.iter().map(|(relayed_at, count)| {
+                    (now.saturating_duration_since(*relayed_at), *count)
+                }),
             );
         }
         self.relayed.clear();
@@ -296,8 +300,8 @@ pub(crate) struct Direct<'a> {
 impl Direct<'_> {
     /// Feeds a frame that carries a proxy's message that came at
     /// `relayed_at`. A failed write ends the connection.
-    pub(crate) async fn feed(&mut self, message: Vec<u8>, relayed_at: Instant) {
-        if let Err(error) = self.sending.feed(message.into(), Some(relayed_at)).await {
+    pub(crate) async fn feed(&mut self, message: Bytes, relayed_at: Instant) {
+        if let Err(error) = self.sending.feed(message, Some(relayed_at)).await {
             self.fail(&error);
         }
     }
@@ -429,7 +433,7 @@ mod tests {
         until_sent(&seen, 1).await;
         {
             let mut direct = queue.direct().expect("nothing queued, no one writing");
-            direct.feed(b"b".to_vec(), Instant::now()).await;
+            direct.feed(Bytes::from_static(b"b"), Instant::now()).await;
             // Queued while the socket is held: it goes after what is fed.
             queue.put(Outgoing::control(b"c".to_vec()));
             assert!(queue.direct().is_none(), "the socket is held");
@@ -453,7 +457,9 @@ mod tests {
         // The sink held the record's other reference.
         assert_eq!(Arc::strong_count(&seen), 1, "the sink is let go");
         let mut direct = queue.direct().expect("no one writing");
-        direct.feed(b"late".to_vec(), Instant::now()).await;
+        direct
+            .feed(Bytes::from_static(b"late"), Instant::now())
+            .await;
         assert!(
             seen.lock().expect("lock").is_empty(),
             "nothing after the end"

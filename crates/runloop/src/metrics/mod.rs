@@ -181,21 +181,22 @@ impl Histogram {
 
     /// Records one duration.
     pub fn observe(&self, duration: Duration) {
-        self.observe_all([duration]);
+        self.observe_all([(duration, 1)]);
     }
 
-    /// Records several durations, counted first where no other core
-    /// writes: then one atomic add to each bucket they fell in, and one to
-    /// the sum. (The buckets are shared by every connection; a batch of a
-    /// busy connection's frames mostly falls in one or two.)
-    pub fn observe_all(&self, durations: impl IntoIterator<Item = Duration>) {
+    /// Records several durations, each `count` times, counted first where
+    /// no other core writes: then one atomic add to each bucket they fell
+    /// in, and one to the sum. (The buckets are shared by every
+    /// connection; a batch of a busy connection's frames mostly falls in
+    /// one or two.)
+    pub fn observe_all(&self, durations: impl IntoIterator<Item = (Duration, u64)>) {
         let inner = &*self.inner;
         let mut counts = [0u64; MAX_BUCKETS];
         let mut sum = 0u64;
-        for duration in durations {
+        for (duration, count) in durations {
             let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-            counts[inner.bounds.partition_point(|&bound| bound < nanos)] += 1;
-            sum = sum.saturating_add(nanos);
+            counts[inner.bounds.partition_point(|&bound| bound < nanos)] += count;
+            sum = sum.saturating_add(nanos.saturating_mul(count));
         }
         for (bucket, &count) in inner.buckets.iter().zip(&counts) {
             if count > 0 {
@@ -326,14 +327,11 @@ mod tests {
     fn a_histogram_puts_each_duration_in_the_first_bucket_that_holds_it() {
         static BOUNDS: [u64; 2] = [MS, S];
         let histogram = Histogram::new(&BOUNDS);
-        for duration in [
-            Duration::from_micros(10),
-            Duration::from_millis(1),
-            Duration::from_millis(2),
-            Duration::from_secs(5),
-        ] {
+        for duration in [Duration::from_micros(10), Duration::from_millis(2)] {
             histogram.observe(duration);
         }
+        // A batch: several durations at once, one of them twice.
+        histogram.observe_all([(Duration::from_micros(500), 2), (Duration::from_secs(5), 1)]);
         let text = exposed(|r| {
             r.register_with_unit(
                 "wait",
@@ -344,20 +342,20 @@ mod tests {
         });
         // Cumulative, with +Inf, and a sum in seconds.
         assert!(
-            text.contains("test_wait_seconds_bucket{le=\"0.001\"} 2\n"),
+            text.contains("test_wait_seconds_bucket{le=\"0.001\"} 3\n"),
             "{text}"
         );
         assert!(
-            text.contains("test_wait_seconds_bucket{le=\"1\"} 3\n"),
+            text.contains("test_wait_seconds_bucket{le=\"1\"} 4\n"),
             "{text}"
         );
         assert!(
-            text.contains("test_wait_seconds_bucket{le=\"+Inf\"} 4\n"),
+            text.contains("test_wait_seconds_bucket{le=\"+Inf\"} 5\n"),
             "{text}"
         );
-        assert!(text.contains("test_wait_seconds_count 4\n"), "{text}");
+        assert!(text.contains("test_wait_seconds_count 5\n"), "{text}");
         assert!(text.contains("test_wait_seconds_sum 5.00301\n"), "{text}");
-        assert_eq!(histogram.count(), 4);
+        assert_eq!(histogram.count(), 5);
     }
 
     #[test]

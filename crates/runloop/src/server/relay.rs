@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use runloop_proto::frame;
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
@@ -228,6 +228,8 @@ async fn relay(
         Err(why) => return relay.cut(why, last),
     }
     let places = outbox.places(&limits);
+    // Every response of the channel begins with these bytes.
+    let header = outbox.message(&[]);
     // The relay writes to the connection's socket itself while no one else
     // is, and otherwise queues; either way it takes every message its proxy
     // has ready before it flushes, or queues them together: one flush, or
@@ -286,7 +288,7 @@ async fn relay(
                     socket = outbox.direct().map(Socket::new);
                 }
                 if let Some(held) = &mut socket {
-                    let frame = outbox.message(&message);
+                    let frame = held.frame(&header, &message);
                     if let Err(why) = run_end.or(held.direct.feed(frame, relayed_at)).await {
                         return relay.cut(why, last);
                     }
@@ -337,13 +339,22 @@ async fn relay(
     }
 }
 
-/// The connection's socket while the relay writes to it itself, and what
-/// it has fed since it took it.
+/// The connection's socket while the relay writes to it itself, what it
+/// has fed since it took it, and a buffer for the frames it feeds.
 struct Socket<'a> {
     direct: Direct<'a>,
     frames: usize,
     bytes: usize,
+    /// Where this batch's frames are built. The WebSocket copies a frame
+    /// as it takes it and lets it go, so the next frame reuses the same
+    /// memory: one allocation a batch, not one a frame, and none held once
+    /// the batch is flushed.
+    scratch: BytesMut,
 }
+
+/// What a batch's buffer is first made to hold, so that a batch of small
+/// frames fits in one allocation.
+const SCRATCH: usize = 16 << 10;
 
 impl<'a> Socket<'a> {
     fn new(direct: Direct<'a>) -> Self {
@@ -351,7 +362,21 @@ impl<'a> Socket<'a> {
             direct,
             frames: 0,
             bytes: 0,
+            scratch: BytesMut::new(),
         }
+    }
+
+    /// The frame that carries `message`: `header`, then the message.
+    fn frame(&mut self, header: &[u8], message: &[u8]) -> Bytes {
+        let size = header.len() + message.len();
+        if self.scratch.capacity() == 0 {
+            self.scratch.reserve(size.max(SCRATCH));
+        } else {
+            self.scratch.reserve(size);
+        }
+        self.scratch.extend_from_slice(header);
+        self.scratch.extend_from_slice(message);
+        self.scratch.split().freeze()
     }
 
     /// Notes a frame of `size` bytes fed; whether the relay has fed as much
