@@ -57,14 +57,8 @@ struct Open {
 }
 
 /// What the relay noted of the chunks it forwarded: how many, and the
-/// last payload, to tell a fatal ending once the loop is over.
-///
-/// A small last payload is copied, not kept: a kept one would share the
-/// path's read buffer, which the WebSocket could then not reuse, and every
-/// few kilobytes read would cost a new buffer. A larger one is kept (a
-/// copy, or a scan of it, costs more than that buffer); a large one only
-/// if it may be fatal, since one that cannot be is better let go at once
-/// than held beside its copy on the way out.
+/// last payload (kept, not copied: to tell a fatal ending once the loop is
+/// over; a large one only if it may be fatal).
 ///
 /// The server's counts of chunks and bytes are shared by every relay, and
 /// an atomic add on a line other cores write to costs more than the rest
@@ -73,10 +67,7 @@ struct Open {
 #[derive(Default)]
 struct Forwarded {
     chunks: u64,
-    /// The last payload, when it is small.
-    last_copied: Vec<u8>,
-    /// The last payload, when it is not small, and if large, may be fatal.
-    last_kept: Option<Bytes>,
+    last: Option<Bytes>,
     /// Chunks and bytes not yet added to the server's counts.
     pending: (u64, u64),
 }
@@ -84,10 +75,7 @@ struct Forwarded {
 /// Chunks a relay forwards before it adds them to the server's counts.
 const FLUSH_EVERY: u64 = 64;
 
-/// The largest last payload copied rather than kept.
-const COPY_LAST: usize = 1 << 10;
-
-/// The largest last payload kept without looking whether it may be fatal.
+/// The largest last chunk kept without looking whether it may be fatal.
 const KEEP_ANY: usize = 64 << 10;
 
 impl Forwarded {
@@ -95,23 +83,11 @@ impl Forwarded {
         self.chunks += 1;
         self.pending.0 += 1;
         self.pending.1 += payload.len() as u64;
-        self.last_copied.clear();
-        self.last_kept = None;
-        if payload.len() <= COPY_LAST {
-            self.last_copied.extend_from_slice(&payload);
-        } else if payload.len() <= KEEP_ANY || may_be_fatal(&payload) {
-            self.last_kept = Some(payload);
-        }
+        // A large chunk that cannot be the fatal ending is let go: kept, it
+        // would be held beside its copy in the queue.
+        self.last = (payload.len() <= KEEP_ANY || may_be_fatal(&payload)).then_some(payload);
         if self.pending.0 == FLUSH_EVERY {
             self.flush(metrics);
-        }
-    }
-
-    /// The last payload, if it may be a fatal chunk's.
-    fn last(&self) -> Option<&[u8]> {
-        match &self.last_kept {
-            Some(kept) => Some(kept),
-            None => (!self.last_copied.is_empty()).then_some(self.last_copied.as_slice()),
         }
     }
 
@@ -158,7 +134,10 @@ pub(crate) async fn serve(
     // Counted before the finish is queued: a caller that has seen the
     // finish finds the loop counted.
     forwarded.flush(&shared.metrics);
-    let last_chunk = forwarded.last().and_then(|payload| payload.get(1..));
+    let last_chunk = forwarded
+        .last
+        .as_deref()
+        .and_then(|payload| payload.get(1..));
     let outcome = LoopOutcome::of(forwarded.chunks, !last.is_empty(), last_chunk);
     shared.metrics.loops.inc(outcome);
     if !last.is_empty() {
@@ -504,36 +483,4 @@ pub(crate) fn refuse(shared: &Shared, outbox: ChannelOutbox, error: ErrorValue) 
     shared.metrics.loops_refused.inc();
     outbox.respond_last(&last);
     outbox.finish(finish);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_last_payload_is_copied_kept_or_let_go_by_its_size() {
-        let metrics = ServerMetrics::new();
-        let mut forwarded = Forwarded::default();
-        assert_eq!(forwarded.last(), None);
-        // Small: copied, so the path's buffer is not held.
-        let small = Bytes::from_static(b"\x00{\"fatal\":true}");
-        forwarded.note(small.clone(), &metrics);
-        assert_eq!(forwarded.last(), Some(&small[..]));
-        assert!(forwarded.last_kept.is_none());
-        // Medium: kept as it came, looked at only at the end.
-        let medium = Bytes::from(vec![b'x'; COPY_LAST + 1]);
-        forwarded.note(medium.clone(), &metrics);
-        assert_eq!(forwarded.last(), Some(&medium[..]));
-        assert!(forwarded.last_copied.is_empty());
-        // Large: kept only if it may be fatal.
-        let large = Bytes::from(vec![b'x'; KEEP_ANY + 1]);
-        forwarded.note(large, &metrics);
-        assert_eq!(forwarded.last(), None);
-        let mut fatal = vec![b'x'; KEEP_ANY + 1];
-        fatal.extend_from_slice(b"true");
-        let fatal = Bytes::from(fatal);
-        forwarded.note(fatal.clone(), &metrics);
-        assert_eq!(forwarded.last(), Some(&fatal[..]));
-        assert_eq!(forwarded.chunks, 4);
-    }
 }
