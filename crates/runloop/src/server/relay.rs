@@ -352,8 +352,8 @@ struct Socket<'a> {
     scratch: BytesMut,
 }
 
-/// What a batch's buffer is first made to hold, so that a batch of small
-/// frames fits in one allocation.
+/// What a batch's buffer holds, so that a batch of small frames fits in
+/// one allocation; a larger frame is built on its own.
 const SCRATCH: usize = 16 << 10;
 
 impl<'a> Socket<'a> {
@@ -369,10 +369,14 @@ impl<'a> Socket<'a> {
     /// The frame that carries `message`: `header`, then the message.
     fn frame(&mut self, header: &[u8], message: &[u8]) -> Bytes {
         let size = header.len() + message.len();
-        if self.scratch.capacity() == 0 {
-            self.scratch.reserve(size.max(SCRATCH));
-        } else {
-            self.scratch.reserve(size);
+        if size > SCRATCH {
+            // Its own allocation, let go once the WebSocket has copied it:
+            // in the batch's buffer it would be held until the batch is
+            // flushed, which a caller who does not read can put off forever.
+            return Bytes::from([header, message].concat());
+        }
+        if self.scratch.capacity() < size {
+            self.scratch.reserve(SCRATCH);
         }
         self.scratch.extend_from_slice(header);
         self.scratch.extend_from_slice(message);
