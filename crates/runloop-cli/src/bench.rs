@@ -105,8 +105,11 @@ impl Spawn for ThisBinary {
     fn server(&self, listen: SocketAddr, proxy: &str, token: &str, load: Load) -> Command {
         let mut command = Command::new(&self.0);
         command
-            .args(["serve", "--listen", &listen.to_string(), "--token", token])
+            .args(["serve", "--listen", &listen.to_string()])
             .args(["--agent", &format!("bench=proxy:{proxy}")])
+            // As the help steers a user: not `--token`, which every local
+            // user can read (and the server warns about).
+            .env("RUNLOOP_TOKEN", token)
             .env("RUST_LOG", "warn");
         // Defaults stay defaults; only a load past them raises a limit.
         if load.runs_per_connection > Limits::default().max_scopes {
