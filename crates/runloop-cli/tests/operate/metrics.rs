@@ -4,6 +4,7 @@
 //! exposition also passes `promtool check metrics`.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
@@ -14,6 +15,17 @@ use crate::prometheus::{Prometheus, promtool_check};
 use crate::serve::Serve;
 
 const TOKEN: &str = "metrics-test-token";
+
+/// `runloop serve` with [`TOKEN`], an admin listener and `args`; the
+/// server and its admin listener's address.
+fn serve_with_admin(args: &[&str]) -> (Serve, SocketAddr) {
+    let server = Serve::start(
+        "warn",
+        &[&["--token", TOKEN, "--admin", "127.0.0.1:0"], args].concat(),
+    );
+    let admin = server.admin.expect("an admin listener");
+    (server, admin)
+}
 
 /// `runloop run --json` against `url`: the exit code and the chunks it got.
 fn run_loop(url: &str, args: &[&str]) -> (Option<i32>, u64, String) {
@@ -55,20 +67,12 @@ fn unix_now() -> f64 {
 
 #[test]
 fn prometheus_scrapes_the_exact_counts_of_every_outcome() {
-    let server = Serve::start(
-        "warn",
-        &[
-            "--token",
-            TOKEN,
-            "--admin",
-            "127.0.0.1:0",
-            "--agent",
-            "demo=builtin:demo",
-            "--agent",
-            "missing=exec:/nonexistent/agent-program",
-        ],
-    );
-    let admin = server.admin.expect("an admin listener");
+    let (server, admin) = serve_with_admin(&[
+        "--agent",
+        "demo=builtin:demo",
+        "--agent",
+        "missing=exec:/nonexistent/agent-program",
+    ]);
     let prometheus = Prometheus::start(&[admin]);
 
     // (what, arguments, the exit code runloop run must give)
@@ -211,18 +215,7 @@ fn a_loop_past_the_identity_s_limit_is_counted_as_refused() {
     use runloop::client::{Client, Event};
     use runloop::proto::run_loop::Outcome;
 
-    let server = Serve::start(
-        "warn",
-        &[
-            "--token",
-            TOKEN,
-            "--admin",
-            "127.0.0.1:0",
-            "--max-loops-per-identity",
-            "1",
-        ],
-    );
-    let admin = server.admin.expect("an admin listener");
+    let (server, admin) = serve_with_admin(&["--max-loops-per-identity", "1"]);
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(async {
         let client = Client::connect(&server.url, TOKEN).await.expect("connects");
