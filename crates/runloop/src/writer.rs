@@ -31,6 +31,13 @@
 //! a few per scope or channel, and those are bounded by the connection's
 //! [`Limits`](crate::limits::Limits).
 //!
+//! A frame larger than [`FRAGMENT`] goes to the socket as WebSocket
+//! fragments cut from its own bytes ([`FrameBytes`]): the relay hands on a
+//! proxy's message as it was read, and the WebSocket's write buffer holds
+//! one fragment of it at a time, not a copy of the whole (which it would
+//! keep, at that capacity, for the connection's life). Another frame can
+//! come only after the last fragment, as one that was written whole.
+//!
 //! Both ends close on purpose with a close handshake (protocol §12 "Clean
 //! ends"): the writer's last act is a close frame, or the answer to the
 //! peer's, and the side that closed first waits for the answer, for
@@ -47,6 +54,8 @@ use futures_util::{Sink, SinkExt};
 use runloop_proto::frame::Role;
 use tokio::sync::{Mutex, MutexGuard, OwnedSemaphorePermit, mpsc};
 use tokio_tungstenite::tungstenite::error::ProtocolError;
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
@@ -83,10 +92,62 @@ impl Place {
     }
 }
 
+/// A frame larger than this goes to the WebSocket in fragments (RFC 6455
+/// §5.4) of at most this size, each copied into the WebSocket's write
+/// buffer only as the socket takes the ones before it. Written whole, a
+/// frame of many MiB would be copied whole into that buffer, which keeps
+/// the capacity for as long as the connection lives; a peer that does not
+/// read would hold both copies.
+pub(crate) const FRAGMENT: usize = 64 << 10;
+
+/// A frame's bytes: its head and its body, held apart so that a large body
+/// (a proxy's message, as it was read) is written from its own bytes,
+/// never copied into one frame first.
+#[derive(Debug, Clone)]
+pub(crate) struct FrameBytes {
+    head: Bytes,
+    body: Bytes,
+}
+
+impl FrameBytes {
+    /// A frame in one piece.
+    pub(crate) fn whole(frame: impl Into<Bytes>) -> Self {
+        FrameBytes {
+            head: frame.into(),
+            body: Bytes::new(),
+        }
+    }
+
+    /// `head` then `body`: in one piece if small, else held apart.
+    pub(crate) fn of(head: &[u8], body: &Bytes) -> Self {
+        if head.len() + body.len() <= FRAGMENT {
+            FrameBytes::whole([head, body].concat())
+        } else {
+            FrameBytes {
+                head: Bytes::copy_from_slice(head),
+                body: body.clone(),
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
+    /// The frame in one piece (copied if it is held apart).
+    fn contiguous(&self) -> Bytes {
+        if self.body.is_empty() {
+            self.head.clone()
+        } else {
+            Bytes::from([&self.head[..], &self.body[..]].concat())
+        }
+    }
+}
+
 /// A frame on its way to the socket.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
-    message: Bytes,
+    message: FrameBytes,
     /// Held until the writer has taken the frame; see the module docs.
     _place: Option<Place>,
     /// When the relayed message it carries came from the proxy, for the
@@ -98,7 +159,7 @@ impl Outgoing {
     /// A control frame: a finish or a main-stream response.
     pub(crate) fn control(message: Vec<u8>) -> Self {
         Outgoing {
-            message: Bytes::from(message),
+            message: FrameBytes::whole(message),
             _place: None,
             relayed_at: None,
         }
@@ -106,9 +167,9 @@ impl Outgoing {
 
     /// A data frame that holds its queue places; `relayed_at` when it
     /// carries a proxy's message that came then.
-    pub(crate) fn data(message: Vec<u8>, place: Place, relayed_at: Option<Instant>) -> Self {
+    pub(crate) fn data(message: FrameBytes, place: Place, relayed_at: Option<Instant>) -> Self {
         Outgoing {
-            message: Bytes::from(message),
+            message,
             _place: Some(place),
             relayed_at,
         }
@@ -149,9 +210,13 @@ struct Sending {
 }
 
 impl Sending {
-    async fn feed(&mut self, message: Bytes, relayed_at: Option<Instant>) -> Result<(), WsError> {
+    async fn feed(
+        &mut self,
+        message: FrameBytes,
+        relayed_at: Option<Instant>,
+    ) -> Result<(), WsError> {
         if let Some((tap, local)) = &self.tap {
-            tap(*local, &message);
+            tap(*local, &message.contiguous());
         }
         if self.latency.is_some()
             && let Some(relayed_at) = relayed_at
@@ -162,7 +227,28 @@ impl Sending {
             }
         }
         self.fed += 1;
-        self.sink()?.feed(Message::Binary(message)).await
+        let sink = self.sink()?;
+        if message.len() <= FRAGMENT {
+            return sink.feed(Message::Binary(message.contiguous())).await;
+        }
+        // Slices of the head's and the body's own bytes: the frame is
+        // never copied whole.
+        let FrameBytes { head, body } = message;
+        let total = head.len() + body.len();
+        let mut opcode = OpCode::Data(Data::Binary);
+        let mut sent = 0;
+        for piece in [head, body] {
+            let mut at = 0;
+            while at < piece.len() {
+                let end = piece.len().min(at + FRAGMENT);
+                sent += end - at;
+                let fragment = Frame::message(piece.slice(at..end), opcode, sent == total);
+                sink.feed(Message::Frame(fragment)).await?;
+                opcode = OpCode::Data(Data::Continue);
+                at = end;
+            }
+        }
+        Ok(())
     }
 
     async fn flush(&mut self) -> Result<(), WsError> {
@@ -300,7 +386,7 @@ pub(crate) struct Direct<'a> {
 impl Direct<'_> {
     /// Feeds a frame that carries a proxy's message that came at
     /// `relayed_at`. A failed write ends the connection.
-    pub(crate) async fn feed(&mut self, message: Bytes, relayed_at: Instant) {
+    pub(crate) async fn feed(&mut self, message: FrameBytes, relayed_at: Instant) {
         if let Err(error) = self.sending.feed(message, Some(relayed_at)).await {
             self.fail(&error);
         }
@@ -433,7 +519,7 @@ mod tests {
         until_sent(&seen, 1).await;
         {
             let mut direct = queue.direct().expect("nothing queued, no one writing");
-            direct.feed(Bytes::from_static(b"b"), Instant::now()).await;
+            direct.feed(FrameBytes::whole(&b"b"[..]), Instant::now()).await;
             // Queued while the socket is held: it goes after what is fed.
             queue.put(Outgoing::control(b"c".to_vec()));
             assert!(queue.direct().is_none(), "the socket is held");
@@ -447,6 +533,66 @@ mod tests {
         assert_eq!(seen, [&b"a"[..], b"b", b"c"]);
     }
 
+    /// What a sink was fed, frame by frame: (opcode, final, payload).
+    type Fed = Arc<StdMutex<Vec<(OpCode, bool, Bytes)>>>;
+
+    fn frames_fed() -> (WsSink, Fed) {
+        let fed: Fed = Arc::default();
+        let sink = futures_util::sink::unfold(Arc::clone(&fed), |fed, message: Message| {
+            let frame = match message {
+                Message::Binary(data) => (OpCode::Data(Data::Binary), true, data),
+                Message::Frame(frame) => {
+                    let (header, payload) = (frame.header().clone(), frame.into_payload());
+                    (header.opcode, header.is_final, payload)
+                }
+                other => panic!("not a data frame: {other:?}"),
+            };
+            fed.lock().expect("lock").push(frame);
+            async move { Ok::<_, WsError>(fed) }
+        });
+        (Box::pin(sink), fed)
+    }
+
+    #[tokio::test]
+    async fn a_large_frame_goes_in_fragments_of_its_own_bytes_and_a_small_one_whole() {
+        let (sink, fed) = frames_fed();
+        let (queue, frames) = outlet(sink, None, None, CancellationToken::new());
+        let body = Bytes::from((0..3 * FRAGMENT + 5).map(|i| i as u8).collect::<Vec<_>>());
+        {
+            let mut direct = queue.direct().expect("no one writing");
+            direct
+                .feed(FrameBytes::of(b"head", &body), Instant::now())
+                .await;
+            direct
+                .feed(FrameBytes::of(b"head", &body.slice(..10)), Instant::now())
+                .await;
+            direct.flush().await;
+        }
+        drop((queue, frames));
+        let fed = fed.lock().expect("lock").clone();
+        let binary = OpCode::Data(Data::Binary);
+        let more = OpCode::Data(Data::Continue);
+        let shape: Vec<_> = fed.iter().map(|(op, fin, data)| (*op, *fin, data.len())).collect();
+        assert_eq!(
+            shape,
+            [
+                (binary, false, 4),
+                (more, false, FRAGMENT),
+                (more, false, FRAGMENT),
+                (more, false, FRAGMENT),
+                (more, true, 5),
+                (binary, true, 14),
+            ]
+        );
+        let message: Vec<u8> = fed[..5].iter().flat_map(|(_, _, d)| d.to_vec()).collect();
+        assert_eq!(&message[..4], b"head");
+        assert_eq!(&message[4..], &body[..]);
+        // Slices of the body, not copies.
+        let range = body.as_ptr_range();
+        assert!(fed[1..5].iter().all(|(_, _, d)| range.contains(&d.as_ptr())));
+        assert_eq!(&fed[5].2[..], [&b"head"[..], &body[..10]].concat());
+    }
+
     #[tokio::test]
     async fn the_socket_goes_with_the_writer_whatever_holds_the_queue() {
         let (queue, frames, seen) = recorded();
@@ -458,7 +604,7 @@ mod tests {
         assert_eq!(Arc::strong_count(&seen), 1, "the sink is let go");
         let mut direct = queue.direct().expect("no one writing");
         direct
-            .feed(Bytes::from_static(b"late"), Instant::now())
+            .feed(FrameBytes::whole(&b"late"[..]), Instant::now())
             .await;
         assert!(
             seen.lock().expect("lock").is_empty(),

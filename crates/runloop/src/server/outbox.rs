@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::places::{self, Places};
 use crate::limits::Limits;
-use crate::writer::{Direct, Outgoing, Place, Queue};
+use crate::writer::{Direct, FRAGMENT, FrameBytes, Outgoing, Place, Queue};
 
 /// A run-loop channel request, handed from the connection to its scope.
 #[derive(Debug)]
@@ -86,7 +86,8 @@ impl Outbox {
     /// the reader's answers) until the writer has taken it; `relayed_at`
     /// when it carries a proxy's message that came then.
     pub(crate) fn queue_held(&self, message: Vec<u8>, place: Place, relayed_at: Option<Instant>) {
-        self.queue.put(Outgoing::data(message, place, relayed_at));
+        self.queue
+            .put(Outgoing::data(FrameBytes::whole(message), place, relayed_at));
     }
 
     fn queue(&self, message: Vec<u8>) {
@@ -202,8 +203,14 @@ impl ChannelOutbox {
     /// A response that holds its queue places until the writer has taken
     /// it, for [`respond_all`](Self::respond_all).
     /// `relayed_at`: when the proxy's message came, for the relay's latency.
-    pub(crate) fn response(&self, payload: &[u8], place: Place, relayed_at: Instant) -> Outgoing {
-        Outgoing::data(self.message(payload), place, Some(relayed_at))
+    /// A large payload is not copied: the frame holds it beside its header.
+    pub(crate) fn response(&self, payload: &Bytes, place: Place, relayed_at: Instant) -> Outgoing {
+        let frame = if payload.len() < FRAGMENT {
+            FrameBytes::whole(self.message(payload))
+        } else {
+            FrameBytes::of(&self.message(&[]), payload)
+        };
+        Outgoing::data(frame, place, Some(relayed_at))
     }
 
     /// The connection's socket, to write responses to it itself, if no one

@@ -48,7 +48,7 @@ use super::proxy_path::{self, Path};
 use super::shared::{Held, Shared, Stats};
 use crate::limits::Limits;
 use crate::metrics::{LoopOutcome, ProxyFault, ServerMetrics, may_be_fatal};
-use crate::writer::Direct;
+use crate::writer::{Direct, FrameBytes};
 
 /// A proxy path the relay has opened, counted as held until it is closed.
 struct Open {
@@ -367,20 +367,21 @@ impl<'a> Socket<'a> {
     }
 
     /// The frame that carries `message`: `header`, then the message.
-    fn frame(&mut self, header: &[u8], message: &[u8]) -> Bytes {
+    fn frame(&mut self, header: &[u8], message: &Bytes) -> FrameBytes {
         let size = header.len() + message.len();
         if size > SCRATCH {
-            // Its own allocation, let go once the WebSocket has copied it:
-            // in the batch's buffer it would be held until the batch is
-            // flushed, which a caller who does not read can put off forever.
-            return Bytes::from([header, message].concat());
+            // Not in the batch's buffer, where it would be held until the
+            // batch is flushed, which a caller who does not read can put
+            // off forever: its own small allocation, or, large, the
+            // message's own bytes, written in fragments.
+            return FrameBytes::of(header, message);
         }
         if self.scratch.capacity() < size {
             self.scratch.reserve(SCRATCH);
         }
         self.scratch.extend_from_slice(header);
         self.scratch.extend_from_slice(message);
-        self.scratch.split().freeze()
+        FrameBytes::whole(self.scratch.split().freeze())
     }
 
     /// Notes a frame of `size` bytes fed; whether the relay has fed as much
