@@ -164,6 +164,54 @@ async fn every_ending_of_the_demo_loop_through_the_proxy() {
 }
 
 #[tokio::test]
+async fn large_load_chunks_reach_the_socket_whole() {
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let (agent, task) = AgentServer::bind(loopback, Arc::new(Demo::new()))
+        .await
+        .expect("binds")
+        .spawn();
+    let prompt = "demo:load=3x200000";
+    let response = reqwest::Client::new()
+        .post(format!("{}/run", agent.url()))
+        .body(RunLoopRequest::new(prompt).json().to_vec())
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status(), 200);
+    let body = response.bytes().await.expect("a whole body");
+    let body = std::str::from_utf8(&body).expect("UTF-8");
+    let events: Vec<&str> = body
+        .strip_suffix("\n\n")
+        .expect("the last event ends")
+        .split("\n\n")
+        .collect();
+    assert_eq!(events.len(), 3);
+    let expected = direct(prompt).await;
+    assert_eq!(expected.len(), 3);
+    for (n, (event, expected)) in events.iter().zip(expected).enumerate() {
+        let json = event.strip_prefix("data: ").expect("one data line");
+        assert!(!json.contains('\n'));
+        let chunk: AgenticLoopChunk = serde_json::from_str(json).expect("a chunk");
+        assert_eq!(seq(&chunk), Some(n as u64));
+        let AgenticLoopChunk::AssistantTextContent(text) = &chunk else {
+            panic!("not text: {chunk:?}");
+        };
+        assert_eq!(text.text.len(), 200_000);
+        let letters = b"abcdefghijklmnopqrstuvwxyz";
+        assert!(
+            text.text
+                .bytes()
+                .enumerate()
+                .all(|(at, letter)| letter == letters[(n + at) % 26]),
+            "chunk {n}'s letters"
+        );
+        assert_eq!(chunk, expected.expect("no break"));
+    }
+    agent.shutdown();
+    task.await.expect("joins").expect("the agent program ran");
+}
+
+#[tokio::test]
 async fn a_prompt_of_megabytes_runs() {
     let stop = CancellationToken::new();
     let url = demo_behind_proxy(&stop).await;

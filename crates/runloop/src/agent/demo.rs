@@ -20,7 +20,14 @@
 //! A loop is made as it is read: the answer, one chunk per word, comes
 //! from one copy of the prompt as the stream is polled, so a prompt of
 //! millions of words costs the demo a few copies of the prompt, not a
-//! chunk object per word held at once.
+//! chunk object per word held at once. A `demo:load` chunk is made as it
+//! is read too, and whatever its size it holds no text of its own: the
+//! agent program sends it as pieces of its JSON
+//! ([`Agent::run_loop_json`]), a small head, slices of one `static` run of
+//! letters, and a small tail with `_meta`. A loop whose caller stops
+//! reading then holds a few slice handles per chunk, not the chunk's
+//! SIZE bytes (the demo runs in the server's own process as its default
+//! agent). [`Agent::run_loop`] still yields the same chunks, typed.
 //!
 //! Keywords in the prompt (whole words) show the other endings:
 //!
@@ -39,6 +46,7 @@
 
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::http::StatusCode;
 use futures_util::future::{self, BoxFuture};
 use futures_util::stream::{self, StreamExt};
@@ -49,7 +57,7 @@ use runloop_proto::run_loop::{
 };
 use serde_json::{Value, json};
 
-use super::{Agent, Break, ChunkStream, Refusal};
+use super::{Agent, Break, ChunkJson, ChunkJsonStream, ChunkStream, Refusal};
 
 /// The `_meta` key that numbers every chunk of a demo loop.
 pub const SEQ: &str = "runloop/seq";
@@ -94,8 +102,30 @@ impl Agent for Demo {
         &self,
         request: RunLoopRequest<'static>,
     ) -> BoxFuture<'_, Result<ChunkStream, Refusal>> {
-        Box::pin(future::ready(self.script(request.prompt())))
+        let chunks = self.script(request.prompt()).map(|chunks| match chunks {
+            Chunks::Typed(chunks) => chunks,
+            Chunks::Load { count, size } => stream::iter(load(count, size)).boxed(),
+        });
+        Box::pin(future::ready(chunks))
     }
+
+    fn run_loop_json(
+        &self,
+        request: RunLoopRequest<'static>,
+    ) -> BoxFuture<'_, Result<ChunkJsonStream, Refusal>> {
+        let chunks = self.script(request.prompt()).map(|chunks| match chunks {
+            Chunks::Typed(chunks) => super::serialized(chunks),
+            Chunks::Load { count, size } => stream::iter(load_json(count, size).map(Ok)).boxed(),
+        });
+        Box::pin(future::ready(chunks))
+    }
+}
+
+/// A loop about to start: typed chunks, or a load run whose chunks are
+/// made typed or as JSON pieces, as the caller asks.
+enum Chunks {
+    Typed(ChunkStream),
+    Load { count: u64, size: usize },
 }
 
 /// How a demo loop goes, as the prompt's keywords say.
@@ -114,7 +144,7 @@ const KEYWORDS: &str =
     "demo:fatal, demo:break, demo:refuse, demo:refuse-text, demo:load=N[xSIZE], demo:pace=MS";
 
 impl Demo {
-    fn script(&self, prompt: &str) -> Result<ChunkStream, Refusal> {
+    fn script(&self, prompt: &str) -> Result<Chunks, Refusal> {
         let (plan, pace) = plan(prompt, self.pace).map_err(|why| {
             Refusal::json(
                 StatusCode::BAD_REQUEST,
@@ -134,16 +164,11 @@ impl Demo {
                     "the demo agent refuses this loop in plain text (demo:refuse-text)",
                 ));
             }
-            Plan::Load { count, size } => Box::new(load(count, size)),
+            // Load runs are never paced: they measure the path, not the demo.
+            Plan::Load { count, size } => return Ok(Chunks::Load { count, size }),
             Plan::Finish | Plan::Fatal | Plan::Break => conversation(prompt, plan),
         };
-        // Load runs are never paced: they measure the path, not the demo.
-        let pace = if matches!(plan, Plan::Load { .. }) {
-            Duration::ZERO
-        } else {
-            pace
-        };
-        Ok(if pace.is_zero() {
+        Ok(Chunks::Typed(if pace.is_zero() {
             stream::iter(chunks).boxed()
         } else {
             stream::iter(chunks)
@@ -152,7 +177,7 @@ impl Demo {
                     chunk
                 })
                 .boxed()
-        })
+        }))
     }
 }
 
@@ -204,21 +229,75 @@ fn seq(n: u64) -> Option<MetaObject> {
     Some(meta)
 }
 
-/// `count` text chunks of `size` bytes each.
+/// The letters of a `demo:load` text, in turn: the text of chunk `n`
+/// starts at letter `n`.
+const LETTERS: &[u8; 26] = b"abcdefghijklmnopqrstuvwxyz";
+
+/// The most text one piece of a load chunk's JSON carries.
+const LOAD_PIECE: usize = 64 << 10;
+
+/// The letters in turn from `a`, for a piece's worth of text starting at
+/// any of the 26 letters: every load chunk's text is slices of it.
+static PATTERN: [u8; LOAD_PIECE + LETTERS.len()] = {
+    let mut pattern = [0; LOAD_PIECE + LETTERS.len()];
+    let mut i = 0;
+    while i < pattern.len() {
+        pattern[i] = LETTERS[i % LETTERS.len()];
+        i += 1;
+    }
+    pattern
+};
+
+/// Where in [`PATTERN`] the text of chunk `n` at byte `at` of the text
+/// starts: the same letter as `LETTERS[(n + at) % 26]`.
+fn letter_of(n: u64, at: usize) -> usize {
+    // Mod 26 first: no overflow whatever n.
+    ((n % LETTERS.len() as u64) as usize + at % LETTERS.len()) % LETTERS.len()
+}
+
+/// `count` text chunks of `size` bytes each, typed.
 fn load(count: u64, size: usize) -> impl Iterator<Item = Result<AgenticLoopChunk, Break>> + Send {
-    const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
-    (0..count).map(move |n| {
-        // Sized once: a text grown by doubling would hold up to twice its
-        // size while it grows.
-        let mut text = String::with_capacity(size);
-        text.extend((0..size).map(|i| char::from(LETTERS[(i + n as usize) % LETTERS.len()])));
-        Ok(AgenticLoopChunk::AssistantTextContent(TextChunk {
-            text,
-            meta: seq(n),
-            ..TextChunk::default()
-        }))
+    (0..count).map(move |n| Ok(load_chunk(n, size)))
+}
+
+/// The chunks of [`load`] as pieces of their JSON.
+fn load_json(count: u64, size: usize) -> impl Iterator<Item = ChunkJson> + Send {
+    (0..count).map(move |n| load_chunk_json(n, size))
+}
+
+/// Load chunk `n`: `size` letters from letter `n`, typed.
+fn load_chunk(n: u64, size: usize) -> AgenticLoopChunk {
+    // Sized once: a text grown by doubling would hold up to twice its
+    // size while it grows.
+    let mut text = String::with_capacity(size);
+    text.extend((0..size).map(|at| char::from(LETTERS[letter_of(n, at)])));
+    AgenticLoopChunk::AssistantTextContent(TextChunk {
+        text,
+        meta: seq(n),
+        ..TextChunk::default()
     })
 }
+
+/// Load chunk `n` as pieces of its JSON, the same bytes serde writes for
+/// [`load_chunk`]: a head, the text as slices of [`PATTERN`] of at most
+/// [`LOAD_PIECE`] bytes, and a tail with `_meta`. Only the tail and the
+/// list of pieces are allocated.
+fn load_chunk_json(n: u64, size: usize) -> ChunkJson {
+    let mut pieces = Vec::with_capacity(size.div_ceil(LOAD_PIECE) + 2);
+    pieces.push(Bytes::from_static(LOAD_HEAD));
+    for at in (0..size).step_by(LOAD_PIECE) {
+        let start = letter_of(n, at);
+        let len = LOAD_PIECE.min(size - at);
+        pieces.push(Bytes::from_static(&PATTERN[start..start + len]));
+    }
+    // SEQ and a number need no escaping.
+    pieces.push(Bytes::from(format!("\",\"_meta\":{{\"{SEQ}\":{n}}}}}")));
+    // Letters, the head and the tail hold no line break.
+    ChunkJson::from_pieces_unchecked(pieces)
+}
+
+/// A load chunk's JSON up to its text.
+const LOAD_HEAD: &[u8] = b"{\"type\":\"assistant_text_content\",\"text\":\"";
 
 /// Numbers chunks as they are added.
 #[derive(Default)]
@@ -593,6 +672,123 @@ mod tests {
             .await
             .expect_err("refused");
         assert_eq!(refusal.status(), StatusCode::FORBIDDEN);
+    }
+
+    /// The bytes of a chunk's JSON pieces, one after the other.
+    fn joined(json: &ChunkJson) -> Vec<u8> {
+        json.pieces().concat()
+    }
+
+    #[test]
+    fn a_load_chunk_as_pieces_is_the_typed_chunk() {
+        for n in [0, 1, 7, 25, 26, 27, 1000, u64::MAX] {
+            for size in [0, 1, 25, 26, 27, 65536, 65537, 200_000] {
+                let typed = load_chunk(n, size);
+                let json = load_chunk_json(n, size);
+                let bytes = joined(&json);
+                assert_eq!(
+                    bytes,
+                    serde_json::to_vec(&typed).expect("serializes"),
+                    "n {n}, size {size}"
+                );
+                let mut payload = vec![runloop_proto::run_loop::CHUNK];
+                payload.extend_from_slice(&bytes);
+                let decoded =
+                    <runloop_proto::run_loop::Response as runloop_proto::Decode>::decode(&payload)
+                        .expect("decodes");
+                assert_eq!(
+                    decoded,
+                    runloop_proto::run_loop::Response::Chunk(typed),
+                    "n {n}, size {size}"
+                );
+                assert_eq!(json.len(), bytes.len());
+                assert_eq!(json.pieces().len(), size.div_ceil(LOAD_PIECE) + 2);
+            }
+        }
+    }
+
+    #[test]
+    fn a_load_chunk_of_the_largest_size_is_slices_of_one_pattern() {
+        let n = 12_345;
+        let json = load_chunk_json(n, MAX_LOAD_SIZE);
+        let typed = load_chunk(n, MAX_LOAD_SIZE);
+        let decoded: AgenticLoopChunk = serde_json::from_slice(&joined(&json)).expect("decodes");
+        assert_eq!(decoded, typed);
+
+        let pattern = PATTERN.as_ptr_range();
+        let pieces = json.pieces();
+        assert_eq!(pieces.len(), MAX_LOAD_SIZE / LOAD_PIECE + 2);
+        assert_eq!(&pieces[0][..], LOAD_HEAD);
+        let (tail, text) = pieces[1..].split_last().expect("a tail");
+        assert!(tail.len() < 64, "{tail:?}");
+        for piece in text {
+            assert!(piece.len() <= LOAD_PIECE);
+            let inside = piece.as_ptr_range();
+            assert!(
+                pattern.start <= inside.start && inside.end <= pattern.end,
+                "a piece of text is not a slice of the pattern"
+            );
+        }
+        assert!(pieces.iter().all(|piece| piece.len() <= LOAD_PIECE + 64));
+
+        // On the way out, every slice of text is a body frame as it is.
+        let frames = super::super::event(json.clone());
+        assert_eq!(frames.len(), text.len() + 2);
+        for (frame, piece) in frames[1..].iter().zip(text) {
+            assert_eq!(frame.as_ptr(), piece.as_ptr());
+        }
+    }
+
+    #[tokio::test]
+    async fn load_as_json_is_load_typed() {
+        let prompt = "demo:load=4x70000 demo:pace=10000";
+        let typed: Vec<AgenticLoopChunk> = run(prompt)
+            .await
+            .expect("runs")
+            .into_iter()
+            .map(|item| item.expect("no break"))
+            .collect();
+        let json: Vec<ChunkJson> = Demo::new()
+            .run_loop_json(RunLoopRequest::new(prompt))
+            .await
+            .expect("runs")
+            .map(|item| item.expect("no break"))
+            .collect()
+            .await;
+        assert_eq!(typed.len(), 4);
+        assert_eq!(json.len(), 4);
+        for (typed, json) in typed.iter().zip(&json) {
+            assert_eq!(joined(json), serde_json::to_vec(typed).expect("serializes"));
+        }
+    }
+
+    #[tokio::test]
+    async fn other_loops_as_json_are_their_chunks_serialized() {
+        for prompt in ["read me back", "demo:fatal", "demo:break"] {
+            let typed = run(prompt).await.expect("runs");
+            let json: Vec<Result<ChunkJson, Break>> = Demo::new()
+                .run_loop_json(RunLoopRequest::new(prompt))
+                .await
+                .expect("runs")
+                .collect()
+                .await;
+            assert_eq!(typed.len(), json.len(), "{prompt}");
+            for (typed, json) in typed.iter().zip(&json) {
+                match (typed, json) {
+                    (Ok(typed), Ok(json)) => {
+                        assert_eq!(joined(json), serde_json::to_vec(typed).expect("serializes"))
+                    }
+                    (Err(a), Err(b)) => assert_eq!(a, b),
+                    other => panic!("{prompt}: {other:?}"),
+                }
+            }
+        }
+        let refusal = Demo::new()
+            .run_loop_json(RunLoopRequest::new("demo:refuse"))
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(refusal.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]

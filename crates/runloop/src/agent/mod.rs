@@ -20,6 +20,15 @@
 //! - **Chunks are typed.** The agent yields [`AgenticLoopChunk`]s and this
 //!   module writes their JSON, so an agent cannot put a malformed chunk
 //!   on the wire.
+//! - **Large chunks may come as pieces of JSON.** An agent whose chunks are
+//!   large (an image, a file) or already JSON can override
+//!   [`Agent::run_loop_json`] and yield each chunk as a [`ChunkJson`]: a
+//!   list of [`Bytes`] that together are the chunk's compact JSON. Each
+//!   large piece goes to hyper as a body frame of its own, never copied, so
+//!   a chunk made of slices of one shared buffer costs the loop a few
+//!   handles while it waits for a slow reader, not the chunk's size. The
+//!   pieces must hold no line break: the chunk is one `data:` line
+//!   (protocol §10).
 //! - **Shutdown breaks streams.** When the server shuts down, a loop in
 //!   progress is broken, not ended: ending it would read as "finished".
 //!
@@ -40,6 +49,7 @@ use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::serve::ListenerExt;
+use bytes::BytesMut;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream};
@@ -65,6 +75,107 @@ pub const MAX_REQUEST: usize = 16 << 20;
 
 /// A loop in progress: chunks, or a [`Break`] that cuts the stream.
 pub type ChunkStream = BoxStream<'static, Result<AgenticLoopChunk, Break>>;
+
+/// A loop in progress as the wire sees it: each chunk's JSON, or a
+/// [`Break`] that cuts the stream.
+pub type ChunkJsonStream = BoxStream<'static, Result<ChunkJson, Break>>;
+
+/// One chunk's compact JSON, in pieces: the event's `data:` line is the
+/// pieces one after the other.
+///
+/// A piece is any [`Bytes`], so it can be a slice of a buffer the agent
+/// keeps anyway (a `static` table, a file it has read, an image it
+/// encoded) and costs the loop no copy. No piece holds `\r` or `\n`: a
+/// line break would end the `data:` line, and the chunk with it
+/// (protocol §10). The JSON itself is not checked here: the proxy parses
+/// each chunk (protocol §8) and a chunk that does not parse ends the loop
+/// with its error.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChunkJson {
+    pieces: Vec<Bytes>,
+}
+
+/// A piece of chunk JSON that holds a line break, refused by
+/// [`ChunkJson::from_pieces`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("piece {piece} of a chunk's JSON holds a line break at byte {at}")]
+pub struct LineBreak {
+    /// The index of the piece, from 0.
+    pub piece: usize,
+    /// Where in that piece the first `\r` or `\n` is.
+    pub at: usize,
+}
+
+impl ChunkJson {
+    /// A chunk's JSON as `pieces`, in order; refused if a piece holds a
+    /// line break. Empty pieces are dropped.
+    pub fn from_pieces(pieces: impl IntoIterator<Item = Bytes>) -> Result<ChunkJson, LineBreak> {
+        let mut kept = Vec::new();
+        for (piece, bytes) in pieces.into_iter().enumerate() {
+            if let Some(at) = memchr::memchr2(b'\r', b'\n', &bytes) {
+                return Err(LineBreak { piece, at });
+            }
+            if !bytes.is_empty() {
+                kept.push(bytes);
+            }
+        }
+        Ok(ChunkJson { pieces: kept })
+    }
+
+    /// A typed chunk's JSON, in one piece: the bytes an agent's
+    /// [`run_loop`](Agent::run_loop) chunk is sent as.
+    pub fn from_chunk(chunk: &AgenticLoopChunk) -> serde_json::Result<ChunkJson> {
+        // Compact JSON escapes every control character inside strings and
+        // puts no whitespace between tokens: there is no line break to find.
+        let json = serde_json::to_vec(chunk)?;
+        Ok(ChunkJson {
+            pieces: vec![Bytes::from(json)],
+        })
+    }
+
+    /// Pieces the caller knows hold no line break (checked in debug builds).
+    pub(crate) fn from_pieces_unchecked(pieces: Vec<Bytes>) -> ChunkJson {
+        debug_assert!(
+            pieces
+                .iter()
+                .all(|piece| memchr::memchr2(b'\r', b'\n', piece).is_none())
+        );
+        ChunkJson { pieces }
+    }
+
+    /// The pieces, in order.
+    pub fn pieces(&self) -> &[Bytes] {
+        &self.pieces
+    }
+
+    /// The pieces, given up.
+    pub fn into_pieces(self) -> Vec<Bytes> {
+        self.pieces
+    }
+
+    /// The JSON's length in bytes: the pieces' lengths summed.
+    pub fn len(&self) -> usize {
+        self.pieces.iter().map(Bytes::len).sum()
+    }
+
+    /// Whether there are no bytes at all (not JSON, so not a chunk).
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+}
+
+/// The JSON of every chunk of `chunks`, as [`Agent::run_loop_json`]
+/// sends a typed loop; a chunk that does not serialize breaks the loop.
+pub fn serialized(chunks: ChunkStream) -> ChunkJsonStream {
+    chunks
+        .map(|item| {
+            item.and_then(|chunk| {
+                ChunkJson::from_chunk(&chunk)
+                    .map_err(|error| Break::with_source("a chunk did not serialize", error))
+            })
+        })
+        .boxed()
+}
 
 /// Why a loop stops mid-way without finishing. Yielding it breaks the SSE
 /// stream; the proxy turns that into the loop's final error. The error
@@ -180,6 +291,20 @@ pub trait Agent: Send + Sync + 'static {
         &self,
         request: RunLoopRequest<'static>,
     ) -> BoxFuture<'_, Result<ChunkStream, Refusal>>;
+
+    /// One loop as the JSON of its chunks: what [`AgentServer`] sends.
+    /// By default, [`run_loop`](Agent::run_loop)'s chunks
+    /// [`serialized`]. An agent whose chunks are large or already JSON
+    /// overrides it to give them as [`ChunkJson`] pieces that are not
+    /// copied on their way out; `run_loop` should then still yield the
+    /// same chunks, typed, for whoever calls it directly.
+    fn run_loop_json(
+        &self,
+        request: RunLoopRequest<'static>,
+    ) -> BoxFuture<'_, Result<ChunkJsonStream, Refusal>> {
+        let chunks = self.run_loop(request);
+        Box::pin(async move { chunks.await.map(serialized) })
+    }
 }
 
 /// The port in `$PORT`, or [`DEFAULT_PORT`].
@@ -350,7 +475,7 @@ async fn run_loop(State(shared): State<Shared>, body: Bytes) -> Response {
                 .into_response();
         }
     };
-    let chunks = match shared.agent.run_loop(request).await {
+    let chunks = match shared.agent.run_loop_json(request).await {
         Ok(chunks) => chunks,
         Err(refusal) => {
             warn!(status = %refusal.status(), "loop refused");
@@ -365,15 +490,28 @@ async fn run_loop(State(shared): State<Shared>, body: Bytes) -> Response {
     (headers, Body::from_stream(events(chunks, shared.shutdown))).into_response()
 }
 
-/// The chunks as SSE events, each written once, straight into the body
-/// bytes that hyper sends (a chunk of many MiB is not copied again on its
-/// way out); broken if the server shuts down first.
+/// A piece of chunk JSON up to this size is copied into its event's
+/// frame; a larger one is a body frame of its own. A small chunk is then
+/// one frame, as one write costs less than several; a large one is never
+/// copied.
+const COPIED_PIECE: usize = 4 << 10;
+
+/// The chunks as SSE events, written into the body frames that hyper sends
+/// with each large piece of a chunk's JSON a frame of its own (a chunk of
+/// many MiB is not copied on its way out); broken if the server shuts down
+/// first.
 fn events(
-    chunks: ChunkStream,
+    chunks: ChunkJsonStream,
     shutdown: CancellationToken,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Break>> + Send {
-    stream::unfold(Some((chunks, shutdown)), |state| async move {
-        let (mut chunks, shutdown) = state?;
+    let frames = Vec::new().into_iter();
+    stream::unfold(Some((chunks, shutdown, frames)), |state| async move {
+        let (mut chunks, shutdown, mut frames) = state?;
+        // The rest of a chunk's event, unless the server shuts down first.
+        if !frames.as_slice().is_empty() && !shutdown.is_cancelled() {
+            let frame = frames.next().map(Ok)?;
+            return Some((frame, Some((chunks, shutdown, frames))));
+        }
         let item = tokio::select! {
             biased;
             () = shutdown.cancelled() => {
@@ -387,32 +525,56 @@ fn events(
                 }
             },
         };
-        if item.is_err() {
-            // hyper drops the body bytes it has buffered but not yet written
-            // when the body fails. Yielding once first lets it flush them, so
-            // the chunks before a break reach the proxy (best effort: bytes
-            // the socket cannot take yet are still lost with the break).
-            tokio::task::yield_now().await;
+        match item {
+            Ok(json) => {
+                let mut frames = event(json).into_iter();
+                let frame = frames.next().map(Ok)?;
+                Some((frame, Some((chunks, shutdown, frames))))
+            }
+            Err(why) => {
+                // hyper drops the body bytes it has buffered but not yet
+                // written when the body fails. Yielding once first lets it
+                // flush them, so the chunks before a break reach the proxy
+                // (best effort: bytes the socket cannot take yet are still
+                // lost with the break).
+                tokio::task::yield_now().await;
+                warn!(%why, "loop broken");
+                // After a break, nothing more is read: the body ends broken.
+                Some((Err(why), None))
+            }
         }
-        let event = item.and_then(|chunk| {
-            event(&chunk).map_err(|error| Break::with_source("a chunk did not serialize", error))
-        });
-        // After a break, nothing more is read: the body ends broken.
-        let next = event.is_ok().then_some((chunks, shutdown));
-        if let Err(why) = &event {
-            warn!(%why, "loop broken");
-        }
-        Some((event, next))
     })
 }
 
-/// One SSE event: `data: `, the chunk's JSON, and the blank line that ends
-/// it. Compact JSON has no line breaks, so it is one `data:` line.
-fn event(chunk: &AgenticLoopChunk) -> serde_json::Result<Bytes> {
-    let mut event = b"data: ".to_vec();
-    serde_json::to_writer(&mut event, chunk)?;
-    event.extend_from_slice(b"\n\n");
-    Ok(Bytes::from(event))
+/// One SSE event as body frames: `data: `, the chunk's JSON, and the blank
+/// line that ends it. Small pieces are copied together into a frame; a
+/// piece larger than [`COPIED_PIECE`] is a frame as it is.
+fn event(json: ChunkJson) -> Vec<Bytes> {
+    let pieces = json.into_pieces();
+    let copied: usize = pieces
+        .iter()
+        .map(Bytes::len)
+        .filter(|&len| len <= COPIED_PIECE)
+        .sum();
+    let mut frames = Vec::new();
+    let mut small = BytesMut::with_capacity(copied.min(2 * COPIED_PIECE) + 8);
+    small.extend_from_slice(b"data: ");
+    for piece in pieces {
+        if piece.len() <= COPIED_PIECE {
+            small.extend_from_slice(&piece);
+            if small.len() >= COPIED_PIECE {
+                frames.push(small.split().freeze());
+            }
+        } else {
+            if !small.is_empty() {
+                frames.push(small.split().freeze());
+            }
+            frames.push(piece);
+        }
+    }
+    small.extend_from_slice(b"\n\n");
+    frames.push(small.freeze());
+    frames
 }
 
 #[cfg(test)]
@@ -427,6 +589,75 @@ mod tests {
         for bad in ["", "0", "65536", "-1", "80a", " 80", "http"] {
             assert_eq!(port_from(Some(bad)), 8080, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn chunk_json_refuses_a_line_break() {
+        let piece = |text: &'static str| Bytes::from_static(text.as_bytes());
+        assert_eq!(
+            ChunkJson::from_pieces([piece(r#"{"type":"#), piece("\"user\",\n")]),
+            Err(LineBreak { piece: 1, at: 7 })
+        );
+        let refused = ChunkJson::from_pieces([piece("\r")]).expect_err("refused");
+        assert_eq!(refused, LineBreak { piece: 0, at: 0 });
+        assert_eq!(
+            refused.to_string(),
+            "piece 0 of a chunk's JSON holds a line break at byte 0"
+        );
+        // An escaped line break is JSON's, not the event's.
+        let json = ChunkJson::from_pieces([
+            piece(r#"{"type":"user","#),
+            piece(""),
+            piece(r#""prompt":"a\nb"}"#),
+        ])
+        .expect("no line break");
+        assert_eq!(json.pieces().len(), 2);
+        assert_eq!(json.len(), 31);
+        assert!(!json.is_empty());
+        assert!(
+            ChunkJson::from_pieces([piece("")])
+                .expect("empty")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_typed_chunk_is_one_frame_as_before() {
+        let chunk = AgenticLoopChunk::User(runloop_proto::run_loop::UserChunk {
+            prompt: "line one\nline two".to_owned(),
+            meta: None,
+        });
+        let frames = event(ChunkJson::from_chunk(&chunk).expect("serializes"));
+        let mut expected = b"data: ".to_vec();
+        serde_json::to_writer(&mut expected, &chunk).expect("serializes");
+        expected.extend_from_slice(b"\n\n");
+        assert_eq!(frames, [Bytes::from(expected)]);
+    }
+
+    #[test]
+    fn a_large_piece_is_a_frame_of_its_own_and_small_ones_are_copied_together() {
+        let large = Bytes::from(vec![b'a'; COPIED_PIECE + 1]);
+        let json = ChunkJson::from_pieces([
+            Bytes::from_static(br#"{"type":"user","prompt":""#),
+            large.clone(),
+            Bytes::from_static(b"b"),
+            Bytes::from_static(br#""}"#),
+        ])
+        .expect("no line break");
+        let frames = event(json);
+        assert_eq!(frames.len(), 3);
+        assert_eq!(&frames[0][..], br#"data: {"type":"user","prompt":""#);
+        assert_eq!(frames[1].as_ptr(), large.as_ptr(), "not copied");
+        assert_eq!(&frames[2][..], b"b\"}\n\n");
+        // Many small pieces make frames of a bounded size.
+        let small = Bytes::from(vec![b'a'; COPIED_PIECE]);
+        let frames = event(ChunkJson::from_pieces(vec![small; 10]).expect("no line break"));
+        assert_eq!(frames.concat().len(), 10 * COPIED_PIECE + 8);
+        assert!(
+            frames
+                .iter()
+                .all(|frame| frame.len() <= 2 * COPIED_PIECE + 8)
+        );
     }
 
     #[test]
