@@ -87,9 +87,10 @@ pub type ChunkJsonStream = BoxStream<'static, Result<ChunkJson, Break>>;
 /// keeps anyway (a `static` table, a file it has read, an image it
 /// encoded) and costs the loop no copy. No piece holds `\r` or `\n`: a
 /// line break would end the `data:` line, and the chunk with it
-/// (protocol §10). The JSON itself is not checked here: the proxy parses
-/// each chunk (protocol §8) and a chunk that does not parse ends the loop
-/// with its error.
+/// (protocol §10). The JSON itself is not checked, here or on the way:
+/// the proxy and the server pass chunks on unread, so a chunk that does
+/// not parse (protocol §8) reaches the caller as it is, and the caller's
+/// decoder refuses it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChunkJson {
     pieces: Vec<Bytes>,
