@@ -586,3 +586,61 @@ async fn a_stop_reaches_a_loop_whose_proxy_does_not_read_its_ask() {
     released(&server).await;
     proxy.release.cancel();
 }
+
+/// A real proxy whose agent program's body breaks in the middle of a large
+/// chunk, after part of it was sent as fragments: the proxy can say no
+/// error inside a fragmented message and must not close cleanly, so it
+/// drops the path, and the server reports a loop cut short with its own
+/// error — the chunks before, then `{"kind":"proxy",…}`, never a finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_broken_mid_way_through_a_large_chunk_is_an_unfinished_loop() {
+    let small = br#"{"type":"assistant_text_content","text":"a"}"#;
+    let (agent, _task) = common::scripted(move |mut conn| async move {
+        while let Some(request) = conn.request().await {
+            if request.path == "/register" {
+                conn.respond(204, "text/plain", b"").await;
+                continue;
+            }
+            conn.event_stream().await;
+            conn.chunk(&[b"data: ", &small[..], b"\n\n"].concat()).await;
+            let text = "x".repeat(512 << 10);
+            let half = format!(r#"data: {{"type":"assistant_text_content","text":"{text}"#);
+            conn.chunk(half.as_bytes()).await;
+            // Dropped here: the chunked body has no end.
+            return;
+        }
+    })
+    .await;
+    let proxy = common::proxy(agent).await;
+    let mut catalog = Catalog::new();
+    catalog.insert("demo", None, Arc::new(Attach::new(proxy.url.clone())));
+    let server = serve(catalog).await;
+
+    let client = Client::connect(&server.url(), "").await.expect("connect");
+    let run = client
+        .start(support::run_request())
+        .await
+        .expect("run starts");
+    let mut run_loop = run.run_loop("go");
+    let mut chunks = Vec::new();
+    let outcome = loop {
+        match run_loop.next().await.expect("an event") {
+            Event::Chunk { json, .. } => chunks.push(json.to_vec()),
+            Event::Error(_) => {}
+            Event::End(outcome) => break outcome,
+        }
+    };
+    assert_eq!(
+        chunks,
+        [small.to_vec()],
+        "the chunk before, and no part of the next"
+    );
+    let Outcome::Unfinished(error) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(error.value()["kind"], "proxy", "{error}");
+    run.stop().await;
+    client.close().await;
+    released(&server).await;
+    proxy.handle.shutdown();
+}

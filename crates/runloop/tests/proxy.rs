@@ -532,3 +532,88 @@ async fn shutdown_mid_loop_says_so_and_closes_cleanly() {
     );
     proxy.task.await.expect("joins").expect("the proxy ran");
 }
+
+/// A chunk JSON of about `size` bytes.
+fn large_chunk(size: usize) -> Vec<u8> {
+    let text = "é".repeat(size / 2);
+    format!(r#"{{"type":"assistant_text_content","text":"{text}"}}"#).into_bytes()
+}
+
+/// A 15 MiB event, written in 64 KiB HTTP chunks: it reaches the server's
+/// side of the path as one message of exactly its bytes, sent in fragments
+/// (a client that refuses any frame over 1 MiB takes it whole).
+#[tokio::test]
+async fn a_15_mib_event_arrives_as_one_message_in_fragments() {
+    let json = Arc::new(large_chunk(15 << 20));
+    let (addr, _agent) = {
+        let json = Arc::clone(&json);
+        agent_program(move |mut conn, _| {
+            let json = Arc::clone(&json);
+            async move {
+                conn.event_stream().await;
+                let event = [
+                    b"data: ",
+                    json.as_slice(),
+                    b"\n\ndata: {\"type\":\"usage\"}\n\n",
+                ]
+                .concat();
+                for piece in event.chunks(64 << 10) {
+                    conn.chunk(piece).await;
+                }
+                conn.end().await;
+            }
+        })
+        .await
+    };
+    let proxy = proxy(addr).await;
+    register(&proxy.url).await;
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_frame_size(Some(1 << 20))
+        .max_message_size(Some(32 << 20));
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(
+        format!("{}/agent/run", proxy.url),
+        Some(config),
+        false,
+    )
+    .await
+    .expect("the proxy accepts the path");
+    ask(&mut ws, br#"{"prompt":"x"}"#).await;
+    let done = rest(ws).await;
+    assert_eq!(done.end, End::Clean);
+    assert_eq!(
+        done.messages.len(),
+        2,
+        "the large chunk, then the small one"
+    );
+    assert!(
+        done.messages[0] == chunk(&json),
+        "[0] and the event's bytes, exactly"
+    );
+    assert_eq!(done.messages[1], chunk(br#"{"type":"usage"}"#));
+}
+
+/// The agent program's body breaks in the middle of a large event, after
+/// part of it went out: the path is dropped with no close frame (a close
+/// would read as a finished loop, its last chunk lost) and no error message
+/// (none may come inside a fragmented one).
+#[tokio::test]
+async fn a_body_that_breaks_mid_way_through_a_large_event_abandons_the_path() {
+    let small = br#"{"type":"assistant_text_content","text":"a"}"#;
+    let (addr, _agent) = agent_program(move |mut conn, _| async move {
+        conn.event_stream().await;
+        conn.chunk(&[b"data: ", &small[..], b"\n\n"].concat()).await;
+        let json = large_chunk(1 << 20);
+        conn.chunk(&[b"data: ", &json[..512 << 10]].concat()).await;
+        // Dropped here: the chunked body has no end.
+    })
+    .await;
+    let proxy = proxy(addr).await;
+    register(&proxy.url).await;
+    let done = exchange(&proxy.url, "/agent/run", br#"{"prompt":"x"}"#).await;
+    assert!(
+        matches!(done.end, End::Abrupt(_)),
+        "no close frame: {:?}",
+        done.end
+    );
+    assert_eq!(done.messages, [chunk(small)], "the first chunk only");
+}

@@ -20,8 +20,22 @@
 //!   the proxy checks the ask's shape (a bad ask gets a clear error instead
 //!   of an agent program's puzzled 400) and never parses a chunk. A chunk
 //!   is written to the path from the event's own bytes, behind its tag and
-//!   the frame's header, not copied into a write buffer first: a loop of
-//!   large chunks holds one copy in the proxy, not three.
+//!   the frame's header, not copied into a write buffer first.
+//! - **A loop holds 64 KiB of a chunk, whatever its size** (and one read
+//!   of the body beside it). An event whose data is
+//!   done within 64 KiB goes out as one message, one frame. A larger one
+//!   goes out as it arrives, as the fragments of one message (RFC 6455
+//!   §5.4): `[0]` and its first 64 KiB, then 64 KiB at a time, the last
+//!   fragment when the event ends. The server still gets one message of
+//!   exactly `[0]` and the data; the proxy never holds the event whole.
+//! - **A fault inside a fragmented chunk drops the path.** Once a first
+//!   fragment is out, no `[1]` error can follow (no other message may come
+//!   before the fragmented one ends), and a close would read as a finished
+//!   loop with its last chunk lost. So whatever goes wrong before the last
+//!   fragment is logged with its reason and the connection is dropped with
+//!   no close frame: the server reports a loop cut short with its own error
+//!   (protocol §12, "abrupt proxy end"). Before the first fragment, a fault
+//!   is an `[1]` error and a clean close, as ever.
 //! - **One loop at a time, one registration per life**, as two small claims
 //!   on shared state that release themselves when dropped (state.rs).
 //! - **Cancellation follows the server.** While a loop runs the proxy keeps
@@ -32,24 +46,28 @@
 //!   frame and waits for the server's; it answers a close the server starts.
 //!   Either way the log stays silent, so "broke" in it means something
 //!   broke.
-//! - **Backpressure, not buffers.** An SSE event is read only after the
-//!   previous chunk was written to the path, so a slow server slows the
-//!   agent program instead of filling the proxy's memory; the ask, each
-//!   event and each error body have a bound ([`ProxyConfig`]).
+//! - **Backpressure, not buffers.** The event stream is read only after
+//!   the previous chunk, or fragment, was written to the path, so a slow
+//!   server slows the agent program instead of filling the proxy's memory;
+//!   the ask, each event and each error body have a bound
+//!   ([`ProxyConfig`]).
 //! - **Shutdown is honest.** A loop cut by the proxy's shutdown ends with
 //!   an error and a clean close, never with a close alone that would read as
-//!   "finished".
+//!   "finished" (inside a fragmented chunk, the path is dropped instead).
 //!
 //! The pieces, in the order a chunk meets them:
 //!
 //! ```text
 //! upstream.rs   the agent program over HTTP: POST /register, POST /run,
 //!               and the error value each failure becomes
-//! sse.rs        the /run body read as an event stream, bounded, UTF-8 checked
-//! run.rs        the /agent/run path: the loop, one [0] message per event
+//! sse.rs        the /run body read as an event stream, bounded, UTF-8 checked,
+//!               each event's data whole or, past 64 KiB, in pieces
+//! run.rs        the /agent/run path: the loop, one [0] message per event,
+//!               fragmented when the event came in pieces
+//! path.rs       one exchange on a path: the ask, the server leaving, the
+//!               frames of a message, the end
 //! register.rs   the /agent/register path: one [0] or [1][error]
 //! state.rs      the claims: one registration per life, one loop at a time
-//! path.rs       one exchange on a path: the ask, the server leaving, the end
 //! mod.rs        the listener: each connection's handshake picks its path
 //! ```
 
@@ -93,7 +111,8 @@ pub struct ProxyConfig {
     /// The largest ask (and any message) the server may send on a path.
     pub max_ask: usize,
     /// The largest SSE event the agent program may send, counted in stream
-    /// bytes from the end of the previous event.
+    /// bytes from the end of the blank line before it (comments and other
+    /// fields count too). Only 64 KiB of it is held at a time.
     pub max_event: usize,
     /// The most of a non-2xx body that is kept for the error.
     pub max_error_body: usize,

@@ -65,18 +65,29 @@ pub(super) async fn left(ws: &mut Ws) -> End {
     }
 }
 
-/// Sends one binary message, `head` then `body`, as a single frame written
-/// straight from their bytes. Through the sink, the message would be
-/// copied into tungstenite's write buffer, which keeps the capacity of the
-/// largest message for as long as the path is open: for a loop of 15 MiB
-/// chunks, a copy per chunk and 15 MiB held for good. What tungstenite has
-/// queued itself (the answer to a ping) goes first, so frames never mix.
-pub(super) async fn send_binary(ws: &mut Ws, head: &[u8], body: Bytes) -> io::Result<()> {
+/// Sends one frame of a binary message, `head` then `body`, written
+/// straight from their bytes: `Data::Binary` starts a message,
+/// `Data::Continue` carries on a fragmented one (RFC 6455 §5.4), and `fin`
+/// says whether the message ends with this frame. Through the sink, the
+/// message would be copied into tungstenite's write buffer, which keeps the
+/// capacity of the largest message for as long as the path is open: for a
+/// loop of 15 MiB chunks, a copy per chunk and 15 MiB held for good. What
+/// tungstenite has queued itself (the answer to a ping) goes first, so
+/// frames never mix; between two fragments of a message that is allowed
+/// (control frames may come between fragments).
+pub(super) async fn send_frame(
+    ws: &mut Ws,
+    opcode: Data,
+    fin: bool,
+    head: &[u8],
+    body: Bytes,
+) -> io::Result<()> {
     ws.flush().await.map_err(io::Error::other)?;
     let length = (head.len() + body.len()) as u64;
     let mut frame = Vec::with_capacity(14 + head.len());
     let header = FrameHeader {
-        opcode: OpCode::Data(Data::Binary),
+        is_final: fin,
+        opcode: OpCode::Data(opcode),
         ..FrameHeader::default()
     };
     header
@@ -95,7 +106,9 @@ pub(super) enum End {
     Answer(Option<Message>),
     /// The server closed the path: answer its close, then end the socket.
     Closed,
-    /// The path broke, or cannot be written any more: just drop it.
+    /// The path broke, or cannot be written any more, or it is in the
+    /// middle of a fragmented message: just drop it, with no close frame
+    /// (the server reads any close as a clean end).
     Abandon,
 }
 
@@ -181,7 +194,76 @@ fn message_kind(message: &Message) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
     use super::*;
+
+    /// A path over loopback: the proxy's end, and the server's raw socket.
+    async fn path() -> (Ws, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = listener.local_addr().expect("an address");
+        let server = TcpStream::connect(addr).await.expect("connects");
+        let (proxy, _) = listener.accept().await.expect("accepts");
+        let ws = WebSocketStream::from_raw_socket(proxy, Role::Server, None).await;
+        (ws, server)
+    }
+
+    /// A chunk in three fragments, then the path abandoned.
+    async fn fragments_then_abandon(mut ws: Ws) {
+        send_frame(
+            &mut ws,
+            Data::Binary,
+            false,
+            &[0],
+            Bytes::from_static(b"ab"),
+        )
+        .await
+        .expect("sent");
+        send_frame(
+            &mut ws,
+            Data::Continue,
+            false,
+            &[],
+            Bytes::from_static(b"cd"),
+        )
+        .await
+        .expect("sent");
+        send_frame(&mut ws, Data::Continue, true, &[], Bytes::new())
+            .await
+            .expect("sent");
+        end(ws, End::Abandon, &ProxyConfig::default()).await;
+    }
+
+    #[tokio::test]
+    async fn fragments_are_written_as_such_and_abandon_sends_no_close() {
+        let (ws, mut server) = path().await;
+        fragments_then_abandon(ws).await;
+        let mut bytes = Vec::new();
+        server.read_to_end(&mut bytes).await.expect("read");
+        // Binary without FIN, Continue without FIN, Continue with FIN (RFC
+        // 6455 §5.2), unmasked; then the end of the stream, no close frame.
+        assert_eq!(
+            bytes,
+            [0x02, 3, 0, b'a', b'b', 0x00, 2, b'c', b'd', 0x80, 0],
+            "no close frame (0x88) after the fragments"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_websocket_reads_the_fragments_as_one_message_then_no_close() {
+        let (ws, server) = path().await;
+        fragments_then_abandon(ws).await;
+        let mut server = WebSocketStream::from_raw_socket(server, Role::Client, None).await;
+        let message = server.next().await.expect("a message").expect("whole");
+        assert_eq!(message, Message::binary(&b"\0abcd"[..]));
+        let after = server.next().await;
+        assert!(
+            !matches!(after, Some(Ok(Message::Close(_)))),
+            "abandoned, not closed: {after:?}"
+        );
+    }
 
     #[test]
     fn error_messages_are_tagged() {

@@ -10,6 +10,18 @@
 //!                                  cannot dial / non-2xx ──▶ [1], close   no loop
 //! ```
 //!
+//! An event of more than 64 KiB of data is one message too, sent in
+//! fragments as its pieces come (sse.rs): `[0]` and the first piece in a
+//! Binary frame without FIN, the next pieces in Continue frames, the last
+//! with FIN. Between the first fragment and the last, nothing else may be
+//! said on the path: not an `[1]` error (it would land inside the chunk),
+//! and not a close, which the server reads as a finished loop. So every
+//! fault there — the body breaks or ends, bad bytes, an event over the
+//! bound, the proxy shutting down, the server leaving — is logged with its
+//! reason and counted as ever, and the path is dropped with no close frame
+//! ([`End::Abandon`]): the server tells the caller the loop was cut short
+//! (protocol §12, "abrupt proxy end").
+//!
 //! "End" means the end the body marks: a chunked body's last chunk, or the
 //! last byte of its `Content-Length`. A body that only ends because the
 //! agent program's connection closed (an HTTP/1.0 answer) cannot prove
@@ -20,20 +32,17 @@
 //! program's stream is over, before the close, so a server that asks for
 //! the next loop the moment it sees the close finds the proxy free.
 
-use std::pin::pin;
-
 use bytes::Bytes;
-use futures_util::StreamExt;
 use runloop_proto::Decode;
 use runloop_proto::run_loop::{RunLoopRequest, response};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::Data;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::path::{
-    End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error, send_binary,
-};
+use super::Shared;
+use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error, send_frame};
+use super::sse::{self, Piece};
 use super::upstream::{Failure, Framing};
-use super::{Shared, sse};
 use crate::metrics::{AgentFault, LoopOutcome, ProxyLoop, may_be_fatal};
 
 /// Serves one `/agent/run` path.
@@ -107,28 +116,52 @@ async fn relay(
             return End::Answer(Some(error_message(&json)));
         }
     };
-    let mut data = pin!(sse::data(response.bytes_stream(), shared.config.max_event));
+    let mut events = sse::Events::new(response.bytes_stream(), shared.config.max_event);
+    // The bytes of the chunk under way, once its first fragment is out.
+    let mut streaming: Option<usize> = None;
     loop {
         let chunks = sent.chunks;
-        // Dropping `data` (by returning) drops the HTTP response, which
+        // Returning drops `events`, and with it the HTTP response, which
         // closes the agent program's connection: the loop is cancelled.
         let next = tokio::select! {
-            () = shutdown.cancelled() => return End::Answer(Some(proxy_error(SHUTTING_DOWN))),
+            () = shutdown.cancelled() => {
+                if streaming.is_some() {
+                    warn!(chunks, "the proxy is shutting down mid-chunk; abandoning the path");
+                    return End::Abandon;
+                }
+                return End::Answer(Some(proxy_error(SHUTTING_DOWN)));
+            }
             left = left(ws) => {
+                if streaming.is_some() {
+                    warn!(chunks, "the server left mid-chunk; cancelling the agent program's loop");
+                    return End::Abandon;
+                }
                 info!(chunks, "the server left mid-loop; cancelling the agent program's loop");
                 return left;
             }
-            next = data.next() => next,
+            next = events.next() => next,
         };
-        let data = match next {
+        let piece = match next {
             None if framing == Framing::Close => {
                 metrics.agent_faults.inc(AgentFault::Undelimited);
                 warn!(
                     chunks,
+                    mid_chunk = streaming.is_some(),
                     "the loop's body ended with its connection: finished or crashed?"
                 );
+                if streaming.is_some() {
+                    return End::Abandon;
+                }
                 let Failure(json) = Failure::agent(NOT_DELIMITED);
                 return End::Answer(Some(error_message(&json)));
+            }
+            None if streaming.is_some() => {
+                metrics.agent_faults.inc(AgentFault::StreamBroke);
+                warn!(
+                    chunks,
+                    "the loop's body ended in the middle of an event; abandoning the path"
+                );
+                return End::Abandon;
             }
             None => {
                 info!(chunks, "loop finished");
@@ -136,30 +169,47 @@ async fn relay(
             }
             Some(Err(broke)) => {
                 metrics.agent_faults.inc(AgentFault::StreamBroke);
-                warn!(chunks, error = %broke, "loop cut short");
-                let Failure(json) = Failure::agent(cut_short(&broke, framing));
+                let error = cut_short(&broke, framing);
+                if streaming.is_some() {
+                    warn!(chunks, %error, "loop cut short mid-chunk; abandoning the path");
+                    return End::Abandon;
+                }
+                warn!(chunks, %error, "loop cut short");
+                let Failure(json) = Failure::agent(error);
                 return End::Answer(Some(error_message(&json)));
             }
-            Some(Ok(data)) => data,
+            Some(Ok(piece)) => piece,
+        };
+        let (opcode, fin, head, data): (_, _, &[u8], _) = match piece {
+            Piece::Whole(data) => (Data::Binary, true, &CHUNK_TAG, data),
+            Piece::Begin(data) => (Data::Binary, false, &CHUNK_TAG, data),
+            Piece::More(data) => (Data::Continue, false, &[], data),
+            Piece::End(data) => (Data::Continue, true, &[], data),
         };
         let bytes = data.len();
-        debug!(bytes, "chunk");
         // Kept only if it may be the fatal ending: a large chunk that
         // cannot be is let go once it is written, not held until the next.
-        let last = may_be_fatal(&data).then(|| data.clone());
+        // A chunk sent in fragments is never kept whole.
+        let last = (opcode == Data::Binary && fin && may_be_fatal(&data)).then(|| data.clone());
         tokio::select! {
             // A frame half written cannot be followed by an error: drop the path.
             () = shutdown.cancelled() => return End::Abandon,
-            written = send_binary(ws, &CHUNK_TAG, data) => if let Err(error) = written {
+            written = send_frame(ws, opcode, fin, head, data) => if let Err(error) = written {
                 info!(chunks, %error, "the path broke mid-loop; cancelling the agent program's loop");
                 return End::Abandon;
             },
         }
+        metrics.bytes.inc_by(bytes as u64);
+        if !fin {
+            *streaming.get_or_insert(0) += bytes;
+            continue;
+        }
+        let bytes = bytes + streaming.take().unwrap_or(0);
+        debug!(bytes, "chunk");
         if chunks == 0 {
             metrics.first_chunk.observe(asked.elapsed());
         }
         metrics.chunks.inc();
-        metrics.bytes.inc_by(bytes as u64);
         sent.chunks += 1;
         sent.last = last;
     }
