@@ -519,7 +519,9 @@ mod tests {
         until_sent(&seen, 1).await;
         {
             let mut direct = queue.direct().expect("nothing queued, no one writing");
-            direct.feed(FrameBytes::whole(&b"b"[..]), Instant::now()).await;
+            direct
+                .feed(FrameBytes::whole(&b"b"[..]), Instant::now())
+                .await;
             // Queued while the socket is held: it goes after what is fed.
             queue.put(Outgoing::control(b"c".to_vec()));
             assert!(queue.direct().is_none(), "the socket is held");
@@ -572,7 +574,10 @@ mod tests {
         let fed = fed.lock().expect("lock").clone();
         let binary = OpCode::Data(Data::Binary);
         let more = OpCode::Data(Data::Continue);
-        let shape: Vec<_> = fed.iter().map(|(op, fin, data)| (*op, *fin, data.len())).collect();
+        let shape: Vec<_> = fed
+            .iter()
+            .map(|(op, fin, data)| (*op, *fin, data.len()))
+            .collect();
         assert_eq!(
             shape,
             [
@@ -589,7 +594,11 @@ mod tests {
         assert_eq!(&message[4..], &body[..]);
         // Slices of the body, not copies.
         let range = body.as_ptr_range();
-        assert!(fed[1..5].iter().all(|(_, _, d)| range.contains(&d.as_ptr())));
+        assert!(
+            fed[1..5]
+                .iter()
+                .all(|(_, _, d)| range.contains(&d.as_ptr()))
+        );
         assert_eq!(&fed[5].2[..], [&b"head"[..], &body[..10]].concat());
     }
 

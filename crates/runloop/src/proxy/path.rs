@@ -67,7 +67,7 @@ pub(super) async fn left(ws: &mut Ws) -> End {
 
 /// Sends one frame of a binary message, `head` then `body`, written
 /// straight from their bytes: `Data::Binary` starts a message,
-/// `Data::Continue` carries on a fragmented one (RFC 6455 §5.4), and `fin`
+/// `Data::Continue` carries on a fragmented one (RFC 6455, section 5.4), and `fin`
 /// says whether the message ends with this frame. Through the sink, the
 /// message would be copied into tungstenite's write buffer, which keeps the
 /// capacity of the largest message for as long as the path is open: for a

@@ -86,8 +86,11 @@ impl Outbox {
     /// the reader's answers) until the writer has taken it; `relayed_at`
     /// when it carries a proxy's message that came then.
     pub(crate) fn queue_held(&self, message: Vec<u8>, place: Place, relayed_at: Option<Instant>) {
-        self.queue
-            .put(Outgoing::data(FrameBytes::whole(message), place, relayed_at));
+        self.queue.put(Outgoing::data(
+            FrameBytes::whole(message),
+            place,
+            relayed_at,
+        ));
     }
 
     fn queue(&self, message: Vec<u8>) {
