@@ -100,46 +100,38 @@ impl Place {
 /// read would hold both copies.
 pub(crate) const FRAGMENT: usize = 64 << 10;
 
-/// A frame's bytes: its head and its body, held apart so that a large body
-/// (a proxy's message, as it was read) is written from its own bytes,
-/// never copied into one frame first.
+/// A frame's bytes: in one piece, or its head and its body held apart so
+/// that a large body (a proxy's message, as it was read) is written from
+/// its own bytes, never copied into one frame first.
 #[derive(Debug, Clone)]
-pub(crate) struct FrameBytes {
-    head: Bytes,
-    body: Bytes,
+pub(crate) enum FrameBytes {
+    Whole(Bytes),
+    Apart { head: Bytes, body: Bytes },
 }
 
 impl FrameBytes {
     /// A frame in one piece.
     pub(crate) fn whole(frame: impl Into<Bytes>) -> Self {
-        FrameBytes {
-            head: frame.into(),
-            body: Bytes::new(),
-        }
+        FrameBytes::Whole(frame.into())
     }
 
     /// `head` then `body`: in one piece if small, else held apart.
     pub(crate) fn of(head: &[u8], body: &Bytes) -> Self {
         if head.len() + body.len() <= FRAGMENT {
-            FrameBytes::whole([head, body].concat())
+            FrameBytes::Whole(Bytes::from([head, body].concat()))
         } else {
-            FrameBytes {
+            FrameBytes::Apart {
                 head: Bytes::copy_from_slice(head),
                 body: body.clone(),
             }
         }
     }
 
-    fn len(&self) -> usize {
-        self.head.len() + self.body.len()
-    }
-
     /// The frame in one piece (copied if it is held apart).
     fn contiguous(&self) -> Bytes {
-        if self.body.is_empty() {
-            self.head.clone()
-        } else {
-            Bytes::from([&self.head[..], &self.body[..]].concat())
+        match self {
+            FrameBytes::Whole(frame) => frame.clone(),
+            FrameBytes::Apart { head, body } => Bytes::from([&head[..], &body[..]].concat()),
         }
     }
 }
@@ -228,27 +220,15 @@ impl Sending {
         }
         self.fed += 1;
         let sink = self.sink()?;
-        if message.len() <= FRAGMENT {
-            return sink.feed(Message::Binary(message.contiguous())).await;
-        }
-        // Slices of the head's and the body's own bytes: the frame is
-        // never copied whole.
-        let FrameBytes { head, body } = message;
-        let total = head.len() + body.len();
-        let mut opcode = OpCode::Data(Data::Binary);
-        let mut sent = 0;
-        for piece in [head, body] {
-            let mut at = 0;
-            while at < piece.len() {
-                let end = piece.len().min(at + FRAGMENT);
-                sent += end - at;
-                let fragment = Frame::message(piece.slice(at..end), opcode, sent == total);
-                sink.feed(Message::Frame(fragment)).await?;
-                opcode = OpCode::Data(Data::Continue);
-                at = end;
+        match message {
+            FrameBytes::Whole(frame) if frame.len() <= FRAGMENT => {
+                sink.feed(Message::Binary(frame)).await
             }
+            // Boxed: the small frames' path, taken for nearly every frame,
+            // keeps a small future.
+            FrameBytes::Whole(frame) => Box::pin(feed_fragments(sink, frame, Bytes::new())).await,
+            FrameBytes::Apart { head, body } => Box::pin(feed_fragments(sink, head, body)).await,
         }
-        Ok(())
     }
 
     async fn flush(&mut self) -> Result<(), WsError> {
@@ -271,6 +251,27 @@ impl Sending {
     fn sink(&mut self) -> Result<&mut WsSink, WsError> {
         self.sink.as_mut().ok_or(WsError::AlreadyClosed)
     }
+}
+
+/// Feeds `head` then `body` as the fragments of one message, each a slice
+/// of their own bytes of at most [`FRAGMENT`]: the frame is never copied
+/// whole.
+async fn feed_fragments(sink: &mut WsSink, head: Bytes, body: Bytes) -> Result<(), WsError> {
+    let total = head.len() + body.len();
+    let mut opcode = OpCode::Data(Data::Binary);
+    let mut sent = 0;
+    for piece in [head, body] {
+        let mut at = 0;
+        while at < piece.len() {
+            let end = piece.len().min(at + FRAGMENT);
+            sent += end - at;
+            let fragment = Frame::message(piece.slice(at..end), opcode, sent == total);
+            sink.feed(Message::Frame(fragment)).await?;
+            opcode = OpCode::Data(Data::Continue);
+            at = end;
+        }
+    }
+    Ok(())
 }
 
 /// What the writer takes from its queue at once: one frame, or a relay's
