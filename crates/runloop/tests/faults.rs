@@ -644,3 +644,60 @@ async fn a_body_broken_mid_way_through_a_large_chunk_is_an_unfinished_loop() {
     released(&server).await;
     proxy.handle.shutdown();
 }
+
+/// A proxy that sends a message in fragments (RFC 6455, section 5.4): whole,
+/// it is one chunk like any other; closed cleanly between its fragments,
+/// the message is lost, and the loop reads as cut short — the chunks
+/// before, then the server's own error — never as finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_between_the_fragments_of_a_message_is_never_a_finish() {
+    let proxy = FakeProxy::start().await;
+    let server = server_for(&proxy, Credentials::Any).await;
+    let message = chunk("in fragments");
+    let (head, tail) = message.split_at(7);
+    let fragment = |first, last, bytes: &[u8]| Step::Fragment {
+        first,
+        last,
+        bytes: bytes.to_vec(),
+    };
+    proxy.script(
+        "whole",
+        vec![
+            Step::Send(chunk("0")),
+            fragment(true, false, head),
+            fragment(false, true, tail),
+            Step::Close,
+        ],
+    );
+    proxy.script(
+        "cut",
+        vec![
+            Step::Send(chunk("0")),
+            fragment(true, false, head),
+            Step::Close,
+        ],
+    );
+    let client = Client::connect(&server.url(), "").await.expect("connect");
+    let run = client
+        .start(support::run_request())
+        .await
+        .expect("run starts");
+
+    let (chunks, outcome) = texts(run.run_loop("whole")).await;
+    assert_eq!(chunks, ["0", "in fragments"]);
+    assert!(
+        matches!(outcome, Outcome::Finished { fatal: false }),
+        "{outcome:?}"
+    );
+
+    let (chunks, outcome) = texts(run.run_loop("cut")).await;
+    assert_eq!(chunks, ["0"], "nothing of the message cut by the close");
+    let Outcome::Unfinished(error) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(error.value()["kind"], "proxy", "{error}");
+    let what = error.value()["error"].as_str().expect("words");
+    assert!(what.contains("inside a message"), "{what}");
+    run.stop().await;
+    client.close().await;
+}

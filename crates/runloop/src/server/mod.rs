@@ -65,6 +65,7 @@ mod admission;
 mod budget;
 mod config;
 mod connection;
+mod message_edges;
 mod outbox;
 mod pings;
 mod places;

@@ -9,6 +9,9 @@
 //! into a buffer of its own and hands them on as the WebSocket asks; that
 //! buffer exists only while a path is being read: it is let go when the
 //! socket has nothing more to give, so an idle path holds nothing extra.
+//!
+//! Every byte handed on passes [`MessageEdges`] too, which tells the relay
+//! whether a close came inside a fragmented message.
 
 use std::io;
 use std::pin::Pin;
@@ -16,6 +19,8 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::message_edges::MessageEdges;
 
 /// The most one system call reads: what a busy forwarder on the same stack
 /// reads at once.
@@ -28,6 +33,8 @@ pub(crate) struct ReadAhead<S> {
     /// Read from the socket and not yet handed on; empty, with no
     /// allocation, whenever the socket has nothing more to give.
     ahead: BytesMut,
+    /// Where the bytes handed on stand between messages.
+    edges: MessageEdges,
 }
 
 impl<S> ReadAhead<S> {
@@ -35,7 +42,13 @@ impl<S> ReadAhead<S> {
         ReadAhead {
             inner,
             ahead: BytesMut::new(),
+            edges: MessageEdges::default(),
         }
+    }
+
+    /// Whether the bytes handed on so far leave a fragmented message open.
+    pub(crate) fn inside_message(&self) -> bool {
+        self.edges.inside_message()
     }
 }
 
@@ -49,7 +62,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
         if this.ahead.is_empty() {
             if buf.remaining() >= AHEAD {
                 // Room enough: no reason to read twice.
-                return Pin::new(&mut this.inner).poll_read(cx, buf);
+                let before = buf.filled().len();
+                let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+                this.edges.read(&buf.filled()[before..]);
+                return read;
             }
             this.ahead.reserve(AHEAD);
             match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.ahead) {
@@ -64,6 +80,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
         }
         let taken = this.ahead.len().min(buf.remaining());
         buf.put_slice(&this.ahead[..taken]);
+        this.edges.read(&this.ahead[..taken]);
         this.ahead.advance(taken);
         Poll::Ready(Ok(()))
     }

@@ -409,6 +409,15 @@ async fn next_message(path: &mut Path) -> Next {
     while let Some(message) = path.next().await {
         match message {
             Ok(Message::Binary(message)) => return Next::Message(message),
+            // A close between the fragments of a message: the message is
+            // lost, so the loop did not finish.
+            Ok(Message::Close(_)) if path.get_ref().inside_message() => {
+                return Next::Broke(
+                    "the proxy closed the path inside a message (after a fragment that was not \
+                     its last)"
+                        .to_owned(),
+                );
+            }
             Ok(Message::Close(_)) => return Next::Closed,
             Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
             Err(why) => return Next::Broke(why.to_string()),

@@ -19,6 +19,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 /// A safety net against a hung test, never an assertion about speed.
@@ -46,6 +48,13 @@ pub enum Step {
     /// Hang: send nothing more, never close and never answer the server's
     /// close; record `dropped <prompt>` once the server drops the socket.
     Hang,
+    /// Send these bytes as one fragment of a binary message: its first
+    /// (a binary frame) or a later one (a continuation), its last or not.
+    Fragment {
+        first: bool,
+        last: bool,
+        bytes: Vec<u8>,
+    },
 }
 
 /// A chunk message: `[0]` + a text chunk's JSON.
@@ -206,6 +215,18 @@ impl FakeProxy {
             match step {
                 Step::Send(message) => {
                     if ws.send(Message::Binary(message.into())).await.is_err() {
+                        self.record(format!("closed {prompt}"));
+                        break;
+                    }
+                }
+                Step::Fragment { first, last, bytes } => {
+                    let opcode = if first {
+                        OpCode::Data(Data::Binary)
+                    } else {
+                        OpCode::Data(Data::Continue)
+                    };
+                    let fragment = Frame::message(bytes, opcode, last);
+                    if ws.send(Message::Frame(fragment)).await.is_err() {
                         self.record(format!("closed {prompt}"));
                         break;
                     }
