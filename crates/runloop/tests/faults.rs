@@ -46,6 +46,15 @@ fn port(url: &str) -> u16 {
 /// After a test's client is gone: the server holds nothing, the runtime is
 /// back to the tasks it had before the client came, and no socket to the
 /// server or the proxy is open.
+/// A real proxy in front of the agent program at `agent`, and a server
+/// whose `demo` image attaches to it.
+async fn behind_a_real_proxy(agent: std::net::SocketAddr) -> (common::RunningProxy, ServerHandle) {
+    let proxy = common::proxy(agent).await;
+    let mut catalog = Catalog::new();
+    catalog.insert("demo", None, Arc::new(Attach::new(proxy.url.clone())));
+    (proxy, serve(catalog).await)
+}
+
 async fn nothing_left(server: &ServerHandle, baseline_tasks: usize, proxy_url: &str) {
     released(server).await;
     tasks_back_to(baseline_tasks).await;
@@ -179,10 +188,7 @@ async fn an_agent_program_that_never_answers_behind_a_real_proxy() {
         }
     })
     .await;
-    let proxy = common::proxy(agent).await;
-    let mut catalog = Catalog::new();
-    catalog.insert("demo", None, Arc::new(Attach::new(proxy.url.clone())));
-    let server = serve(catalog).await;
+    let (proxy, server) = behind_a_real_proxy(agent).await;
     let baseline = support::alive_tasks();
 
     let client = Client::connect(&server.url(), "").await.expect("connect");
@@ -611,10 +617,7 @@ async fn a_body_broken_mid_way_through_a_large_chunk_is_an_unfinished_loop() {
         }
     })
     .await;
-    let proxy = common::proxy(agent).await;
-    let mut catalog = Catalog::new();
-    catalog.insert("demo", None, Arc::new(Attach::new(proxy.url.clone())));
-    let server = serve(catalog).await;
+    let (proxy, server) = behind_a_real_proxy(agent).await;
 
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
