@@ -127,11 +127,7 @@ async fn an_exec_agent_program_runs_behind_the_server_and_is_reaped() {
         )
         .expect("an exec spec is added");
     let server = serve(catalog).await;
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (_client, run) = support::start_run(&server).await;
     let (chunks, outcome) = run.run_loop("hello").collect_chunks().await;
     assert_eq!(outcome, Outcome::Finished { fatal: false });
     assert!(!chunks.is_empty());

@@ -116,11 +116,7 @@ async fn a_proxy_path_that_ends_badly_is_never_a_finish() {
         proxy.script(prompt, steps.clone());
     }
 
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     for (prompt, steps, k, says) in &cases {
         let (chunks, outcome) = texts(run.run_loop(prompt.as_str())).await;
         assert_eq!(chunks, expect(*k), "{prompt}: every chunk, in order");
@@ -148,11 +144,7 @@ async fn a_proxy_that_never_answers_keeps_the_loop_open_until_the_caller_stops_i
     proxy.script("silent", vec![Step::AwaitClose]);
     let server = server_for(&proxy, Credentials::Any).await;
     let baseline = support::alive_tasks();
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     let mut run_loop = run.run_loop("silent");
     proxy.wait_for("run silent").await;
     // No timeout: the loop is open, the path too, and nothing has come.
@@ -191,11 +183,7 @@ async fn an_agent_program_that_never_answers_behind_a_real_proxy() {
     let (proxy, server) = behind_a_real_proxy(agent).await;
     let baseline = support::alive_tasks();
 
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     let mut run_loop = run.run_loop("hello?");
     assert_eq!(seen.recv().await, Some("run"));
     assert_eq!(run_loop.next().now_or_never(), None, "nothing came");
@@ -252,11 +240,7 @@ async fn a_caller_gone_between_loops_stops_the_container() {
     let server = gated.server().await;
     let baseline = support::alive_tasks();
 
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     let (chunks, outcome) = texts(run.run_loop("one")).await;
     assert_eq!(
         (chunks, outcome),
@@ -315,11 +299,7 @@ fn exec_catalog(fixture_name: &str) -> Catalog {
 async fn a_caller_gone_mid_loop_stops_and_reaps_the_agent_program() {
     let server = serve(exec_catalog("endless_agent.py")).await;
     let baseline = support::alive_tasks();
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     let mut run_loop = run.run_loop("go");
     let pid = endless_pid(&mut run_loop, 3).await;
     assert!(!common::reaped(pid), "the agent program runs");
@@ -342,11 +322,7 @@ async fn a_caller_gone_mid_loop_stops_and_reaps_the_agent_program() {
 async fn an_agent_program_killed_mid_stream_is_an_unfinished_loop() {
     let server = serve(exec_catalog("endless_agent.py")).await;
     let baseline = support::alive_tasks();
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     let mut run_loop = run.run_loop("go");
     let pid = endless_pid(&mut run_loop, 3).await;
 
@@ -575,11 +551,7 @@ async fn a_stop_reaches_a_loop_whose_proxy_does_not_read_its_ask() {
     let proxy = FakeProxy::start().await;
     proxy.stall_runs.store(true, Ordering::SeqCst);
     let server = server_for(&proxy, Credentials::Any).await;
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     // An ask larger than the socket buffers between server and proxy hold:
     // the server's send cannot complete while the proxy reads nothing.
     let run_loop = run.run_loop("x".repeat(12 << 20));
@@ -619,11 +591,7 @@ async fn a_body_broken_mid_way_through_a_large_chunk_is_an_unfinished_loop() {
     .await;
     let (proxy, server) = behind_a_real_proxy(agent).await;
 
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     let mut run_loop = run.run_loop("go");
     let mut chunks = Vec::new();
     let outcome = loop {
@@ -680,11 +648,7 @@ async fn a_close_between_the_fragments_of_a_message_is_never_a_finish() {
             Step::Close,
         ],
     );
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
 
     let (chunks, outcome) = texts(run.run_loop("whole")).await;
     assert_eq!(chunks, ["0", "in fragments"]);

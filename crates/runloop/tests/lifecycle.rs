@@ -53,11 +53,7 @@ async fn several_runs_and_loops_at_once_on_one_connection() {
 async fn dropping_every_handle_stops_the_run() {
     let proxy = FakeProxy::start().await;
     let server = server_for(&proxy, Credentials::Any).await;
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     assert_eq!(server.stats().scopes, 1);
     drop(run);
     eventually("the forgotten run is stopped", || {

@@ -10,7 +10,7 @@ mod support;
 
 use common::Logs;
 use futures_util::StreamExt;
-use runloop::client::{Client, Event};
+use runloop::client::Event;
 use runloop::runtime::Catalog;
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::run_loop::Outcome;
@@ -23,11 +23,7 @@ async fn healthy_loops_through_the_builtin_demo_log_no_broken_path() {
     let config = ServerConfig::new(Credentials::Any, Catalog::demo());
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
     let (server, _task) = server.spawn();
-    let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let (client, run) = support::start_run(&server).await;
     for prompt in ["one loop", "and another", "a third, to be sure"] {
         let outcome = run.run_loop(prompt).outcome().await;
         assert_eq!(outcome, Outcome::Finished { fatal: false });

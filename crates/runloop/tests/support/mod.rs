@@ -328,6 +328,16 @@ pub fn unbudgeted(mut config: ServerConfig) -> ServerConfig {
     config
 }
 
+/// A client of `server` with no credential, and a run started on it with
+/// [`run_request`].
+pub async fn start_run(server: &ServerHandle) -> (runloop::client::Client, Run) {
+    let client = runloop::client::Client::connect(&server.url(), "")
+        .await
+        .expect("connect");
+    let run = client.start(run_request()).await.expect("run starts");
+    (client, run)
+}
+
 /// The texts of a loop's chunks (all text chunks), and its outcome.
 pub async fn texts(
     run_loop: runloop::client::RunLoop,
