@@ -92,8 +92,8 @@ impl Place {
     }
 }
 
-/// A frame larger than this goes to the WebSocket in fragments (RFC 6455
-/// §5.4) of at most this size, each copied into the WebSocket's write
+/// A frame larger than this goes to the WebSocket in fragments (RFC 6455,
+/// section 5.4) of at most this size, each copied into the WebSocket's write
 /// buffer only as the socket takes the ones before it. Written whole, a
 /// frame of many MiB would be copied whole into that buffer, which keeps
 /// the capacity for as long as the connection lives; a peer that does not

@@ -24,8 +24,8 @@
 //! - **A loop holds 64 KiB of a chunk, whatever its size** (and one read
 //!   of the body beside it). An event whose data is
 //!   done within 64 KiB goes out as one message, one frame. A larger one
-//!   goes out as it arrives, as the fragments of one message (RFC 6455
-//!   §5.4): `[0]` and its first 64 KiB, then 64 KiB at a time, the last
+//!   goes out as it arrives, as the fragments of one message (RFC 6455,
+//!   section 5.4): `[0]` and its first 64 KiB, then 64 KiB at a time, the last
 //!   fragment when the event ends. The server still gets one message of
 //!   exactly `[0]` and the data; the proxy never holds the event whole.
 //! - **A fault inside a fragmented chunk drops the path.** Once a first

@@ -59,28 +59,29 @@ impl MessageEdges {
         while !bytes.is_empty() {
             match &mut self.state {
                 State::Payload(left) => {
-                    // The common case, frames whole in the read: a header
-                    // read where it lies, then its payload skipped.
-                    let skipped = bytes
-                        .len()
-                        .min(usize::try_from(*left).unwrap_or(usize::MAX));
-                    *left -= skipped as u64;
-                    bytes = &bytes[skipped..];
-                    while *left == 0 && bytes.len() >= 2 {
+                    // The common case, frames whole in the read: each
+                    // payload skipped, each header read where it lies.
+                    let mut cut = false;
+                    loop {
+                        let skipped = bytes
+                            .len()
+                            .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                        *left -= skipped as u64;
+                        bytes = &bytes[skipped..];
+                        if *left > 0 || bytes.is_empty() {
+                            break;
+                        }
                         let need = header_len(bytes);
                         if bytes.len() < need {
+                            cut = true;
                             break;
                         }
                         let (length, open) = frame(&bytes[..need], self.open);
                         self.open = open;
+                        *left = length;
                         bytes = &bytes[need..];
-                        let skipped = bytes
-                            .len()
-                            .min(usize::try_from(length).unwrap_or(usize::MAX));
-                        *left = length - skipped as u64;
-                        bytes = &bytes[skipped..];
                     }
-                    if *left == 0 && !bytes.is_empty() {
+                    if cut {
                         // A header cut by the end of the read.
                         self.state = State::Header {
                             bytes: [0; MAX_HEADER],
