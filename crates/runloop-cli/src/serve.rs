@@ -38,7 +38,6 @@ use runloop::server::{
     ServerConfig, ServerHandle, default_memory_budget,
 };
 use runloop::tls::ServerTls;
-use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
 use runloop_oci::registry::{Pull, RegistryConfig};
 use runloop_oci::{Host, HostConfig};
 use tokio_util::sync::CancellationToken;
@@ -167,9 +166,6 @@ pub struct Args {
     /// blobs, unpacked images and runs [default: /var/lib/runloop for root].
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
-    /// Containers: the IPv4 network their addresses come from, a /30 each.
-    #[arg(long, value_name = "CIDR", default_value_t = DEFAULT_SUBNET)]
-    pub container_network: Subnet,
     /// Containers: seconds between the stop signal and SIGKILL.
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
     pub container_grace: f64,
@@ -406,7 +402,6 @@ impl Args {
         };
         let mut config =
             HostConfig::new(self.store.clone().unwrap_or_else(HostConfig::default_store));
-        config.subnet = self.container_network;
         config.grace = seconds(self.container_grace, "--container-grace")?;
         config.startup_timeout = seconds(
             self.container_startup_timeout,
@@ -419,8 +414,8 @@ impl Args {
 
     /// Opens the container host, if anything needs one, adds the catalog's
     /// `oci:` entries (each pinned to its layout's digest), and the
-    /// registry puller.
-    async fn containers(&self, config: &mut ServerConfig) -> Result<(), Failure> {
+    /// registry puller; the host, to close when the server has stopped.
+    async fn containers(&self, config: &mut ServerConfig) -> Result<Option<Arc<Host>>, Failure> {
         let layouts: Vec<&AgentSpec> = self
             .agents
             .iter()
@@ -428,7 +423,7 @@ impl Args {
             .collect();
         let pulls = !self.registries.is_empty() || !self.insecure_registries.is_empty();
         if layouts.is_empty() && !pulls {
-            return Ok(());
+            return Ok(None);
         }
         let host = Host::open(self.host_config()?)
             .await
@@ -460,7 +455,7 @@ impl Args {
                 std::sync::Arc::new(runtime),
             );
         }
-        Ok(())
+        Ok(Some(host))
     }
 
     /// The descriptors the server may open, raised to the hard limit, if
@@ -536,7 +531,7 @@ impl Args {
             .iter()
             .any(|spec| matches!(spec.runtime, RuntimeSpec::Exec { .. }));
         let served = block_on(async {
-            self.containers(&mut config).await?;
+            let host = self.containers(&mut config).await?;
             for (name, digest) in config.catalog.names() {
                 info!(
                     image = name,
@@ -574,6 +569,12 @@ impl Args {
             };
             out.flush()?;
             drain(&handle, serving, drain_timeout, shutdown).await;
+            // Every run has ended; their containers are removed before
+            // the process exits (a start given up on included).
+            if let Some(host) = host {
+                host.close().await;
+                info!("containers removed");
+            }
             if let Some((stop, admin)) = admin {
                 stop.cancel();
                 let _ = admin.await;

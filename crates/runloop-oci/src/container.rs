@@ -1,8 +1,9 @@
 //! One container's life: made, started, watched, stopped and removed.
 //!
 //! ```text
-//! start:  run dir ─▶ disk (ext4, loop) ─▶ overlay root ─▶ netns + veth ─▶ config.json
-//!         ─▶ runc run --keep ─▶ agent accepts TCP on PORT ─▶ link ─▶ proxy   (any failure: teardown)
+//! start:  run dir ─▶ disk (ext4, loop) ─▶ overlay root ─▶ netns (lo only) ─▶ config.json
+//!         ─▶ runc run --keep ─▶ agent accepts TCP on 127.0.0.1:PORT in the netns ─▶ link ─▶ proxy
+//!         (any failure, or the start given up on: teardown)
 //! end:    by itself (exit, OOM) or stop: signal, grace, SIGKILL to all, runc delete,
 //!         netns gone, overlay and disk unmounted (loop detached), run dir removed
 //! ```
@@ -11,9 +12,23 @@
 //! reports the end as soon as it knows it (so the run's loops end with the
 //! reason), then tears everything down; [`Container::stop`] resolves once
 //! the teardown is done. A container dropped without `stop` is still
-//! stopped and torn down by its supervisor. Teardown works from the run's
-//! key alone ([`teardown`]), so a server restarted after a crash removes
-//! the leftovers of its runs the same way.
+//! stopped and torn down by its supervisor.
+//!
+//! Nothing is left behind, whatever ends a run and when. From the moment
+//! the run's directory exists, a guard owns the run: a start that fails
+//! tears it down before it returns, and a start given up on — its future
+//! dropped because the caller left or the server is shutting down — has
+//! its teardown started by the guard's drop. Supervisors and those
+//! teardowns run on the host's tracker, which the server waits for before
+//! it exits ([`Host::close`], which also stops whatever still runs and
+//! sweeps the store once more). Teardown works from the run's key alone
+//! ([`teardown`]), so a server restarted after a crash removes the
+//! leftovers of its runs the same way.
+//!
+//! The agent is reached only through sockets made inside the run's network
+//! namespace (module [`network`](crate::network)): the readiness probe,
+//! and every connection of the link. The agent program listens on
+//! `127.0.0.1:$PORT`, as under exec.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -26,7 +41,6 @@ use std::time::Duration;
 use runloop::proxy::Proxy;
 use runloop::runtime::output::log_output;
 use runloop::runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
-use tokio::net::TcpStream;
 use tokio::process::Child;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -39,7 +53,7 @@ use crate::cgroup;
 use crate::disk;
 use crate::host::Host;
 use crate::link::{self, Watch};
-use crate::network;
+use crate::network::{self, Netns};
 use crate::runc;
 use crate::store::Unpacked;
 use crate::user;
@@ -70,7 +84,8 @@ impl OciRuntime {
     }
 
     /// Starts one container; resolves once its agent accepts TCP and its
-    /// proxy listens. [`Runtime::start`] is this, boxed.
+    /// proxy listens. [`Runtime::start`] is this, boxed. Dropping the
+    /// future before it resolves still removes everything it made.
     pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
         if limits.memory < MIN_MEMORY {
             return Err(StartError::new(format!(
@@ -85,31 +100,25 @@ impl OciRuntime {
                 disk::MIN_DISK
             )));
         }
-        let slot = self.host.pool().take().ok_or_else(|| {
-            StartError::new(format!(
-                "no container addresses are left in {}",
-                self.host.pool().subnet()
-            ))
-        })?;
-        let key = crate::random_name();
-        let run = self.host.store().runs().join(&key);
-        let made = self.make(&key, &run, &slot, limits).await;
-        let child = match made {
-            Ok(child) => child,
+        let run = Run {
+            host: Arc::clone(&self.host),
+            key: crate::random_name(),
+            armed: true,
+        };
+        let made = self.make(&run, limits).await;
+        let (netns, child) = match made {
+            Ok(made) => made,
             Err(why) => {
-                warn!(%key, %why, "container did not start");
-                teardown(&self.host, &key).await;
+                warn!(key = %run.key, %why, "container did not start");
+                run.remove().await;
                 return Err(StartError::new(why));
             }
         };
-        let port = bundle::port(&self.image.image.process);
-        let agent = SocketAddr::from((slot.container, port));
         let started = Started {
-            host: Arc::clone(&self.host),
-            key,
+            run,
             child,
-            slot,
-            agent,
+            netns,
+            port: bundle::port(&self.image.image.process),
             stop_signal: self
                 .image
                 .image
@@ -123,25 +132,21 @@ impl OciRuntime {
 
     /// Makes the run's files, mounts, network and configuration, and starts
     /// runc.
-    async fn make(
-        &self,
-        key: &str,
-        run: &PathBuf,
-        slot: &network::Slot,
-        limits: ContainerLimits,
-    ) -> Result<Child, String> {
+    async fn make(&self, run: &Run, limits: ContainerLimits) -> Result<(Netns, Child), String> {
+        let key = run.key.as_str();
+        let dir = run.dir();
         std::fs::DirBuilder::new()
             .mode(0o700)
-            .create(run)
+            .create(&dir)
             .map_err(|error| {
-                format!("cannot make the run's directory {}: {error}", run.display())
+                format!("cannot make the run's directory {}: {error}", dir.display())
             })?;
-        disk::create(run, limits.disk)
+        disk::create(&dir, limits.disk)
             .await
             .map_err(|error| format!("cannot make the run's disk: {error}"))?;
-        disk::overlay(run, &self.image.rootfs)
+        disk::overlay(&dir, &self.image.rootfs)
             .map_err(|error| format!("cannot mount the run's root: {error}"))?;
-        network::create(key, slot)
+        let netns = network::create(key)
             .await
             .map_err(|error| format!("cannot make the run's network: {error}"))?;
         let process = &self.image.image.process;
@@ -150,7 +155,7 @@ impl OciRuntime {
         let spec = Bundle {
             process,
             ids,
-            run,
+            run: &dir,
             hostname: key,
             netns: network::namespace_path(key),
             cgroup: cgroup::path(&id),
@@ -160,17 +165,17 @@ impl OciRuntime {
         }
         .spec()
         .map_err(|error| error.to_string())?;
-        let config = run.join("config.json");
+        let config = dir.join("config.json");
         spec.save(&config)
             .map_err(|error| format!("cannot write {}: {error}", config.display()))?;
         let child = self
             .host
             .runc()
-            .run_command(run, &id)
+            .run_command(&dir, &id)
             .spawn()
             .map_err(|error| format!("cannot start runc: {error}"))?;
         info!(%key, image = %self.image.image.digest, memory = limits.memory, disk = limits.disk, "container starting");
-        Ok(child)
+        Ok((netns, child))
     }
 }
 
@@ -186,13 +191,66 @@ impl Runtime for OciRuntime {
     }
 }
 
-/// A container whose runc has started, not yet known to listen.
-struct Started {
+/// A run's claim on the machine, from its directory on: dropped while
+/// armed (a start given up on, a supervisor dropped with its runtime), it
+/// has the run torn down on the host's tracker.
+struct Run {
     host: Arc<Host>,
     key: String,
+    /// Whether the run's things may still be on the machine.
+    armed: bool,
+}
+
+impl Run {
+    /// The run's directory.
+    fn dir(&self) -> PathBuf {
+        self.host.store().runs().join(&self.key)
+    }
+
+    /// Kills what runs and removes everything of the run, now.
+    async fn remove(mut self) {
+        self.armed = false;
+        end_now(&self.host, &self.key).await;
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Without a runtime there is nothing to run a teardown on; the
+        // server's closing sweep, or the next server's, removes the run.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let host = Arc::clone(&self.host);
+        let key = std::mem::take(&mut self.key);
+        warn!(%key, "a container start was given up on; removing what it made");
+        let tasks = host.tasks().clone();
+        tasks.spawn_on(async move { end_now(&host, &key).await }, &runtime);
+    }
+}
+
+/// Kills every process of the run's container, then tears the run down.
+async fn end_now(host: &Host, key: &str) {
+    let id = runc::id(key);
+    // "does not exist": runc had not made it yet, or it is gone already.
+    if let Err(error) = host.runc().kill(&id, "SIGKILL", true).await
+        && !error.says("does not exist")
+        && !error.says("not running")
+    {
+        warn!(%id, %error, "cannot kill the container");
+    }
+    teardown(host, key).await;
+}
+
+/// A container whose runc has started, not yet known to listen.
+struct Started {
+    run: Run,
     child: Child,
-    slot: network::Slot,
-    agent: SocketAddr,
+    netns: Netns,
+    port: u16,
     stop_signal: String,
 }
 
@@ -200,25 +258,34 @@ impl Started {
     /// Waits for the agent to accept TCP, then puts the link and the proxy
     /// in front of it and hands the child to its supervisor.
     async fn ready(mut self) -> Result<OciContainer, StartError> {
+        let host = Arc::clone(&self.run.host);
+        let key = self.run.key.clone();
         let pid = self.child.id().unwrap_or_default();
-        let program: Arc<str> = Arc::from(runc::id(&self.key));
-        log_output(&mut self.child, program, pid, self.host.config().output);
-        let timeout = self.host.config().startup_timeout;
+        let program: Arc<str> = Arc::from(runc::id(&key));
+        log_output(&mut self.child, program, pid, host.config().output);
+        let timeout = host.config().startup_timeout;
+        let (exited_tx, exited) = watch::channel(None);
         let watch = Arc::new(Memory {
-            host: Arc::clone(&self.host),
-            id: runc::id(&self.key),
+            host: Arc::clone(&host),
+            id: runc::id(&key),
             ended: CancellationToken::new(),
+            exited: exited.clone(),
         });
-        let stop = CancellationToken::new();
-        let run = self.host.store().runs().join(&self.key);
+        // The host's close stops every container.
+        let stop = host.closing().child_token();
+        let dir = self.run.dir();
+        let agent = link::Agent {
+            netns: self.netns.clone(),
+            port: self.port,
+        };
         let serving = async {
-            listening(&mut self.child, self.agent, timeout)
+            listening(&mut self.child, &self.netns, self.port, timeout)
                 .await
-                .map_err(|why| match runc::last_error(&run) {
+                .map_err(|why| match runc::last_error(&dir) {
                     Some(runc) => format!("{why} ({runc})"),
                     None => why,
                 })?;
-            let link = link::bind(self.agent, watch.clone(), stop.clone())
+            let link = link::bind(agent, watch.clone(), stop.clone())
                 .await
                 .map_err(|error| format!("cannot bind the agent link: {error}"))?;
             let proxy = Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), link.0)
@@ -231,19 +298,20 @@ impl Started {
             Ok(serving) => serving,
             Err(why) => {
                 stop.cancel();
-                warn!(key = %self.key, %why, "container did not become ready");
-                let runc = self.host.runc().clone();
-                let _ = runc.kill(&runc::id(&self.key), "SIGKILL", true).await;
-                let _ = self.child.wait().await;
-                teardown(&self.host, &self.key).await;
+                warn!(%key, %why, "container did not become ready");
+                let Started { run, mut child, .. } = self;
+                let runc = host.runc().clone();
+                let _ = runc.kill(&runc::id(&key), "SIGKILL", true).await;
+                let _ = child.wait().await;
+                run.remove().await;
                 return Err(StartError::new(why));
             }
         };
         let (proxy_handle, proxy) = proxy.spawn();
         let proxy_stop = stop.clone();
-        let (exited_tx, exited) = watch::channel(None);
-        let key = self.key.clone();
-        let supervisor = tokio::spawn(supervise(self, watch, stop.clone(), exited_tx));
+        let supervisor = host
+            .tasks()
+            .spawn(supervise(self, watch, stop.clone(), exited_tx));
         info!(%key, %url, "oci container ready");
         Ok(OciContainer {
             key,
@@ -264,11 +332,13 @@ impl Started {
     }
 }
 
-/// The link's view of the container: its OOM count, and a way to end it.
+/// The link's view of the container: its OOM count, a way to end it, and
+/// its end once reported.
 struct Memory {
     host: Arc<Host>,
     id: String,
     ended: CancellationToken,
+    exited: watch::Receiver<Option<String>>,
 }
 
 impl Watch for Memory {
@@ -282,25 +352,52 @@ impl Watch for Memory {
     fn end_for_memory(&self) {
         self.ended.cancel();
     }
+
+    fn ended(&self, patience: Duration) -> BoxFuture<'_, Option<String>> {
+        let mut exited = self.exited.clone();
+        Box::pin(async move {
+            let reported = tokio::time::timeout(patience, exited.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|reason| reason.clone());
+            reported.or_else(|| exited.borrow().clone())
+        })
+    }
 }
 
-/// Waits until the agent accepts TCP at `agent`, runc exits, or time runs out.
-async fn listening(child: &mut Child, agent: SocketAddr, timeout: Duration) -> Result<(), String> {
+/// Waits until the agent accepts TCP on `127.0.0.1:port` inside `netns`,
+/// runc exits, or time runs out.
+async fn listening(
+    child: &mut Child,
+    netns: &Netns,
+    port: u16,
+    timeout: Duration,
+) -> Result<(), String> {
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(2);
     loop {
-        if TcpStream::connect(agent).await.is_ok() {
-            return Ok(());
+        match netns.connect(port).await {
+            Ok(_) => return Ok(()),
+            // Nothing listens yet (or no longer).
+            Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {}
+            Err(error) => {
+                return Err(format!(
+                    "cannot dial the agent program in the run's network namespace {}: {error}",
+                    netns.name()
+                ));
+            }
         }
         if Instant::now() >= deadline {
             return Err(format!(
-                "the agent program did not listen on {agent} within {timeout:?}"
+                "the agent program did not listen on 127.0.0.1:{port} within {timeout:?} \
+                 (it must listen on $PORT on the container's loopback)"
             ));
         }
         tokio::select! {
             status = child.wait() => {
                 return Err(format!(
-                    "the container exited before its agent program listened on {agent}: {}",
+                    "the container exited before its agent program listened on 127.0.0.1:{port}: {}",
                     describe(status)
                 ));
             }
@@ -317,8 +414,8 @@ async fn supervise(
     stop: CancellationToken,
     exited: watch::Sender<Option<String>>,
 ) {
-    let host = Arc::clone(&started.host);
-    let id = runc::id(&started.key);
+    let host = Arc::clone(&started.run.host);
+    let id = runc::id(&started.run.key);
     let runc = host.runc().clone();
     let grace = host.config().grace;
     let reason = tokio::select! {
@@ -356,8 +453,8 @@ async fn supervise(
     exited.send_replace(Some(reason));
     // The link and the proxy stay until the server stops the run: a loop
     // held open by the link must end with the reason just reported.
-    teardown(&host, &started.key).await;
-    drop(started.slot);
+    started.run.armed = false;
+    teardown(&host, &started.run.key).await;
 }
 
 /// Why a container that ended by itself ended, OOM kills first.
@@ -392,7 +489,14 @@ pub async fn teardown(host: &Host, key: &str) {
     if let Err(error) = host.runc().delete(&id).await {
         warn!(%id, %error, "cannot delete the container");
     }
-    for dir in cgroup::Cgroup::new(host.cgroups(), &cgroup::path(&id)).leftovers() {
+    // What runc did not know of (a runc killed while it made the
+    // container leaves its `runc init` in the cgroup).
+    let group = cgroup::Cgroup::new(host.cgroups(), &cgroup::path(&id));
+    if !group.procs().is_empty() {
+        let killing = group.clone();
+        let _ = tokio::task::spawn_blocking(move || killing.kill()).await;
+    }
+    for dir in group.leftovers() {
         if let Err(error) = std::fs::remove_dir(&dir) {
             warn!(%id, dir = %dir.display(), %error, "cannot remove the container's cgroup");
         }

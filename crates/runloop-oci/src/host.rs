@@ -1,6 +1,6 @@
 //! The container host: what every container of a server shares — the
-//! store, the address pool, runc, the cgroup hierarchy — checked once,
-//! when the server starts.
+//! store, runc, the cgroup hierarchy, the tasks that own its runs — checked
+//! once, when the server starts.
 //!
 //! A machine or user that cannot run containers learns it at startup, not
 //! at the first run: [`Host::open`] checks for root, runc, the tools that
@@ -13,6 +13,14 @@
 //! under `STORE/runs/`, and before it serves it removes the leftovers of
 //! each one (container, cgroup, network, mounts, loop device, files): runs
 //! of a server that was killed before it could stop them.
+//!
+//! A server that ends on purpose leaves nothing: [`Host::close`] stops
+//! every container still running, waits for every supervisor and every
+//! teardown of a start given up on, and then sweeps the store's runs
+//! once more, all before the process exits. Runs have no address on the
+//! host (module [`network`](crate::network)), so the leftovers of a
+//! killed server are never in another server's way, whichever store it
+//! uses.
 
 use std::ffi::OsStr;
 use std::fs::{self, File};
@@ -21,6 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::fs::FlockOperation;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::cgroup;
@@ -30,7 +40,6 @@ use crate::digest::{Digest, DigestError};
 use crate::disk;
 use crate::image::{Image, ImageError};
 use crate::layout::Layout;
-use crate::network::{DEFAULT_SUBNET, Pool, Subnet};
 use crate::runc::Runc;
 use crate::store::{Store, StoreError, UnpackLimits};
 
@@ -39,8 +48,6 @@ use crate::store::{Store, StoreError, UnpackLimits};
 pub struct HostConfig {
     /// The store: pulled blobs, unpacked images, runs.
     pub store: PathBuf,
-    /// Where containers' addresses come from (a /30 each).
-    pub subnet: Subnet,
     /// The runc binary.
     pub runc: PathBuf,
     /// Time between the stop signal and SIGKILL.
@@ -56,13 +63,12 @@ pub struct HostConfig {
 }
 
 impl HostConfig {
-    /// Defaults around `store`: [`DEFAULT_SUBNET`], `runc` from `PATH`, a
+    /// Defaults around `store`: `runc` from `PATH`, a
     /// 5 s grace, 60 s to listen, 1024 processes, images up to 8 GiB and
     /// a million entries unpacked, the default output budget.
     pub fn new(store: impl Into<PathBuf>) -> HostConfig {
         HostConfig {
             store: store.into(),
-            subnet: DEFAULT_SUBNET,
             runc: PathBuf::from("runc"),
             grace: Duration::from_secs(5),
             startup_timeout: Duration::from_secs(60),
@@ -144,9 +150,12 @@ pub enum HostError {
 pub struct Host {
     config: HostConfig,
     store: Store,
-    pool: Pool,
     runc: Runc,
     cgroups: cgroup::Version,
+    /// Supervisors, and teardowns of starts given up on.
+    tasks: TaskTracker,
+    /// Fires on [`Host::close`]: every container stops.
+    closing: CancellationToken,
     _lock: File,
 }
 
@@ -210,17 +219,17 @@ impl Host {
             })?;
         rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive)
             .map_err(|_| HostError::Locked(store.dir().to_owned()))?;
-        let pool = Pool::new(config.subnet);
         let host = Host {
             config,
             store,
-            pool,
             runc,
             cgroups,
+            tasks: TaskTracker::new(),
+            closing: CancellationToken::new(),
             _lock: lock,
         };
         host.sweep().await?;
-        info!(store = %host.store.dir().display(), subnet = %host.pool.subnet(), runc = %version, cgroups = ?host.cgroups, "container host ready");
+        info!(store = %host.store.dir().display(), runc = %version, cgroups = ?host.cgroups, "container host ready");
         Ok(Arc::new(host))
     }
 
@@ -241,6 +250,36 @@ impl Host {
         Ok(())
     }
 
+    /// Ends every container of this host and removes all it made: stops
+    /// the containers still running (their supervisors tear them down),
+    /// waits for those and for the teardowns of starts given up on, then
+    /// removes whatever run is still in the store. The server calls it last,
+    /// before it exits; containers asked for afterwards are stopped at once.
+    pub async fn close(&self) {
+        self.closing.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        let runs = self.store.runs();
+        let Ok(entries) = fs::read_dir(&runs) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let key = entry.file_name().to_string_lossy().into_owned();
+            warn!(%key, "a run was still on the machine at shutdown; removing it");
+            teardown(self, &key).await;
+        }
+    }
+
+    /// The tasks that own runs: what [`Host::close`] waits for.
+    pub(crate) fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// Fires when the host closes.
+    pub(crate) fn closing(&self) -> &CancellationToken {
+        &self.closing
+    }
+
     /// The configuration.
     pub fn config(&self) -> &HostConfig {
         &self.config
@@ -249,11 +288,6 @@ impl Host {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
-    }
-
-    /// The address pool.
-    pub fn pool(&self) -> &Pool {
-        &self.pool
     }
 
     /// runc.

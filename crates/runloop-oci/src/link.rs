@@ -1,30 +1,56 @@
 //! The agent link: a loopback forwarder between the host-side proxy and the
-//! agent program inside the container, which makes sure a loop cut short by
-//! the kernel's OOM killer ends with an error that says so.
+//! agent program inside the container's network namespace, which makes
+//! sure every connection lands in the run and a loop cut short by the
+//! kernel's OOM killer ends with an error that says so.
 //!
 //! ```text
-//! proxy ──HTTP──▶ link (127.0.0.1:L) ──TCP──▶ agent program (container address:PORT)
+//! proxy ──HTTP──▶ link (host 127.0.0.1:L) ──socket made in the run's netns──▶ agent (127.0.0.1:PORT)
 //! ```
 //!
-//! Bytes pass through untouched. The one thing the link adds is at the end
-//! of a connection: when the agent's side ends, the link reads the
-//! container's OOM count. If the kernel killed something for memory, the
-//! link tells the supervisor (which kills the whole container: a container
-//! that ran out of memory is over) and holds the proxy's side open until
-//! the container is stopped. Without the hold, the proxy would see a
-//! connection reset first and end the loop with "the stream broke"; with
-//! it, the run ends first, with a reason that names memory, and the loop's
-//! error is that reason. Any other end is passed on at once.
+//! Bytes pass through untouched. Each connection to the agent is made with
+//! [`Netns::connect`], so it can reach nothing but the run's own loopback
+//! (module [`network`](crate::network)). When it cannot be made — the
+//! agent stopped listening, or its container is gone — the link answers
+//! the proxy itself with a `502` whose JSON body says so (`{"kind":"agent",
+//! "error":…}`, protocol §10) and names the container's end when there was
+//! one: a registration sent to a run that is over fails with that reason,
+//! and is never sent anywhere else.
+//!
+//! At the end of a connection, when the agent's side ends, the link reads
+//! the container's OOM count. If the kernel killed something for memory,
+//! the link tells the supervisor (which kills the whole container: a
+//! container that ran out of memory is over) and holds the proxy's side
+//! open until the container is stopped. Without the hold, the proxy would
+//! see a connection reset first and end the loop with "the stream broke";
+//! with it, the run ends first, with a reason that names memory, and the
+//! loop's error is that reason. Any other end is passed on at once.
+//!
+//! The accept loop is the shared one (`runloop::listener::accept_until`):
+//! an accept that fails (out of descriptors) pauses instead of spinning.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::io::{AsyncWriteExt, copy};
+use runloop::runtime::BoxFuture;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, copy};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::debug;
+use tracing::{debug, warn};
+
+use crate::network::Netns;
+
+/// How long a failed dial waits for the supervisor to report the
+/// container's end, so that the answer can name it.
+const END_REPORT: Duration = Duration::from_millis(250);
+
+/// How long, and how much, the link reads of a request it answers itself
+/// (so that closing does not reset the connection before the proxy has
+/// read the answer).
+const DRAIN: Duration = Duration::from_secs(2);
+const DRAIN_BYTES: usize = 1 << 20;
 
 /// What the link asks of the container's supervisor.
 pub trait Watch: Send + Sync + 'static {
@@ -32,38 +58,42 @@ pub trait Watch: Send + Sync + 'static {
     fn out_of_memory(&self) -> bool;
     /// Asks for the container to be ended because it ran out of memory.
     fn end_for_memory(&self);
+    /// Why the container ended, waiting up to `patience` for the word
+    /// when it has not come yet; `None` while it runs.
+    fn ended(&self, patience: Duration) -> BoxFuture<'_, Option<String>>;
 }
 
-/// Binds the link on a loopback port; returns its address and the task
-/// that serves it until `stop`.
+/// Where the link dials: a port of a run's namespace.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    /// The run's namespace.
+    pub netns: Netns,
+    /// The agent program's port there.
+    pub port: u16,
+}
+
+/// Binds the link on a loopback port of the host; returns its address and
+/// the task that serves it until `stop`.
 pub async fn bind(
-    agent: SocketAddr,
+    agent: Agent,
     watch: Arc<dyn Watch>,
     stop: CancellationToken,
 ) -> io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
     let addr = listener.local_addr()?;
+    let agent = Arc::new(agent);
     let task = tokio::spawn(async move {
         let connections = TaskTracker::new();
-        loop {
-            let accepted = tokio::select! {
-                () = stop.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((inbound, _)) => {
-                    let _ = inbound.set_nodelay(true);
-                    let (watch, stop) = (Arc::clone(&watch), stop.clone());
-                    connections.spawn(async move {
-                        tokio::select! {
-                            () = stop.cancelled() => {}
-                            () = forward(inbound, agent, watch.as_ref(), &stop) => {}
-                        }
-                    });
+        runloop::listener::accept_until(&listener, &stop, |inbound, _| {
+            let (agent, watch, stop) = (Arc::clone(&agent), Arc::clone(&watch), stop.clone());
+            connections.spawn(async move {
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = forward(inbound, &agent, watch.as_ref(), &stop) => {}
                 }
-                Err(error) => debug!(%error, "the agent link's accept failed"),
-            }
-        }
+            });
+        })
+        .await;
         connections.close();
         connections.wait().await;
     });
@@ -71,16 +101,22 @@ pub async fn bind(
 }
 
 /// One connection, both ways, until the agent's side ends.
-async fn forward(
-    inbound: TcpStream,
-    agent: SocketAddr,
-    watch: &dyn Watch,
-    stop: &CancellationToken,
-) {
-    let outbound = match TcpStream::connect(agent).await {
+async fn forward(inbound: TcpStream, agent: &Agent, watch: &dyn Watch, stop: &CancellationToken) {
+    let outbound = match agent.netns.connect(agent.port).await {
         Ok(outbound) => outbound,
         Err(error) => {
-            debug!(%agent, %error, "the agent link cannot reach the agent program");
+            let why = match watch.ended(END_REPORT).await {
+                Some(reason) => format!(
+                    "the run's container has ended ({reason}); nothing is left to answer in its network namespace"
+                ),
+                None => format!(
+                    "cannot reach the agent program on 127.0.0.1:{} in the run's network namespace {}: {error}",
+                    agent.port,
+                    agent.netns.name()
+                ),
+            };
+            warn!(netns = agent.netns.name(), %why, "the agent link answers for the agent program");
+            answer_unreachable(inbound, &why).await;
             return;
         }
     };
@@ -107,5 +143,59 @@ async fn forward(
     tokio::select! {
         () = upstream => {}
         () = downstream => {}
+    }
+}
+
+/// The HTTP answer the link gives in the agent program's place: `502`,
+/// the error JSON of an agent that cannot be dialled (protocol §10).
+fn unreachable_response(why: &str) -> Vec<u8> {
+    let body = serde_json::json!({"kind": "agent", "error": why}).to_string();
+    format!(
+        "HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Answers the proxy's request with [`unreachable_response`], then reads
+/// what it still sends (boundedly) until it closes.
+async fn answer_unreachable(mut inbound: TcpStream, why: &str) {
+    if let Err(error) = inbound.write_all(&unreachable_response(why)).await {
+        debug!(%error, "the proxy left before the link's answer");
+        return;
+    }
+    let _ = inbound.shutdown().await;
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        let mut read = 0;
+        while read < DRAIN_BYTES {
+            match inbound.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN, drain).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_in_the_agents_place_is_a_502_with_agent_error_json() {
+        let response = String::from_utf8(unreachable_response("it is \"gone\"")).expect("text");
+        let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
+        assert!(head.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{head}");
+        assert!(head.contains("Content-Type: application/json"), "{head}");
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}"
+        );
+        let json: serde_json::Value = serde_json::from_str(body).expect("JSON");
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "agent", "error": "it is \"gone\""})
+        );
     }
 }

@@ -1,32 +1,51 @@
-//! Container networks: a network namespace and a veth pair per container,
-//! with addresses from a configured pool.
+//! Container networks: a network namespace per run with nothing in it but
+//! loopback, and the host's one way in — TCP sockets made inside it.
 //!
 //! ```text
-//! host netns                          container netns (runloop-KEY)
-//!   rlKEY  10.x.y.1/30  ◀── veth ──▶   eth0  10.x.y.2/30, lo up, default via 10.x.y.1
-//!   proxy (127.0.0.1) ── link ── dials 10.x.y.2:PORT
+//! host netns                                   run's netns (runloop-KEY): lo only
+//!   proxy (127.0.0.1) ── link ── socket made ─────▶ agent program on 127.0.0.1:$PORT
+//!                                in the run's netns
 //! ```
 //!
-//! Each container gets a /30 from the pool: the host end and the container
-//! end of its veth, nothing shared with another container, so containers
-//! cannot reach each other and the host reaches each one at its own
-//! address. The namespace is made before runc starts (runc joins it by
-//! path), so the agent's network is up when it starts, and it is named
-//! after the run so that a server restarted after a crash can find and
-//! remove it. Deleting the namespace deletes the veth pair with it.
+//! Why no routed address: a route is the host's, shared by every server on
+//! it, and outlives the process that made it. With addresses handed out per
+//! server, two servers on one host (a rolling restart is exactly that), or a
+//! server and the leftovers of a killed one, gave two runs the same
+//! address, and one tenant's prompt reached another tenant's agent; a route
+//! removed before the last request went out sent that request (the caller's
+//! registration) wherever the host's default route led. Here there is
+//! nothing to share and nothing to route: the namespace has only `lo`, and
+//! the host reaches it by making a socket *in* it ([`Netns::connect`]).
+//! A socket keeps the namespace it was made in, so a connection made that
+//! way can only ever reach a process of that namespace, and only the run's
+//! processes are in it. A namespace whose container is gone has nothing
+//! listening: the connection is refused, it cannot go anywhere else.
 //!
-//! The container's default route goes to the host end. Nothing is
-//! forwarded from there unless the operator enables forwarding and NAT for
-//! the pool: by default a container reaches the host's addresses and
-//! nothing beyond.
+//! So the agent program listens on `127.0.0.1:$PORT` under this runtime as
+//! under exec (protocol §10), and the container reaches nothing beyond
+//! itself: no other run, no service of the host, no other machine. Egress
+//! (agents that call model APIs need it) is not available yet.
+//!
+//! The namespace is made before runc starts (runc joins it by path) and is
+//! opened at once; the host dials through that descriptor, never through
+//! the name, so a namespace made again under the same name is never the one
+//! dialled. It is named after the run so that a server started after a
+//! crash finds and removes it.
 
-use std::collections::BTreeSet;
 use std::ffi::OsStr;
-use std::fmt;
-use std::net::Ipv4Addr;
+use std::fs::File;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use rustix::thread::LinkNameSpaceType;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::oneshot;
+use tracing::warn;
 
 use crate::command::{self, CommandError};
 
@@ -40,153 +59,59 @@ pub fn namespace_path(key: &str) -> PathBuf {
     PathBuf::from("/run/netns").join(namespace(key))
 }
 
-/// The host end of a run's veth pair: `rl` + the key, 14 characters
-/// (interface names hold 15).
-pub fn host_interface(key: &str) -> String {
+/// The host end of the veth pair runs had before they had loopback only:
+/// removed with the namespace, for the leftovers of servers of that time.
+fn old_host_interface(key: &str) -> String {
     format!("rl{key}")
-}
-
-/// An IPv4 network the containers' addresses come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Subnet {
-    base: u32,
-    prefix: u8,
-}
-
-impl FromStr for Subnet {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Subnet, String> {
-        let (address, prefix) = text
-            .split_once('/')
-            .ok_or_else(|| format!("{text:?} is not ADDRESS/PREFIX (such as 10.213.0.0/16)"))?;
-        let address: Ipv4Addr = address
-            .parse()
-            .map_err(|_| format!("{address:?} is not an IPv4 address"))?;
-        let prefix: u8 = prefix
-            .parse()
-            .ok()
-            .filter(|prefix| (8..=30).contains(prefix))
-            .ok_or_else(|| format!("prefix {prefix:?} is not a number from 8 to 30"))?;
-        let mask = u32::MAX << (32 - u32::from(prefix));
-        Ok(Subnet {
-            base: u32::from(address) & mask,
-            prefix,
-        })
-    }
-}
-
-impl fmt::Display for Subnet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", Ipv4Addr::from(self.base), self.prefix)
-    }
-}
-
-/// The subnet containers' addresses come from unless configured otherwise:
-/// 10.213.0.0/16, 16384 containers.
-pub const DEFAULT_SUBNET: Subnet = Subnet {
-    base: u32::from_be_bytes([10, 213, 0, 0]),
-    prefix: 16,
-};
-
-impl Subnet {
-    /// How many /30s it holds.
-    fn slots(&self) -> u32 {
-        1 << ((32 - u32::from(self.prefix)) - 2)
-    }
-}
-
-/// The pool of /30s containers take their addresses from.
-#[derive(Debug, Clone)]
-pub struct Pool {
-    subnet: Subnet,
-    used: Arc<Mutex<BTreeSet<u32>>>,
-}
-
-/// One container's /30, returned to the pool when dropped.
-#[derive(Debug)]
-pub struct Slot {
-    index: u32,
-    /// The host end's address.
-    pub host: Ipv4Addr,
-    /// The container's address.
-    pub container: Ipv4Addr,
-    used: Arc<Mutex<BTreeSet<u32>>>,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        used.remove(&self.index);
-    }
-}
-
-impl Pool {
-    /// A pool over `subnet`.
-    pub fn new(subnet: Subnet) -> Pool {
-        Pool {
-            subnet,
-            used: Arc::new(Mutex::new(BTreeSet::new())),
-        }
-    }
-
-    /// The pool's subnet.
-    pub fn subnet(&self) -> Subnet {
-        self.subnet
-    }
-
-    /// A free /30, if any is left.
-    pub fn take(&self) -> Option<Slot> {
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        // The used slots are sorted: the first gap is the first free one.
-        let index = used
-            .iter()
-            .zip(0..)
-            .find(|(used, expected)| **used != *expected)
-            .map_or(used.len() as u32, |(_, free)| free);
-        if index >= self.subnet.slots() {
-            return None;
-        }
-        used.insert(index);
-        let network = self.subnet.base + index * 4;
-        Some(Slot {
-            index,
-            host: Ipv4Addr::from(network + 1),
-            container: Ipv4Addr::from(network + 2),
-            used: Arc::clone(&self.used),
-        })
-    }
 }
 
 fn ip() -> &'static OsStr {
     OsStr::new("ip")
 }
 
-/// Makes the run's namespace and veth pair, addressed from `slot`.
-pub async fn create(key: &str, slot: &Slot) -> Result<(), CommandError> {
-    let netns = namespace(key);
-    let host = host_interface(key);
-    let outside = format!(
-        "netns add {netns}\n\
-         link add {host} type veth peer name eth0 netns {netns}\n\
-         addr add {}/30 dev {host}\n\
-         link set {host} up\n",
-        slot.host
-    );
-    command::run(ip(), ["-batch", "-"], Some(&outside)).await?;
-    let inside = format!(
-        "addr add {}/30 dev eth0\n\
-         link set eth0 up\n\
-         link set lo up\n\
-         route add default via {}\n",
-        slot.container, slot.host
-    );
-    command::run(ip(), ["-n", &netns, "-batch", "-"], Some(&inside)).await?;
-    Ok(())
+/// Why a run's network could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    /// `ip` failed.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// The namespace was made but cannot be opened.
+    #[error("cannot open the network namespace {path}: {source}")]
+    Open {
+        /// Its path.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
 }
 
-/// Removes the run's namespace (and with it the veth pair) and, should
-/// the namespace have gone first, the host end. Absent is fine.
+/// A run's network namespace, held open: what the host dials through.
+#[derive(Debug, Clone)]
+pub struct Netns {
+    name: Arc<str>,
+    fd: Arc<OwnedFd>,
+}
+
+/// Makes the run's namespace, with its loopback up, and opens it.
+pub async fn create(key: &str) -> Result<Netns, NetworkError> {
+    let name = namespace(key);
+    command::run(ip(), ["netns", "add", &name], None).await?;
+    command::run(ip(), ["-n", &name, "link", "set", "lo", "up"], None).await?;
+    let path = namespace_path(key);
+    let file = File::open(&path).map_err(|source| NetworkError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(Netns {
+        name: Arc::from(name),
+        fd: Arc::new(OwnedFd::from(file)),
+    })
+}
+
+/// Removes the run's namespace and, from servers of the veth time, its
+/// host interface. Absent is fine. A namespace still held open (by a
+/// [`Netns`]) lives on, empty, until the last holder lets go.
 pub async fn remove(key: &str) -> Result<(), CommandError> {
     let netns = namespace(key);
     if namespace_path(key).exists() {
@@ -195,7 +120,7 @@ pub async fn remove(key: &str) -> Result<(), CommandError> {
             _ => {}
         }
     }
-    let host = host_interface(key);
+    let host = old_host_interface(key);
     if PathBuf::from("/sys/class/net").join(&host).exists() {
         match command::run(ip(), ["link", "del", &host], None).await {
             Err(error) if !error.says("Cannot find device") => return Err(error),
@@ -205,42 +130,112 @@ pub async fn remove(key: &str) -> Result<(), CommandError> {
     Ok(())
 }
 
+impl Netns {
+    /// The namespace's name (`runloop-KEY`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A TCP connection to `127.0.0.1:port` inside the namespace: the
+    /// socket is made there (by the dialer thread), then connected here.
+    pub async fn connect(&self, port: u16) -> io::Result<TcpStream> {
+        let socket = self.socket().await?;
+        socket
+            .connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+            .await
+    }
+
+    /// An unconnected TCP socket of the namespace.
+    async fn socket(&self) -> io::Result<TcpSocket> {
+        let (reply, answer) = oneshot::channel();
+        dialer()?
+            .send(Ask {
+                netns: Arc::clone(&self.fd),
+                reply,
+            })
+            .map_err(|_| gone())?;
+        let fd = answer.await.map_err(|_| gone())??;
+        Ok(TcpSocket::from_std_stream(std::net::TcpStream::from(fd)))
+    }
+}
+
+/// One socket asked of the dialer thread.
+struct Ask {
+    netns: Arc<OwnedFd>,
+    reply: oneshot::Sender<io::Result<OwnedFd>>,
+}
+
+fn gone() -> io::Error {
+    io::Error::other("the thread that makes sockets in run namespaces is gone")
+}
+
+/// The dialer thread's queue, started on first use.
+///
+/// Why a thread of its own: `setns` moves the calling thread, and every
+/// socket, file and name lookup that thread makes afterwards is in the
+/// run's namespace. A thread of the async runtime's pools would carry that
+/// into unrelated work (a registry pull's DNS lookup, say); this one does
+/// nothing but make sockets, and goes back to the server's namespace after
+/// each so that it holds no run's namespace alive.
+fn dialer() -> io::Result<mpsc::Sender<Ask>> {
+    static DIALER: OnceLock<Mutex<Option<mpsc::Sender<Ask>>>> = OnceLock::new();
+    let slot = DIALER.get_or_init(|| Mutex::new(None));
+    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(sender) = slot.as_ref() {
+        return Ok(sender.clone());
+    }
+    // The server's own namespace, to go back to: opened before any setns.
+    let home = File::open("/proc/thread-self/ns/net")
+        .or_else(|_| File::open("/proc/self/ns/net"))
+        .map(OwnedFd::from)?;
+    let (sender, asks) = mpsc::channel::<Ask>();
+    std::thread::Builder::new()
+        .name("runloop-netns-dialer".to_owned())
+        .spawn(move || {
+            for ask in asks {
+                let made = socket_in(&ask.netns);
+                if let Err(error) =
+                    rustix::thread::move_into_link_name_space(home.as_fd(), Some(LinkNameSpaceType::Network))
+                {
+                    warn!(%error, "the socket maker cannot return to the server's network namespace");
+                }
+                let _ = ask.reply.send(made);
+            }
+        })?;
+    *slot = Some(sender.clone());
+    Ok(sender)
+}
+
+/// On the dialer thread: enters `netns` and makes a non-blocking,
+/// close-on-exec TCP socket there.
+fn socket_in(netns: &OwnedFd) -> io::Result<OwnedFd> {
+    rustix::thread::move_into_link_name_space(netns.as_fd(), Some(LinkNameSpaceType::Network))
+        .map_err(|errno| {
+            io::Error::new(
+                io::Error::from(errno).kind(),
+                format!("cannot enter the run's network namespace: {errno}"),
+            )
+        })?;
+    let socket = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    Ok(socket)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn subnets_parse_and_pools_hand_out_slash_30s() {
-        let subnet: Subnet = "10.213.7.9/29".parse().expect("parses");
-        assert_eq!(subnet.to_string(), "10.213.7.8/29");
-        let pool = Pool::new(subnet);
-        let first = pool.take().expect("first");
-        let second = pool.take().expect("second");
+    fn names_follow_the_run_key() {
+        assert_eq!(namespace("0123456789ab"), "runloop-0123456789ab");
         assert_eq!(
-            (first.host, first.container),
-            (Ipv4Addr::new(10, 213, 7, 9), Ipv4Addr::new(10, 213, 7, 10))
+            namespace_path("0123456789ab"),
+            PathBuf::from("/run/netns/runloop-0123456789ab")
         );
-        assert_eq!(
-            (second.host, second.container),
-            (Ipv4Addr::new(10, 213, 7, 13), Ipv4Addr::new(10, 213, 7, 14))
-        );
-        assert!(pool.take().is_none(), "a /29 holds two /30s");
-        drop(first);
-        assert_eq!(
-            pool.take().expect("returned").host,
-            Ipv4Addr::new(10, 213, 7, 9)
-        );
-        for (text, message) in [
-            (
-                "10.0.0.0",
-                "\"10.0.0.0\" is not ADDRESS/PREFIX (such as 10.213.0.0/16)",
-            ),
-            ("10.0.0/8", "\"10.0.0\" is not an IPv4 address"),
-            ("10.0.0.0/31", "prefix \"31\" is not a number from 8 to 30"),
-            ("10.0.0.0/7", "prefix \"7\" is not a number from 8 to 30"),
-        ] {
-            assert_eq!(text.parse::<Subnet>(), Err(message.to_owned()));
-        }
-        assert_eq!(host_interface("0123456789ab").len(), 14);
+        assert_eq!(old_host_interface("0123456789ab").len(), 14);
     }
 }

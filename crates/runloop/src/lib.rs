@@ -35,7 +35,7 @@ pub mod admin;
 pub mod agent;
 pub mod client;
 pub mod limits;
-mod listener;
+pub mod listener;
 pub mod metrics;
 pub mod proxy;
 pub mod runtime;

@@ -24,7 +24,7 @@ use tracing::warn;
 /// written in batches or one at a time: Nagle would only hold them back for
 /// an ACK). An accept that fails (out of descriptors and the like) is
 /// logged and followed by a short pause rather than a spin.
-pub(crate) async fn accept_until(
+pub async fn accept_until(
     listener: &TcpListener,
     shutdown: &CancellationToken,
     mut serve: impl FnMut(TcpStream, SocketAddr),

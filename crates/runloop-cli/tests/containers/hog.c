@@ -1,20 +1,31 @@
 /* A misbehaving agent program for the container tests: a tiny HTTP server
- * on 0.0.0.0:$PORT that registers anything and answers a loop according to
- * its one argument:
+ * on 127.0.0.1:$PORT (the container's loopback, as protocol §10 has it)
+ * that registers anything and answers a loop according to its arguments:
  *
  *   memory    one chunk, then allocates and touches memory until killed
  *   disk      says its memory limit as its cgroup shows it, fills /tmp and
  *             then / until ENOSPC, and says what it saw
  *   stubborn  ignores SIGTERM, forks children that ignore it too (one in a
  *             session of its own), and answers one chunk
+ *   once      exits right after its first connection (the readiness probe)
+ *   silent    never listens
+ *   tenant MS registers once only (a second registration is refused and
+ *             says "crossing"); a loop waits MS milliseconds, then answers
+ *             one chunk with the letters and digits of its registration and
+ *             of its run request: a run can check the agent is its own
+ *   reach A:P...  a loop tries to connect to each IPv4 address:port and
+ *             answers "A:P connected" or "A:P <error>" for each
  *
  * Built static by the tests (gcc -static), so the image needs no libraries.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +34,48 @@
 #include <unistd.h>
 
 static const char *mode = "";
+static int arg_count = 0;
+static char **args = NULL;
+/* tenant: the letters and digits of its one registration, if any. */
+static char registration[256] = "";
+static int registered = 0;
+
+/* The letters and digits of TEXT, at most SIZE - 1 of them, into OUT. */
+static void alnum(const char *text, char *out, size_t size) {
+    size_t n = 0;
+    for (; *text && n + 1 < size; text++) {
+        if (isalnum((unsigned char)*text)) out[n++] = *text;
+    }
+    out[n] = 0;
+}
+
+/* reach: tries A:P (connect, 2 s at most); writes the outcome to OUT. */
+static void reach(const char *target, char *out, size_t size) {
+    char host[64];
+    const char *colon = strrchr(target, ':');
+    if (!colon || (size_t)(colon - target) >= sizeof host) {
+        snprintf(out, size, "%s unparsed", target);
+        return;
+    }
+    memcpy(host, target, (size_t)(colon - target));
+    host[colon - target] = 0;
+    struct sockaddr_in addr = {0};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((unsigned short)atoi(colon + 1));
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
+        snprintf(out, size, "%s unparsed", target);
+        return;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct timeval timeout = {2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
+        snprintf(out, size, "%s connected", target);
+    } else {
+        snprintf(out, size, "%s %s", target, strerror(errno));
+    }
+    close(fd);
+}
 
 static void send_all(int fd, const char *data, size_t len) {
     while (len > 0) {
@@ -85,9 +138,33 @@ static long long memory_limit(void) {
     return -1;
 }
 
-static void run_loop(int fd) {
+static void run_loop(int fd, const char *body) {
     send_str(fd, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                  "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    if (strcmp(mode, "tenant") == 0) {
+        int hold = arg_count > 2 ? atoi(args[2]) : 0;
+        if (hold > 0) usleep((useconds_t)hold * 1000);
+        char request[400], text[800];
+        alnum(body, request, sizeof request);
+        snprintf(text, sizeof text, "registered %s; run %s", registration, request);
+        send_event(fd, text);
+        send_str(fd, "0\r\n\r\n");
+        return;
+    }
+    if (strcmp(mode, "reach") == 0) {
+        char text[900] = "";
+        for (int i = 2; i < arg_count; i++) {
+            char one[160];
+            reach(args[i], one, sizeof one);
+            if (strlen(text) + strlen(one) + 3 < sizeof text) {
+                if (text[0]) strcat(text, "; ");
+                strcat(text, one);
+            }
+        }
+        send_event(fd, text);
+        send_str(fd, "0\r\n\r\n");
+        return;
+    }
     if (strcmp(mode, "memory") == 0) {
         send_event(fd, "allocating");
         for (;;) {
@@ -127,16 +204,37 @@ static void serve(int fd) {
     const char *length = strcasestr(request, "content-length:");
     size_t body = length ? (size_t)atol(length + 15) : 0;
     size_t have = len - (size_t)(end + 4 - request);
+    while (have < body && len < sizeof request - 1) {
+        ssize_t n = read(fd, request + len, sizeof request - 1 - len);
+        if (n <= 0) return;
+        len += (size_t)n;
+        have += (size_t)n;
+        request[len] = 0;
+    }
     while (have < body) {
         char sink[4096];
         ssize_t n = read(fd, sink, sizeof sink);
         if (n <= 0) return;
         have += (size_t)n;
     }
+    const char *content = strstr(request, "\r\n\r\n") + 4;
     if (strncmp(request, "POST /register", 14) == 0) {
+        if (strcmp(mode, "tenant") == 0 && registered) {
+            const char *refusal = "{\"kind\":\"agent\",\"error\":\"crossing: registered twice\"}";
+            char head[200];
+            snprintf(head, sizeof head,
+                     "HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n", strlen(refusal));
+            send_str(fd, head);
+            send_str(fd, refusal);
+            fprintf(stderr, "crossing: a second registration\n");
+            return;
+        }
+        registered = 1;
+        alnum(content, registration, sizeof registration);
         send_str(fd, "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
     } else if (strncmp(request, "POST /run", 9) == 0) {
-        run_loop(fd);
+        run_loop(fd, content);
     } else {
         send_str(fd, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     }
@@ -144,6 +242,11 @@ static void serve(int fd) {
 
 int main(int argc, char **argv) {
     if (argc > 1) mode = argv[1];
+    arg_count = argc;
+    args = argv;
+    if (strcmp(mode, "silent") == 0) {
+        for (;;) pause();
+    }
     const char *port_text = getenv("PORT");
     int port = port_text ? atoi(port_text) : 8080;
     if (port <= 0 || port > 65535) port = 8080;
@@ -163,7 +266,7 @@ int main(int argc, char **argv) {
     struct sockaddr_in addr = {0};
     addr.sin_family = AF_INET;
     addr.sin_port = htons((unsigned short)port);
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (bind(server, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(server, 16) < 0) {
         perror("listen");
         return 1;
@@ -171,6 +274,7 @@ int main(int argc, char **argv) {
     for (;;) {
         int fd = accept(server, NULL, NULL);
         if (fd < 0) continue;
+        if (strcmp(mode, "once") == 0) return 0;
         serve(fd);
         close(fd);
     }

@@ -2,11 +2,12 @@
 //! the store's own layout code, from layers made here.
 //!
 //! - `agent`: this build's `runloop` binary (stripped) and the shared
-//!   libraries `ldd` lists, running `runloop agent demo` on 0.0.0.0:8080
-//!   (inside its own network namespace, so the host-side proxy can reach it
-//!   at the container's address);
+//!   libraries `ldd` lists, running `runloop agent demo` as it comes: on
+//!   `127.0.0.1:$PORT`, the loopback of the run's own network namespace,
+//!   exactly as under exec;
 //! - `hog MODE`: a small static C program (`hog.c`) that misbehaves as
-//!   asked: `memory`, `disk` or `stubborn`.
+//!   asked: `memory`, `disk`, `stubborn`, `once`, `silent`, `tenant`,
+//!   `reach`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -154,13 +155,10 @@ impl Images {
         (path, digest)
     }
 
-    /// A layout holding the demo agent image (`runloop agent demo`).
+    /// A layout holding the demo agent image (`runloop agent demo`, with
+    /// its default address).
     pub fn agent_layout(&self, name: &str) -> (PathBuf, Digest) {
-        self.layout(
-            name,
-            &[&self.runloop],
-            &["/runloop", "agent", "demo", "--listen", "0.0.0.0:8080"],
-        )
+        self.layout(name, &[&self.runloop], &["/runloop", "agent", "demo"])
     }
 
     /// A layout holding the hog image in `mode`.
