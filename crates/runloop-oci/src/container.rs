@@ -14,14 +14,15 @@
 //! the teardown is done. A container dropped without `stop` is still
 //! stopped and torn down by its supervisor.
 //!
-//! Nothing is left behind, whatever ends a run and when. From the moment
-//! the run's directory exists, a guard owns the run: a start that fails
-//! tears it down before it returns, and a start given up on — its future
-//! dropped because the caller left or the server is shutting down — has
-//! its teardown started by the guard's drop. Supervisors and those
-//! teardowns run on the host's tracker, which the server waits for before
-//! it exits ([`Host::close`], which also stops whatever still runs and
-//! sweeps the store once more). Teardown works from the run's key alone
+//! Nothing is left behind, whatever ends a run and when. A start runs on
+//! a task of the host's tracker; the caller's future only waits for its
+//! answer. A start given up on (the caller left, the drain ended, a second
+//! signal) finishes the step under way — a `mount` or `ip` killed half-way
+//! could land after a teardown — and then removes everything it made; a
+//! start that fails does the same before it answers. Supervisors run on
+//! the tracker too, and the server waits for it before it exits
+//! ([`Host::close`], which also stops whatever still runs and sweeps the
+//! store once more). Teardown works from the run's key alone
 //! ([`teardown`]), so a server restarted after a crash removes the
 //! leftovers of its runs the same way.
 //!
@@ -84,9 +85,39 @@ impl OciRuntime {
     }
 
     /// Starts one container; resolves once its agent accepts TCP and its
-    /// proxy listens. [`Runtime::start`] is this, boxed. Dropping the
-    /// future before it resolves still removes everything it made.
+    /// proxy listens. [`Runtime::start`] is this, boxed.
+    ///
+    /// The start runs on a task of the host's tracker, and this future only
+    /// waits for its answer: dropping it (the caller left, the server is
+    /// shutting down) gives the start up, and the task then tears down
+    /// everything it made — after the step under way has finished, so that
+    /// no `mount` or `ip` killed half-way lands after the teardown.
     pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
+        let (answer_tx, answer) = tokio::sync::oneshot::channel();
+        let abandoned = CancellationToken::new();
+        let _give_up_when_dropped = abandoned.clone().drop_guard();
+        let runtime = self.clone();
+        self.host.tasks().spawn(async move {
+            let started = runtime.start_owned(limits, abandoned).await;
+            if let Err(Ok(container)) = answer_tx.send(started) {
+                // Given up on just as it became ready.
+                container.terminate().await;
+            }
+        });
+        answer.await.unwrap_or_else(|_| {
+            Err(StartError::new(
+                "the container's start ended without an answer (the server is shutting down)",
+            ))
+        })
+    }
+
+    /// [`OciRuntime::spawn`]'s work, on the host's tracker; gives up (and
+    /// removes what it made) when `abandoned` fires.
+    async fn start_owned(
+        &self,
+        limits: ContainerLimits,
+        abandoned: CancellationToken,
+    ) -> Result<OciContainer, StartError> {
         if limits.memory < MIN_MEMORY {
             return Err(StartError::new(format!(
                 "memory {} bytes is below the container minimum of {MIN_MEMORY} bytes (6 MiB)",
@@ -107,6 +138,11 @@ impl OciRuntime {
         };
         let made = self.make(&run, limits).await;
         let (netns, child) = match made {
+            Ok(_) if abandoned.is_cancelled() => {
+                warn!(key = %run.key, "a container start was given up on; removing what it made");
+                run.remove().await;
+                return Err(StartError::new(GIVEN_UP));
+            }
             Ok(made) => made,
             Err(why) => {
                 warn!(key = %run.key, %why, "container did not start");
@@ -127,7 +163,7 @@ impl OciRuntime {
                 .clone()
                 .unwrap_or_else(|| "SIGTERM".to_owned()),
         };
-        started.ready().await
+        started.ready(&abandoned).await
     }
 
     /// Makes the run's files, mounts, network and configuration, and starts
@@ -191,9 +227,12 @@ impl Runtime for OciRuntime {
     }
 }
 
+/// Why a start given up on failed (nobody reads it: its caller is gone).
+const GIVEN_UP: &str = "the container's start was given up on";
+
 /// A run's claim on the machine, from its directory on: dropped while
-/// armed (a start given up on, a supervisor dropped with its runtime), it
-/// has the run torn down on the host's tracker.
+/// armed (its task dropped with the runtime), it has the run torn down on
+/// the host's tracker.
 struct Run {
     host: Arc<Host>,
     key: String,
@@ -215,6 +254,9 @@ impl Run {
 }
 
 impl Drop for Run {
+    /// A run dropped armed: its task was dropped (the runtime is going
+    /// away without [`Host::close`]) — the teardown is tried on the
+    /// tracker, and the next server's sweep removes what it cannot.
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -226,7 +268,7 @@ impl Drop for Run {
         };
         let host = Arc::clone(&self.host);
         let key = std::mem::take(&mut self.key);
-        warn!(%key, "a container start was given up on; removing what it made");
+        warn!(%key, "a run's task was dropped; removing what it made");
         let tasks = host.tasks().clone();
         tasks.spawn_on(async move { end_now(&host, &key).await }, &runtime);
     }
@@ -257,7 +299,7 @@ struct Started {
 impl Started {
     /// Waits for the agent to accept TCP, then puts the link and the proxy
     /// in front of it and hands the child to its supervisor.
-    async fn ready(mut self) -> Result<OciContainer, StartError> {
+    async fn ready(mut self, abandoned: &CancellationToken) -> Result<OciContainer, StartError> {
         let host = Arc::clone(&self.run.host);
         let key = self.run.key.clone();
         let pid = self.child.id().unwrap_or_default();
@@ -279,12 +321,14 @@ impl Started {
             port: self.port,
         };
         let serving = async {
-            listening(&mut self.child, &self.netns, self.port, timeout)
-                .await
-                .map_err(|why| match runc::last_error(&dir) {
-                    Some(runc) => format!("{why} ({runc})"),
-                    None => why,
-                })?;
+            tokio::select! {
+                listened = listening(&mut self.child, &self.netns, self.port, timeout) => listened,
+                () = abandoned.cancelled() => Err(GIVEN_UP.to_owned()),
+            }
+            .map_err(|why| match runc::last_error(&dir) {
+                Some(runc) => format!("{why} ({runc})"),
+                None => why,
+            })?;
             let link = link::bind(agent, watch.clone(), stop.clone())
                 .await
                 .map_err(|error| format!("cannot bind the agent link: {error}"))?;
@@ -302,6 +346,10 @@ impl Started {
                 let Started { run, mut child, .. } = self;
                 let runc = host.runc().clone();
                 let _ = runc.kill(&runc::id(&key), "SIGKILL", true).await;
+                // runc itself too: a container still being made cannot be
+                // signalled yet, and `runc run` would wait for it. What it
+                // leaves, `runc delete --force` in the teardown ends.
+                let _ = child.start_kill();
                 let _ = child.wait().await;
                 run.remove().await;
                 return Err(StartError::new(why));
