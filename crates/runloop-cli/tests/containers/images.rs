@@ -49,10 +49,24 @@ pub fn write_image(
     layers: &[&Layer],
     args: &[&str],
 ) -> (Digest, Vec<u8>) {
+    write_image_with_env(layout, name, layers, args, &[])
+}
+
+/// [`write_image`], with `env` (`NAME=VALUE`) after `PATH=/`.
+pub fn write_image_with_env(
+    layout: &Layout,
+    name: &str,
+    layers: &[&Layer],
+    args: &[&str],
+    env: &[&str],
+) -> (Digest, Vec<u8>) {
+    let env: Vec<&str> = std::iter::once("PATH=/")
+        .chain(env.iter().copied())
+        .collect();
     let config = json!({
         "architecture": host_arch(),
         "os": "linux",
-        "config": {"Entrypoint": args, "Env": ["PATH=/"]},
+        "config": {"Entrypoint": args, "Env": env},
         "rootfs": {"type": "layers", "diff_ids": []},
     });
     let config = serde_json::to_vec(&config).expect("config");
@@ -152,6 +166,20 @@ impl Images {
         let path = self.dir.join(format!("layout-{name}"));
         let layout = Layout::create(&path).expect("layout");
         let (digest, _) = write_image(&layout, "latest", layers, args);
+        (path, digest)
+    }
+
+    /// [`Images::layout`], with `env` in the image's configuration.
+    pub fn layout_with_env(
+        &self,
+        name: &str,
+        layers: &[&Layer],
+        args: &[&str],
+        env: &[&str],
+    ) -> (PathBuf, Digest) {
+        let path = self.dir.join(format!("layout-{name}"));
+        let layout = Layout::create(&path).expect("layout");
+        let (digest, _) = write_image_with_env(&layout, "latest", layers, args, env);
         (path, digest)
     }
 

@@ -9,6 +9,7 @@
 
 mod figures;
 mod images;
+mod isolation;
 mod registry;
 
 use std::fs;
@@ -549,6 +550,19 @@ fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
         left.iter().any(|thing| thing.starts_with("mount")),
         "{left:?}"
     );
+
+    // A server on another store is not disturbed by them: its runs have
+    // nothing to share with theirs.
+    let other = Server::start(&agents, &[]);
+    let output = other.run(&image, "128M", "8M", "beside the leftovers");
+    assert_eq!(output.status.code(), Some(0), "{output:?}\n{}", other.log());
+    assert_eq!(
+        chunks(&json_lines(&output)),
+        builtin_chunks("beside the leftovers")
+    );
+    let other_keys = other.keys();
+    assert_eq!(other.terminate(), Some(0));
+    assert_eq!(leftovers(&other.store, &other_keys), Vec::<String>::new());
 
     // The next server on the store removes all of it before it serves.
     let scratch = tempfile::tempdir().expect("temp");
