@@ -47,10 +47,22 @@ impl Server {
         agents: &[String],
         extra: &[&str],
     ) -> Server {
+        Server::start_binary(env!("CARGO_BIN_EXE_runloop"), scratch, store, agents, extra)
+    }
+
+    /// [`Server::start_on`] with another `runloop` binary (another build,
+    /// for a figure measured before and after a change).
+    fn start_binary(
+        binary: &str,
+        scratch: tempfile::TempDir,
+        store: PathBuf,
+        agents: &[String],
+        extra: &[&str],
+    ) -> Server {
         let log = scratch
             .path()
             .join(format!("serve-{}.log", runloop_oci::random_name()));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_runloop"));
+        let mut command = Command::new(binary);
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--store"])
             .arg(&store)
