@@ -59,8 +59,16 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Tap;
 use crate::metrics::Histogram;
+
+/// Sees every frame of a connection, in both directions, as its bytes.
+///
+/// A client's writer calls it for each message it writes
+/// ([`Role::Client`]) and the client's reader for each binary message it
+/// reads ([`Role::Server`]); `runloop run --capture` records a connection
+/// this way. It lives with the writer, which calls it, so the writer
+/// knows nothing of the client.
+pub type Tap = Arc<dyn Fn(Role, &[u8]) + Send + Sync>;
 
 /// How long a side that closes waits for the other side's close answer
 /// before it lets the socket go anyway. An answer takes one round trip.

@@ -53,14 +53,8 @@ use self::connection::{Connection, Shared, Started};
 use crate::limits::{LimitError, Limits};
 use crate::tls::ClientTls;
 use crate::transport::{self, DialError};
+pub use crate::writer::Tap;
 use crate::writer::{self, write_frames};
-
-/// Sees every frame of a connection, in both directions, as its bytes.
-///
-/// The client calls it for each message it writes ([`Role::Client`]) and
-/// each binary message it reads ([`Role::Server`]); `runloop run --capture`
-/// records a connection this way.
-pub type Tap = Arc<dyn Fn(Role, &[u8]) + Send + Sync>;
 
 /// How a client behaves.
 #[derive(Clone, Default)]

@@ -9,7 +9,31 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::{Counts, Histogram, MS, S, US, label};
-use crate::server::StatsSnapshot;
+
+/// The server's live counts at one moment (the server's `Stats`, read).
+///
+/// A plain struct owned by the metrics, which expose it as gauges, so the
+/// metrics need nothing of the server; the server fills it in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    /// Open caller connections (authorized or not yet).
+    pub connections: usize,
+    /// Open scopes (runs being served).
+    pub scopes: usize,
+    /// Running containers.
+    pub containers: usize,
+    /// Run-loop channels being relayed (one task each), from the order to
+    /// the channel's finish.
+    pub relays: usize,
+    /// Open WebSocket paths to proxies.
+    pub proxy_paths: usize,
+    /// Frames disregarded since the server started (protocol §2).
+    pub disregarded: u64,
+    /// Connections turned away at a connection limit since the server
+    /// started: closed at once when accepted (per address, not yet
+    /// authorized), with close code 1013 (`max_connections`, per identity).
+    pub turned_away: u64,
+}
 
 label! {
     /// Why a connection was closed at authorization (protocol §3).

@@ -65,6 +65,7 @@ mod admission;
 mod budget;
 mod config;
 mod connection;
+mod identity;
 mod message_edges;
 mod outbox;
 mod pings;
@@ -89,13 +90,15 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub use crate::metrics::StatsSnapshot;
 pub use admission::Admission;
 pub use budget::{
     DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
     RunBudget, default_memory_budget,
 };
-pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
-pub use shared::{Stats, StatsSnapshot};
+pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
+pub use identity::{Credentials, Identity};
+pub use shared::Stats;
 
 use self::admission::Admitted;
 use self::shared::Shared;

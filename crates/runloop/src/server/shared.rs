@@ -12,9 +12,10 @@ use tokio_util::task::TaskTracker;
 
 use super::admission::{self, TurnedAway};
 use super::budget::Claimed;
-use super::config::{Credentials, ServerConfig};
+use super::config::ServerConfig;
+use super::identity::Credentials;
 use super::refusal_log::RefusalLog;
-use crate::metrics::ServerMetrics;
+use crate::metrics::{ServerMetrics, StatsSnapshot};
 
 /// Live counts of what the server holds; every one returns to zero when
 /// the connections that caused it are gone.
@@ -27,28 +28,6 @@ pub struct Stats {
     pub(crate) proxy_paths: AtomicUsize,
     pub(crate) disregarded: AtomicU64,
     pub(crate) turned_away: AtomicU64,
-}
-
-/// A snapshot of [`Stats`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StatsSnapshot {
-    /// Open caller connections (authorized or not yet).
-    pub connections: usize,
-    /// Open scopes (runs being served).
-    pub scopes: usize,
-    /// Running containers.
-    pub containers: usize,
-    /// Run-loop channels being relayed (one task each), from the order to
-    /// the channel's finish.
-    pub relays: usize,
-    /// Open WebSocket paths to proxies.
-    pub proxy_paths: usize,
-    /// Frames disregarded since the server started (protocol §2).
-    pub disregarded: u64,
-    /// Connections turned away at a connection limit since the server
-    /// started: closed at once when accepted (per address, not yet
-    /// authorized), with close code 1013 (`max_connections`, per identity).
-    pub turned_away: u64,
 }
 
 impl Stats {
