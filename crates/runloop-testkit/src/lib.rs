@@ -13,6 +13,11 @@
 //! The line is written to the process's stderr directly, past the test
 //! harness's capture (which keeps a passing test's output to itself), so
 //! `cargo test` shows it whether or not the test passed.
+//!
+//! [`message`]: the bare messages of a proxy path (protocol §10), as the
+//! tests' scripted proxies send them.
+
+pub mod message;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
