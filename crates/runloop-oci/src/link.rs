@@ -25,7 +25,7 @@
 //! with it, the run ends first, with a reason that names memory, and the
 //! loop's error is that reason. Any other end is passed on at once.
 //!
-//! The accept loop is the shared one (`runloop::listener::accept_until`):
+//! The accept loop is the shared one (`runloop_wire::listener::accept_until`):
 //! an accept that fails (out of descriptors) pauses instead of spinning.
 
 use std::io;
@@ -33,7 +33,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use runloop::runtime::BoxFuture;
+use runloop_runtime::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, copy};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -84,7 +84,7 @@ pub async fn bind(
     let agent = Arc::new(agent);
     let task = tokio::spawn(async move {
         let connections = TaskTracker::new();
-        runloop::listener::accept_until(&listener, &stop, |inbound, _| {
+        runloop_wire::listener::accept_until(&listener, &stop, |inbound, _| {
             let (agent, watch, stop) = (Arc::clone(&agent), Arc::clone(&watch), stop.clone());
             connections.spawn(async move {
                 tokio::select! {

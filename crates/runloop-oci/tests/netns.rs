@@ -15,25 +15,10 @@ use rustix::thread::LinkNameSpaceType;
 use tokio::io::AsyncReadExt;
 
 /// Whether the machine can run this test; says why not when it cannot
-/// (a failure instead under `RUNLOOP_REQUIRE_SYSTEM=1`).
+/// (`skipped: needs …`, a failure under `RUNLOOP_REQUIRE_SYSTEM=1`).
 fn system_ready() -> bool {
-    let missing = if !rustix::process::geteuid().is_root() {
-        Some("root")
-    } else if Command::new("ip").arg("-V").output().is_err() {
-        Some("iproute2 (ip)")
-    } else {
-        None
-    };
-    match missing {
-        None => true,
-        Some(what) if std::env::var_os("RUNLOOP_REQUIRE_SYSTEM").is_some_and(|v| v == "1") => {
-            panic!("RUNLOOP_REQUIRE_SYSTEM=1 and this test needs {what}")
-        }
-        Some(what) => {
-            println!("skipped: needs {what}");
-            false
-        }
-    }
+    use runloop_testkit::{Part, needs};
+    needs(&[Part::Root, Part::program("ip", "iproute2")])
 }
 
 /// A listener on 127.0.0.1:`port` inside the namespace of run `key`, made

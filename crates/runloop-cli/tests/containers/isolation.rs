@@ -21,18 +21,17 @@ use serde_json::Value;
 use super::images::Images;
 use super::{Server, chunks, error_text, json_lines, leftovers};
 
-/// Whether this machine can run containers (root); says why not when it
-/// cannot (a failure instead under `RUNLOOP_REQUIRE_SYSTEM=1`).
+/// Whether this machine can run containers; says why not when it cannot
+/// (`skipped: needs …`, a failure under `RUNLOOP_REQUIRE_SYSTEM=1`).
 fn system_ready() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var_os("RUNLOOP_REQUIRE_SYSTEM").is_some_and(|v| v == "1") {
-        panic!("RUNLOOP_REQUIRE_SYSTEM=1 and the container tests need root");
-    }
-    println!("skipped: needs root (runc, mounts, network namespaces)");
-    false
+    use runloop_testkit::{Part, needs};
+    needs(&[
+        Part::Root,
+        Part::program("runc", "runc"),
+        Part::program("ip", "iproute2"),
+        Part::program("mkfs.ext4", "e2fsprogs"),
+        Part::program("gcc", "gcc"),
+    ])
 }
 
 /// `runloop run --json` with `agent` as the registration's JSON.
