@@ -44,7 +44,7 @@ use crate::network::Netns;
 
 /// How long a failed dial waits for the supervisor to report the
 /// container's end, so that the answer can name it.
-const END_REPORT: Duration = Duration::from_millis(250);
+const END_REPORT: Duration = Duration::from_secs(1);
 
 /// How long, and how much, the link reads of a request it answers itself
 /// (so that closing does not reset the connection before the proxy has
@@ -157,9 +157,26 @@ fn unreachable_response(why: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Answers the proxy's request with [`unreachable_response`], then reads
-/// what it still sends (boundedly) until it closes.
+/// Answers the proxy's request with [`unreachable_response`] once its
+/// head has come (an answer before the request is one HTTP clients
+/// refuse as unexpected), then reads what it still sends (boundedly)
+/// until it closes.
 async fn answer_unreachable(mut inbound: TcpStream, why: &str) {
+    let head = async {
+        let mut seen = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while seen.len() < DRAIN_BYTES && !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            match inbound.read(&mut buffer).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(&buffer[..n]),
+            }
+        }
+        true
+    };
+    if !tokio::time::timeout(DRAIN, head).await.unwrap_or(false) {
+        debug!("the proxy sent no request the link could answer");
+        return;
+    }
     if let Err(error) = inbound.write_all(&unreachable_response(why)).await {
         debug!(%error, "the proxy left before the link's answer");
         return;
