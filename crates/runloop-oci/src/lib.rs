@@ -12,8 +12,9 @@
 //! layout / registry ──digests checked──▶ store (blobs, unpacked images)
 //!                                            │ overlay: image (lower) + run's ext4 (upper, /tmp)
 //!                                            ▼
-//! server ──ws──▶ proxy (host) ──▶ link ──veth──▶ agent program (runc: pid, mount, ipc, uts, net namespaces;
-//!                                                                 memory and pids cgroup limits)
+//! server ──ws──▶ proxy (host) ──▶ link ──socket made in the run's netns──▶ agent program on 127.0.0.1:$PORT
+//!                                      (runc: pid, mount, ipc, uts, net namespaces — the net one has lo only;
+//!                                       memory and pids cgroup limits)
 //! ```
 //!
 //! The modules, in the order an image meets them: [`digest`], [`layout`],
