@@ -27,7 +27,7 @@
 //! leftovers of its runs the same way.
 //!
 //! The agent is reached only through sockets made inside the run's network
-//! namespace (module [`network`](crate::network)): the readiness probe,
+//! namespace (module [`network`]): the readiness probe,
 //! and every connection of the link. The agent program listens on
 //! `127.0.0.1:$PORT`, as under exec.
 
