@@ -14,6 +14,9 @@ transcript are the Rust client's (the extension module ``runloop._native``);
 this package gives them Python's shapes. See docs/python.md.
 """
 
+import atexit as _atexit
+
+from . import _native
 from ._client import Client, Connecting, Event, Run, Stream, connect
 from ._errors import (
     ConnectError,
@@ -27,6 +30,9 @@ from ._errors import (
 )
 from ._native import Chunk, Error, Outcome
 from ._sync import SyncClient, SyncRun, SyncStream, connect_sync
+
+# The runtime's threads take the GIL no more once the interpreter exits.
+_atexit.register(_native.at_exit)
 
 __all__ = [
     "Chunk",

@@ -79,7 +79,8 @@ impl Failure {
 
     /// The exception, taking the GIL for it (in a future's last step).
     pub fn raise(self) -> PyErr {
-        Python::attach(|py| self.into_pyerr(py))
+        crate::runtime::attach(|py| self.into_pyerr(py))
+            .unwrap_or_else(|| PyRuntimeError::new_err("the interpreter is exiting"))
     }
 }
 

@@ -138,6 +138,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(client::connect, m)?)?;
     m.add_function(wrap_pyfunction!(client::connect_blocking, m)?)?;
     m.add_function(wrap_pyfunction!(rust_client_loop, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime::at_exit, m)?)?;
     m.add_class::<client::NativeClient>()?;
     m.add_class::<client::NativeRun>()?;
     m.add_class::<client::NativeLoop>()?;

@@ -14,14 +14,22 @@
 //! The blocking API waits in slices of [`SLICE`], with the GIL released,
 //! and runs Python's signal handlers between them, so Ctrl-C interrupts a
 //! wait within one slice.
+//!
+//! At the interpreter's exit the runtime's threads are still there, and a
+//! thread that takes the GIL while the interpreter finalizes crashes it.
+//! Every way this crate's threads take the GIL goes through [`attach`],
+//! which counts them; [`at_exit`] (registered with `atexit`) closes the
+//! door and waits for those inside to leave.
 
 use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
 use pyo3_async_runtimes::TaskLocals;
 use pyo3_async_runtimes::generic::{self, ContextExt};
 
@@ -56,6 +64,41 @@ pub fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
     Ok(runtime)
 }
 
+/// Set at the interpreter's exit: no thread of the runtime takes the GIL again.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Threads of the runtime that hold or wait for the GIL.
+static ATTACHED: AtomicUsize = AtomicUsize::new(0);
+
+/// How long [`at_exit`] waits for threads that hold the GIL to let it go.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs `f` with the GIL from a thread of the runtime, unless the
+/// interpreter is exiting (then `None`).
+pub fn attach<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+    ATTACHED.fetch_add(1, Ordering::SeqCst);
+    let result = if EXITING.load(Ordering::SeqCst) {
+        None
+    } else {
+        Some(Python::attach(f))
+    };
+    ATTACHED.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+/// Called by `atexit`: from now on no thread of the runtime takes the GIL,
+/// and those that hold it are waited for (the GIL released meanwhile).
+#[pyfunction]
+pub fn at_exit(py: Python<'_>) {
+    EXITING.store(true, Ordering::SeqCst);
+    py.detach(|| {
+        let began = Instant::now();
+        while ATTACHED.load(Ordering::SeqCst) > 0 && began.elapsed() < EXIT_GRACE {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
 /// The runtime as pyo3-async-runtimes sees it.
 pub struct Tokio;
 
@@ -79,13 +122,23 @@ impl generic::Runtime for Tokio {
         }
     }
 
+    /// pyo3-async-runtimes takes the GIL only in these (to complete an
+    /// asyncio future): each goes through [`attach`]'s count.
     fn spawn_blocking<F>(f: F) -> Self::JoinHandle
     where
         F: FnOnce() + Send + 'static,
     {
+        let counted = move || {
+            // `f` takes the GIL itself; the count around it is what matters.
+            ATTACHED.fetch_add(1, Ordering::SeqCst);
+            if !EXITING.load(Ordering::SeqCst) {
+                f();
+            }
+            ATTACHED.fetch_sub(1, Ordering::SeqCst);
+        };
         match runtime() {
-            Ok(runtime) => runtime.spawn_blocking(f),
-            Err(_) => tokio::task::spawn_blocking(f),
+            Ok(runtime) => runtime.spawn_blocking(counted),
+            Err(_) => tokio::task::spawn_blocking(counted),
         }
     }
 }
@@ -105,13 +158,61 @@ impl ContextExt for Tokio {
 
 /// `fut` as an asyncio awaitable of the running event loop; cancelling it
 /// drops `fut`.
+///
+/// pyo3-async-runtimes hands a result to its event loop with
+/// `call_soon_threadsafe`, and prints the error when that loop has been
+/// closed meanwhile (a caller that closed its loop under an open stream).
+/// It is given the loop behind a [`GuardedLoop`], which drops a result no
+/// one can receive any more instead.
 pub fn awaitable<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = PyResult<T>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
     runtime()?;
-    generic::future_into_py::<Tokio, _, _>(py, fut)
+    let event_loop = pyo3_async_runtimes::get_running_loop(py)?;
+    let guarded = Bound::new(
+        py,
+        GuardedLoop {
+            event_loop: event_loop.unbind(),
+        },
+    )?;
+    let locals = TaskLocals::new(guarded.into_any()).copy_context(py)?;
+    generic::future_into_py_with_locals::<Tokio, _, _>(py, locals, fut)
+}
+
+/// An event loop as pyo3-async-runtimes uses it (`create_future`,
+/// `call_soon_threadsafe`), that lets a callback for a closed loop go.
+#[pyclass(module = "runloop._native", frozen)]
+pub struct GuardedLoop {
+    event_loop: Py<PyAny>,
+}
+
+#[pymethods]
+impl GuardedLoop {
+    fn create_future<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.event_loop.bind(py).call_method0("create_future")
+    }
+
+    #[pyo3(signature = (*args, **kwargs))]
+    fn call_soon_threadsafe(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let event_loop = self.event_loop.bind(py);
+        let closed = || -> PyResult<bool> { event_loop.call_method0("is_closed")?.is_truthy() };
+        if closed()? {
+            return Ok(());
+        }
+        match event_loop.call_method("call_soon_threadsafe", args, kwargs) {
+            Ok(_) => Ok(()),
+            // Closed between the look and the call.
+            Err(_) if closed()? => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
 }
 
 /// Runs `fut` to its end on this process's runtime with the GIL released,
