@@ -182,7 +182,7 @@ class Client:
         ConnectError when the connection is turned away (a refused credential).
         """
         args = start_args(name, image, digest, memory, disk, agent)
-        return Run(await self._native.start(*args))
+        return Run(await self._native.start(args))
 
     async def close(self) -> None:
         """Closes the connection (every run on it ends) and waits for the close handshake."""

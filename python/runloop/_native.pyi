@@ -9,6 +9,8 @@ from typing import Any, Awaitable, Optional, Sequence, Tuple, Union
 BATCH: int
 
 _Path = Union[str, os.PathLike[str]]
+# (name, digest, image JSON, memory, disk, agent JSON)
+StartSpec = Tuple[Optional[str], Optional[str], Optional[str], int, int, str]
 
 class Chunk:
     """One chunk of a loop (protocol §8)."""
@@ -100,24 +102,8 @@ class Run:
     def is_ended(self) -> bool: ...
 
 class Client:
-    def start(
-        self,
-        name: Optional[str],
-        digest: Optional[str],
-        image: Optional[str],
-        memory: int,
-        disk: int,
-        agent: str,
-    ) -> Awaitable[Run]: ...
-    def start_blocking(
-        self,
-        name: Optional[str],
-        digest: Optional[str],
-        image: Optional[str],
-        memory: int,
-        disk: int,
-        agent: str,
-    ) -> Run: ...
+    def start(self, spec: StartSpec) -> Awaitable[Run]: ...
+    def start_blocking(self, spec: StartSpec) -> Run: ...
     def close(self) -> Awaitable[None]: ...
     def close_blocking(self) -> None: ...
     def is_closed(self) -> bool: ...

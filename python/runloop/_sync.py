@@ -158,7 +158,7 @@ class SyncClient:
     ) -> SyncRun:
         """Opens a run and waits for its id (see ``Client.start``)."""
         args = start_args(name, image, digest, memory, disk, agent)
-        return SyncRun(self._native.start_blocking(*args))
+        return SyncRun(self._native.start_blocking(args))
 
     def close(self) -> None:
         """Closes the connection and waits for the close handshake."""

@@ -115,17 +115,21 @@ pub fn connect_blocking(
     block(py, dial(url, token, config, timeout))?.map_err(|f| f.into_pyerr(py))
 }
 
+/// What `start` is asked for, as the package passes it: `(name, digest,
+/// image JSON, memory, disk, agent JSON)`.
+type Spec = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    u64,
+    u64,
+    String,
+);
+
 /// A run request from the package's arguments: a catalog image by `name`
 /// (and `digest`), or `image` as its JSON (`{"registry": {...}}`, …).
-fn request(
-    name: Option<String>,
-    digest: Option<String>,
-    image: Option<&str>,
-    memory: u64,
-    disk: u64,
-    agent: &str,
-) -> PyResult<RunRequest> {
-    let image = match (image, name) {
+fn request((name, digest, image, memory, disk, agent): Spec) -> PyResult<RunRequest> {
+    let image = match (image.as_deref(), name) {
         (Some(json), None) => serde_json::from_str::<Image>(json).map_err(|error| {
             PyValueError::new_err(format!(
                 "image must be {{\"server\": {{\"name\", \"digest\"}}}}, {{\"registry\": \
@@ -153,7 +157,7 @@ fn request(
         }
         (None, None) => return Err(PyValueError::new_err("give an image name or image=")),
     };
-    let agent = RawValue::from_string(agent.to_owned())
+    let agent = RawValue::from_string(agent)
         .map_err(|error| PyValueError::new_err(format!("agent is not JSON: {error}")))?;
     Ok(RunRequest::new(Container::new(image, memory, disk), agent))
 }
@@ -175,38 +179,18 @@ pub struct NativeClient {
 #[pymethods]
 impl NativeClient {
     /// Opens a run: an awaitable of a [`NativeRun`].
-    #[pyo3(signature = (name, digest, image, memory, disk, agent))]
-    fn start<'py>(
-        &self,
-        py: Python<'py>,
-        name: Option<String>,
-        digest: Option<String>,
-        image: Option<&str>,
-        memory: u64,
-        disk: u64,
-        agent: &str,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    fn start<'py>(&self, py: Python<'py>, spec: Spec) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client.get()?.clone();
-        let request = request(name, digest, image, memory, disk, agent)?;
+        let request = request(spec)?;
         awaitable(py, async move {
             start(client, request).await.map_err(Failure::raise)
         })
     }
 
     /// Opens a run, blocking.
-    #[pyo3(signature = (name, digest, image, memory, disk, agent))]
-    fn start_blocking(
-        &self,
-        py: Python<'_>,
-        name: Option<String>,
-        digest: Option<String>,
-        image: Option<&str>,
-        memory: u64,
-        disk: u64,
-        agent: &str,
-    ) -> PyResult<NativeRun> {
+    fn start_blocking(&self, py: Python<'_>, spec: Spec) -> PyResult<NativeRun> {
         let client = self.client.get()?.clone();
-        let request = request(name, digest, image, memory, disk, agent)?;
+        let request = request(spec)?;
         block(py, start(client, request))?.map_err(|f| f.into_pyerr(py))
     }
 

@@ -58,6 +58,9 @@ pub enum Command {
     /// The bench's baseline forwarder (run by `runloop bench` itself).
     #[command(name = "__forward", hide = true)]
     Forward(bench::ForwardArgs),
+    /// The bench's synthetic proxy alone (run by python/bench.py).
+    #[command(name = "__synthetic-proxy", hide = true)]
+    SyntheticProxy(bench::SyntheticArgs),
 }
 
 impl Command {
@@ -80,6 +83,7 @@ impl Command {
             Command::Completions(args) => args.execute(&mut out),
             Command::Man(args) => args.execute(&mut out),
             Command::Forward(args) => args.execute(),
+            Command::SyntheticProxy(args) => args.execute(&mut out),
         }
     }
 }
