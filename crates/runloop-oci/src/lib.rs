@@ -28,6 +28,7 @@ pub mod cgroup;
 pub mod command;
 pub mod container;
 pub mod digest;
+pub mod distribution;
 pub mod disk;
 pub mod host;
 pub mod image;
