@@ -459,8 +459,9 @@ impl Args {
                 ..RegistryConfig::new(self.registries.clone(), self.insecure_registries.clone())
             };
             info!(allowed = ?registry.allowed, insecure = ?registry.insecure, mirrors = ?registry.mirrors, max_image_size = registry.max_image_size, "pulling registry images");
-            let pull = Pull::new(std::sync::Arc::clone(&host), registry)
-                .map_err(|error| Failure::Argument(format!("cannot set up registry pulls: {error}")))?;
+            let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
+                Failure::Argument(format!("cannot set up registry pulls: {error}"))
+            })?;
             config.registry = Some(std::sync::Arc::new(pull));
         }
         for spec in layouts {

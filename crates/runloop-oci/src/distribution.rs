@@ -171,10 +171,7 @@ impl Distribution {
         } else {
             "https"
         };
-        let text = format!(
-            "{scheme}://{}/v2/{}/",
-            target.endpoint, target.repository
-        );
+        let text = format!("{scheme}://{}/v2/{}/", target.endpoint, target.repository);
         Url::parse(&text).map_err(|error| FetchError::Status(format!("a bad URL {text}: {error}")))
     }
 
@@ -236,7 +233,9 @@ impl Distribution {
                 .url()
                 .join(&sent)
                 .map_err(|error| refuse(format!("not a URL: {error}")))?;
-            let client = self.redirect_client(target, response.url(), &next).map_err(refuse)?;
+            let client = self
+                .redirect_client(target, response.url(), &next)
+                .map_err(refuse)?;
             response = client.get(next).send().await.map_err(FetchError::Http)?;
         }
         if !response.status().is_success() {
@@ -311,8 +310,9 @@ impl Distribution {
     ) -> Result<String, FetchError> {
         let mut realm = Url::parse(&challenge.realm)
             .map_err(|error| FetchError::Token(format!("realm {:?}: {error}", challenge.realm)))?;
-        let host = authority(&realm)
-            .ok_or_else(|| FetchError::Token(format!("realm {:?} names no host", challenge.realm)))?;
+        let host = authority(&realm).ok_or_else(|| {
+            FetchError::Token(format!("realm {:?} names no host", challenge.realm))
+        })?;
         let is = |name: &String| name.eq_ignore_ascii_case(&host);
         let listed = is(&target.registry) || is(&target.endpoint) || self.mirrors.iter().any(is);
         match realm.scheme() {
@@ -530,9 +530,8 @@ impl Resolve for PublicOnly {
     fn resolve(&self, name: Name) -> Resolving {
         let host = name.as_str().to_owned();
         Box::pin(async move {
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .collect();
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             let public: Vec<SocketAddr> = found
                 .into_iter()
                 .filter(|addr| is_public(addr.ip()))

@@ -388,7 +388,9 @@ impl Pull {
         {
             return Err(refused(
                 ErrorKind::Registry,
-                format!("{what} of {whole} declares {declared} bytes, past its descriptor's {size}"),
+                format!(
+                    "{what} of {whole} declares {declared} bytes, past its descriptor's {size}"
+                ),
             ));
         }
         let (path, file) = layout.temporary().map_err(|error| {
@@ -398,9 +400,10 @@ impl Pull {
         let mut file = tokio::fs::File::from_std(file);
         let mut hasher = Hasher::new();
         loop {
-            let piece = response.chunk().await.map_err(|error| {
-                failed(&whole, &what, &FetchError::Http(error))
-            })?;
+            let piece = response
+                .chunk()
+                .await
+                .map_err(|error| failed(&whole, &what, &FetchError::Http(error)))?;
             let Some(piece) = piece else {
                 break;
             };
@@ -430,7 +433,6 @@ impl Pull {
         })?;
         Ok(len)
     }
-
 }
 
 /// The refusal a failed request is, its kind said first (`not found`) where
