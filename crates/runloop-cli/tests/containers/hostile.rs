@@ -477,3 +477,28 @@ fn a_gzip_bomb_is_refused_at_its_unpack_ratio() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn a_callers_reference_cannot_forge_a_server_log_line() {
+    let hostile = Hostile::start();
+    let server = server(&hostile, &[]);
+    let forged = "2026-01-01T00:00:00.000000Z  WARN runloop::server: forged";
+    // (NUL cannot be in an argument; the log formatter's own test has it.)
+    for c in ['\n', '\r', '\u{1b}', '\u{85}'] {
+        let reference = format!("{}/agents/absent:1{c}{forged}", hostile.host);
+        let output = pull_and_run(&server.url, &reference, "x");
+        assert_ne!(output.status.code(), Some(0), "{output:?}");
+    }
+    let log = server.log();
+    assert!(
+        log.contains(r"\n2026-01-01T00:00:00.000000Z  WARN"),
+        "{log}"
+    );
+    for line in log.lines() {
+        assert!(!line.starts_with("2026-01-01"), "a forged line: {line:?}");
+        assert!(
+            !line.contains(['\r', '\u{1b}', '\u{85}']),
+            "a control character in {line:?}"
+        );
+    }
+}
