@@ -163,6 +163,22 @@ pub struct Args {
     /// layers), bytes (K/M/G suffixes).
     #[arg(long, default_value = "2G", value_parser = bytes)]
     pub max_image_size: u64,
+    // --- hostile registries (issue 26) ---
+    /// A host (`HOST[:PORT]`) a registry may redirect blob downloads to, a
+    /// blob CDN (repeatable). No other redirect is followed; a mirror named
+    /// by host name is only reached at public addresses.
+    #[arg(long = "registry-mirror", value_name = "HOST[:PORT]")]
+    pub registry_mirrors: Vec<String>,
+    /// Seconds one registry pull (manifests and blobs) may take, all told.
+    #[arg(long, value_name = "SECONDS", value_parser = crate::seconds::parse, default_value = "600")]
+    pub pull_timeout: Duration,
+    /// Registry pulls fetching at once; more wait for a place.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pulls: u32,
+    /// A registry image may unpack to at most this many times its
+    /// compressed size (--max-image-size bounds that size).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_unpack_ratio: u64,
     /// Containers (`oci:` entries, registry images): the store of pulled
     /// blobs, unpacked images and runs [default: /var/lib/runloop for root].
     #[arg(long, value_name = "DIR")]
@@ -435,15 +451,18 @@ impl Args {
             .map_err(Failure::Containers)?;
         if pulls {
             let registry = RegistryConfig {
-                allowed: self.registries.clone(),
-                insecure: self.insecure_registries.clone(),
+                mirrors: self.registry_mirrors.clone(),
                 max_image_size: self.max_image_size,
+                pull_timeout: self.pull_timeout,
+                max_pulls: self.max_pulls as usize,
+                max_unpack_ratio: self.max_unpack_ratio,
+                ..RegistryConfig::new(self.registries.clone(), self.insecure_registries.clone())
             };
-            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, max_image_size = registry.max_image_size, "pulling registry images");
-            config.registry = Some(std::sync::Arc::new(Pull::new(
-                std::sync::Arc::clone(&host),
-                registry,
-            )));
+            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, mirrors = ?registry.mirrors, max_image_size = registry.max_image_size, "pulling registry images");
+            let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
+                Failure::Argument(format!("cannot set up registry pulls: {error}"))
+            })?;
+            config.registry = Some(std::sync::Arc::new(pull));
         }
         for spec in layouts {
             let RuntimeSpec::Oci(dir) = &spec.runtime else {
