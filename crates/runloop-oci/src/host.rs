@@ -33,9 +33,10 @@ use crate::layout::Layout;
 use crate::network::{DEFAULT_SUBNET, Pool, Subnet};
 use crate::runc::Runc;
 use crate::store::{Store, StoreError, UnpackLimits};
+use crate::user::IdMapping;
 
 /// How the host runs containers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HostConfig {
     /// The store: pulled blobs, unpacked images, runs.
     pub store: PathBuf,
@@ -53,12 +54,32 @@ pub struct HostConfig {
     pub unpack: UnpackLimits,
     /// How much of a container's output is logged.
     pub output: runloop::runtime::output::OutputLimit,
+    /// The host ids of the containers' ids (their user namespace).
+    pub ids: IdMapping,
+    /// CPUs' worth of time one container may use.
+    pub cpus: f64,
+    /// Open files one container's process may have (`RLIMIT_NOFILE`).
+    pub nofile: u64,
+    /// Whether containers run the init as PID 1 ([`crate::init`]).
+    pub init: bool,
 }
+
+/// The CPU limit of a container unless told otherwise: half the
+/// machine's CPUs, at least one — one agent cannot take the machine.
+pub fn default_cpus() -> f64 {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    (cpus as f64 / 2.0).max(1.0)
+}
+
+/// The open-file limit of a container unless told otherwise.
+pub const DEFAULT_NOFILE: u64 = 4096;
 
 impl HostConfig {
     /// Defaults around `store`: [`DEFAULT_SUBNET`], `runc` from `PATH`, a
     /// 5 s grace, 60 s to listen, 1024 processes, images up to 8 GiB and
-    /// a million entries unpacked, the default output budget.
+    /// a million entries unpacked, the default output budget, the ids of
+    /// [`IdMapping::default_for_host`], [`default_cpus`], [`DEFAULT_NOFILE`]
+    /// open files, and the init.
     pub fn new(store: impl Into<PathBuf>) -> HostConfig {
         HostConfig {
             store: store.into(),
@@ -72,6 +93,10 @@ impl HostConfig {
                 max_entries: 1_000_000,
             },
             output: runloop::runtime::output::OutputLimit::default(),
+            ids: IdMapping::default_for_host(),
+            cpus: default_cpus(),
+            nofile: DEFAULT_NOFILE,
+            init: true,
         }
     }
 
@@ -147,6 +172,7 @@ pub struct Host {
     pool: Pool,
     runc: Runc,
     cgroups: cgroup::Version,
+    init: Option<PathBuf>,
     _lock: File,
 }
 
@@ -191,7 +217,7 @@ impl Host {
             ));
         }
         let cgroups = cgroup::detect().map_err(HostError::Missing)?;
-        let store = Store::open(&config.store, config.unpack)?;
+        let store = Store::open(&config.store, config.unpack)?.with_ids(config.ids)?;
         if !disk::overlay_safe(store.dir()) {
             return Err(HostError::Missing(format!(
                 "the store's path {} holds `,`, `:` or `\\`, which overlay mounts cannot name",
@@ -210,6 +236,16 @@ impl Host {
             })?;
         rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive)
             .map_err(|_| HostError::Locked(store.dir().to_owned()))?;
+        let init = if config.init {
+            Some(
+                crate::init::install(store.dir()).map_err(|source| StoreError::Io {
+                    path: store.dir().join("init"),
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
         let pool = Pool::new(config.subnet);
         let host = Host {
             config,
@@ -217,10 +253,19 @@ impl Host {
             pool,
             runc,
             cgroups,
+            init,
             _lock: lock,
         };
         host.sweep().await?;
-        info!(store = %host.store.dir().display(), subnet = %host.pool.subnet(), runc = %version, cgroups = ?host.cgroups, "container host ready");
+        info!(store = %host.store.dir().display(), subnet = %host.pool.subnet(), runc = %version, cgroups = ?host.cgroups, uids = %host.config.ids.uids, gids = %host.config.ids.gids, cpus = host.config.cpus, init = host.init.is_some(), "container host ready");
+        match crate::runc::parse_version(&version) {
+            Some(parsed) => {
+                if let Some(warning) = crate::runc::advisory(parsed) {
+                    warn!(runc = %version, "{warning}");
+                }
+            }
+            None => warn!(runc = %version, "cannot read runc's version; it may predate the fixes for CVE-2025-31133, CVE-2025-52565 and CVE-2025-52881"),
+        }
         Ok(Arc::new(host))
     }
 
@@ -264,6 +309,11 @@ impl Host {
     /// The cgroup hierarchy.
     pub fn cgroups(&self) -> cgroup::Version {
         self.cgroups
+    }
+
+    /// The init binary containers run as PID 1, if they run one.
+    pub fn init(&self) -> Option<&Path> {
+        self.init.as_deref()
     }
 
     /// A runtime for the image layout at `dir` (`oci:DIR`), checked against

@@ -7,6 +7,10 @@
  *             then / until ENOSPC, and says what it saw
  *   stubborn  ignores SIGTERM, forks children that ignore it too (one in a
  *             session of its own), and answers one chunk
+ *   escape    tries what a hostile image would (escape.c) and answers one
+ *             chunk per probe, `NAME: WHAT HAPPENED`
+ *   plain     answers one chunk and leaves every signal as it is (PID 1
+ *             without an init then ignores SIGTERM)
  *
  * Built static by the tests (gcc -static), so the image needs no libraries.
  */
@@ -21,6 +25,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+static void send_event(int fd, const char *text);
+#include "escape.c"
 
 static const char *mode = "";
 
@@ -105,6 +112,8 @@ static void run_loop(int fd) {
         snprintf(text, sizeof text, "memory limit %lld; tmp: %s after %lld bytes; root: %s after %lld bytes",
                  memory_limit(), errno_name(tmp_error), tmp, errno_name(root_error), root);
         send_event(fd, text);
+    } else if (strcmp(mode, "escape") == 0) {
+        escape(fd);
     } else {
         send_event(fd, "still here");
     }
