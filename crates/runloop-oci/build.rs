@@ -11,7 +11,13 @@ fn main() {
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let target = std::env::var("TARGET").expect("cargo sets TARGET");
     let status = Command::new(rustc)
-        .args(["--edition", "2024", "--crate-name", "runloop_init", "--target"])
+        .args([
+            "--edition",
+            "2024",
+            "--crate-name",
+            "runloop_init",
+            "--target",
+        ])
         .arg(&target)
         .args([
             "-C",
@@ -28,5 +34,8 @@ fn main() {
         .arg("init/main.rs")
         .status()
         .expect("rustc runs");
-    assert!(status.success(), "the container init (init/main.rs) did not build");
+    assert!(
+        status.success(),
+        "the container init (init/main.rs) did not build"
+    );
 }

@@ -15,6 +15,7 @@
 //! (no library from the image is needed), with the standard library and
 //! a few declarations of the C library's signal calls.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
 
 /// glibc's `sigset_t`: 1024 bits.
@@ -22,6 +23,7 @@ use std::process::{Command, ExitCode};
 struct SigSet([u64; 16]);
 
 const SIG_BLOCK: i32 = 0;
+const SIG_SETMASK: i32 = 2;
 const WNOHANG: i32 = 1;
 const SIGCHLD: i32 = 17;
 
@@ -46,13 +48,24 @@ fn main() -> ExitCode {
     let mut all = SigSet([0; 16]);
     // SAFETY: `all` is a valid sigset_t-sized buffer; blocking every
     // signal here (before the child exists) means none is lost: each
-    // waits for `sigwaitinfo`. The child's mask is reset to empty by
-    // `Command::spawn`.
+    // waits for `sigwaitinfo`.
     unsafe {
         sigfillset(&mut all);
         sigprocmask(SIG_BLOCK, &all, std::ptr::null_mut());
     }
-    let child = match Command::new(&program).args(args).spawn() {
+    let mut command = Command::new(&program);
+    command.args(args);
+    // SAFETY: between fork and exec, one async-signal-safe call on a
+    // local buffer. The agent starts with no signal blocked (a blocked
+    // mask is inherited, and would hold back the very SIGTERM passed on).
+    unsafe {
+        command.pre_exec(|| {
+            let none = SigSet([0; 16]);
+            sigprocmask(SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let child = match command.spawn() {
         Ok(child) => child,
         Err(error) => {
             eprintln!("runloop-init: cannot run {}: {error}", program.to_string_lossy());

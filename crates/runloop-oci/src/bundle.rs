@@ -360,7 +360,8 @@ mod tests {
             spec["process"]["rlimits"],
             serde_json::json!([{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}])
         );
-        let mapping = serde_json::json!([{"containerID": 0, "hostID": 2_000_000_000u32, "size": 65536}]);
+        let mapping =
+            serde_json::json!([{"containerID": 0, "hostID": 2_000_000_000u32, "size": 65536}]);
         assert_eq!(spec["linux"]["uidMappings"], mapping);
         assert_eq!(spec["linux"]["gidMappings"], mapping);
         assert_eq!(spec["linux"]["resources"]["cpu"]["quota"], 150_000);
@@ -387,7 +388,12 @@ mod tests {
             .find(|mount| mount["destination"] == "/sys")
             .expect("/sys");
         assert_eq!(sys["type"], "bind");
-        assert!(sys["options"].as_array().expect("options").contains(&serde_json::json!("ro")));
+        assert!(
+            sys["options"]
+                .as_array()
+                .expect("options")
+                .contains(&serde_json::json!("ro"))
+        );
         let init = mounts
             .iter()
             .find(|mount| mount["destination"] == crate::init::PATH)

@@ -264,7 +264,9 @@ impl Host {
                     warn!(runc = %version, "{warning}");
                 }
             }
-            None => warn!(runc = %version, "cannot read runc's version; it may predate the fixes for CVE-2025-31133, CVE-2025-52565 and CVE-2025-52881"),
+            None => {
+                warn!(runc = %version, "cannot read runc's version; it may predate the fixes for CVE-2025-31133, CVE-2025-52565 and CVE-2025-52881")
+            }
         }
         Ok(Arc::new(host))
     }

@@ -52,7 +52,11 @@ pub fn parse_version(line: &str) -> Option<(u32, u32, u32)> {
     let version = line.split_whitespace().nth(2)?;
     let core = version.split(['+', '-', '~']).next()?;
     let mut parts = core.split('.').map(|part| part.parse::<u32>().ok());
-    Some((parts.next()??, parts.next()??, parts.next().flatten().unwrap_or(0)))
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
 }
 
 /// The warning for a runc version without the fixes for the malicious

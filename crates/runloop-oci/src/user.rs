@@ -291,8 +291,14 @@ mod tests {
             "4294960000:65536".parse::<IdRange>(),
             Err(RangeError::Bounds { .. })
         ));
-        assert!(matches!("100000:0".parse::<IdRange>(), Err(RangeError::Bounds { .. })));
-        assert!(matches!("100000".parse::<IdRange>(), Err(RangeError::Syntax(_))));
+        assert!(matches!(
+            "100000:0".parse::<IdRange>(),
+            Err(RangeError::Bounds { .. })
+        ));
+        assert!(matches!(
+            "100000".parse::<IdRange>(),
+            Err(RangeError::Syntax(_))
+        ));
         assert_eq!(
             RangeError::HostRoot.to_string(),
             "a range starting at 0 would make the container's root the host's root"

@@ -841,8 +841,10 @@ fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
     );
     let said = refusal(&server.run(&format!("missing@{missing_digest}"), "64M", "4M", "x"));
     assert!(said.contains(r#""kind":"runtime""#), "{said}");
+    // Checked in the image before runc starts (under the init, runc no
+    // longer sees the image's program itself).
     assert!(
-        said.contains("the container exited before its agent program listened"),
+        said.contains(r#"the image's program \"/nope\" is not in the image"#),
         "{said}"
     );
     assert!(said.contains("no such file or directory"), "{said}");
@@ -861,4 +863,183 @@ fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
     assert_eq!(server.terminate(), Some(0));
     assert_eq!(keys.len(), 2, "two containers were made, then removed");
     assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
+}
+
+/// The escape probes' answers (`NAME: RESULT` chunks of the hog's
+/// `escape` mode), by name.
+fn probes(lines: &[Value]) -> std::collections::BTreeMap<String, String> {
+    lines
+        .iter()
+        .filter_map(|line| line.get("chunk"))
+        .filter_map(|chunk| chunk["text"].as_str())
+        .filter_map(|text| text.split_once(':'))
+        .map(|(name, result)| (name.to_owned(), result.trim().to_owned()))
+        .collect()
+}
+
+#[test]
+fn a_hostile_image_finds_an_unprivileged_root_a_syscall_filter_and_masked_host_files() {
+    let images = Images::get();
+    let (hog, digest) = images.hog_layout("escape");
+    let server = Server::start(
+        &[format!("hog=oci:{}", hog.display())],
+        &[
+            "--container-uid-range",
+            "2100000000:65536",
+            "--container-cpus",
+            "0.5",
+            "--container-nofile",
+            "512",
+        ],
+    );
+    let output = server.run(&format!("hog@{digest}"), "64M", "4M", "look around");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{output:?}\n{}",
+        server.log()
+    );
+    let seen = probes(&json_lines(&output));
+    let said = |name: &str| {
+        seen.get(name)
+            .unwrap_or_else(|| panic!("no probe {name:?} in {seen:#?}"))
+            .as_str()
+    };
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    // A user namespace: the container's root is host uid 2100000000.
+    assert_eq!(words(said("uid_map")), "0 2100000000 65536", "{seen:#?}");
+    assert_eq!(words(said("gid_map")), "0 2100000000 65536");
+    // The image was unpacked with its owners shifted into the range.
+    let shifted = fs::read_dir(server.store.join("images"))
+        .expect("images")
+        .flatten()
+        .find(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .ends_with("-ids-2100000000+65536-2100000000+65536")
+        })
+        .expect("an image unpacked for the range");
+    let hog_file = fs::metadata(shifted.path().join("rootfs/hog")).expect("hog");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (hog_file.uid(), hog_file.gid()),
+        (2_100_000_000, 2_100_000_000)
+    );
+    // The syscall filter, no new privileges, three capabilities.
+    assert_eq!(said("Seccomp"), "2");
+    assert_eq!(said("NoNewPrivs"), "1");
+    assert_eq!(said("CapEff"), "0000000020000420");
+    for refused in [
+        "unshare user",
+        "unshare user+mount",
+        "unshare net",
+        "clone user",
+        "io_uring_setup",
+        "perf_event_open",
+        "mount",
+        "keyctl",
+        "add_key",
+        "bpf",
+        "mknod",
+        "raw socket",
+    ] {
+        assert_eq!(said(refused), "EPERM", "{refused}: {seen:#?}");
+    }
+    assert_eq!(said("clone plain"), "ok");
+    // Masked and read-only kernel files; no host block devices.
+    for masked in ["keys", "timer_list", "partitions", "diskstats"] {
+        assert_eq!(said(masked), "", "{masked}");
+    }
+    assert!(matches!(said("kcore"), "" | "ENOENT"), "{seen:#?}");
+    for empty in ["sys firmware", "sys block", "sys class block"] {
+        assert_eq!(said(empty), "0", "{empty}: {seen:#?}");
+    }
+    for written in ["proc sys write", "sysrq-trigger write"] {
+        assert_ne!(said(written), "ok", "{written}");
+    }
+    // The CPU quota and the open-file limit.
+    assert_eq!(said("cpu quota"), "50000");
+    assert_eq!(said("cpu period"), "100000");
+    assert_eq!(said("nofile"), "512 512");
+    // The agent is not PID 1: the init is.
+    assert_ne!(said("pid"), "1");
+    assert_eq!(said("pid 1"), "/dev/runloop-init -- /hog escape");
+    // Its root may still write its own root and /tmp.
+    assert_eq!(said("write root"), "ok");
+    assert_eq!(said("write tmp"), "ok");
+
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+#[test]
+fn serve_names_its_runc_and_warns_when_it_predates_the_2025_fixes() {
+    let images = Images::get();
+    let (demo, _) = images.agent_layout("runc-version");
+    let server = Server::start(&[format!("demo=oci:{}", demo.display())], &[]);
+    let log = server.log();
+    let version = Command::new("runc")
+        .arg("--version")
+        .output()
+        .expect("runc");
+    let line = String::from_utf8_lossy(&version.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(log.contains(&line), "{line}\n{log}");
+    let parsed = runloop_oci::runc::parse_version(&line).expect("a version");
+    let warned = log.contains("predates the fixes for CVE-2025-31133");
+    assert_eq!(
+        warned,
+        runloop_oci::runc::advisory(parsed).is_some(),
+        "{log}"
+    );
+    assert_eq!(server.terminate(), Some(0));
+}
+
+/// How long `terminate` takes for a container of `layout` whose agent
+/// has answered nothing yet, with the init or without it.
+fn stop_time(layout: &Path, init: bool, grace: std::time::Duration) -> std::time::Duration {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let scratch = tempfile::tempdir().expect("temp");
+        let mut config = runloop_oci::HostConfig::new(scratch.path().join("store"));
+        config.subnet = subnet().parse().expect("subnet");
+        config.grace = grace;
+        config.init = init;
+        let host = runloop_oci::Host::open(config).await.expect("host");
+        let (_, oci) = host.layout(layout, None).await.expect("layout");
+        let container = oci
+            .spawn(runloop::runtime::ContainerLimits {
+                memory: 64 << 20,
+                disk: 4 << 20,
+            })
+            .await
+            .expect("starts");
+        let started = std::time::Instant::now();
+        let reason = container.terminate().await;
+        let elapsed = started.elapsed();
+        assert!(reason.contains("the container was stopped"), "{reason}");
+        elapsed
+    })
+}
+
+#[test]
+fn an_agent_without_a_sigterm_handler_stops_at_once_under_the_init() {
+    let images = Images::get();
+    let (plain, _) = images.hog_layout("plain");
+    let grace = std::time::Duration::from_secs(3);
+    let with_init = stop_time(&plain, true, grace);
+    let as_pid_1 = stop_time(&plain, false, grace);
+    println!(
+        "stop of an agent without a SIGTERM handler: {with_init:?} under the init, {as_pid_1:?} as PID 1 (grace {grace:?})"
+    );
+    // As PID 1 the SIGTERM is dropped and the grace runs out; under the
+    // init it reaches the agent, whose default action ends it.
+    assert!(as_pid_1 >= grace, "{as_pid_1:?}");
+    assert!(with_init < grace / 3, "{with_init:?}");
 }
