@@ -180,6 +180,10 @@ pub struct Args {
     /// Containers: processes one container may have at once.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub container_pids: u32,
+    /// Containers: the OCI runtime that runs them, `runc` or `runsc`
+    /// (gVisor), found in PATH.
+    #[arg(long, value_name = "RUNTIME", value_enum, default_value_t = OciRuntimeArg::Runc)]
+    pub oci_runtime: OciRuntimeArg,
     /// Containers: the host ids their user and group ids 0..COUNT are,
     /// `START:COUNT` (their root is the host's START, an unprivileged id)
     /// [default: the `runloop` user's /etc/subuid and /etc/subgid ranges,
@@ -242,6 +246,16 @@ pub struct Args {
     /// How log lines are written (`--log-format`).
     #[command(flatten)]
     pub logs: LogArgs,
+}
+
+/// `--oci-runtime`: which OCI runtime runs the containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OciRuntimeArg {
+    /// runc: the host's kernel, namespaces, a user namespace, seccomp.
+    Runc,
+    /// runsc (gVisor): a kernel of its own in user space between the
+    /// agent and the host's.
+    Runsc,
 }
 
 /// `--exec-disk`: what the exec runtime does with a `disk` it cannot hold.
@@ -446,6 +460,11 @@ impl Args {
             config.cpus = cpus;
         }
         config.nofile = self.container_nofile;
+        config.runtime = match self.oci_runtime {
+            OciRuntimeArg::Runc => runloop_oci::runc::Kind::Runc,
+            OciRuntimeArg::Runsc => runloop_oci::runc::Kind::Runsc,
+        };
+        config.runc = PathBuf::from(config.runtime.name());
         config.init = self.container_init;
         Ok(config)
     }

@@ -118,9 +118,10 @@ pub struct Bundle<'a> {
     pub nofile: u64,
     /// Where the init is bound into the container, when it runs one.
     pub init: Option<InitMount>,
-    /// Whether to give the runtime the syscall filter (runsc has its own
-    /// kernel, and filters what it asks of the host itself).
-    pub seccomp: bool,
+    /// Whether the runtime is a sandbox with its own kernel (runsc): then
+    /// no user namespace (the sandbox takes no id mapping here) and a
+    /// sysfs of its own rather than the host's bound.
+    pub sandbox: bool,
 }
 
 /// The init binary: where it is on the host, bound read-only into the
@@ -204,7 +205,7 @@ impl Bundle<'_> {
             .unwrap_or_default()
             .into_iter()
             .map(|mount| {
-                if mount.destination() == Path::new("/sys") {
+                if mount.destination() == Path::new("/sys") && !self.sandbox {
                     MountBuilder::default()
                         .destination("/sys")
                         .typ("bind")
@@ -260,11 +261,11 @@ impl Bundle<'_> {
                     Ok(namespace)
                 }
             })
-            .chain(std::iter::once(
+            .chain((!self.sandbox).then(|| {
                 LinuxNamespaceBuilder::default()
                     .typ(LinuxNamespaceType::User)
-                    .build(),
-            ))
+                    .build()
+            }))
             .collect::<Result<Vec<_>, _>>()?;
         linux.set_namespaces(Some(namespaces));
         let mapping = |range: IdRange| {
@@ -274,15 +275,15 @@ impl Bundle<'_> {
                 .size(range.count)
                 .build()
         };
-        linux.set_uid_mappings(Some(vec![mapping(self.mapping.uids)?]));
-        linux.set_gid_mappings(Some(vec![mapping(self.mapping.gids)?]));
+        if !self.sandbox {
+            linux.set_uid_mappings(Some(vec![mapping(self.mapping.uids)?]));
+            linux.set_gid_mappings(Some(vec![mapping(self.mapping.gids)?]));
+        }
         linux.set_masked_paths(Some(MASKED.iter().map(|path| (*path).to_owned()).collect()));
         linux.set_readonly_paths(Some(
             READ_ONLY.iter().map(|path| (*path).to_owned()).collect(),
         ));
-        if self.seccomp {
-            linux.set_seccomp(Some(crate::seccomp::profile()?));
-        }
+        linux.set_seccomp(Some(crate::seccomp::profile()?));
         linux.set_cgroups_path(Some(PathBuf::from(&self.cgroup)));
         let memory = i64::try_from(self.memory).unwrap_or(i64::MAX);
         let mut limit = LinuxMemoryBuilder::default().limit(memory);
@@ -349,7 +350,7 @@ mod tests {
             init: Some(InitMount {
                 source: PathBuf::from("/store/init"),
             }),
-            seccomp: true,
+            sandbox: false,
         };
         let spec = serde_json::to_value(bundle.spec().expect("spec")).expect("json");
         assert_eq!(

@@ -177,7 +177,7 @@ impl OciRuntime {
             init: self.host.init().map(|source| bundle::InitMount {
                 source: source.to_owned(),
             }),
-            seccomp: true,
+            sandbox: self.host.runc().kind() == runc::Kind::Runsc,
         }
         .spec()
         .map_err(|error| error.to_string())?;

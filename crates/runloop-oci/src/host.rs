@@ -42,8 +42,10 @@ pub struct HostConfig {
     pub store: PathBuf,
     /// Where containers' addresses come from (a /30 each).
     pub subnet: Subnet,
-    /// The runc binary.
+    /// The OCI runtime's binary.
     pub runc: PathBuf,
+    /// Which runtime it is.
+    pub runtime: crate::runc::Kind,
     /// Time between the stop signal and SIGKILL.
     pub grace: Duration,
     /// How long an agent has to accept TCP on its port.
@@ -85,6 +87,7 @@ impl HostConfig {
             store: store.into(),
             subnet: DEFAULT_SUBNET,
             runc: PathBuf::from("runc"),
+            runtime: crate::runc::Kind::Runc,
             grace: Duration::from_secs(5),
             startup_timeout: Duration::from_secs(60),
             pids: 1024,
@@ -184,12 +187,19 @@ impl Host {
         if !uid.is_root() {
             return Err(HostError::NotRoot(uid.as_raw()));
         }
-        let runc = Runc::new(&config.runc);
+        let runc = Runc::of_kind(&config.runc, config.runtime);
+        let name = config.runtime.name();
         let version = runc.version().await.map_err(|error| {
             HostError::Missing(format!(
-                "runc does not run (install it, e.g. apt-get install runc): {error}"
+                "{name} does not run (install it, e.g. apt-get install {name}): {error}"
             ))
         })?;
+        let mut config = config;
+        if config.runtime == crate::runc::Kind::Runsc {
+            // gVisor's kernel is the boundary; its sandbox takes no id
+            // mapping from the spec here, so images keep their own owners.
+            config.ids = IdMapping::identity();
+        }
         for (tool, flag, package) in [
             ("mkfs.ext4", "-V", "e2fsprogs"),
             ("mount", "--version", "mount"),
@@ -259,6 +269,7 @@ impl Host {
         host.sweep().await?;
         info!(store = %host.store.dir().display(), subnet = %host.pool.subnet(), runc = %version, cgroups = ?host.cgroups, uids = %host.config.ids.uids, gids = %host.config.ids.gids, cpus = host.config.cpus, init = host.init.is_some(), "container host ready");
         match crate::runc::parse_version(&version) {
+            _ if host.config.runtime != crate::runc::Kind::Runc => {}
             Some(parsed) => {
                 if let Some(warning) = crate::runc::advisory(parsed) {
                     warn!(runc = %version, "{warning}");

@@ -77,18 +77,56 @@ pub fn advisory(version: (u32, u32, u32)) -> Option<String> {
     })
 }
 
-/// The runc binary.
+/// Which OCI runtime runs the containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kind {
+    /// runc: the container's processes run on the host's kernel, in
+    /// namespaces, under the syscall filter.
+    #[default]
+    Runc,
+    /// runsc (gVisor): the container's processes run on gVisor's own
+    /// kernel in user space, which alone talks to the host's. Run with
+    /// `--network=host` — the host network of the sandbox being the run's
+    /// own namespace (gVisor's netstack does not start on every kernel)
+    /// — `--oci-seccomp` (our filter, applied by gVisor's kernel) and
+    /// `--overlay2=none` (the root's writes go to the run's disk).
+    Runsc,
+}
+
+impl Kind {
+    /// The runtime's command name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Runc => "runc",
+            Kind::Runsc => "runsc",
+        }
+    }
+}
+
+/// The OCI runtime binary (runc, or runsc which takes the same commands).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Runc {
     binary: PathBuf,
+    kind: Kind,
 }
 
 impl Runc {
     /// runc at `binary` (a path, or a name looked up in `PATH`).
     pub fn new(binary: impl Into<PathBuf>) -> Runc {
+        Runc::of_kind(binary, Kind::Runc)
+    }
+
+    /// The runtime `kind` at `binary`.
+    pub fn of_kind(binary: impl Into<PathBuf>, kind: Kind) -> Runc {
         Runc {
             binary: binary.into(),
+            kind,
         }
+    }
+
+    /// Which runtime it is.
+    pub fn kind(&self) -> Kind {
+        self.kind
     }
 
     async fn run<I, S>(&self, args: I) -> Result<String, CommandError>
@@ -110,10 +148,19 @@ impl Runc {
     /// [`log`]`(bundle)`.
     pub fn run_command(&self, bundle: &Path, id: &str) -> Command {
         let mut command = Command::new(&self.binary);
+        if self.kind == Kind::Runsc {
+            command.args(["--network=host", "--oci-seccomp", "--overlay2=none"]);
+        }
         command
             .arg("--log")
             .arg(log(bundle))
-            .args(["--log-format", "json", "run", "--keep", "--bundle"])
+            .args(["--log-format", "json", "run"]);
+        // runsc has no --keep: its cgroup goes with the container.
+        if self.kind == Kind::Runc {
+            command.arg("--keep");
+        }
+        command
+            .arg("--bundle")
             .arg(bundle)
             .arg(id)
             .stdin(Stdio::null())

@@ -112,6 +112,7 @@ static long unshare_in_child(int flags) {
 }
 
 static void escape(int fd) {
+    say_file(fd, "kernel", "/proc/sys/kernel/osrelease");
     say_file(fd, "uid_map", "/proc/self/uid_map");
     say_file(fd, "gid_map", "/proc/self/gid_map");
     say_status(fd, "Seccomp");

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,9 +32,19 @@ static void send_event(int fd, const char *text);
 
 static const char *mode = "";
 
+/* Whether a failed read or write on FD may be tried again: runsc's host
+ * network (Debian's 2022 build) hands out accepted sockets that answer
+ * EAGAIN although they were never made non-blocking. */
+static int again(int fd, short events) {
+    if (errno != EAGAIN && errno != EINTR) return 0;
+    struct pollfd wait = {.fd = fd, .events = events};
+    return poll(&wait, 1, 10000) > 0;
+}
+
 static void send_all(int fd, const char *data, size_t len) {
     while (len > 0) {
         ssize_t n = write(fd, data, len);
+        if (n < 0 && again(fd, POLLOUT)) continue;
         if (n <= 0) return;
         data += n;
         len -= (size_t)n;
@@ -126,6 +137,7 @@ static void serve(int fd) {
     char *end = NULL;
     while (len < sizeof request - 1) {
         ssize_t n = read(fd, request + len, sizeof request - 1 - len);
+        if (n < 0 && again(fd, POLLIN)) continue;
         if (n <= 0) return;
         len += (size_t)n;
         request[len] = 0;
@@ -139,6 +151,7 @@ static void serve(int fd) {
     while (have < body) {
         char sink[4096];
         ssize_t n = read(fd, sink, sizeof sink);
+        if (n < 0 && again(fd, POLLIN)) continue;
         if (n <= 0) return;
         have += (size_t)n;
     }
