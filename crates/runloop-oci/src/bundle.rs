@@ -283,7 +283,7 @@ impl Bundle<'_> {
         linux.set_readonly_paths(Some(
             READ_ONLY.iter().map(|path| (*path).to_owned()).collect(),
         ));
-        linux.set_seccomp(Some(crate::seccomp::profile()?));
+        linux.set_seccomp(Some(crate::seccomp::profile(self.sandbox)?));
         linux.set_cgroups_path(Some(PathBuf::from(&self.cgroup)));
         let memory = i64::try_from(self.memory).unwrap_or(i64::MAX);
         let mut limit = LinuxMemoryBuilder::default().limit(memory);

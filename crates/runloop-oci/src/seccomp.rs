@@ -533,8 +533,12 @@ fn rule(names: &[&str], action: LinuxSeccompAction, errno: Option<u32>) -> Linux
     rule
 }
 
-/// The filter, for `linux.seccomp` in `config.json`.
-pub fn profile() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
+/// The filter, for `linux.seccomp` in `config.json`; `sandbox` for runsc,
+/// whose 2022 kernel applies every refusal as `EPERM` (it reads no
+/// `errnoRet`): there `clone3` is allowed, since an `EPERM` for it would
+/// not send libc back to `clone` (threads could not start), and the
+/// namespaces it could make are gVisor's own, not the host's.
+pub fn profile(sandbox: bool) -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
     let mut syscalls: Vec<LinuxSyscall> = ALLOWED
         .iter()
         .map(|(_, names)| rule(names, LinuxSeccompAction::ScmpActAllow, None))
@@ -575,11 +579,11 @@ pub fn profile() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
     }
     // `clone3` passes its flags in memory, where a filter cannot look:
     // "no such call" sends glibc and others back to `clone`.
-    syscalls.push(rule(
-        &["clone3"],
-        LinuxSeccompAction::ScmpActErrno,
-        Some(ENOSYS),
-    ));
+    syscalls.push(if sandbox {
+        rule(&["clone3"], LinuxSeccompAction::ScmpActAllow, None)
+    } else {
+        rule(&["clone3"], LinuxSeccompAction::ScmpActErrno, Some(ENOSYS))
+    });
     syscalls.extend(
         REFUSED
             .iter()
@@ -598,6 +602,10 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
 
+    fn profile_for_sandbox() -> LinuxSeccomp {
+        profile(true).expect("profile")
+    }
+
     #[test]
     fn no_call_is_both_allowed_and_refused_and_none_is_listed_twice() {
         let mut seen = HashSet::new();
@@ -611,7 +619,19 @@ mod tests {
 
     #[test]
     fn the_profile_refuses_by_default_and_clone_only_with_namespace_flags() {
-        let profile = serde_json::to_value(profile().expect("profile")).expect("json");
+        let profile = serde_json::to_value(profile(false).expect("profile")).expect("json");
+        let clone3 = |profile: &serde_json::Value| {
+            profile["syscalls"]
+                .as_array()
+                .expect("rules")
+                .iter()
+                .find(|rule| rule["names"] == serde_json::json!(["clone3"]))
+                .expect("clone3")["action"]
+                .clone()
+        };
+        assert_eq!(clone3(&profile), "SCMP_ACT_ERRNO");
+        let sandbox = serde_json::to_value(profile_for_sandbox()).expect("json");
+        assert_eq!(clone3(&sandbox), "SCMP_ACT_ALLOW");
         assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
         assert_eq!(profile["defaultErrnoRet"], ENOSYS);
         let rules = profile["syscalls"].as_array().expect("rules");
