@@ -55,7 +55,7 @@ pub struct HostConfig {
     /// What one image may unpack to.
     pub unpack: UnpackLimits,
     /// How much of a container's output is logged.
-    pub output: runloop::runtime::output::OutputLimit,
+    pub output: runloop_runtime::output::OutputLimit,
     /// The host ids of the containers' ids (their user namespace).
     pub ids: IdMapping,
     /// CPUs' worth of time one container may use.
@@ -95,7 +95,7 @@ impl HostConfig {
                 max_bytes: 8 << 30,
                 max_entries: 1_000_000,
             },
-            output: runloop::runtime::output::OutputLimit::default(),
+            output: runloop_runtime::output::OutputLimit::default(),
             ids: IdMapping::default_for_host(),
             cpus: default_cpus(),
             nofile: DEFAULT_NOFILE,

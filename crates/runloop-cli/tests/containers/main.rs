@@ -41,23 +41,6 @@ fn oci_runtime() -> String {
     std::env::var("RUNLOOP_TEST_OCI_RUNTIME").unwrap_or_else(|_| "runc".to_owned())
 }
 
-/// Whether `program --version` runs; when it does not, says `skipped:
-/// needs PACKAGE` (or fails, under `RUNLOOP_REQUIRE_SYSTEM=1`).
-fn have(program: &str, package: &str) -> bool {
-    let runs = Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !runs {
-        assert!(
-            std::env::var_os("RUNLOOP_REQUIRE_SYSTEM").is_none_or(|value| value != "1"),
-            "{program} is needed (package {package}) and RUNLOOP_REQUIRE_SYSTEM=1"
-        );
-        println!("skipped: needs {package}");
-    }
-    runs
-}
-
 /// A `runloop serve` with a store of its own, stopped with SIGKILL when
 /// dropped (its leftovers are then for the next server on the store). The
 /// store lives as long as this value, stopped or not.
@@ -1078,7 +1061,7 @@ fn a_hostile_image_finds_an_unprivileged_root_a_syscall_filter_and_masked_host_f
 
 #[test]
 fn a_hostile_image_under_runsc_finds_gvisors_kernel_and_the_same_controls() {
-    if have("runsc", "runsc") {
+    if runloop_testkit::needs(&[runloop_testkit::Part::program("runsc", "runsc")]) {
         a_hostile_image_is_held("runsc");
     }
 }
