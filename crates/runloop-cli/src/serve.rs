@@ -40,6 +40,7 @@ use runloop::server::{
 use runloop::tls::ServerTls;
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
 use runloop_oci::registry::{Pull, RegistryConfig};
+use runloop_oci::user::{IdMapping, IdRange};
 use runloop_oci::{Host, HostConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -195,6 +196,29 @@ pub struct Args {
     /// Containers: processes one container may have at once.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub container_pids: u32,
+    /// Containers: the OCI runtime that runs them, `runc` or `runsc`
+    /// (gVisor), found in PATH.
+    #[arg(long, value_name = "RUNTIME", value_enum, default_value_t = OciRuntimeArg::Runc)]
+    pub oci_runtime: OciRuntimeArg,
+    /// Containers: the host ids their user and group ids 0..COUNT are,
+    /// `START:COUNT` (their root is the host's START, an unprivileged id)
+    /// [default: the `runloop` user's /etc/subuid and /etc/subgid ranges,
+    /// else 2000000000:65536].
+    #[arg(long, value_name = "START:COUNT")]
+    pub container_uid_range: Option<IdRange>,
+    /// Containers: CPUs' worth of time one may use (a fraction is a share
+    /// of one CPU) [default: half the machine's CPUs, at least 1].
+    #[arg(long, value_name = "CPUS")]
+    pub container_cpus: Option<f64>,
+    /// Containers: files one container's process may have open at once
+    /// (RLIMIT_NOFILE).
+    #[arg(long, value_name = "N", default_value_t = runloop_oci::host::DEFAULT_NOFILE, value_parser = clap::value_parser!(u64).range(16..))]
+    pub container_nofile: u64,
+    /// Containers: whether the agent runs under a small init as PID 1,
+    /// which passes signals on and reaps (an agent that is PID 1 itself
+    /// ignores a SIGTERM it has no handler for).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub container_init: bool,
     /// `exec:` entries: what to do with a run's `disk`, which a host process
     /// cannot be held to. `refuse`: every exec run is refused, saying so;
     /// `unenforced`: runs go ahead, and `disk` is not held.
@@ -238,6 +262,16 @@ pub struct Args {
     /// How log lines are written (`--log-format`).
     #[command(flatten)]
     pub logs: LogArgs,
+}
+
+/// `--oci-runtime`: which OCI runtime runs the containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OciRuntimeArg {
+    /// runc: the host's kernel, namespaces, a user namespace, seccomp.
+    Runc,
+    /// runsc (gVisor): a kernel of its own in user space between the
+    /// agent and the host's.
+    Runsc,
 }
 
 /// `--exec-disk`: what the exec runtime does with a `disk` it cannot hold.
@@ -430,6 +464,24 @@ impl Args {
         )?;
         config.pids = self.container_pids;
         config.output = self.output_limit();
+        if let Some(range) = self.container_uid_range {
+            config.ids = IdMapping::both(range);
+        }
+        if let Some(cpus) = self.container_cpus {
+            if !(cpus.is_finite() && cpus >= 0.01) {
+                return Err(Failure::Argument(
+                    "--container-cpus must be a number of CPUs, at least 0.01".into(),
+                ));
+            }
+            config.cpus = cpus;
+        }
+        config.nofile = self.container_nofile;
+        config.runtime = match self.oci_runtime {
+            OciRuntimeArg::Runc => runloop_oci::runc::Kind::Runc,
+            OciRuntimeArg::Runsc => runloop_oci::runc::Kind::Runsc,
+        };
+        config.runc = PathBuf::from(config.runtime.name());
+        config.init = self.container_init;
         Ok(config)
     }
 
