@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::config::Identity;
+use super::identity::Identity;
 use super::shared::Shared;
 use crate::limits::{Limit, LimitError};
 

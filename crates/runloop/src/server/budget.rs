@@ -37,7 +37,7 @@ use std::sync::Arc;
 use runloop_proto::{ErrorKind, ErrorValue};
 
 use super::admission::release;
-use super::config::Identity;
+use super::identity::Identity;
 use super::shared::Shared;
 use crate::limits::{Limit, LimitError};
 
@@ -273,7 +273,8 @@ impl Drop for LoopClaim {
 mod tests {
     use super::*;
     use crate::runtime::Catalog;
-    use crate::server::config::{Credentials, ServerConfig};
+    use crate::server::config::ServerConfig;
+    use crate::server::identity::Credentials;
 
     #[test]
     fn mem_total_is_read_in_bytes() {

@@ -1,67 +1,15 @@
-//! The server's configuration: which credentials it accepts, who a
-//! connection is served as, its limits (protocol §3, §12), and its TLS.
+//! The server's configuration: the credentials it accepts
+//! ([`super::identity`]), its limits (protocol §3, §12), and its TLS.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use subtle::ConstantTimeEq;
-
 use super::admission::Admission;
 use super::budget::RunBudget;
+use super::identity::Credentials;
 use crate::limits::{Limit, LimitError, Limits};
 use crate::runtime::{Catalog, Registry};
 use crate::tls::ServerTls;
-
-/// Which credentials the server accepts (protocol §3).
-#[derive(Clone, PartialEq, Eq)]
-pub enum Credentials {
-    /// Any credential, empty included. Only sensible on a loopback address;
-    /// the `runloop serve` command refuses it anywhere else.
-    Any,
-    /// One of these tokens, compared in constant time.
-    Tokens(Vec<String>),
-}
-
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Credentials::Any => f.write_str("Any"),
-            Credentials::Tokens(tokens) => write!(f, "Tokens(<{} redacted>)", tokens.len()),
-        }
-    }
-}
-
-/// Who a connection is served as. It names the credential's position, never
-/// the credential, so it can be logged.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Identity(String);
-
-impl fmt::Display for Identity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl Credentials {
-    /// The identity `credential` is served as, if it is accepted. Every
-    /// configured token is compared, in constant time, whatever matches.
-    pub fn accept(&self, credential: &str) -> Option<Identity> {
-        match self {
-            Credentials::Any => Some(Identity("anonymous".to_owned())),
-            Credentials::Tokens(tokens) => {
-                let mut found = None;
-                for (index, token) in tokens.iter().enumerate() {
-                    let equal: bool = token.as_bytes().ct_eq(credential.as_bytes()).into();
-                    if equal && found.is_none() {
-                        found = Some(Identity(format!("token #{}", index + 1)));
-                    }
-                }
-                found
-            }
-        }
-    }
-}
 
 /// Connections a server serves at once unless configured otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
@@ -122,32 +70,5 @@ impl ServerConfig {
         Limit::check_grace(self.authorization_grace)?;
         self.admission.validate()?;
         self.budget.validate()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_are_matched_and_named_by_position() {
-        let credentials = Credentials::Tokens(vec!["alpha".into(), "beta".into()]);
-        assert_eq!(
-            credentials.accept("beta"),
-            Some(Identity("token #2".into()))
-        );
-        assert_eq!(credentials.accept("gamma"), None);
-        assert_eq!(credentials.accept(""), None);
-        assert_eq!(credentials.accept("alph"), None);
-        assert_eq!(
-            Credentials::Any.accept(""),
-            Some(Identity("anonymous".into()))
-        );
-    }
-
-    #[test]
-    fn debug_never_shows_tokens() {
-        let shown = format!("{:?}", Credentials::Tokens(vec!["s3cret".into()]));
-        assert!(!shown.contains("s3cret"), "{shown}");
     }
 }

@@ -56,7 +56,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::admission::{Admitted, OverAllowance};
-use super::config::Identity;
+use super::identity::Identity;
 use super::outbox::{Order, Outbox, ScopeOutbox, ServerTable, Serving};
 use super::pings::{Flood, Pings};
 use super::scope::{self, Run};

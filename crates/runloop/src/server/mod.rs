@@ -25,7 +25,7 @@
 //!                 frames counted; pings.rs its budget of control frames
 //! refusal_log.rs  refusal lines, rate limited per address
 //! mod.rs          the listener, the handle; config.rs and shared.rs what
-//!                 every connection shares
+//!                 every connection shares; identity.rs who it is served as
 //! ```
 //!
 //! Calls go one way, from the listener down to the relay: a connection
@@ -65,6 +65,7 @@ mod admission;
 mod budget;
 mod config;
 mod connection;
+mod identity;
 mod message_edges;
 mod outbox;
 mod pings;
@@ -94,7 +95,8 @@ pub use budget::{
     DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
     RunBudget, default_memory_budget,
 };
-pub use config::{Credentials, DEFAULT_MAX_CONNECTIONS, Identity, ServerConfig};
+pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
+pub use identity::{Credentials, Identity};
 pub use shared::{Stats, StatsSnapshot};
 
 use self::admission::Admitted;

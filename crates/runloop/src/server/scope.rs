@@ -33,7 +33,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span};
 
 use super::budget::{Claim, LoopClaim};
-use super::config::Identity;
+use super::identity::Identity;
 use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
 use super::{proxy_path, relay};

@@ -12,7 +12,8 @@ use tokio_util::task::TaskTracker;
 
 use super::admission::{self, TurnedAway};
 use super::budget::Claimed;
-use super::config::{Credentials, ServerConfig};
+use super::config::ServerConfig;
+use super::identity::Credentials;
 use super::refusal_log::RefusalLog;
 use crate::metrics::ServerMetrics;
 
