@@ -38,6 +38,8 @@
 //! max_loops_per_identity        1           one loop at a time for each token
 //! max_run_memory                16 MiB      an agent program with its proxy beside it
 //! memory_budget                 16 MiB      the same, for all runs together
+//! disk_budget                   16 MiB      an agent's image and scratch files, for all
+//!                                           runs together
 //! ```
 
 use std::fmt;
@@ -156,6 +158,8 @@ pub enum Limit {
     MaxRunMemory,
     /// The server's `memory_budget`.
     MemoryBudget,
+    /// The server's `disk_budget`.
+    DiskBudget,
     /// The server's `max_unauthorized`.
     MaxUnauthorized,
     /// The server's `max_connections_per_address`.
@@ -194,6 +198,7 @@ impl Limit {
             Limit::MaxLoopsPerIdentity => "max_loops_per_identity",
             Limit::MaxRunMemory => "max_run_memory",
             Limit::MemoryBudget => "memory_budget",
+            Limit::DiskBudget => "disk_budget",
             Limit::MaxUnauthorized => "max_unauthorized",
             Limit::MaxConnectionsPerAddress => "max_connections_per_address",
             Limit::MaxConnectionsPerIdentity => "max_connections_per_identity",
@@ -214,7 +219,7 @@ impl Limit {
             Limit::AuthorizationGrace | Limit::HandshakeTimeout => {
                 format!("{:?}", Limit::MIN_AUTHORIZATION_GRACE)
             }
-            Limit::MaxRunMemory | Limit::MemoryBudget => {
+            Limit::MaxRunMemory | Limit::MemoryBudget | Limit::DiskBudget => {
                 format!("{} bytes", Limit::MIN_RUN_MEMORY)
             }
             _ => Limit::MIN_COUNT.to_string(),
@@ -251,6 +256,7 @@ impl Limit {
             Limit::MaxRunMemory | Limit::MemoryBudget => {
                 "an agent program with its proxy needs a few MiB"
             }
+            Limit::DiskBudget => "an agent's image and its scratch files need a few MiB",
         }
     }
 
@@ -261,7 +267,9 @@ impl Limit {
             | Limit::MaxAuthorizationSize
             | Limit::MaxQueuedBytes
             | Limit::MaxConnectionQueuedBytes => (Limit::MIN_MESSAGE_SIZE as u64, " bytes"),
-            Limit::MaxRunMemory | Limit::MemoryBudget => (Limit::MIN_RUN_MEMORY, " bytes"),
+            Limit::MaxRunMemory | Limit::MemoryBudget | Limit::DiskBudget => {
+                (Limit::MIN_RUN_MEMORY, " bytes")
+            }
             _ => (Limit::MIN_COUNT as u64, ""),
         };
         if value >= minimum {

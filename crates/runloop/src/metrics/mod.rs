@@ -34,7 +34,7 @@ use prometheus_client::registry::Registry;
 pub use proxy::{AgentFault, ProxyLoop, ProxyMetrics, Registration};
 pub use server::{
     AuthorizationRefusal, LoopOutcome, ProxyFault, Reload, RunEnd, RunRefusal, ServerMetrics,
-    TlsFailure,
+    TenantFigures, TlsFailure,
 };
 
 /// The `Content-Type` of the exposition (the Prometheus text format 0.0.4).
