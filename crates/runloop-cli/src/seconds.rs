@@ -22,8 +22,9 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 
 /// Reads a duration of a server's configuration, the one syntax of every
 /// duration `serve` takes: a number followed by `ms`, `s`, `m` or `h`, or
-/// a bare number of seconds (`30s`, `2m`, `0.5`); more than zero (a clap
-/// value parser).
+/// a bare number of seconds (`30s`, `2m`, `0.5`); zero or more (a clap
+/// value parser: a limit's minimum is checked where the limit is, so that
+/// its refusal names the minimum).
 pub fn duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = if let Some(n) = text.strip_suffix("ms") {
@@ -41,10 +42,19 @@ pub fn duration(text: &str) -> Result<Duration, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{text:?} is not a duration (e.g. 30s, 2m, 500ms, or seconds)"))?;
-    if value.is_nan() || value <= 0.0 {
-        return Err(format!("{text:?}: a duration must be more than zero"));
+    if value.is_nan() || value < 0.0 {
+        return Err(format!("{text:?}: a duration is not negative"));
     }
     Duration::try_from_secs_f64(value * unit).map_err(|error| format!("{text:?}: {error}"))
+}
+
+/// A [`duration`] of more than zero (a clap value parser), for a timeout
+/// that has no minimum of its own.
+pub fn positive_duration(text: &str) -> Result<Duration, String> {
+    match duration(text)? {
+        Duration::ZERO => Err("the timeout must be more than zero".to_owned()),
+        positive => Ok(positive),
+    }
 }
 
 /// A duration in words: `10 s`, `0.25 s`.
@@ -81,8 +91,11 @@ mod tests {
         assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(duration("10"), Ok(Duration::from_secs(10)));
         assert_eq!(duration("1.5"), Ok(Duration::from_millis(1500)));
-        for bad in ["0", "-1s", "ten", "NaN", "inf", "", "5d", "s"] {
+        assert_eq!(duration("0"), Ok(Duration::ZERO));
+        for bad in ["-1s", "ten", "NaN", "inf", "", "5d", "s"] {
             assert!(duration(bad).is_err(), "{bad}");
         }
+        assert!(positive_duration("0s").is_err());
+        assert_eq!(positive_duration("2m"), Ok(Duration::from_secs(120)));
     }
 }

@@ -223,7 +223,7 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::seconds::duration, help_heading = "Runs and containers")]
     pub container_grace: Duration,
     /// Containers: how long an agent has to accept TCP on its port (a duration).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::seconds::duration, help_heading = "Runs and containers")]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::seconds::positive_duration, help_heading = "Runs and containers")]
     pub container_startup_timeout: Duration,
     /// Containers: processes one container may have at once.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Runs and containers")]
@@ -235,7 +235,7 @@ pub struct Args {
     pub exec_disk: ExecDisk,
     /// `exec:` entries: how long the program has to accept TCP on $PORT (a
     /// duration).
-    #[arg(long, value_name = "DURATION", value_parser = crate::seconds::duration, default_value = "60s", help_heading = "Exec")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::seconds::positive_duration, default_value = "60s", help_heading = "Exec")]
     pub startup_timeout: Duration,
     /// `exec:` entries: processes (and threads) one run may have at once
     /// (with cgroups).
