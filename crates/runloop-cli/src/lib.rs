@@ -13,7 +13,8 @@
 //! cli      the argument types, one subcommand per module
 //! run      one loop, end to end, rendered as it streams
 //! serve    the provider server and its catalog; serve_file its
-//!          configuration file, tenants included
+//!          configuration file, tenants included; limit_table its limits,
+//!          each declared once
 //! descriptors  the server's RLIMIT_NOFILE, raised, and its limits checked against it
 //! token    credentials from a file or the environment, never needed on the command line
 //! proxy    the proxy on its own
@@ -46,6 +47,7 @@ pub mod dial;
 pub mod exit;
 pub mod frames;
 pub mod json;
+pub mod limit_table;
 pub mod man;
 pub mod notes;
 pub mod process;

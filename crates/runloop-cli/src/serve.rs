@@ -30,12 +30,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runloop::admin::{self, Watched};
-use runloop::limits::{Limit, Limits};
 use runloop::runtime::output::OutputLimit;
 use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
 use runloop::server::{
-    Admission, Credentials, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_RUNS, RunBudget, Server,
-    ServerConfig, ServerHandle, Tenants, default_disk_budget, default_memory_budget,
+    Credentials, RunBudget, Server, ServerConfig, ServerHandle, Tenants, default_disk_budget,
 };
 use runloop::tls::ServerTls;
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
@@ -46,6 +44,7 @@ use tracing::{info, warn};
 
 use crate::descriptors::{self, Holds, Load};
 use crate::exit::{Exit, Failure};
+use crate::limit_table::{LimitArgs, option};
 use crate::process::{LogArgs, block_on, init_logs_as, shutdown_signal};
 use crate::{serve_file, token};
 
@@ -94,92 +93,9 @@ pub struct Args {
         help_heading = "Authorization and tenants"
     )]
     pub token_files: Vec<PathBuf>,
-    /// The largest message a connection may send, bytes (K/M/G suffixes;
-    /// at least 4K).
-    #[arg(long, default_value = "16M", value_parser = bytes, help_heading = "Limits")]
-    pub max_message_size: u64,
-    /// Open scopes (runs) per connection (at least 1).
-    #[arg(long, default_value_t = Limits::default().max_scopes, help_heading = "Limits")]
-    pub max_scopes: usize,
-    /// Open channels per scope (at least 1).
-    #[arg(long, default_value_t = Limits::default().max_channels, help_heading = "Limits")]
-    pub max_channels: usize,
-    /// Responses one loop may have queued for a slow caller before the
-    /// server stops reading its proxy (at least 1).
-    #[arg(long, default_value_t = Limits::default().max_queued_responses, help_heading = "Limits")]
-    pub max_queued_responses: usize,
-    /// Bytes one loop may have queued for a slow caller before the server
-    /// stops reading its proxy (K/M/G suffixes; at least 4K; a larger
-    /// chunk still goes, alone).
-    #[arg(long, default_value = "256K", value_parser = bytes, help_heading = "Limits")]
-    pub max_queued_bytes: u64,
-    /// Bytes all loops of one connection together may have queued for a
-    /// slow caller (K/M/G suffixes; at least 4K).
-    #[arg(long, default_value = "16M", value_parser = bytes, help_heading = "Limits")]
-    pub max_connection_queued_bytes: u64,
-    /// How long a new connection may take to authorize before it is closed
-    /// (`10s`, `2m`, a bare number is seconds; at least 1s).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::seconds::duration, help_heading = "Limits")]
-    pub authorization_grace: Duration,
-    /// Connections served at once; one more is closed at once with close
-    /// code 1013 (try again later) and a reason (at least 1).
-    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, help_heading = "Limits")]
-    pub max_connections: usize,
-    /// Connections not yet authorized, at once (those turned away with
-    /// 1013 included); one more is closed at once, nothing of it read (at
-    /// least 1).
-    #[arg(long, default_value_t = Admission::default().max_unauthorized, help_heading = "Limits")]
-    pub max_unauthorized: usize,
-    /// Connections from one IP address, authorized or not; one more is
-    /// closed at once, nothing of it read (at least 1).
-    #[arg(long, default_value_t = Admission::default().max_connections_per_address, help_heading = "Limits")]
-    pub max_connections_per_address: usize,
-    /// Authorized connections of one tenant unless its quota says
-    /// otherwise, and never over half of --max-connections; one more is
-    /// closed with close code 1013 and a reason (at least 1; without tokens
-    /// every caller is one tenant, held by --max-connections alone).
-    #[arg(long, default_value_t = Admission::default().max_connections_per_identity, help_heading = "Limits")]
-    pub max_connections_per_identity: usize,
-    /// How long a new connection may take for its TCP connection and
-    /// WebSocket handshake (a duration; at least 1s).
-    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = crate::seconds::duration, help_heading = "Limits")]
-    pub handshake_timeout: Duration,
-    /// The largest message before authorization, bytes (K/M/G suffixes; at
-    /// least 4K); a larger one closes the connection, never read whole.
-    #[arg(long, default_value = "64K", value_parser = bytes, help_heading = "Limits")]
-    pub max_authorization_size: u64,
-    /// Runs held at once, server-wide; one more is refused with an error
-    /// naming the limit (at least 1).
-    #[arg(long, default_value_t = DEFAULT_MAX_RUNS, help_heading = "Limits")]
-    pub max_runs: usize,
-    /// Runs one tenant may hold at once unless its quota says otherwise,
-    /// and never over half of --max-runs (at least 1; without tokens every
-    /// caller is one tenant, held by --max-runs alone).
-    #[arg(long, default_value_t = RunBudget::default().max_runs_per_identity, help_heading = "Limits")]
-    pub max_runs_per_identity: usize,
-    /// Loops (run-loop channels) one tenant may have served at once, over
-    /// all its runs, unless its quota says otherwise; one more is answered
-    /// with an error naming the limit (at least 1; without tokens every
-    /// caller is one tenant, held by --max-runs and --max-channels alone).
-    #[arg(long, default_value_t = RunBudget::default().max_loops_per_identity, help_heading = "Limits")]
-    pub max_loops_per_identity: usize,
-    /// The largest `memory` a run may ask for, bytes (K/M/G suffixes; at
-    /// least 16M).
-    #[arg(long, default_value = "4G", value_parser = bytes, help_heading = "Limits")]
-    pub max_run_memory: u64,
-    /// The largest `disk` a run may ask for, bytes (K/M/G suffixes).
-    #[arg(long, default_value = "16G", value_parser = bytes, help_heading = "Limits")]
-    pub max_run_disk: u64,
-    /// The most the `memory` of all runs held may add up to, bytes (K/M/G
-    /// suffixes; at least 16M); a tenant holds half at most unless its
-    /// quota says otherwise [default: 3/4 of MemTotal in /proc/meminfo].
-    #[arg(long, value_name = "SIZE", value_parser = bytes, help_heading = "Limits")]
-    pub memory_budget: Option<u64>,
-    /// The most the `disk` of all runs held may add up to, bytes (K/M/G
-    /// suffixes; at least 16M); a tenant holds half at most unless its
-    /// quota says otherwise [default: 3/4 of the filesystem of --store].
-    #[arg(long, value_name = "SIZE", value_parser = bytes, help_heading = "Limits")]
-    pub disk_budget: Option<u64>,
+    /// The limits, from the one table of them ([`crate::limit_table`]).
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// An image the server runs (repeatable):
     /// `NAME[@DIGEST]=builtin:demo | exec:PROGRAM [ARGS…] | proxy:ws://HOST:PORT | oci:DIR`.
     /// A DIGEST pins the image; without one any well-formed digest is accepted,
@@ -283,31 +199,6 @@ pub enum ExecDisk {
     Unenforced,
 }
 
-/// The option that sets `limit`.
-fn option(limit: Limit) -> &'static str {
-    match limit {
-        Limit::MaxMessageSize => "--max-message-size",
-        Limit::MaxScopes => "--max-scopes",
-        Limit::MaxChannels => "--max-channels",
-        Limit::MaxQueuedResponses => "--max-queued-responses",
-        Limit::MaxQueuedBytes => "--max-queued-bytes",
-        Limit::MaxConnectionQueuedBytes => "--max-connection-queued-bytes",
-        Limit::MaxConnections => "--max-connections",
-        Limit::AuthorizationGrace => "--authorization-grace",
-        Limit::MaxRuns => "--max-runs",
-        Limit::MaxRunsPerIdentity => "--max-runs-per-identity",
-        Limit::MaxLoopsPerIdentity => "--max-loops-per-identity",
-        Limit::MaxRunMemory => "--max-run-memory",
-        Limit::MemoryBudget => "--memory-budget",
-        Limit::DiskBudget => "--disk-budget",
-        Limit::MaxUnauthorized => "--max-unauthorized",
-        Limit::MaxConnectionsPerAddress => "--max-connections-per-address",
-        Limit::MaxConnectionsPerIdentity => "--max-connections-per-identity",
-        Limit::HandshakeTimeout => "--handshake-timeout",
-        Limit::MaxAuthorizationSize => "--max-authorization-size",
-    }
-}
-
 /// A byte count with an optional K, M or G suffix.
 pub fn bytes(text: &str) -> Result<u64, String> {
     runloop_bench::parse_bytes(text)
@@ -356,7 +247,7 @@ impl Args {
         // caller later.
         config
             .validate()
-            .map_err(|error| Failure::Argument(error.named(option(error.limit))))?;
+            .map_err(|error| Failure::Argument(error.named(&option(error.limit))))?;
         Ok(config)
     }
 
@@ -413,41 +304,10 @@ impl Args {
             }
             catalog
         };
-        let grace = self.authorization_grace;
         let mut config = ServerConfig::new(credentials, catalog);
         config.tls = tls;
-        config.authorization_grace = grace;
-        config.max_connections = self.max_connections;
-        config.limits = Limits {
-            max_message_size: usize::try_from(self.max_message_size)
-                .map_err(|_| Failure::Argument("--max-message-size is too large".into()))?,
-            max_scopes: self.max_scopes,
-            max_channels: self.max_channels,
-            max_queued_responses: self.max_queued_responses,
-            max_queued_bytes: usize::try_from(self.max_queued_bytes)
-                .map_err(|_| Failure::Argument("--max-queued-bytes is too large".into()))?,
-            max_connection_queued_bytes: usize::try_from(self.max_connection_queued_bytes)
-                .map_err(|_| {
-                    Failure::Argument("--max-connection-queued-bytes is too large".into())
-                })?,
-        };
-        config.admission = Admission {
-            max_unauthorized: self.max_unauthorized,
-            max_connections_per_address: self.max_connections_per_address,
-            max_connections_per_identity: self.max_connections_per_identity,
-            handshake_timeout: self.handshake_timeout,
-            max_authorization_size: usize::try_from(self.max_authorization_size)
-                .map_err(|_| Failure::Argument("--max-authorization-size is too large".into()))?,
-        };
-        config.budget = RunBudget {
-            max_runs: self.max_runs,
-            max_runs_per_identity: self.max_runs_per_identity,
-            max_loops_per_identity: self.max_loops_per_identity,
-            max_run_memory: self.max_run_memory,
-            max_run_disk: self.max_run_disk,
-            memory_budget: self.memory_budget.unwrap_or_else(default_memory_budget),
-            disk_budget: self.disk_budget(),
-        };
+        config.budget.disk_budget = self.default_disk_budget();
+        self.limits.apply(&mut config);
         Ok(config)
     }
 
@@ -470,9 +330,9 @@ impl Args {
                     config
                         .faults()
                         .iter()
-                        .map(|error| error.named(option(error.limit))),
+                        .map(|error| error.named(&option(error.limit))),
                 );
-                if let Err(error) = self.descriptors(identities(&config.credentials)) {
+                if let Err(error) = self.descriptors(&config) {
                     faults.push(error.to_string());
                 }
             }
@@ -496,11 +356,10 @@ impl Args {
         }
     }
 
-    /// The disk budget: `--disk-budget`, or 3/4 of the store's filesystem.
-    fn disk_budget(&self) -> u64 {
-        self.disk_budget.unwrap_or_else(|| {
-            default_disk_budget(&self.store.clone().unwrap_or_else(HostConfig::default_store))
-        })
+    /// The disk budget without `--disk-budget`: 3/4 of the store's
+    /// filesystem.
+    fn default_disk_budget(&self) -> u64 {
+        default_disk_budget(&self.store.clone().unwrap_or_else(HostConfig::default_store))
     }
 
     /// The container host's configuration.
@@ -562,15 +421,15 @@ impl Args {
     }
 
     /// The descriptors the server may open, raised to the hard limit, if
-    /// its limits fit in them; `identities` are the credentials it knows.
-    fn descriptors(&self, identities: usize) -> Result<u64, Failure> {
+    /// the limits of `config` fit in them.
+    fn descriptors(&self, config: &ServerConfig) -> Result<u64, Failure> {
         let limit = descriptors::raise().map_err(Failure::Runtime)?;
         let load = Load {
-            connections: self.max_connections as u64,
-            unauthorized: self.max_unauthorized as u64,
-            runs: self.max_runs as u64,
-            loops_per_identity: self.max_loops_per_identity as u64,
-            identities: identities.max(1) as u64,
+            connections: config.max_connections as u64,
+            unauthorized: config.admission.max_unauthorized as u64,
+            runs: config.budget.max_runs as u64,
+            loops_per_identity: config.budget.max_loops_per_identity as u64,
+            identities: identities(&config.credentials).max(1) as u64,
             holds: if !self.agents.is_empty()
                 && self
                     .agents
@@ -589,18 +448,19 @@ impl Args {
     /// Logs what the operator should know of this server's bounds; with
     /// `exec:` entries, finds how their programs are held (and removes
     /// the runs of servers killed before) now, before anything runs.
-    fn say_how(&self, descriptors: u64, exec: bool) {
+    fn say_how(&self, budget: &RunBudget, descriptors: u64, exec: bool) {
         if !self.tokens.is_empty() {
             warn!("{}", token::COMMAND_LINE_WARNING);
         }
         info!(descriptors, "descriptor limit");
         info!(
-            max_runs = self.max_runs,
-            max_runs_per_identity = self.max_runs_per_identity,
-            max_loops_per_identity = self.max_loops_per_identity,
-            max_run_memory = self.max_run_memory,
-            max_run_disk = self.max_run_disk,
-            memory_budget = self.memory_budget.unwrap_or_else(default_memory_budget),
+            max_runs = budget.max_runs,
+            max_runs_per_identity = budget.max_runs_per_identity,
+            max_loops_per_identity = budget.max_loops_per_identity,
+            max_run_memory = budget.max_run_memory,
+            max_run_disk = budget.max_run_disk,
+            memory_budget = budget.memory_budget,
+            disk_budget = budget.disk_budget,
             "run budget"
         );
         if !exec {
@@ -659,7 +519,7 @@ impl Args {
     fn serve(&self, out: &mut impl Write, reload: Option<Reloading>) -> Result<Exit, Failure> {
         let mut config = self.config()?;
         let drain_timeout = self.drain_timeout;
-        let descriptors = self.descriptors(identities(&config.credentials))?;
+        let descriptors = self.descriptors(&config)?;
         let _logs = init_logs_as("info", self.logs.log_format);
         let exec = self
             .agents
@@ -674,7 +534,7 @@ impl Args {
                     "serving image"
                 );
             }
-            self.say_how(descriptors, exec);
+            self.say_how(&config.budget, descriptors, exec);
             let server = Server::bind(self.listen, config)
                 .await
                 .map_err(|error| Failure::bind(self.listen, error))?;

@@ -393,3 +393,21 @@ fn the_table_of_error_kinds_is_the_error_kind_enum() {
         "docs/protocol.md §12 lists every ErrorKind, in order"
     );
 }
+
+#[test]
+fn the_tables_of_limits_are_made_from_the_one_table() {
+    let table = runloop_cli::limit_table::markdown();
+    for doc in ["README.md", "docs/operating.md"] {
+        let text = read(doc);
+        let (_, rest) = text
+            .split_once("<!-- limits: begin -->\n")
+            .unwrap_or_else(|| panic!("{doc} has no table of limits"));
+        let (shown, _) = rest
+            .split_once("<!-- limits: end -->")
+            .unwrap_or_else(|| panic!("{doc}: the table of limits does not end"));
+        assert!(
+            shown == table,
+            "{doc}'s table of limits is not crates/runloop-cli/src/limit_table.rs; it is:\n{table}"
+        );
+    }
+}
