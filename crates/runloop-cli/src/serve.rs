@@ -428,7 +428,9 @@ impl Args {
             connections: config.max_connections as u64,
             unauthorized: config.admission.max_unauthorized as u64,
             runs: config.budget.max_runs as u64,
-            loops_per_identity: config.budget.max_loops_per_identity as u64,
+            // A tenant's max-loops may be over the flag's: the most any
+            // tenant may hold, for each of them.
+            loops_per_identity: loops_per_tenant(config),
             identities: identities(&config.credentials).max(1) as u64,
             holds: if !self.agents.is_empty()
                 && self
@@ -641,6 +643,27 @@ async fn drain(
     }
     handle.shutdown();
     let _ = serving.await;
+}
+
+/// The most loops one tenant of `config` may hold: the largest of their
+/// max-loops (the per-identity limit when no tenant is configured).
+fn loops_per_tenant(config: &ServerConfig) -> u64 {
+    let tenants = match &config.credentials {
+        Credentials::Tenants(tenants) => tenants.clone(),
+        Credentials::Tokens(tokens) => Tenants::from_tokens(tokens.iter().map(String::as_str)),
+        Credentials::Any => Tenants::default(),
+    };
+    let defaults = runloop::server::Shares::of(&tenants.defaults, config).max_loops;
+    tenants
+        .tenants
+        .iter()
+        .map(|tenant| {
+            runloop::server::Shares::of(&tenant.quota.or(tenants.defaults), config).max_loops
+        })
+        .fold(
+            defaults.max(config.budget.max_loops_per_identity),
+            usize::max,
+        ) as u64
 }
 
 /// How many identities `credentials` make (the descriptors' count).
