@@ -441,27 +441,7 @@ mod tests {
 
     #[test]
     fn every_library_limit_has_a_row_and_no_key_is_twice() {
-        for limit in [
-            Limit::MaxMessageSize,
-            Limit::MaxScopes,
-            Limit::MaxChannels,
-            Limit::MaxQueuedResponses,
-            Limit::MaxQueuedBytes,
-            Limit::MaxConnectionQueuedBytes,
-            Limit::MaxConnections,
-            Limit::AuthorizationGrace,
-            Limit::MaxRuns,
-            Limit::MaxRunsPerIdentity,
-            Limit::MaxLoopsPerIdentity,
-            Limit::MaxRunMemory,
-            Limit::MemoryBudget,
-            Limit::DiskBudget,
-            Limit::MaxUnauthorized,
-            Limit::MaxConnectionsPerAddress,
-            Limit::MaxConnectionsPerIdentity,
-            Limit::HandshakeTimeout,
-            Limit::MaxAuthorizationSize,
-        ] {
+        for &limit in Limit::ALL {
             assert!(option(limit).starts_with("--"), "{limit}");
             // The key is the library's name, spelled as an option.
             assert_eq!(
