@@ -8,7 +8,7 @@
 //! a typo, a bad size and an unreadable token file; flags over the file;
 //! `--print-config` as a file that checks out.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
