@@ -76,8 +76,7 @@ pub struct Row {
     pub default: Option<&'static str>,
     /// What it bounds, and what happens past it.
     pub help: &'static str,
-    /// Whether SIGHUP applies a change to it (no server-wide limit does
-    /// yet; the tenants' quotas do).
+    /// Whether SIGHUP applies a change to it (to what comes next).
     pub live: bool,
     /// Puts a value where the server's configuration holds it.
     pub set: fn(&mut ServerConfig, Value),
@@ -181,7 +180,7 @@ pub static LIMITS: [Row; 20] = [
         unit: Unit::Count,
         default: Some("256"),
         help: "Authorized connections of one tenant unless its quota says otherwise, and never over half of --max-connections; one more is closed with close code 1013 and a reason (without tokens every caller is one tenant, held by --max-connections alone)",
-        live: false,
+        live: true,
         set: |c, v| c.admission.max_connections_per_identity = v.count(),
     },
     Row {
@@ -217,7 +216,7 @@ pub static LIMITS: [Row; 20] = [
         unit: Unit::Count,
         default: Some("64"),
         help: "Runs one tenant may hold at once unless its quota says otherwise, and never over half of --max-runs (without tokens every caller is one tenant, held by --max-runs alone)",
-        live: false,
+        live: true,
         set: |c, v| c.budget.max_runs_per_identity = v.count(),
     },
     Row {
@@ -226,7 +225,7 @@ pub static LIMITS: [Row; 20] = [
         unit: Unit::Count,
         default: Some("128"),
         help: "Loops (run-loop channels) one tenant may have served at once, over all its runs, unless its quota says otherwise; one more is answered with an error naming the limit (without tokens every caller is one tenant, held by --max-runs and --max-channels alone)",
-        live: false,
+        live: true,
         set: |c, v| c.budget.max_loops_per_identity = v.count(),
     },
     Row {

@@ -33,7 +33,8 @@ use runloop::admin::{self, Watched};
 use runloop::runtime::output::OutputLimit;
 use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
 use runloop::server::{
-    Credentials, RunBudget, Server, ServerConfig, ServerHandle, Tenants, default_disk_budget,
+    Credentials, PerIdentity, RunBudget, Server, ServerConfig, ServerHandle, Tenants,
+    default_disk_budget,
 };
 use runloop::tls::ServerTls;
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
@@ -714,8 +715,14 @@ struct Reloading {
     effective: std::collections::BTreeMap<String, String>,
 }
 
-/// The keys a SIGHUP applies; every other key needs a restart.
+/// The keys a SIGHUP applies besides the limits marked live in
+/// [`crate::limit_table`]; every other key needs a restart.
 const LIVE_KEYS: [&str; 2] = ["token", "token-file"];
+
+/// Whether SIGHUP applies a change to `key`.
+fn live(key: &str) -> bool {
+    LIVE_KEYS.contains(&key) || crate::limit_table::row(key).is_some_and(|row| row.live)
+}
 
 impl Reloading {
     /// Reads the file again and applies its tenants, tokens and quotas;
@@ -748,7 +755,20 @@ impl Reloading {
                 return;
             }
         };
-        match handle.set_tenants(tenants) {
+        // The per-identity limits apply to what a tenant leaves out.
+        let config = match args.unchecked_config() {
+            Ok(config) => config,
+            Err(error) => {
+                warn!(%error, "SIGHUP: nothing changed");
+                return;
+            }
+        };
+        let per_identity = PerIdentity {
+            max_connections: config.admission.max_connections_per_identity,
+            max_runs: config.budget.max_runs_per_identity,
+            max_loops: config.budget.max_loops_per_identity,
+        };
+        match handle.set_tenants(tenants, per_identity) {
             Ok(changes) if changes.is_empty() => info!("SIGHUP: tenants and quotas unchanged"),
             Ok(changes) => {
                 for change in changes {
@@ -762,7 +782,7 @@ impl Reloading {
         }
         let now = serve_file::effective(&matches);
         for (key, value) in &now {
-            if !LIVE_KEYS.contains(&key.as_str()) && self.effective.get(key) != Some(value) {
+            if !live(key) && self.effective.get(key) != Some(value) {
                 warn!(
                     key,
                     "SIGHUP: changed in the file, but applies only after a restart; the value \

@@ -101,7 +101,7 @@ pub use identity::{
     TokenHashError,
 };
 pub use runloop_metrics::StatsSnapshot;
-pub use shared::{Shares, Stats, TenantChange};
+pub use shared::{PerIdentity, Shares, Stats, TenantChange};
 
 use self::admission::Admitted;
 use self::shared::Shared;
@@ -327,9 +327,15 @@ impl ServerHandle {
     /// next authorization and the next run or loop on: a removed token's
     /// open connections keep running, new ones are refused. Returns what
     /// changed, a line each (tenant names, counts of tokens and shares,
-    /// never a token); an error changes nothing.
-    pub fn set_tenants(&self, tenants: Tenants) -> Result<Vec<String>, TenantChange> {
-        self.shared.set_tenants(tenants)
+    /// never a token); an error changes nothing. `per_identity` replaces
+    /// the configuration's per-identity limits for what a tenant leaves
+    /// out.
+    pub fn set_tenants(
+        &self,
+        tenants: Tenants,
+        per_identity: PerIdentity,
+    ) -> Result<Vec<String>, TenantChange> {
+        self.shared.set_tenants(tenants, per_identity)
     }
 
     /// Each tenant's shares, by name (none when any credential is accepted).

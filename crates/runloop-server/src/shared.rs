@@ -17,6 +17,7 @@ use super::config::ServerConfig;
 use super::identity::{ANONYMOUS, Credentials, Identity, Quota, TenantError, Tenants, TokenHash};
 use super::refusal_log::RefusalLog;
 use runloop_metrics::{ServerMetrics, StatsSnapshot};
+use runloop_wire::limits::LimitError;
 
 /// Live counts of what the server holds; every one returns to zero when
 /// the connections that caused it are gone.
@@ -253,12 +254,28 @@ impl Table {
     }
 }
 
+/// The per-identity limits a reload of the tenants may change: what a
+/// tenant holds when neither its quota nor the defaults say (each still
+/// at most its fair share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerIdentity {
+    /// `max_connections_per_identity`.
+    pub max_connections: usize,
+    /// `max_runs_per_identity`.
+    pub max_runs: usize,
+    /// `max_loops_per_identity`.
+    pub max_loops: usize,
+}
+
 /// Why a reload of the tenants was not applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TenantChange {
     /// The tenants do not validate.
     #[error(transparent)]
     Invalid(#[from] TenantError),
+    /// A per-identity limit below its minimum.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
     /// The server accepts any credential; tokens need a restart.
     #[error(
         "this server was started without tokens (any credential accepted); tokens and tenants need a restart"
@@ -367,12 +384,23 @@ impl Shared {
     /// Replaces the tenants with `tenants`, from the next authorization
     /// and the next claim on: what changed, a line each; or why nothing
     /// did.
-    pub(crate) fn set_tenants(&self, tenants: Tenants) -> Result<Vec<String>, TenantChange> {
+    pub(crate) fn set_tenants(
+        &self,
+        tenants: Tenants,
+        per_identity: PerIdentity,
+    ) -> Result<Vec<String>, TenantChange> {
         if !self.per_identity {
             return Err(TenantChange::Any);
         }
         tenants.validate()?;
-        let table = Table::new(Some(tenants), &self.config);
+        let mut config = self.config.clone();
+        config.admission.max_connections_per_identity = per_identity.max_connections;
+        config.budget.max_runs_per_identity = per_identity.max_runs;
+        config.budget.max_loops_per_identity = per_identity.max_loops;
+        if let Some(fault) = config.faults().into_iter().next() {
+            return Err(TenantChange::Limit(fault));
+        }
+        let table = Table::new(Some(tenants), &config);
         for name in table.shares.keys() {
             self.metrics.tenant(name);
         }

@@ -479,7 +479,7 @@ fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied()
     write(
         &config,
         &format!(
-            "max-runs = 8\n\
+            "max-runs = 8\nmax-runs-per-identity = 3\n\
              [[tenant]]\nname = \"alice\"\ntoken-file = \"alice.tokens\"\nmax-runs = 2\n\
              [[tenant]]\nname = \"bob\"\ntokens = [\"{}\"]\n",
             hash("b1")
@@ -493,6 +493,14 @@ fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied()
     ]);
     server.wait_for(&["SIGHUP: applied", "tenant alice: max-runs 1 -> 2"]);
     server.wait_for(&["max-runs", "applies only after a restart"]);
+    // A per-identity limit is applied: the defaults' runs were half of
+    // max-runs 16, and are now the 3 the file says.
+    server.wait_for(&["SIGHUP: applied", "tenant-defaults: max-runs 8 -> 3"]);
+    assert!(
+        !server.logs().contains("key=\"max-runs-per-identity\""),
+        "{}",
+        server.logs()
+    );
     rt.block_on(async {
         // The removed token's open connection keeps running, under the
         // new quota; a new connection with it is refused.
