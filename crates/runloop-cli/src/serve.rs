@@ -7,6 +7,10 @@
 //! (`--allow-plaintext`): tokens and loops would otherwise cross the
 //! network in the clear. Tokens come from `--token-file` or
 //! `RUNLOOP_TOKEN`; `--token` works but is warned about ([`crate::token`]).
+//! Every token is a tenant with a fair share of the server (half of each
+//! budget by default); a configuration file (`--config`, [`crate::serve_file`])
+//! names tenants with their own tokens and quotas, and holds every option
+//! as a key; the limits are declared once, in [`crate::limit_table`].
 //! At startup the server raises its descriptor limit and refuses limits
 //! that do not fit in it ([`crate::descriptors`]), and with `exec:` entries
 //! it says how their programs are held (a cgroup each, or what is not
@@ -20,7 +24,11 @@
 //! connections it has are served until they end, for `--drain-timeout` at
 //! most. Then, or on a second signal, it shuts down: every run ends (loops
 //! end with the server's error, containers stop, scopes finish) and every
-//! connection closes. SIGHUP reloads the TLS certificate and key.
+//! connection closes. SIGHUP reloads the TLS certificate and key and, with
+//! `--config`, the file: tenants, tokens, quotas and the per-identity
+//! limits are applied to what comes next; the log names every other key
+//! that changed as needing a restart; a file that does not validate
+//! changes nothing.
 
 use std::future::Future;
 use std::io::Write;

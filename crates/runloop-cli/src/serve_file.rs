@@ -445,7 +445,8 @@ pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
             (ArgAction::SetTrue, _) => format!("{key} = false"),
             (ArgAction::Append, _) => format!("{key} = []"),
             (_, [one]) => format!("{key} = {}", toml_value(one)),
-            _ => format!("{key} =   # no default"),
+            // Made at startup, or unset: the help says which.
+            _ => format!("{key} = …  (see above)"),
         };
         writeln!(out, "# {line}")?;
     }

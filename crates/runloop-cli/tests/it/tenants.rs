@@ -577,8 +577,16 @@ fn check_config_reports_every_fault_at_once() {
         example.to_str().expect("a path"),
         "--max-runs",
         "3",
+        "--token",
+        "hunter2-on-the-command-line",
     ]);
     assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
+    // The effective configuration never shows a token.
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+    assert!(
+        stdout.contains("token = [\"<redacted>\"]  # command line"),
+        "{stdout}"
+    );
     for line in [
         "max-runs = 3  # command line",
         "memory-budget = \"8G\"  # file",
@@ -603,7 +611,7 @@ fn print_config_uncommented_is_a_valid_configuration() {
             && setting
                 .split_once(" = ")
                 .is_some_and(|(key, _)| key.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
-            && !setting.contains("no default")
+            && !setting.contains("(see above)")
         {
             file.push_str(setting);
             file.push('\n');
