@@ -25,7 +25,7 @@
 //!                 frames counted; pings.rs its budget of control frames
 //! refusal_log.rs  refusal lines, rate limited per address
 //! mod.rs          the listener, the handle; config.rs and shared.rs what
-//!                 every connection shares
+//!                 every connection shares; identity.rs who it is served as
 //! ```
 //!
 //! Calls go one way, from the listener down to the relay: a connection
@@ -93,12 +93,15 @@ use tracing::{info, warn};
 pub use admission::Admission;
 pub use budget::{
     DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
-    RunBudget, default_memory_budget,
+    RunBudget, default_disk_budget, default_memory_budget,
 };
 pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
-pub use identity::{Credentials, Identity};
+pub use identity::{
+    ANONYMOUS, Credentials, Identity, Quota, Tenant, TenantError, Tenants, TokenHash,
+    TokenHashError,
+};
 pub use runloop_metrics::StatsSnapshot;
-pub use shared::Stats;
+pub use shared::{PerIdentity, Shares, Stats, TenantChange};
 
 use self::admission::{Admitted, TurnedAway};
 use self::shared::Shared;
@@ -115,6 +118,9 @@ pub enum BindError {
     /// A limit of the configuration is below its minimum.
     #[error("the server's configuration would serve nobody: {0}")]
     Limit(#[source] LimitError),
+    /// The tenants do not validate.
+    #[error("the server's tenants cannot be served: {0}")]
+    Tenants(#[source] TenantError),
     /// The address could not be listened on.
     #[error("cannot listen: {0}")]
     Listen(#[source] io::Error),
@@ -139,6 +145,9 @@ impl Server {
     /// Checks the configuration ([`ServerConfig::validate`]) and binds `addr`.
     pub async fn bind(addr: impl ToSocketAddrs, config: ServerConfig) -> Result<Server, BindError> {
         config.validate().map_err(BindError::Limit)?;
+        if let Some(tenants) = config.credentials.tenants() {
+            tenants.validate().map_err(BindError::Tenants)?;
+        }
         let listener = TcpListener::bind(addr).await.map_err(BindError::Listen)?;
         let addr = listener.local_addr().map_err(BindError::Listen)?;
         let shared = Arc::new(Shared::new(config));
@@ -337,6 +346,26 @@ impl ServerHandle {
         reloaded.map(|()| true)
     }
 
+    /// Replaces the server's tenants, their tokens and quotas, from the
+    /// next authorization and the next run or loop on: a removed token's
+    /// open connections keep running, new ones are refused. Returns what
+    /// changed, a line each (tenant names, counts of tokens and shares,
+    /// never a token); an error changes nothing. `per_identity` replaces
+    /// the configuration's per-identity limits for what a tenant leaves
+    /// out.
+    pub fn set_tenants(
+        &self,
+        tenants: Tenants,
+        per_identity: PerIdentity,
+    ) -> Result<Vec<String>, TenantChange> {
+        self.shared.set_tenants(tenants, per_identity)
+    }
+
+    /// Each tenant's shares, by name (none when any credential is accepted).
+    pub fn tenant_shares(&self) -> Vec<(String, Shares)> {
+        self.shared.all_shares()
+    }
+
     /// Serves one caller's connection that reached the server some other way
     /// than its listener: any byte stream, from the WebSocket handshake on
     /// (an in-memory pipe in tests and fuzzing, a socket accepted elsewhere).
@@ -490,6 +519,7 @@ mod tests {
             Limit::MaxLoopsPerIdentity,
             Limit::MaxRunMemory,
             Limit::MemoryBudget,
+            Limit::DiskBudget,
             Limit::MaxUnauthorized,
             Limit::MaxConnectionsPerAddress,
             Limit::MaxConnectionsPerIdentity,
@@ -516,6 +546,7 @@ mod tests {
                 Limit::MaxLoopsPerIdentity => config.budget.max_loops_per_identity = 0,
                 Limit::MaxRunMemory => config.budget.max_run_memory = Limit::MIN_RUN_MEMORY - 1,
                 Limit::MemoryBudget => config.budget.memory_budget = 0,
+                Limit::DiskBudget => config.budget.disk_budget = Limit::MIN_RUN_MEMORY - 1,
                 Limit::MaxUnauthorized => config.admission.max_unauthorized = 0,
                 Limit::MaxConnectionsPerAddress => {
                     config.admission.max_connections_per_address = 0;
@@ -564,6 +595,7 @@ mod tests {
             max_run_memory: Limit::MIN_RUN_MEMORY,
             max_run_disk: 0,
             memory_budget: Limit::MIN_RUN_MEMORY,
+            disk_budget: Limit::MIN_RUN_MEMORY,
         };
         assert!(Server::bind("127.0.0.1:0", least).await.is_ok());
     }
