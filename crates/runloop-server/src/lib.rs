@@ -96,12 +96,13 @@ pub use budget::{
     RunBudget, default_disk_budget, default_memory_budget,
 };
 pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
+pub use identity::Shares;
 pub use identity::{
     ANONYMOUS, Credentials, Identity, Quota, Tenant, TenantError, Tenants, TokenHash,
     TokenHashError,
 };
 pub use runloop_metrics::StatsSnapshot;
-pub use shared::{PerIdentity, Shares, Stats, TenantChange};
+pub use shared::{PerIdentity, Stats, TenantChange};
 
 use self::admission::{Admitted, TurnedAway};
 use self::shared::Shared;
@@ -193,7 +194,7 @@ impl Server {
         let refusals = Arc::new(Semaphore::new(REFUSALS));
         // A shutdown cancels the drain too: either stops the accepting.
         let accepting = listener::accept_until(&listener, &shared.draining, |tcp, peer| {
-            let admitted = match Admitted::admit(&shared, Some(peer.ip())) {
+            let admitted = match Admitted::admit(shared.clone(), Some(peer.ip())) {
                 Ok(admitted) => admitted,
                 Err(why) => {
                     shared.closed_at_accept(peer, Some(peer.ip()), why);
@@ -386,7 +387,7 @@ impl ServerHandle {
     {
         let shared = Arc::clone(&self.shared);
         self.shared.tasks.spawn(async move {
-            match Admitted::admit(&shared, None) {
+            match Admitted::admit(shared.clone(), None) {
                 Ok(admitted) => connection::serve(io, peer, shared, admitted).await,
                 Err(why) => shared.closed_at_accept(peer, None, why),
             }
