@@ -29,6 +29,7 @@ pub mod command;
 pub mod container;
 pub mod digest;
 pub mod disk;
+pub mod distribution;
 pub mod host;
 pub mod image;
 pub mod init;

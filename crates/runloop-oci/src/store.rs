@@ -227,6 +227,18 @@ impl Store {
         source: &Arc<Layout>,
         image: &Image,
     ) -> Result<Unpacked, StoreError> {
+        self.unpack_within(source, image, u64::MAX).await
+    }
+
+    /// [`unpack`](Self::unpack), with at most `max_bytes` of file content
+    /// (and never more than the store's own limit): a registry image's
+    /// bound, a multiple of its compressed size.
+    pub async fn unpack_within(
+        &self,
+        source: &Arc<Layout>,
+        image: &Image,
+        max_bytes: u64,
+    ) -> Result<Unpacked, StoreError> {
         let dir = self.image_dir(image);
         let _flight = self.flights.lock(&format!("unpack {}", image.digest)).await;
         let mut unpacked = Unpacked {
@@ -246,7 +258,10 @@ impl Store {
             image: image.clone(),
             temporary,
             dir,
-            limits: self.limits,
+            limits: UnpackLimits {
+                max_bytes: self.limits.max_bytes.min(max_bytes),
+                ..self.limits
+            },
             ids: self.ids,
         };
         // The job puts the image in place (or removes its temporary

@@ -9,7 +9,7 @@
 //!        ─▶ max_unauthorized connections not yet authorized ─▶ closed at once (TCP)
 //!        ─▶ handshake by handshake_timeout ─▶ authorization by the grace
 //!             at most max_authorization_size (+ the HTTP upgrade) read
-//!        ─▶ authorized: the identity holds max_connections_per_identity
+//!        ─▶ authorized: the tenant holds its max-connections
 //!             ─▶ close code 1013 with a reason
 //! ```
 //!
@@ -21,9 +21,11 @@
 //! allowance, and a ping flood before authorization ends there too. Once
 //! authorized, the configured message limit is the only bound.
 //!
-//! With any credential accepted every caller is the same identity, and
-//! `max_connections` is its limit: the per-identity limit applies only to
-//! token identities.
+//! A tenant's max-connections is its quota or its fair share: half of
+//! `max_connections` at most unless configured otherwise. With any
+//! credential accepted every caller is the same tenant, and
+//! `max_connections` is its limit: the per-tenant limit applies only to
+//! tenants of tokens.
 
 use std::collections::HashMap;
 use std::io;
@@ -174,19 +176,25 @@ impl Admitted {
 
     /// The connection authorized as `identity`: its place among those not
     /// yet authorized is free, its reads are no longer bounded here, and
-    /// it takes a place of its identity — unless the identity holds as
-    /// many as it may, when the limit is the error.
-    pub(crate) fn authorized(&mut self, identity: &Identity) -> Result<(), (&'static str, usize)> {
-        let limit = self.shared.config.admission.max_connections_per_identity;
+    /// it takes a place of its tenant — unless the tenant holds as many
+    /// as it may, when its limit is the error.
+    pub(crate) fn authorized(&mut self, identity: &Identity) -> Result<(), usize> {
+        let limit = self
+            .shared
+            .per_identity
+            .then(|| self.shared.shares(identity).max_connections);
         let mut held = self.shared.admission();
         if self.unauthorized {
             held.unauthorized -= 1;
             self.unauthorized = false;
         }
-        if self.shared.per_identity {
+        if let Some(limit) = limit {
             let count = held.identities.entry(identity.clone()).or_default();
             if *count >= limit {
-                return Err(("max_connections_per_identity", limit));
+                if *count == 0 {
+                    held.identities.remove(identity);
+                }
+                return Err(limit);
             }
             *count += 1;
             self.identity = Some(identity.clone());

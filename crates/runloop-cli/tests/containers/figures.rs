@@ -146,11 +146,11 @@ fn figures() {
             let pull = Pull::new(
                 Arc::clone(&host),
                 RegistryConfig {
-                    allowed: vec![],
-                    insecure: vec![registry.host.clone()],
                     max_image_size: 1 << 30,
+                    ..RegistryConfig::new(vec![], vec![registry.host.clone()])
                 },
-            );
+            )
+            .expect("pull");
             let started = Instant::now();
             let oci = pull.runtime(&reference).await.expect("pulled");
             pulls.push(started.elapsed());

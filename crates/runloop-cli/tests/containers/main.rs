@@ -8,6 +8,7 @@
 //! veth, mount, loop device or run directory.
 
 mod figures;
+mod hostile;
 mod images;
 mod registry;
 
@@ -110,6 +111,16 @@ impl Server {
     /// `runloop run --json` against this server.
     fn run(&self, image: &str, memory: &str, disk: &str, prompt: &str) -> Output {
         run_against(&self.url, image, memory, disk, prompt)
+    }
+
+    /// The server's process id.
+    fn pid(&self) -> u32 {
+        self.child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .expect("running")
+            .id()
     }
 
     /// The server's process, taken (to stop it).
