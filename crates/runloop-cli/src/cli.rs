@@ -6,6 +6,8 @@
 
 use std::io;
 
+use clap::CommandFactory;
+
 use crate::exit::{Exit, Failure};
 use crate::{agent, bench, check, completions, decode, man, proxy, run, schema, serve};
 
@@ -58,6 +60,9 @@ pub enum Command {
     /// The bench's baseline forwarder (run by `runloop bench` itself).
     #[command(name = "__forward", hide = true)]
     Forward(bench::ForwardArgs),
+    /// The bench's synthetic proxy alone (run by python/bench.py).
+    #[command(name = "__synthetic-proxy", hide = true)]
+    SyntheticProxy(bench::SyntheticArgs),
 }
 
 impl Command {
@@ -77,9 +82,10 @@ impl Command {
             Command::Schema(args) => args.execute(&mut out),
             Command::Check(args) => args.execute(&mut out),
             Command::Bench(args) => args.execute(&mut out),
-            Command::Completions(args) => args.execute(&mut out),
-            Command::Man(args) => args.execute(&mut out),
+            Command::Completions(args) => args.execute(Cli::command(), &mut out),
+            Command::Man(args) => args.execute(Cli::command(), &mut out),
             Command::Forward(args) => args.execute(),
+            Command::SyntheticProxy(args) => args.execute(&mut out),
         }
     }
 }

@@ -48,8 +48,8 @@ use std::time::Duration;
 
 use oci_client::Reference;
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
-use runloop::proto::ErrorKind;
-use runloop::runtime::{BoxFuture, Registry, RegistryError, Runtime};
+use runloop_proto::ErrorKind;
+use runloop_runtime::{BoxFuture, Registry, RegistryError, Runtime};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 use tracing::info;

@@ -4,6 +4,9 @@
 //! and no descendant left running. Where the machine has cgroups (root,
 //! as CI runs), each run has its own, and the tests check what it holds.
 
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::time::Duration;
@@ -31,12 +34,18 @@ fn exec<S: Into<String>>(program: &str, args: impl IntoIterator<Item = S>) -> Ex
 
 /// Whether this machine gives exec runs cgroups (root, memory and pids
 /// controllers); the tests that need them say so when it does not.
+/// Whether this machine gives exec runs cgroups; where it does, the
+/// runtime must agree.
 fn cgroups() -> bool {
-    let host = matches!(Confinement::host(), Confinement::Cgroups(_));
-    if !host {
-        eprintln!("no cgroups here: {:?}", Confinement::host());
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Cgroups]) {
+        return false;
     }
-    host
+    assert!(
+        matches!(Confinement::host(), Confinement::Cgroups(_)),
+        "cgroups are here but the runtime does not use them: {:?}",
+        Confinement::host()
+    );
+    true
 }
 
 fn pidfile(test: &str) -> std::path::PathBuf {

@@ -5,7 +5,13 @@
 //! Every event of this test binary goes into a buffer; the server, its
 //! builtin proxy and the demo agent program all run in this process.
 
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
 mod common;
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/support/mod.rs"]
 mod support;
 
 use common::Logs;
@@ -56,9 +62,9 @@ async fn healthy_loops_through_the_builtin_demo_log_no_broken_path() {
     // (An agent program's stream that breaks, `demo:break`, is logged as
     // such: that one did break, and is no path's close.)
     let paths = [
-        "runloop::proxy",
-        "runloop::server::relay",
-        "runloop::server::proxy_path",
+        "runloop_proxy",
+        "runloop_server::relay",
+        "runloop_server::proxy_path",
     ];
     let broke: Vec<&str> = text
         .lines()
