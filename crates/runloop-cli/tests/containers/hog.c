@@ -15,6 +15,10 @@
  *             of its run request: a run can check the agent is its own
  *   reach A:P...  a loop tries to connect to each IPv4 address:port and
  *             answers "A:P connected" or "A:P <error>" for each
+ *   escape    tries what a hostile image would (escape.c) and answers one
+ *             chunk per probe, `NAME: WHAT HAPPENED`
+ *   plain     answers one chunk and leaves every signal as it is (PID 1
+ *             without an init then ignores SIGTERM)
  *
  * Built static by the tests (gcc -static), so the image needs no libraries.
  */
@@ -24,6 +28,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/time.h>
 #include <stdio.h>
@@ -32,6 +37,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+static void send_event(int fd, const char *text);
+#include "escape.c"
 
 static const char *mode = "";
 static int arg_count = 0;
@@ -77,9 +85,19 @@ static void reach(const char *target, char *out, size_t size) {
     close(fd);
 }
 
+/* Whether a failed read or write on FD may be tried again: runsc's host
+ * network (Debian's 2022 build) hands out accepted sockets that answer
+ * EAGAIN although they were never made non-blocking. */
+static int again(int fd, short events) {
+    if (errno != EAGAIN && errno != EINTR) return 0;
+    struct pollfd wait = {.fd = fd, .events = events};
+    return poll(&wait, 1, 10000) > 0;
+}
+
 static void send_all(int fd, const char *data, size_t len) {
     while (len > 0) {
         ssize_t n = write(fd, data, len);
+        if (n < 0 && again(fd, POLLOUT)) continue;
         if (n <= 0) return;
         data += n;
         len -= (size_t)n;
@@ -182,6 +200,8 @@ static void run_loop(int fd, const char *body) {
         snprintf(text, sizeof text, "memory limit %lld; tmp: %s after %lld bytes; root: %s after %lld bytes",
                  memory_limit(), errno_name(tmp_error), tmp, errno_name(root_error), root);
         send_event(fd, text);
+    } else if (strcmp(mode, "escape") == 0) {
+        escape(fd);
     } else {
         send_event(fd, "still here");
     }
@@ -194,6 +214,7 @@ static void serve(int fd) {
     char *end = NULL;
     while (len < sizeof request - 1) {
         ssize_t n = read(fd, request + len, sizeof request - 1 - len);
+        if (n < 0 && again(fd, POLLIN)) continue;
         if (n <= 0) return;
         len += (size_t)n;
         request[len] = 0;
@@ -214,6 +235,7 @@ static void serve(int fd) {
     while (have < body) {
         char sink[4096];
         ssize_t n = read(fd, sink, sizeof sink);
+        if (n < 0 && again(fd, POLLIN)) continue;
         if (n <= 0) return;
         have += (size_t)n;
     }

@@ -6,8 +6,8 @@
 //!
 //! The attackers connect from 127.0.0.2, the callers from 127.0.0.1: two
 //! addresses, both loopback. The loads at the issue's full size are
-//! `#[ignore]`d and print their figures:
-//! `cargo test -p runloop-cli --test admission -- --ignored --nocapture`.
+//! figures of `benches/figures.rs`:
+//! `cargo bench -p runloop-cli --bench figures -- admission`.
 
 use crate::common;
 
@@ -193,10 +193,10 @@ fn floods_before_authorization_keep_the_server_small() {
     );
 }
 
-/// Row 3: 1024 connections × 15 MiB before authorizing.
-#[test]
-#[ignore = "a load: 1024 connections, prints its figures"]
-fn row_3_a_thousand_floods_before_authorization() {
+/// 1024 connections × 15 MiB before authorizing.
+/// A figure of `benches/figures.rs` (not a test: a load).
+#[allow(dead_code)]
+pub fn a_thousand_floods_before_authorization() {
     for (what, args) in [
         ("defaults", &[][..]),
         (
@@ -294,10 +294,10 @@ fn callers_are_served_during_a_slowloris_from_another_address() {
     assert!(ok * 10 >= tries * 9, "served {ok} of {tries}");
 }
 
-/// Row 4: 1024 slowloris sockets from one address, 50 tries.
-#[test]
-#[ignore = "a load: 1024 attacking sockets, prints its figures"]
-fn row_4_slowloris() {
+/// 1024 slowloris sockets from one address, 50 tries.
+/// A figure of `benches/figures.rs` (not a test: a load).
+#[allow(dead_code)]
+pub fn slowloris_from_one_address() {
     let (ok, tries, connects) = served_during_slowloris(1024, 50);
     println!(
         "row 4: 1024 slowloris sockets from 127.0.0.2: callers from 127.0.0.1 served {ok} of {tries} tries; the attacker made {connects} connects"
@@ -402,7 +402,7 @@ fn past_max_connections_under_a_small_nofile_callers_get_1013() {
     server.never_ran_out();
 }
 
-/// Row 7: one token's connections × runs of the demo, at once; then
+/// one token's connections × runs of the demo, at once; then
 /// another token's loop. (served, refused, the server's descriptors at
 /// the height, whether the other token was served).
 fn one_token_floods_runs(connections: usize, runs: usize) -> (usize, usize, usize, bool) {
@@ -441,9 +441,9 @@ fn one_token_cannot_take_every_run_and_another_is_served() {
     assert!(other, "bob was not served");
 }
 
-#[test]
-#[ignore = "a load: 24 × 256 runs, prints its figures"]
-fn row_7_one_token_24_connections_of_256_runs() {
+/// A figure of `benches/figures.rs` (not a test: a load).
+#[allow(dead_code)]
+pub fn one_token_24_connections_of_256_runs() {
     let (ok, refused, held, other) = one_token_floods_runs(24, 256);
     println!(
         "row 7: one token, 24 connections × 256 demo runs at once: {ok} served, {refused} \

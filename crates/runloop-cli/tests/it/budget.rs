@@ -7,8 +7,8 @@
 //!
 //! Row 8 as a load (one connection asking for 256 runs of an `exec` agent
 //! at the default budget; the processes and memory they take) is
-//! `#[ignore]`d, and prints its figures:
-//! `cargo test -p runloop-cli --test budget -- --ignored --nocapture`.
+//! a figure of `benches/figures.rs`:
+//! `cargo bench -p runloop-cli --bench figures -- budget`.
 
 use crate::common;
 
@@ -148,8 +148,7 @@ fn one_token_cannot_hold_every_run() {
         let why = refusal(alice.start(request("demo", MIB, 0)).await);
         assert_eq!(
             why,
-            "token #1 holds as many runs as one identity may (max_runs_per_identity 2); try \
-             again later"
+            "tenant token #1 holds as many runs as it may (max-runs 2); try again later"
         );
         // A second connection of the same token is the same identity.
         let alice_again = Client::connect(&server.url, "alice")
@@ -199,8 +198,8 @@ fn one_token_cannot_hold_every_loop() {
             }
             held.push(held_loop);
         }
-        let refused = "token #1 holds as many loops as one identity may \
-                       (max_loops_per_identity 2); try again later";
+        let refused =
+            "tenant token #1 holds as many loops as it may (max-loops 2); try again later";
         // A third, on the third run: no loop ran, and the error says why.
         let events: Vec<Event> = runs[2].run_loop("a third").collect().await;
         match &events[..] {
@@ -246,12 +245,7 @@ fn one_token_cannot_hold_every_loop() {
 
 /// Whether exec runs get cgroups here (root, memory and pids controllers).
 fn cgroups() -> bool {
-    let v1 = std::fs::metadata("/sys/fs/cgroup/memory/cgroup.procs").is_ok();
-    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
-        .is_ok_and(|c| c.contains("memory") && c.contains("pids"));
-    // SAFETY: a system call without arguments.
-    let root = unsafe { libc::geteuid() } == 0;
-    (v1 || v2) && root
+    runloop_testkit::needs(&[runloop_testkit::Part::Cgroups])
 }
 
 fn sse_agent() -> String {
@@ -325,7 +319,6 @@ fn exec_runs(args: &[&str], asked: usize) -> (usize, Vec<String>, usize) {
 #[test]
 fn exec_runs_past_the_memory_budget_are_refused() {
     if !cgroups() {
-        eprintln!("no cgroups for exec runs here: skipped");
         return;
     }
     let (served, refused, _) = exec_runs(&["--memory-budget", "1G"], 8);
@@ -340,12 +333,11 @@ fn exec_runs_past_the_memory_budget_are_refused() {
     }
 }
 
-/// Row 8: one connection, 256 exec runs of 256 MiB, default limits.
-#[test]
-#[ignore = "a load: 256 exec runs asked for, prints its figures"]
-fn row_8_exec_runs_at_the_default_budget() {
+/// One connection, 256 exec runs of 256 MiB, default limits.
+/// A figure of `benches/figures.rs` (not a test: a load).
+#[allow(dead_code)]
+pub fn exec_runs_at_the_default_budget() {
     if !cgroups() {
-        eprintln!("no cgroups for exec runs here: skipped");
         return;
     }
     let (served, refused, processes) = exec_runs(&[], 256);

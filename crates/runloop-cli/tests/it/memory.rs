@@ -4,9 +4,9 @@
 //! - A 15.9 MiB prompt into the demo agent (issue 13, row 10): the server's
 //!   peak stays under 256 MiB. Always run with a prompt of few, long words
 //!   (a few hundred chunks); the load version, with a prompt of 3.3 million
-//!   words (as many chunks), is `#[ignore]`d:
-//!   `cargo test --release -p runloop-cli --test memory -- --ignored --nocapture`.
-//! - Memory goes back (row 17, ignored, takes 40 s): 32 connections that
+//!   words (as many chunks), is a figure of `benches/figures.rs`:
+//!   `cargo bench -p runloop-cli --bench figures -- memory`.
+//! - Memory goes back (row 17, a figure, takes 40 s): 32 connections that
 //!   each send 15 MiB before authorizing, then eight 15.9 MiB loops at
 //!   once; the server's resident memory 30 s after, against its baseline
 //!   before them.
@@ -65,16 +65,16 @@ fn a_large_prompt_of_long_words_into_the_demo_keeps_the_server_small() {
     assert!(peak < 256 * MIB, "peak {} MiB", peak / MIB);
 }
 
-#[test]
-#[ignore = "a load test: 3.3 million chunks"]
-fn a_large_prompt_of_short_words_into_the_demo_keeps_the_server_small() {
+/// A figure of `benches/figures.rs` (not a test: a load).
+#[allow(dead_code)]
+pub fn a_large_prompt_of_short_words_keeps_the_server_small() {
     let peak = large_prompt_peak(4);
     assert!(peak < 256 * MIB, "peak {} MiB", peak / MIB);
 }
 
-#[test]
-#[ignore = "a load test: waits 30 s after the load"]
-fn memory_goes_back_after_waves_of_large_messages() {
+/// A figure of `benches/figures.rs` (not a test: a load).
+#[allow(dead_code)]
+pub fn memory_goes_back_after_waves_of_large_messages() {
     let server = Serve::start("error", &["--authorization-grace", "2"]);
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     // Warm up: one small loop, so the baseline has the runtime's threads.

@@ -24,5 +24,4 @@ mod lifecycle;
 mod model;
 mod proxy;
 mod relay;
-mod sse_cost;
 mod support;

@@ -1,8 +1,9 @@
 //! The cost of one large SSE event at the proxy, as a load command rather
-//! than a test (it is ignored by default, and times nothing it asserts):
+//! than a test (it times what it does not assert, and reads the whole
+//! process's CPU time, which no other test may share):
 //!
 //! ```sh
-//! cargo test --release -p runloop --test sse_cost -- --ignored --nocapture
+//! cargo bench -p runloop --bench sse_cost
 //! ```
 //!
 //! A 15 MiB event goes through a real proxy three ways — a chunked body in
@@ -15,7 +16,10 @@
 //! rescans its buffer on every read is quadratic in the event's size and
 //! shows here as a ratio in the hundreds.
 
-use crate::common;
+// The test helpers of the `it` binary, of which this bench uses a part.
+#[allow(dead_code)]
+#[path = "../tests/it/common/mod.rs"]
+mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -115,9 +119,23 @@ async fn measure(url: &str, prompt: &str) -> (Duration, usize) {
     (spent, first)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a load command: run it with --ignored --nocapture, in release"]
-async fn one_large_event_costs_time_linear_in_its_size() {
+fn main() {
+    runloop_testkit::run_figures(&[(
+        "one_large_event_costs_time_linear_in_its_size",
+        one_large_event_costs_time_linear_in_its_size,
+    )]);
+}
+
+fn one_large_event_costs_time_linear_in_its_size() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(measure_all());
+}
+
+async fn measure_all() {
     let stop = CancellationToken::new();
     let event = Arc::new(event());
     let chunk_len = 1 + event.len() - "data: ".len() - 2;
