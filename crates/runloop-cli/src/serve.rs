@@ -47,6 +47,7 @@ use runloop::server::{
 use runloop::tls::ServerTls;
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
 use runloop_oci::registry::{Pull, RegistryConfig};
+use runloop_oci::user::{IdMapping, IdRange};
 use runloop_oci::{Host, HostConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -137,6 +138,22 @@ pub struct Args {
     /// layers), bytes (K/M/G suffixes).
     #[arg(long, default_value = "2G", value_parser = bytes, help_heading = "Runs and containers")]
     pub max_image_size: u64,
+    // --- hostile registries (issue 26) ---
+    /// A host (`HOST[:PORT]`) a registry may redirect blob downloads to, a
+    /// blob CDN (repeatable). No other redirect is followed; a mirror named
+    /// by host name is only reached at public addresses.
+    #[arg(long = "registry-mirror", value_name = "HOST[:PORT]")]
+    pub registry_mirrors: Vec<String>,
+    /// Seconds one registry pull (manifests and blobs) may take, all told.
+    #[arg(long, value_name = "SECONDS", value_parser = crate::seconds::parse, default_value = "600")]
+    pub pull_timeout: Duration,
+    /// Registry pulls fetching at once; more wait for a place.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pulls: u32,
+    /// A registry image may unpack to at most this many times its
+    /// compressed size (--max-image-size bounds that size).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_unpack_ratio: u64,
     /// Containers (`oci:` entries, registry images): the store of pulled
     /// blobs, unpacked images and runs [default: /var/lib/runloop for root].
     #[arg(long, value_name = "DIR", help_heading = "Runs and containers")]
@@ -153,6 +170,29 @@ pub struct Args {
     /// Containers: processes one container may have at once.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Runs and containers")]
     pub container_pids: u32,
+    /// Containers: the OCI runtime that runs them, `runc` or `runsc`
+    /// (gVisor), found in PATH.
+    #[arg(long, value_name = "RUNTIME", value_enum, default_value_t = OciRuntimeArg::Runc)]
+    pub oci_runtime: OciRuntimeArg,
+    /// Containers: the host ids their user and group ids 0..COUNT are,
+    /// `START:COUNT` (their root is the host's START, an unprivileged id)
+    /// [default: the `runloop` user's /etc/subuid and /etc/subgid ranges,
+    /// else 2000000000:65536].
+    #[arg(long, value_name = "START:COUNT")]
+    pub container_uid_range: Option<IdRange>,
+    /// Containers: CPUs' worth of time one may use (a fraction is a share
+    /// of one CPU) [default: half the machine's CPUs, at least 1].
+    #[arg(long, value_name = "CPUS")]
+    pub container_cpus: Option<f64>,
+    /// Containers: files one container's process may have open at once
+    /// (RLIMIT_NOFILE).
+    #[arg(long, value_name = "N", default_value_t = runloop_oci::host::DEFAULT_NOFILE, value_parser = clap::value_parser!(u64).range(16..))]
+    pub container_nofile: u64,
+    /// Containers: whether the agent runs under a small init as PID 1,
+    /// which passes signals on and reaps (an agent that is PID 1 itself
+    /// ignores a SIGTERM it has no handler for).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub container_init: bool,
     /// `exec:` entries: what to do with a run's `disk`, which a host process
     /// cannot be held to. `refuse`: every exec run is refused, saying so;
     /// `unenforced`: runs go ahead, and `disk` is not held.
@@ -197,6 +237,16 @@ pub struct Args {
     /// How log lines are written (`--log-format`).
     #[command(flatten, next_help_heading = "Operations")]
     pub logs: LogArgs,
+}
+
+/// `--oci-runtime`: which OCI runtime runs the containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OciRuntimeArg {
+    /// runc: the host's kernel, namespaces, a user namespace, seccomp.
+    Runc,
+    /// runsc (gVisor): a kernel of its own in user space between the
+    /// agent and the host's.
+    Runsc,
 }
 
 /// `--exec-disk`: what the exec runtime does with a `disk` it cannot hold.
@@ -380,6 +430,24 @@ impl Args {
         config.startup_timeout = self.container_startup_timeout;
         config.pids = self.container_pids;
         config.output = self.output_limit();
+        if let Some(range) = self.container_uid_range {
+            config.ids = IdMapping::both(range);
+        }
+        if let Some(cpus) = self.container_cpus {
+            if !(cpus.is_finite() && cpus >= 0.01) {
+                return Err(Failure::Argument(
+                    "--container-cpus must be a number of CPUs, at least 0.01".into(),
+                ));
+            }
+            config.cpus = cpus;
+        }
+        config.nofile = self.container_nofile;
+        config.runtime = match self.oci_runtime {
+            OciRuntimeArg::Runc => runloop_oci::runc::Kind::Runc,
+            OciRuntimeArg::Runsc => runloop_oci::runc::Kind::Runsc,
+        };
+        config.runc = PathBuf::from(config.runtime.name());
+        config.init = self.container_init;
         Ok(config)
     }
 
@@ -401,15 +469,18 @@ impl Args {
             .map_err(Failure::Containers)?;
         if pulls {
             let registry = RegistryConfig {
-                allowed: self.registries.clone(),
-                insecure: self.insecure_registries.clone(),
+                mirrors: self.registry_mirrors.clone(),
                 max_image_size: self.max_image_size,
+                pull_timeout: self.pull_timeout,
+                max_pulls: self.max_pulls as usize,
+                max_unpack_ratio: self.max_unpack_ratio,
+                ..RegistryConfig::new(self.registries.clone(), self.insecure_registries.clone())
             };
-            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, max_image_size = registry.max_image_size, "pulling registry images");
-            config.registry = Some(std::sync::Arc::new(Pull::new(
-                std::sync::Arc::clone(&host),
-                registry,
-            )));
+            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, mirrors = ?registry.mirrors, max_image_size = registry.max_image_size, "pulling registry images");
+            let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
+                Failure::Argument(format!("cannot set up registry pulls: {error}"))
+            })?;
+            config.registry = Some(std::sync::Arc::new(pull));
         }
         for spec in layouts {
             let RuntimeSpec::Oci(dir) = &spec.runtime else {

@@ -2,9 +2,10 @@
 //! shared by every run, and of the runs' own directories.
 //!
 //! ```text
-//! STORE/                       mode 0700: unpacked images keep their set-id bits
+//! STORE/                       mode 0700 (0710 for the containers' root group): images keep set-id bits
 //!   layout/                    an OCI image layout: pulled blobs, pulled images in index.json
 //!   images/sha256-HEX/rootfs   one unpacked image per manifest digest (the overlay's lower layer)
+//!   images/sha256-HEX-ids-U+N-G+M/rootfs  the same, owners shifted into a container id range
 //!   runs/KEY/                  one run: disk.img, its mount, the overlay root, config.json
 //!   lock                       held (flock) by the one server using the store
 //! ```
@@ -17,6 +18,12 @@
 //! later run of the same digest. Two runs that need the same image at the
 //! same time unpack it once: the second waits for the first
 //! ([`Flights`]).
+//!
+//! A store whose containers run in a user namespace ([`Store::with_ids`])
+//! unpacks each image with its owners shifted into the range (runc 1.1
+//! cannot map a mount's ids), under a name that says the range: a server
+//! started with another range unpacks the image again rather than run a
+//! container over files its root does not own.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -30,6 +37,7 @@ use tracing::info;
 use crate::image::{Compression, Image};
 use crate::layout::{Layout, LayoutError};
 use crate::unpack::{self, Budget, UnpackError};
+use crate::user::IdMapping;
 
 /// An image unpacked in the store, ready to be an overlay's lower layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +134,7 @@ pub struct Store {
     layout: Arc<Layout>,
     limits: UnpackLimits,
     flights: Flights,
+    ids: IdMapping,
 }
 
 impl Store {
@@ -147,7 +156,29 @@ impl Store {
             layout,
             limits,
             flights: Flights::default(),
+            ids: IdMapping::identity(),
         })
+    }
+
+    /// The store, unpacking images with their owners shifted into `ids`.
+    /// The store and `runs/` become mode 0710 with the containers' root
+    /// group: runc sets a container up as its root, which must reach the
+    /// run's files; no other user of the host may (`images/` stays 0700).
+    pub fn with_ids(mut self, ids: IdMapping) -> Result<Store, StoreError> {
+        if !ids.is_identity() {
+            for path in [self.dir.clone(), self.runs()] {
+                std::os::unix::fs::chown(&path, Some(0), Some(ids.gids.start))
+                    .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o710)))
+                    .map_err(io_at(&path))?;
+            }
+        }
+        self.ids = ids;
+        Ok(self)
+    }
+
+    /// The ids images are unpacked for.
+    pub fn ids(&self) -> IdMapping {
+        self.ids
     }
 
     /// The store's directory.
@@ -196,6 +227,18 @@ impl Store {
         source: &Arc<Layout>,
         image: &Image,
     ) -> Result<Unpacked, StoreError> {
+        self.unpack_within(source, image, u64::MAX).await
+    }
+
+    /// [`unpack`](Self::unpack), with at most `max_bytes` of file content
+    /// (and never more than the store's own limit): a registry image's
+    /// bound, a multiple of its compressed size.
+    pub async fn unpack_within(
+        &self,
+        source: &Arc<Layout>,
+        image: &Image,
+        max_bytes: u64,
+    ) -> Result<Unpacked, StoreError> {
         let dir = self.image_dir(image);
         let _flight = self.flights.lock(&format!("unpack {}", image.digest)).await;
         let mut unpacked = Unpacked {
@@ -215,7 +258,11 @@ impl Store {
             image: image.clone(),
             temporary,
             dir,
-            limits: self.limits,
+            limits: UnpackLimits {
+                max_bytes: self.limits.max_bytes.min(max_bytes),
+                ..self.limits
+            },
+            ids: self.ids,
         };
         // The job puts the image in place (or removes its temporary
         // directory) itself: a caller that gives up waiting leaves no
@@ -229,9 +276,20 @@ impl Store {
     }
 
     fn image_dir(&self, image: &Image) -> PathBuf {
-        self.dir
-            .join("images")
-            .join(format!("sha256-{}", image.digest.hex()))
+        let name = if self.ids.is_identity() {
+            format!("sha256-{}", image.digest.hex())
+        } else {
+            // `+`, not `:`: overlay options cannot name a `:`.
+            format!(
+                "sha256-{}-ids-{}+{}-{}+{}",
+                image.digest.hex(),
+                self.ids.uids.start,
+                self.ids.uids.count,
+                self.ids.gids.start,
+                self.ids.gids.count
+            )
+        };
+        self.dir.join("images").join(name)
     }
 }
 
@@ -242,6 +300,7 @@ struct Job {
     temporary: PathBuf,
     dir: PathBuf,
     limits: UnpackLimits,
+    ids: IdMapping,
 }
 
 impl Job {
@@ -270,6 +329,14 @@ impl Job {
             .mode(0o755)
             .create(&rootfs)
             .map_err(io_at(&rootfs))?;
+        if !self.ids.is_identity() {
+            rustix::fs::chown(
+                &rootfs,
+                Some(rustix::fs::Uid::from_raw(self.ids.uids.start)),
+                Some(rustix::fs::Gid::from_raw(self.ids.gids.start)),
+            )
+            .map_err(|errno| io_at(&rootfs)(errno.into()))?;
+        }
         let mut budget = Budget::new(self.limits.max_bytes, self.limits.max_entries);
         for (index, layer) in self.image.layers.iter().enumerate() {
             let failed = |source| StoreError::Layer {
@@ -281,7 +348,7 @@ impl Job {
             let blob = self.source.open_blob(&layer.digest)?;
             let reader = decompress(blob, layer.compression)
                 .map_err(|error| failed(UnpackError::Archive(error)))?;
-            unpack::apply(&rootfs, reader, &mut budget).map_err(failed)?;
+            unpack::apply_as(&rootfs, reader, &mut budget, self.ids).map_err(failed)?;
         }
         Ok(budget.bytes())
     }

@@ -39,7 +39,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::identity::Identity;
-use super::shared::Shared;
 use runloop_wire::limits::{Limit, LimitError};
 
 /// How a server admits connections.
@@ -117,11 +116,24 @@ pub(crate) struct Held {
     identities: HashMap<Identity, usize>,
 }
 
+/// What the admission reads and counts in the server it admits to. The
+/// server's shared state implements it; the admission knows nothing else
+/// of the server, so it sits below what it serves.
+pub(crate) trait Gate: Send + Sync + 'static {
+    /// The admission's configuration.
+    fn admission(&self) -> &Admission;
+    /// What the server's connections hold, locked.
+    fn held(&self) -> std::sync::MutexGuard<'_, Held>;
+    /// The most connections `identity` may hold authorized at once, when
+    /// identities are counted (tokens); `None` with any credential.
+    fn connection_share(&self, identity: &Identity) -> Option<usize>;
+}
+
 /// A connection's places: its address's (while it lives), a place among
 /// the connections not yet authorized (until it authorizes), and its
 /// identity's (once authorized). Dropping it gives them back.
 pub(crate) struct Admitted {
-    shared: Arc<Shared>,
+    gate: Arc<dyn Gate>,
     address: Option<IpAddr>,
     unauthorized: bool,
     identity: Option<Identity>,
@@ -133,11 +145,11 @@ impl Admitted {
     /// Takes the places of a connection from `address` (`None` for one
     /// that came some other way than the listener), or says why not.
     pub(crate) fn admit(
-        shared: &Arc<Shared>,
+        gate: Arc<dyn Gate>,
         address: Option<IpAddr>,
     ) -> Result<Admitted, TurnedAway> {
-        let admission = &shared.config.admission;
-        let mut held = shared.admission();
+        let admission = gate.admission();
+        let mut held = gate.held();
         if let Some(address) = address
             && held.addresses.get(&address).copied().unwrap_or(0)
                 >= admission.max_connections_per_address
@@ -151,8 +163,9 @@ impl Admitted {
         if let Some(address) = address {
             *held.addresses.entry(address).or_default() += 1;
         }
+        drop(held);
         Ok(Admitted {
-            shared: Arc::clone(shared),
+            gate,
             address,
             unauthorized: true,
             identity: None,
@@ -169,7 +182,7 @@ impl Admitted {
     pub(crate) fn bounded<S>(&self, io: S) -> Bounded<S> {
         Bounded {
             io,
-            left: self.shared.config.admission.allowance(),
+            left: self.gate.admission().allowance(),
             authorized: Arc::clone(&self.authorized),
         }
     }
@@ -179,11 +192,8 @@ impl Admitted {
     /// it takes a place of its tenant — unless the tenant holds as many
     /// as it may, when its limit is the error.
     pub(crate) fn authorized(&mut self, identity: &Identity) -> Result<(), usize> {
-        let limit = self
-            .shared
-            .per_identity
-            .then(|| self.shared.shares(identity).max_connections);
-        let mut held = self.shared.admission();
+        let limit = self.gate.connection_share(identity);
+        let mut held = self.gate.held();
         if self.unauthorized {
             held.unauthorized -= 1;
             self.unauthorized = false;
@@ -207,7 +217,7 @@ impl Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut held = self.shared.admission();
+        let mut held = self.gate.held();
         if self.unauthorized {
             held.unauthorized -= 1;
         }

@@ -45,13 +45,12 @@
 //! limits: the per-tenant ones apply only to tenants of tokens.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use runloop_proto::{ErrorKind, ErrorValue};
 
 use super::admission::release;
-use super::identity::Identity;
-use super::shared::Shared;
+use super::identity::{Identity, Shares};
 use runloop_wire::limits::{Limit, LimitError};
 
 /// Runs held at once unless configured otherwise.
@@ -182,6 +181,15 @@ pub(crate) struct Claimed {
     loops_per_identity: HashMap<Identity, usize>,
 }
 
+impl Claimed {
+    /// Loops held by tenants that are counted, over all of them (what the
+    /// tests check comes back to zero).
+    #[cfg(test)]
+    pub(crate) fn loops_held(&self) -> usize {
+        self.loops_per_identity.values().sum()
+    }
+}
+
 /// What one tenant's runs claim.
 #[derive(Debug, Default, Clone, Copy)]
 struct TenantClaimed {
@@ -190,10 +198,23 @@ struct TenantClaimed {
     disk: u64,
 }
 
+/// What the run budget reads and counts in the server it admits runs to.
+/// The server's shared state implements it; the budget knows nothing else
+/// of the server, so it sits below what it serves.
+pub(crate) trait Ledger: Send + Sync + 'static {
+    /// The server-wide budget.
+    fn budget(&self) -> &RunBudget;
+    /// What the runs and loops held claim, locked.
+    fn claimed(&self) -> MutexGuard<'_, Claimed>;
+    /// What `identity`'s tenant may hold, when tenants are counted (tokens);
+    /// `None` with any credential accepted.
+    fn shares(&self, identity: &Identity) -> Option<Shares>;
+}
+
 /// A run's admission, held until its container has stopped; dropping it
 /// gives its place, its memory and its disk back.
 pub(crate) struct Claim {
-    shared: Arc<Shared>,
+    ledger: Arc<dyn Ledger>,
     identity: Option<Identity>,
     memory: u64,
     disk: u64,
@@ -204,12 +225,12 @@ impl Claim {
     /// or says which limit refuses it: the tenant's, when that is what
     /// was hit, or the server's.
     pub(crate) fn admit(
-        shared: &Arc<Shared>,
+        ledger: Arc<dyn Ledger>,
         identity: &Identity,
         memory: u64,
         disk: u64,
     ) -> Result<Claim, ErrorValue> {
-        let budget = &shared.config.budget;
+        let budget = ledger.budget();
         let refuse = |why: String| Err(ErrorValue::kind(ErrorKind::Policy, why));
         if memory > budget.max_run_memory {
             return refuse(format!(
@@ -223,8 +244,8 @@ impl Claim {
                 budget.max_run_disk
             ));
         }
-        let per_identity = shared.per_identity.then(|| identity.clone());
-        let shares = per_identity.as_ref().map(|i| shared.shares(i));
+        let shares = ledger.shares(identity);
+        let per_identity = shares.is_some().then(|| identity.clone());
         if let Some(shares) = &shares
             && memory > shares.max_run_memory
         {
@@ -234,7 +255,7 @@ impl Claim {
                 shares.max_run_memory
             ));
         }
-        let mut claimed = shared.claimed();
+        let mut claimed = ledger.claimed();
         if let (Some(identity), Some(shares)) = (&per_identity, &shares) {
             let held = claimed.tenants.get(identity).copied().unwrap_or_default();
             if held.runs >= shares.max_runs {
@@ -290,7 +311,7 @@ impl Claim {
         }
         drop(claimed);
         Ok(Claim {
-            shared: Arc::clone(shared),
+            ledger,
             identity: per_identity,
             memory,
             disk,
@@ -300,7 +321,7 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut claimed = self.shared.claimed();
+        let mut claimed = self.ledger.claimed();
         claimed.runs -= 1;
         claimed.memory -= self.memory;
         claimed.disk -= self.disk;
@@ -324,24 +345,24 @@ pub(crate) struct LoopClaim {
     pub(crate) identity: Identity,
     /// The server, when tenants are of tokens and the loop is counted;
     /// with any credential accepted nothing is counted.
-    held: Option<Arc<Shared>>,
+    held: Option<Arc<dyn Ledger>>,
 }
 
 impl LoopClaim {
     /// Admits a loop of a run served as `identity`, or says that its
     /// tenant holds as many as it may.
     pub(crate) fn admit(
-        shared: &Arc<Shared>,
+        ledger: Arc<dyn Ledger>,
         identity: &Identity,
     ) -> Result<LoopClaim, ErrorValue> {
-        if !shared.per_identity {
+        let Some(shares) = ledger.shares(identity) else {
             return Ok(LoopClaim {
                 identity: identity.clone(),
                 held: None,
             });
-        }
-        let limit = shared.shares(identity).max_loops;
-        let mut claimed = shared.claimed();
+        };
+        let limit = shares.max_loops;
+        let mut claimed = ledger.claimed();
         let held = claimed
             .loops_per_identity
             .get(identity)
@@ -363,15 +384,15 @@ impl LoopClaim {
         drop(claimed);
         Ok(LoopClaim {
             identity: identity.clone(),
-            held: Some(Arc::clone(shared)),
+            held: Some(ledger),
         })
     }
 }
 
 impl Drop for LoopClaim {
     fn drop(&mut self) {
-        if let Some(shared) = &self.held {
-            release(&mut shared.claimed().loops_per_identity, &self.identity);
+        if let Some(ledger) = &self.held {
+            release(&mut ledger.claimed().loops_per_identity, &self.identity);
         }
     }
 }
@@ -379,9 +400,6 @@ impl Drop for LoopClaim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ServerConfig;
-    use crate::identity::Credentials;
-    use runloop_runtime::Catalog;
 
     #[test]
     fn mem_total_is_read_in_bytes() {
@@ -389,50 +407,6 @@ mod tests {
         assert_eq!(mem_total(meminfo), Some(24684092 * 1024));
         assert_eq!(mem_total("MemFree: 1 kB\n"), None);
         assert_eq!(mem_total("MemTotal: lots\n"), None);
-    }
-
-    /// A server's shared state with `credentials` and at most two loops
-    /// per identity.
-    fn two_loops_each(credentials: Credentials) -> Arc<Shared> {
-        let mut config = ServerConfig::new(credentials, Catalog::new());
-        config.budget.max_loops_per_identity = 2;
-        Arc::new(Shared::new(config))
-    }
-
-    #[test]
-    fn a_token_holds_its_loops_up_to_the_limit_and_gets_them_back() {
-        let shared = two_loops_each(Credentials::Tokens(vec!["a".into(), "b".into()]));
-        let accept = |token| shared.accept(token).expect("a token");
-        let (alice, bob) = (accept("a"), accept("b"));
-        let held = [
-            LoopClaim::admit(&shared, &alice).expect("alice's first"),
-            LoopClaim::admit(&shared, &alice).expect("alice's second"),
-        ];
-        let refused = LoopClaim::admit(&shared, &alice)
-            .err()
-            .expect("alice's third");
-        assert_eq!(refused.0["kind"], "policy");
-        assert_eq!(
-            refused.0["error"],
-            "tenant token #1 holds as many loops as it may (max-loops 2); try again later"
-        );
-        let bobs = LoopClaim::admit(&shared, &bob).expect("bob's");
-        let [first, second] = held;
-        drop(first);
-        let again = LoopClaim::admit(&shared, &alice).expect("alice's place is back");
-        drop((second, again, bobs));
-        assert!(shared.claimed().loops_per_identity.is_empty());
-    }
-
-    #[test]
-    fn without_tokens_loops_are_not_counted_per_identity() {
-        let shared = two_loops_each(Credentials::Any);
-        let anyone = shared.accept("").expect("any");
-        let held: Vec<LoopClaim> = (0..3)
-            .map(|_| LoopClaim::admit(&shared, &anyone).expect("not limited"))
-            .collect();
-        assert!(shared.claimed().loops_per_identity.is_empty());
-        drop(held);
     }
 
     #[test]

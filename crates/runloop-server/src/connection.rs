@@ -300,6 +300,23 @@ async fn turn_away(io: impl Io, shared: &Shared, deadline: tokio::time::Instant,
     close_with(ws, CloseCode::Again, reason).await;
 }
 
+/// Tells a caller turned away at accept (its address's limit, or as many
+/// connections authorizing as may be) why: the WebSocket handshake by
+/// `deadline`, then close code 1013 (try again later) with `reason`. It
+/// holds no place of the admission; the listener bounds how many such
+/// refusals are under way at once.
+pub(crate) async fn refuse(
+    io: impl Io,
+    shared: &Shared,
+    deadline: tokio::time::Instant,
+    reason: &str,
+) {
+    let Some(ws) = handshake(io, shared, deadline, || false).await else {
+        return;
+    };
+    close_with(ws, CloseCode::Again, reason.to_owned()).await;
+}
+
 /// Ends a connection that was refused at authorization: a close with
 /// code 1008 and no reason, and no frame (protocol §3).
 async fn close_without_frame<S: Io>(

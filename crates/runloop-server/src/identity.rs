@@ -347,6 +347,38 @@ impl fmt::Display for Identity {
     }
 }
 
+/// What one tenant may hold at once: its [`Quota`] resolved against the
+/// server's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shares {
+    /// Authorized connections.
+    pub max_connections: usize,
+    /// Runs.
+    pub max_runs: usize,
+    /// Loops, over all its runs.
+    pub max_loops: usize,
+    /// The `memory` of its runs together, bytes.
+    pub memory_budget: u64,
+    /// The `disk` of its runs together, bytes.
+    pub disk_budget: u64,
+    /// The largest `memory` of one run, bytes.
+    pub max_run_memory: u64,
+}
+
+impl Shares {
+    /// Each share by its key, as a configuration file names it.
+    pub fn keyed(&self) -> [(&'static str, u64); 6] {
+        [
+            ("max-connections", self.max_connections as u64),
+            ("max-runs", self.max_runs as u64),
+            ("max-loops", self.max_loops as u64),
+            ("memory-budget", self.memory_budget),
+            ("disk-budget", self.disk_budget),
+            ("max-run-memory", self.max_run_memory),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

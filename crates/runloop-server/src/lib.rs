@@ -96,14 +96,15 @@ pub use budget::{
     RunBudget, default_disk_budget, default_memory_budget,
 };
 pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
+pub use identity::Shares;
 pub use identity::{
     ANONYMOUS, Credentials, Identity, Quota, Tenant, TenantError, Tenants, TokenHash,
     TokenHashError,
 };
 pub use runloop_metrics::StatsSnapshot;
-pub use shared::{PerIdentity, Shares, Stats, TenantChange};
+pub use shared::{PerIdentity, Stats, TenantChange};
 
-use self::admission::Admitted;
+use self::admission::{Admitted, TurnedAway};
 use self::shared::Shared;
 use runloop_metrics::{Reload, TlsFailure};
 use runloop_wire::limits::LimitError;
@@ -188,12 +189,35 @@ impl Server {
         let handshakes = Arc::new(Semaphore::new(
             shared.config.max_connections.min(Semaphore::MAX_PERMITS),
         ));
+        // Callers turned away at accept that are being told why, at most
+        // REFUSALS at once; past that they are closed at once.
+        let refusals = Arc::new(Semaphore::new(REFUSALS));
         // A shutdown cancels the drain too: either stops the accepting.
         let accepting = listener::accept_until(&listener, &shared.draining, |tcp, peer| {
-            let admitted = match Admitted::admit(&shared, Some(peer.ip())) {
+            let admitted = match Admitted::admit(shared.clone(), Some(peer.ip())) {
                 Ok(admitted) => admitted,
-                // Dropped: closed at once, nothing of it read.
-                Err(why) => return shared.closed_at_accept(peer, Some(peer.ip()), why),
+                Err(why) => {
+                    shared.closed_at_accept(peer, Some(peer.ip()), why);
+                    // Dropped (closed at once, nothing of it read), unless
+                    // it was turned away for others' sake (as many
+                    // connections authorizing as may be) and a refusal place
+                    // is free: that caller is told why. One over its own
+                    // address's limit is not given a handshake more.
+                    if why == TurnedAway::Unauthorized
+                        && let Ok(place) = Arc::clone(&refusals).try_acquire_owned()
+                    {
+                        let reason = "too many connections are authorizing; try again later";
+                        let acceptor = shared.config.tls.as_ref().map(|tls| tls.acceptor());
+                        shared.tasks.spawn(refuse(
+                            (tcp, peer),
+                            acceptor,
+                            Arc::clone(&shared),
+                            place,
+                            reason,
+                        ));
+                    }
+                    return;
+                }
             };
             let for_task = Arc::clone(&shared);
             match &shared.config.tls {
@@ -363,7 +387,7 @@ impl ServerHandle {
     {
         let shared = Arc::clone(&self.shared);
         self.shared.tasks.spawn(async move {
-            match Admitted::admit(&shared, None) {
+            match Admitted::admit(shared.clone(), None) {
                 Ok(admitted) => connection::serve(io, peer, shared, admitted).await,
                 Err(why) => shared.closed_at_accept(peer, None, why),
             }
@@ -390,15 +414,42 @@ impl runloop_metrics::admin::Watched for ServerHandle {
     }
 }
 
-/// The TLS handshake of a listener's connection, within the authorization
-/// grace, holding a handshake `place`; then the connection is served.
-async fn serve_tls(
+/// Refusal handshakes under way at once (see [`refuse`]).
+const REFUSALS: usize = 32;
+
+/// Tells a caller turned away at accept why, in a close frame (1013 and
+/// `reason`) after its TLS and WebSocket handshakes, both by one handshake
+/// timeout, holding a refusal `place`.
+async fn refuse(
     (tcp, peer): (TcpStream, SocketAddr),
-    acceptor: tokio_rustls::TlsAcceptor,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
     shared: Arc<Shared>,
     place: tokio::sync::OwnedSemaphorePermit,
-    admitted: Admitted,
+    reason: &'static str,
 ) {
+    let _place = place;
+    let started = tokio::time::Instant::now();
+    let deadline = started + shared.config.admission.handshake_timeout;
+    match acceptor {
+        None => connection::refuse(tcp, &shared, deadline, reason).await,
+        Some(acceptor) => {
+            let Some(tls) = tls_handshake(tcp, peer, &acceptor, &shared).await else {
+                return;
+            };
+            connection::refuse(tls, &shared, deadline, reason).await;
+        }
+    }
+}
+
+/// A listener connection's TLS handshake, within the handshake timeout
+/// (and the authorization grace), counted and logged when it fails; `None`
+/// then, or when the server shuts down first.
+async fn tls_handshake(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: &tokio_rustls::TlsAcceptor,
+    shared: &Shared,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     // The TLS handshake is part of the handshake a connection must finish
     // before it may authorize: an unauthorized caller holds its admission
     // place no longer over TLS than over plain TCP.
@@ -408,12 +459,11 @@ async fn serve_tls(
         .handshake_timeout
         .min(shared.config.authorization_grace);
     let accepted = tokio::select! {
-        accepted = tokio::time::timeout(deadline, transport::accept(tcp, &acceptor)) => accepted,
-        () = shared.shutdown.cancelled() => return,
+        accepted = tokio::time::timeout(deadline, transport::accept(tcp, acceptor)) => accepted,
+        () = shared.shutdown.cancelled() => return None,
     };
-    drop(place);
     match accepted {
-        Ok(Ok(tls)) => connection::serve(tls, peer, shared, admitted).await,
+        Ok(Ok(tls)) => return Some(tls),
         Ok(Err(error)) => {
             shared.metrics.tls_failures.inc(match error {
                 AcceptError::Plaintext => TlsFailure::Plaintext,
@@ -426,6 +476,23 @@ async fn serve_tls(
             shared.metrics.tls_failures.inc(TlsFailure::Timeout);
             info!(%peer, ?deadline, "no TLS handshake within the handshake timeout");
         }
+    }
+    None
+}
+
+/// The TLS handshake of a listener's connection, holding a handshake
+/// `place`; then the connection is served.
+async fn serve_tls(
+    (tcp, peer): (TcpStream, SocketAddr),
+    acceptor: tokio_rustls::TlsAcceptor,
+    shared: Arc<Shared>,
+    place: tokio::sync::OwnedSemaphorePermit,
+    admitted: Admitted,
+) {
+    let tls = tls_handshake(tcp, peer, &acceptor, &shared).await;
+    drop(place);
+    if let Some(tls) = tls {
+        connection::serve(tls, peer, shared, admitted).await;
     }
 }
 

@@ -144,8 +144,13 @@ impl Run {
                 ),
             ));
         }
-        let claim = Claim::admit(shared, &self.identity, container.memory, container.disk)
-            .map_err(|why| (RunRefusal::Budget, why))?;
+        let claim = Claim::admit(
+            shared.clone(),
+            &self.identity,
+            container.memory,
+            container.disk,
+        )
+        .map_err(|why| (RunRefusal::Budget, why))?;
         let (runtime, name) = match source {
             Source::Catalog(image) => {
                 let runtime = shared.config.catalog.resolve(image).map_err(|why| {
@@ -277,7 +282,7 @@ impl Run {
                 }
                 Some(order) = orders.recv() => {
                     let outbox = self.outbox.channel(order.channel);
-                    match LoopClaim::admit(&self.shared, &self.identity) {
+                    match LoopClaim::admit(self.shared.clone(), &self.identity) {
                         Ok(claim) => {
                             relays.spawn(relay::serve(
                                 Arc::clone(&self.shared),

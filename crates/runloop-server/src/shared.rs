@@ -11,10 +11,12 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::admission::{self, TurnedAway};
-use super::budget::Claimed;
+use super::admission::{self, Admission, Gate, TurnedAway};
+use super::budget::{Claimed, Ledger, RunBudget};
 use super::config::ServerConfig;
-use super::identity::{ANONYMOUS, Credentials, Identity, Quota, TenantError, Tenants, TokenHash};
+use super::identity::{
+    ANONYMOUS, Credentials, Identity, Quota, Shares, TenantError, Tenants, TokenHash,
+};
 use super::refusal_log::RefusalLog;
 use runloop_metrics::{ServerMetrics, StatsSnapshot};
 use runloop_wire::limits::LimitError;
@@ -98,24 +100,9 @@ pub(crate) struct Shared {
     table: RwLock<Arc<Table>>,
 }
 
-/// What one tenant may hold at once: its [`Quota`] resolved against the
-/// server's limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shares {
-    /// Authorized connections.
-    pub max_connections: usize,
-    /// Runs.
-    pub max_runs: usize,
-    /// Loops, over all its runs.
-    pub max_loops: usize,
-    /// The `memory` of its runs together, bytes.
-    pub memory_budget: u64,
-    /// The `disk` of its runs together, bytes.
-    pub disk_budget: u64,
-    /// The largest `memory` of one run, bytes.
-    pub max_run_memory: u64,
-}
-
+// Shares' resolution against the server's limits lives beside the table
+// it fills; the plain numbers are identity.rs's (below the admission and
+// the budget, which read them).
 impl Shares {
     /// What `quota` comes to on a server configured as `config`: a value
     /// it gives, up to the server-wide limit; else the fair share, half of
@@ -147,18 +134,6 @@ impl Shares {
                 .max_run_memory
                 .map_or(budget.max_run_memory, |v| v.min(budget.max_run_memory)),
         }
-    }
-
-    /// Each share by its key, as a configuration file names it.
-    pub fn keyed(&self) -> [(&'static str, u64); 6] {
-        [
-            ("max-connections", self.max_connections as u64),
-            ("max-runs", self.max_runs as u64),
-            ("max-loops", self.max_loops as u64),
-            ("memory-budget", self.memory_budget),
-            ("disk-budget", self.disk_budget),
-            ("max-run-memory", self.max_run_memory),
-        ]
     }
 }
 
@@ -425,5 +400,85 @@ impl Shared {
         self.claimed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Gate for Shared {
+    fn admission(&self) -> &Admission {
+        &self.config.admission
+    }
+
+    fn held(&self) -> MutexGuard<'_, admission::Held> {
+        Shared::admission(self)
+    }
+
+    fn connection_share(&self, identity: &Identity) -> Option<usize> {
+        self.per_identity
+            .then(|| self.shares(identity).max_connections)
+    }
+}
+
+impl Ledger for Shared {
+    fn budget(&self) -> &RunBudget {
+        &self.config.budget
+    }
+
+    fn claimed(&self) -> MutexGuard<'_, Claimed> {
+        Shared::claimed(self)
+    }
+
+    fn shares(&self, identity: &Identity) -> Option<Shares> {
+        self.per_identity.then(|| Shared::shares(self, identity))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::LoopClaim;
+    use runloop_runtime::Catalog;
+
+    /// A server's shared state with `credentials` and at most two loops
+    /// per identity.
+    fn two_loops_each(credentials: Credentials) -> Arc<Shared> {
+        let mut config = ServerConfig::new(credentials, Catalog::new());
+        config.budget.max_loops_per_identity = 2;
+        Arc::new(Shared::new(config))
+    }
+
+    #[test]
+    fn a_token_holds_its_loops_up_to_the_limit_and_gets_them_back() {
+        let shared = two_loops_each(Credentials::Tokens(vec!["a".into(), "b".into()]));
+        let accept = |token| shared.accept(token).expect("a token");
+        let (alice, bob) = (accept("a"), accept("b"));
+        let held = [
+            LoopClaim::admit(shared.clone(), &alice).expect("alice's first"),
+            LoopClaim::admit(shared.clone(), &alice).expect("alice's second"),
+        ];
+        let refused = LoopClaim::admit(shared.clone(), &alice)
+            .err()
+            .expect("alice's third");
+        assert_eq!(refused.0["kind"], "policy");
+        assert_eq!(
+            refused.0["error"],
+            "tenant token #1 holds as many loops as it may (max-loops 2); try again later"
+        );
+        let bobs = LoopClaim::admit(shared.clone(), &bob).expect("bob's");
+        let [first, second] = held;
+        drop(first);
+        let again = LoopClaim::admit(shared.clone(), &alice).expect("alice's place is back");
+        drop((second, again, bobs));
+        assert!(shared.claimed().loops_held() == 0);
+    }
+
+    #[test]
+    fn without_tokens_loops_are_not_counted_per_identity() {
+        let shared = two_loops_each(Credentials::Any);
+        let anyone = shared.accept("").expect("any");
+        let held: Vec<LoopClaim> = (0..3)
+            .map(|_| LoopClaim::admit(shared.clone(), &anyone).expect("not limited"))
+            .collect();
+        assert!(shared.claimed().loops_held() == 0);
+        drop(held);
     }
 }
