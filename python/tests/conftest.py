@@ -109,10 +109,14 @@ class Server:
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    """One server for the session, its run limits raised for 200 runs at once."""
+    """One server for the session, its run limits raised for 200 runs at once.
+
+    Its one token is a tenant, which holds half of --max-runs at most (the
+    fair share): 800 leaves it the 400 of --max-runs-per-identity.
+    """
     started = Server(
         [
-            "--max-runs", "400",
+            "--max-runs", "800",
             "--max-runs-per-identity", "400",
             "--max-loops-per-identity", "400",
             "--max-scopes", "400",

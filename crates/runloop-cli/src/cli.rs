@@ -39,7 +39,7 @@ pub enum Command {
     /// server with the demo agent).
     Run(run::Args),
     /// Serve runs: the provider server, with its catalog of agents.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// The proxy on its own, for beside an agent program in a container.
     Proxy(proxy::Args),
     /// An agent program on its own, on $PORT.

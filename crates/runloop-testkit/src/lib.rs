@@ -154,39 +154,6 @@ pub const CONTAINERS: &[Part] = &[
     },
 ];
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_program_on_the_path_is_found_and_a_made_up_one_is_not() {
-        assert!(find_program("sh").is_some());
-        assert!(find_program("runloop-no-such-program").is_none());
-    }
-
-    #[test]
-    fn a_missing_part_is_described_with_its_package() {
-        let part = Part::program("runloop-no-such-program", "runloop-nothing");
-        assert!(!part.present());
-        assert_eq!(
-            part.describe(),
-            "runloop-no-such-program (apt-get install runloop-nothing)"
-        );
-    }
-
-    #[test]
-    fn needs_answers_for_what_is_here_and_what_is_not() {
-        assert!(needs(&[Part::program("sh", "dash")]));
-        let missing = [Part::program("runloop-no-such-program", "runloop-nothing")];
-        if required() {
-            let panicked = std::panic::catch_unwind(|| needs(&missing));
-            assert!(panicked.is_err(), "under {REQUIRE}=1 a missing part fails");
-        } else {
-            assert!(!needs(&missing));
-        }
-    }
-}
-
 /// A figure: a named load that measures something and prints its
 /// figures, checking its bars (it panics when one is missed).
 pub type Figure = (&'static str, fn());
@@ -220,6 +187,39 @@ pub fn run_figures(figures: &[Figure]) {
         if filters.is_empty() || filters.iter().any(|filter| name.contains(filter)) {
             println!("== {name}");
             figure();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_on_the_path_is_found_and_a_made_up_one_is_not() {
+        assert!(find_program("sh").is_some());
+        assert!(find_program("runloop-no-such-program").is_none());
+    }
+
+    #[test]
+    fn a_missing_part_is_described_with_its_package() {
+        let part = Part::program("runloop-no-such-program", "runloop-nothing");
+        assert!(!part.present());
+        assert_eq!(
+            part.describe(),
+            "runloop-no-such-program (apt-get install runloop-nothing)"
+        );
+    }
+
+    #[test]
+    fn needs_answers_for_what_is_here_and_what_is_not() {
+        assert!(needs(&[Part::program("sh", "dash")]));
+        let missing = [Part::program("runloop-no-such-program", "runloop-nothing")];
+        if required() {
+            let panicked = std::panic::catch_unwind(|| needs(&missing));
+            assert!(panicked.is_err(), "under {REQUIRE}=1 a missing part fails");
+        } else {
+            assert!(!needs(&missing));
         }
     }
 }

@@ -148,8 +148,7 @@ fn one_token_cannot_hold_every_run() {
         let why = refusal(alice.start(request("demo", MIB, 0)).await);
         assert_eq!(
             why,
-            "token #1 holds as many runs as one identity may (max_runs_per_identity 2); try \
-             again later"
+            "tenant token #1 holds as many runs as it may (max-runs 2); try again later"
         );
         // A second connection of the same token is the same identity.
         let alice_again = Client::connect(&server.url, "alice")
@@ -199,8 +198,8 @@ fn one_token_cannot_hold_every_loop() {
             }
             held.push(held_loop);
         }
-        let refused = "token #1 holds as many loops as one identity may \
-                       (max_loops_per_identity 2); try again later";
+        let refused =
+            "tenant token #1 holds as many loops as it may (max-loops 2); try again later";
         // A third, on the third run: no loop ran, and the error says why.
         let events: Vec<Event> = runs[2].run_loop("a third").collect().await;
         match &events[..] {

@@ -181,10 +181,27 @@ fn the_guide_lists_each_example_as_the_file_has_it() {
             )
         })
         .collect();
+    let operating = listings(&read("docs/operating.md"));
     for example in &examples {
         assert!(
-            paths.contains(&example.as_str()),
-            "{example} is not in the guide"
+            paths.contains(&example.as_str()) || operating.iter().any(|(path, _)| path == example),
+            "{example} is not in the guide or the operator's page"
+        );
+    }
+}
+
+#[test]
+fn the_operators_page_lists_the_example_configuration_as_the_file_has_it() {
+    let listed = listings(&read("docs/operating.md"));
+    let paths: Vec<&str> = listed.iter().map(|(path, _)| path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["docs/examples/serve.toml", "docs/examples/alice.tokens"]
+    );
+    for (path, listing) in &listed {
+        assert!(
+            listing == &read(path),
+            "docs/operating.md's listing of {path} is not the file"
         );
     }
 }
@@ -192,7 +209,12 @@ fn the_guide_lists_each_example_as_the_file_has_it() {
 #[test]
 fn relative_links_of_the_documents_resolve() {
     let mut checked = 0;
-    for doc in ["README.md", "docs/agents.md", "docs/protocol.md"] {
+    for doc in [
+        "README.md",
+        "docs/agents.md",
+        "docs/protocol.md",
+        "docs/operating.md",
+    ] {
         let text = read(doc);
         let dir = root().join(doc).parent().expect("a directory").to_owned();
         for (_, rest) in text.match_indices("](").map(|(i, _)| text.split_at(i + 2)) {
@@ -222,7 +244,7 @@ fn help(args: &[&str]) -> String {
     String::from_utf8(output.stdout).expect("UTF-8 help")
 }
 
-/// The lines of a help section (`Commands:`, `Options:`) up to its blank line.
+/// The lines of a help section (`Commands:`) up to its blank line.
 fn help_section<'a>(help: &'a str, title: &str) -> Vec<&'a str> {
     help.lines()
         .skip_while(|line| *line != title)
@@ -255,8 +277,10 @@ fn commands_in_help(path: &[&str], found: &mut Vec<(String, BTreeSet<String>)>) 
         .filter(|name| *name != "help")
         .collect();
     if commands.is_empty() {
-        let options = help_section(&help, "Options:")
-            .iter()
+        // Every headed group of options, from `Options:` to the end.
+        let options = help
+            .lines()
+            .skip_while(|line| *line != "Options:")
             .filter(|line| line.trim_start().starts_with('-'))
             .map(|line| {
                 line.split_whitespace()
@@ -368,4 +392,22 @@ fn the_table_of_error_kinds_is_the_error_kind_enum() {
         kinds, enumerated,
         "docs/protocol.md §12 lists every ErrorKind, in order"
     );
+}
+
+#[test]
+fn the_tables_of_limits_are_made_from_the_one_table() {
+    let table = runloop_cli::limit_table::markdown();
+    for doc in ["README.md", "docs/operating.md"] {
+        let text = read(doc);
+        let (_, rest) = text
+            .split_once("<!-- limits: begin -->\n")
+            .unwrap_or_else(|| panic!("{doc} has no table of limits"));
+        let (shown, _) = rest
+            .split_once("<!-- limits: end -->")
+            .unwrap_or_else(|| panic!("{doc}: the table of limits does not end"));
+        assert!(
+            shown == table,
+            "{doc}'s table of limits is not crates/runloop-cli/src/limit_table.rs; it is:\n{table}"
+        );
+    }
 }

@@ -7,7 +7,7 @@ use common::{Serve, run};
 
 #[test]
 fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {
-    let cases: [(&str, &str, &str); 20] = [
+    let cases: [(&str, &str, &str); 22] = [
         ("--max-message-size", "0", "4096 bytes"),
         ("--max-message-size", "8", "4096 bytes"),
         ("--max-message-size", "4095", "4096 bytes"),
@@ -23,6 +23,8 @@ fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {
         ("--max-run-memory", "0", "16777216 bytes"),
         ("--max-run-memory", "16777215", "16777216 bytes"),
         ("--memory-budget", "1M", "16777216 bytes"),
+        ("--disk-budget", "1M", "16777216 bytes"),
+        ("--handshake-timeout", "0", "minimum of 1s:"),
         ("--max-unauthorized", "0", "minimum of 1:"),
         ("--max-connections-per-address", "0", "minimum of 1:"),
         ("--max-connections-per-identity", "0", "minimum of 1:"),

@@ -25,4 +25,5 @@ mod outgoing;
 mod pipes;
 mod run;
 mod run_options;
+mod tenants;
 mod tokens;
