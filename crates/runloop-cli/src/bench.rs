@@ -140,9 +140,15 @@ impl Spawn for ThisBinary {
         if load.runs_per_connection > Limits::default().max_scopes {
             command.args(["--max-scopes", &load.runs_per_connection.to_string()]);
         }
-        // One more for the bench's probe while the server starts.
-        if load.connections >= DEFAULT_MAX_CONNECTIONS {
-            command.args(["--max-connections", &(load.connections + 1).to_string()]);
+        // One more for the bench's probe while the server starts; and the
+        // bench's one token is a tenant, which holds half of the server's
+        // connections, runs and memory at most (its fair share): the
+        // server-wide limits are twice its load.
+        if 2 * (load.connections + 1) > DEFAULT_MAX_CONNECTIONS {
+            command.args([
+                "--max-connections",
+                &(2 * (load.connections + 1)).to_string(),
+            ]);
         }
         // The bench is one token on one address, connecting all at once,
         // with runs whose memory nothing holds, one loop each: every
@@ -154,10 +160,10 @@ impl Spawn for ThisBinary {
             .args(["--max-unauthorized", &connections])
             .args(["--max-connections-per-address", &connections])
             .args(["--max-connections-per-identity", &connections])
-            .args(["--max-runs", &runs.to_string()])
+            .args(["--max-runs", &(2 * runs).to_string()])
             .args(["--max-runs-per-identity", &runs.to_string()])
             .args(["--max-loops-per-identity", &runs.to_string()])
-            .args(["--memory-budget", &format!("{runs}G")]);
+            .args(["--memory-budget", &format!("{}G", 2 * runs)]);
         command
     }
 

@@ -141,17 +141,22 @@ pub struct Args {
     /// A host (`HOST[:PORT]`) a registry may redirect blob downloads to, a
     /// blob CDN (repeatable). No other redirect is followed; a mirror named
     /// by host name is only reached at public addresses.
-    #[arg(long = "registry-mirror", value_name = "HOST[:PORT]")]
+    #[arg(
+        long = "registry-mirror",
+        value_name = "HOST[:PORT]",
+        help_heading = "Runs and containers"
+    )]
     pub registry_mirrors: Vec<String>,
-    /// Seconds one registry pull (manifests and blobs) may take, all told.
-    #[arg(long, value_name = "SECONDS", value_parser = crate::seconds::parse, default_value = "600")]
+    /// How long one registry pull (manifests and blobs) may take, all told
+    /// (a duration: 30s, 2m, or seconds).
+    #[arg(long, value_name = "DURATION", value_parser = crate::seconds::positive_duration, default_value = "10m", help_heading = "Runs and containers")]
     pub pull_timeout: Duration,
     /// Registry pulls fetching at once; more wait for a place.
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Runs and containers")]
     pub max_pulls: u32,
     /// A registry image may unpack to at most this many times its
     /// compressed size (--max-image-size bounds that size).
-    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Runs and containers")]
     pub max_unpack_ratio: u64,
     /// Containers (`oci:` entries, registry images): the store of pulled
     /// blobs, unpacked images and runs [default: /var/lib/runloop for root].
@@ -168,26 +173,26 @@ pub struct Args {
     pub container_pids: u32,
     /// Containers: the OCI runtime that runs them, `runc` or `runsc`
     /// (gVisor), found in PATH.
-    #[arg(long, value_name = "RUNTIME", value_enum, default_value_t = OciRuntimeArg::Runc)]
+    #[arg(long, value_name = "RUNTIME", value_enum, default_value_t = OciRuntimeArg::Runc, help_heading = "Runs and containers")]
     pub oci_runtime: OciRuntimeArg,
     /// Containers: the host ids their user and group ids 0..COUNT are,
     /// `START:COUNT` (their root is the host's START, an unprivileged id)
     /// [default: the `runloop` user's /etc/subuid and /etc/subgid ranges,
     /// else 2000000000:65536].
-    #[arg(long, value_name = "START:COUNT")]
+    #[arg(long, value_name = "START:COUNT", help_heading = "Runs and containers")]
     pub container_uid_range: Option<IdRange>,
     /// Containers: CPUs' worth of time one may use (a fraction is a share
     /// of one CPU) [default: half the machine's CPUs, at least 1].
-    #[arg(long, value_name = "CPUS")]
+    #[arg(long, value_name = "CPUS", help_heading = "Runs and containers")]
     pub container_cpus: Option<f64>,
     /// Containers: files one container's process may have open at once
     /// (RLIMIT_NOFILE).
-    #[arg(long, value_name = "N", default_value_t = runloop_oci::host::DEFAULT_NOFILE, value_parser = clap::value_parser!(u64).range(16..))]
+    #[arg(long, value_name = "N", default_value_t = runloop_oci::host::DEFAULT_NOFILE, value_parser = clap::value_parser!(u64).range(16..), help_heading = "Runs and containers")]
     pub container_nofile: u64,
     /// Containers: whether the agent runs under a small init as PID 1,
     /// which passes signals on and reaps (an agent that is PID 1 itself
     /// ignores a SIGTERM it has no handler for).
-    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set, help_heading = "Runs and containers")]
     pub container_init: bool,
     /// `exec:` entries: what to do with a run's `disk`, which a host process
     /// cannot be held to. `refuse`: every exec run is refused, saying so;
