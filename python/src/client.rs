@@ -36,7 +36,8 @@ pub const BATCH: usize = 512;
 
 /// The digest sent when a caller names none: any unpinned catalog entry
 /// accepts it (as `runloop run` sends).
-const ANY_DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+pub const ANY_DIGEST: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 
 /// The configuration of a connection, checked before any dial.
 fn config(ca: &[PathBuf]) -> PyResult<ClientConfig> {

@@ -99,12 +99,11 @@ fn rust_client_loop(
 ) -> PyResult<(u64, f64, &'static str)> {
     let counted = block(py, async move {
         let client = Client::connect(&url, &token).await?;
-        let digest = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
         let request = runloop_proto::agents_run::RunRequest::new(
             runloop_proto::agents_run::Container::new(
                 runloop_proto::agents_run::Image::Server(runloop_proto::agents_run::ImageRef {
                     name: image,
-                    digest: digest.to_owned(),
+                    digest: client::ANY_DIGEST.to_owned(),
                 }),
                 1 << 30,
                 0,

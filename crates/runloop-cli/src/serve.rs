@@ -459,7 +459,10 @@ impl Args {
     /// Opens the container host, if anything needs one, adds the catalog's
     /// `oci:` entries (each pinned to its layout's digest), and the
     /// registry puller.
-    async fn containers(&self, config: &mut ServerConfig) -> Result<(), Failure> {
+    async fn containers(
+        &self,
+        config: &mut ServerConfig,
+    ) -> Result<Option<std::sync::Arc<Host>>, Failure> {
         let layouts: Vec<&AgentSpec> = self
             .agents
             .iter()
@@ -467,7 +470,7 @@ impl Args {
             .collect();
         let pulls = !self.registries.is_empty() || !self.insecure_registries.is_empty();
         if layouts.is_empty() && !pulls {
-            return Ok(());
+            return Ok(None);
         }
         let host = Host::open(self.host_config()?)
             .await
@@ -491,10 +494,16 @@ impl Args {
             let RuntimeSpec::Oci(dir) = &spec.runtime else {
                 continue;
             };
-            let (digest, runtime) = host
-                .layout(dir, spec.digest.as_deref())
-                .await
-                .map_err(Failure::Containers)?;
+            // A signal mid-unpack ends the unpack and removes what it made.
+            let (digest, runtime) = tokio::select! {
+                layout = host.layout(dir, spec.digest.as_deref()) => layout.map_err(Failure::Containers)?,
+                () = shutdown_signal() => {
+                    host.store().stop().await;
+                    return Err(Failure::Runtime(std::io::Error::other(format!(
+                        "stopped by a signal while unpacking {}", dir.display()
+                    ))));
+                }
+            };
             info!(image = %spec.name, %digest, layout = %dir.display(), "serving an image layout in containers");
             config.catalog.insert(
                 spec.name.clone(),
@@ -502,7 +511,7 @@ impl Args {
                 std::sync::Arc::new(runtime),
             );
         }
-        Ok(())
+        Ok(Some(host))
     }
 
     /// The descriptors the server may open, raised to the hard limit, if
@@ -613,7 +622,7 @@ impl Args {
             .iter()
             .any(|spec| matches!(spec.runtime, RuntimeSpec::Exec { .. }));
         let served = block_on(async {
-            self.containers(&mut config).await?;
+            let host = self.containers(&mut config).await?;
             for (name, digest) in config.catalog.names() {
                 info!(
                     image = name,
@@ -663,6 +672,10 @@ impl Args {
             };
             out.flush()?;
             drain(&handle, serving, drain_timeout, shutdown).await;
+            // Unpacks a gone run started are ended, and what they made removed.
+            if let Some(host) = &host {
+                host.store().stop().await;
+            }
             if let Some((stop, admin)) = admin {
                 stop.cancel();
                 let _ = admin.await;

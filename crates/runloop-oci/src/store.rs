@@ -11,9 +11,10 @@
 //! ```
 //!
 //! An unpacked image is made under a temporary name and renamed into place
-//! when its last layer is applied, so `images/` holds only whole images: a
-//! crash mid-unpack leaves a temporary directory the next server start
-//! removes. Once in place an image is never written again — every run
+//! when its last layer is applied, so `images/` holds only whole images. A
+//! server that stops ([`Store::stop`]) ends the unpacks under way and
+//! removes what they made; a crash mid-unpack leaves a temporary directory
+//! the next server start removes. Once in place an image is never written again — every run
 //! writes to its own overlay upper directory — and it is reused by every
 //! later run of the same digest. Two runs that need the same image at the
 //! same time unpack it once: the second waits for the first
@@ -30,6 +31,7 @@ use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tracing::info;
@@ -89,6 +91,9 @@ pub enum StoreError {
     /// The blocking unpack task did not finish.
     #[error("the unpack task failed: {0}")]
     Task(String),
+    /// The server is stopping: no unpack starts, and those under way end.
+    #[error("the server is stopping; the unpack was ended and removed")]
+    Stopping,
 }
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> StoreError + '_ {
@@ -135,6 +140,10 @@ pub struct Store {
     limits: UnpackLimits,
     flights: Flights,
     ids: IdMapping,
+    /// Set by [`Store::stop`]: unpacks read it between reads of a layer.
+    stopping: Arc<AtomicBool>,
+    /// Held (read) by each unpack under way; [`Store::stop`] waits for the write.
+    jobs: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Store {
@@ -157,6 +166,8 @@ impl Store {
             limits,
             flights: Flights::default(),
             ids: IdMapping::identity(),
+            stopping: Arc::new(AtomicBool::new(false)),
+            jobs: Arc::new(tokio::sync::RwLock::new(())),
         })
     }
 
@@ -179,6 +190,17 @@ impl Store {
     /// The ids images are unpacked for.
     pub fn ids(&self) -> IdMapping {
         self.ids
+    }
+
+    /// Ends every unpack under way (each removes its temporary directory)
+    /// and refuses new ones; returns when they are all gone. For a server's
+    /// shutdown, so that a stop mid-unpack leaves nothing in `images/`.
+    pub async fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _all = self.jobs.write().await;
+        if let Err(error) = self.sweep() {
+            tracing::warn!(%error, "cannot remove an interrupted unpack");
+        }
     }
 
     /// The store's directory.
@@ -249,6 +271,10 @@ impl Store {
         if unpacked.rootfs.is_dir() {
             return Ok(unpacked);
         }
+        let running = Arc::clone(&self.jobs).read_owned().await;
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(StoreError::Stopping);
+        }
         let temporary = self
             .dir
             .join("images")
@@ -263,13 +289,17 @@ impl Store {
                 ..self.limits
             },
             ids: self.ids,
+            stopping: Arc::clone(&self.stopping),
         };
         // The job puts the image in place (or removes its temporary
         // directory) itself: a caller that gives up waiting leaves no
         // half-made image, and a finished one is cached for the next.
-        let unpacked_bytes = tokio::task::spawn_blocking(move || job.run())
-            .await
-            .map_err(|error| StoreError::Task(error.to_string()))??;
+        let unpacked_bytes = tokio::task::spawn_blocking(move || {
+            let _running = running;
+            job.run()
+        })
+        .await
+        .map_err(|error| StoreError::Task(error.to_string()))??;
         info!(image = %image.digest, layers = image.layers.len(), bytes = unpacked_bytes, "image unpacked");
         unpacked.fresh = true;
         Ok(unpacked)
@@ -301,6 +331,7 @@ struct Job {
     dir: PathBuf,
     limits: UnpackLimits,
     ids: IdMapping,
+    stopping: Arc<AtomicBool>,
 }
 
 impl Job {
@@ -348,9 +379,36 @@ impl Job {
             let blob = self.source.open_blob(&layer.digest)?;
             let reader = decompress(blob, layer.compression)
                 .map_err(|error| failed(UnpackError::Archive(error)))?;
-            unpack::apply_as(&rootfs, reader, &mut budget, self.ids).map_err(failed)?;
+            let reader = Stoppable {
+                inner: reader,
+                stopping: &self.stopping,
+            };
+            let applied = unpack::apply_as(&rootfs, reader, &mut budget, self.ids);
+            if self.stopping.load(Ordering::SeqCst) {
+                return Err(StoreError::Stopping);
+            }
+            applied.map_err(failed)?;
+        }
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(StoreError::Stopping);
         }
         Ok(budget.bytes())
+    }
+}
+
+/// A layer's reader that fails once the store is stopping, so that an
+/// unpack ends at its next read.
+struct Stoppable<'a, R> {
+    inner: R,
+    stopping: &'a AtomicBool,
+}
+
+impl<R: Read> Read for Stoppable<'_, R> {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        if self.stopping.load(Ordering::Relaxed) {
+            return Err(io::Error::other("the server is stopping"));
+        }
+        self.inner.read(buffer)
     }
 }
 

@@ -502,3 +502,133 @@ fn a_callers_reference_cannot_forge_a_server_log_line() {
         );
     }
 }
+
+#[test]
+fn a_server_stopped_mid_unpack_leaves_no_partial_image() {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+
+    let images = Images::get();
+    // 4 GiB of zeros in one file, gzipped: an unpack that takes a while.
+    // The gzip is made of members (which a layer may be): the tar header,
+    // 256 of one 16 MiB block of zeros, and the archive's end.
+    let gzip = |bytes: &[u8]| {
+        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gzip.write_all(bytes).expect("gzips");
+        gzip.finish().expect("gzipped")
+    };
+    let size: u64 = 4 << 30;
+    let mut header = tar::Header::new_gnu();
+    header.set_path("zeros").expect("path");
+    header.set_size(size);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_cksum();
+    let mut layer = gzip(header.as_bytes());
+    let block = gzip(&vec![0u8; 16 << 20]);
+    for _ in 0..size / (16 << 20) {
+        layer.extend_from_slice(&block);
+    }
+    layer.extend_from_slice(&gzip(&[0u8; 1024]));
+    let (source, base) = images.hog_layout("slow-unpack");
+    let source = Layout::open(&source).expect("layout");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(source.blob_path(&base)).expect("manifest"))
+            .expect("JSON");
+    // A layout of its own, holding only this image.
+    let dir = tempfile::tempdir().expect("temp");
+    let path = dir.path().join("layout");
+    let layout = Layout::create(&path).expect("layout");
+    let copy = |descriptor: &serde_json::Value| {
+        let digest: Digest = descriptor["digest"]
+            .as_str()
+            .expect("digest")
+            .parse()
+            .expect("digest");
+        layout
+            .put(&fs::read(source.blob_path(&digest)).expect("blob"))
+            .expect("copied");
+    };
+    copy(&manifest["config"]);
+    for descriptor in manifest["layers"].as_array().expect("layers") {
+        copy(descriptor);
+    }
+    let layer_digest = layout.put(&layer).expect("layer blob");
+    manifest["layers"]
+        .as_array_mut()
+        .expect("layers")
+        .push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": layer_digest.to_string(),
+            "size": layer.len(),
+        }));
+    let manifest = serde_json::to_vec(&manifest).expect("manifest");
+    let digest = layout.put(&manifest).expect("manifest blob");
+    layout
+        .add_manifest(
+            "latest",
+            &digest,
+            manifest.len() as u64,
+            runloop_oci::oci_spec::image::MediaType::ImageManifest,
+        )
+        .expect("indexed");
+    let scratch = tempfile::tempdir().expect("temp");
+    let store = scratch.path().join("store");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(&store)
+        .args(["--container-network", &crate::subnet()])
+        .arg("--agent")
+        .arg(format!("slow=oci:{}", path.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    let images_dir = store.join("images");
+    let unpacking = || {
+        fs::read_dir(&images_dir)
+            .map(|entries| {
+                entries
+                    .map_while(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(".unpacking-"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while unpacking() == 0 {
+        if let Some(status) = child.try_wait().expect("waits") {
+            let mut stderr = String::new();
+            let _ = std::io::Read::read_to_string(
+                &mut child.stderr.take().expect("stderr"),
+                &mut stderr,
+            );
+            panic!("serve exited ({status}) before its unpack: {stderr}");
+        }
+        assert!(Instant::now() < deadline, "no unpack began");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Well into the unpack.
+    std::thread::sleep(Duration::from_millis(500));
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let started = Instant::now();
+    let exited = child.wait().expect("exits");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    println!(
+        "stopped mid-unpack: exited {exited} {:?} after SIGTERM",
+        started.elapsed()
+    );
+    assert!(!exited.success(), "{stderr}");
+    assert!(
+        stderr.contains("stopped by a signal while unpacking"),
+        "{stderr}"
+    );
+    assert_eq!(unpacking(), 0, "a partial unpack is left");
+    assert_eq!(fs::read_dir(&images_dir).expect("images").count(), 0);
+}
