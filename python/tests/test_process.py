@@ -25,6 +25,9 @@ def python(script: str, url: str, token: str) -> subprocess.CompletedProcess[str
     )
 
 
+# Forking a process with threads is the point (the runtime's are there);
+# Python 3.12+ warns about it.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_client_used_after_fork_raises_and_a_new_one_works(server: Server) -> None:
     client = runloop.connect_sync(server.url, server.token)
     run = client.start("demo", memory="64M")
