@@ -76,12 +76,6 @@ impl Failure {
         };
         made.unwrap_or_else(|error| error)
     }
-
-    /// The exception, taking the GIL for it (in a future's last step).
-    pub fn raise(self) -> PyErr {
-        crate::runtime::attach(|py| self.into_pyerr(py))
-            .unwrap_or_else(|| PyRuntimeError::new_err("the interpreter is exiting"))
-    }
 }
 
 /// An instance of `runloop._errors.<class>` as the error to raise.

@@ -269,3 +269,14 @@ impl<T> Drop for Owned<T> {
         }
     }
 }
+
+impl errors::Failure {
+    /// The exception, taking the GIL for it (in a future's last step) as
+    /// [`attach`] allows: none once the interpreter is exiting. Here, not
+    /// in errors.rs, so that the errors know nothing of the runtime.
+    pub fn raise(self) -> PyErr {
+        attach(|py| self.into_pyerr(py)).unwrap_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("the interpreter is exiting")
+        })
+    }
+}

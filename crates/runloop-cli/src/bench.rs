@@ -23,7 +23,7 @@ use tokio::process::Command;
 
 use crate::exit::{Exit, Failure};
 use crate::process::{block_on, init_logs};
-use crate::serve::bytes;
+use crate::size::bytes;
 
 /// What `runloop bench --help` says after the flags: the JSON's ratios.
 const JSON_KEYS: &str = "\

@@ -20,7 +20,7 @@
 //! proxy    the proxy on its own
 //! agent    the demo agent program on its own
 //! bench    the relay against a raw forwarder (and the hidden forwarder)
-//! process  the async runtime, logs and shutdown signals they share
+//! process  the async runtime, logs, shutdown signals and the admin listener they share
 //! decode   a capture → JSON lines, exit code from the loops' endings
 //! schema   the JSON Schema of the chunk vocabulary and the error value
 //! render   one loop for a terminal, as plain text, or as JSON lines
@@ -30,7 +30,8 @@
 //! exit     exit codes, and the one mapping from an outcome to a code
 //! frames   what one message is, in words: for run -v and decode
 //! dial     a provider server's URL, and each way a connection fails, in words
-//! seconds  durations on the command line
+//! seconds  durations on the command line and in the configuration file
+//! size     byte counts on the command line and in the configuration file
 //! verbose  run -v: the frames as they pass, and a timing line
 //! unparsed run: a chunk that did not parse, shown as it came
 //! notes    the command's own lines on stderr, from a bounded queue
@@ -57,7 +58,9 @@ pub mod run;
 pub mod schema;
 pub mod seconds;
 pub mod serve;
+pub mod serve_args;
 pub mod serve_file;
+pub mod size;
 pub mod token;
 pub mod unparsed;
 pub mod verbose;

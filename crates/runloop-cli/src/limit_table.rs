@@ -293,7 +293,7 @@ impl Row {
             })
             .value_parser(match self.unit {
                 Unit::Count => clap::value_parser!(usize).into(),
-                Unit::Bytes => ValueParser::new(crate::serve::bytes),
+                Unit::Bytes => ValueParser::new(crate::size::bytes),
                 Unit::Duration => ValueParser::new(crate::seconds::duration),
             });
         match self.default {

@@ -1,10 +1,15 @@
 //! What the networked subcommands share: the async runtime, logs on
-//! stderr, and the signals that end a long-running command.
+//! stderr, the signals that end a long-running command, and the admin
+//! listener `serve` and `proxy` start.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use runloop::admin::{self, Watched};
 use runloop::tls::ClientTls;
+use tokio_util::sync::CancellationToken;
 
 use crate::exit::Failure;
 
@@ -188,6 +193,31 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         () = terminate => {}
     }
+}
+
+/// Binds an admin listener for `watched` on `addr` and serves it until the
+/// returned token is cancelled: its `http://` URL, the token, its task.
+pub async fn start_admin(
+    addr: SocketAddr,
+    watched: Arc<dyn Watched>,
+) -> Result<(String, CancellationToken, tokio::task::JoinHandle<()>), Failure> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Failure::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(Failure::Runtime)?;
+    let stop = CancellationToken::new();
+    let serving = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            if let Err(error) = admin::serve(listener, watched, stop).await {
+                tracing::warn!(%error, "the admin listener failed");
+            }
+        }
+    });
+    Ok((format!("http://{bound}"), stop, serving))
 }
 
 #[cfg(test)]

@@ -11,8 +11,7 @@ use runloop::proxy::{DEFAULT_LISTEN, Proxy};
 use tracing::info;
 
 use crate::exit::{Exit, Failure};
-use crate::process::{LogArgs, block_on, init_logs_as, shutdown_signal};
-use crate::serve::start_admin;
+use crate::process::{LogArgs, block_on, init_logs_as, shutdown_signal, start_admin};
 
 /// Arguments of `runloop proxy`.
 #[derive(Debug, clap::Args)]

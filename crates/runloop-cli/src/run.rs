@@ -36,7 +36,7 @@ use crate::notes::{DRAIN, Note, Notes};
 use crate::process::{block_on, client_tls, init_logs, shutdown_signal};
 use crate::render::{Format, Render};
 use crate::seconds;
-use crate::serve::bytes;
+use crate::size::bytes;
 use crate::unparsed::LastChunk;
 use crate::verbose::Verbose;
 

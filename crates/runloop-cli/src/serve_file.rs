@@ -21,10 +21,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
-use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
+use clap::{ArgAction, ArgMatches, FromArgMatches};
 use runloop::server::{Quota, Tenant, Tenants, TokenHash};
 
-use crate::serve::{Args, bytes};
+use crate::serve_args::Args;
+use crate::size::bytes;
 use crate::token;
 
 /// Keys that are options of the command but not of a file.
@@ -47,12 +48,7 @@ const QUOTA_KEYS: [&str; 6] = [
 
 /// The `serve` command as clap sees it: its options, defaults and help.
 pub fn command() -> clap::Command {
-    let cli = crate::cli::Cli::command();
-    cli.find_subcommand("serve")
-        .cloned()
-        .unwrap_or_else(|| clap::Command::new("serve"))
-        .no_binary_name(false)
-        .name("serve")
+    <Args as clap::Args>::augment_args(clap::Command::new("serve"))
 }
 
 /// A file's options merged under the command line: the arguments, the

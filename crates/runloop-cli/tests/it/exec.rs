@@ -161,7 +161,7 @@ fn a_program_that_floods_its_output_fills_the_log_only_so_far() {
     // 256 MiB by default; RUNLOOP_FLOOD=2G for the figure of issue 13.
     let total = std::env::var("RUNLOOP_FLOOD")
         .ok()
-        .map(|size| runloop_cli::serve::bytes(&size).expect("a size"))
+        .map(|size| runloop_cli::size::bytes(&size).expect("a size"))
         .unwrap_or(256 << 20);
     let agent = format!("flood=exec:python3 {} {total}", fixture("flood.py"));
     let mut server = serve(&agent);
