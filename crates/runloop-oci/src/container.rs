@@ -23,7 +23,7 @@
 //! the tracker too, and the server waits for it before it exits
 //! ([`Host::close`], which also stops whatever still runs and sweeps the
 //! store once more). Teardown works from the run's key alone
-//! ([`teardown`]), so a server restarted after a crash removes the
+//! ([`crate::teardown`]), so a server restarted after a crash removes the
 //! leftovers of its runs the same way.
 //!
 //! The agent is reached only through sockets made inside the run's network
@@ -34,7 +34,7 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,8 +51,11 @@ use tracing::{info, warn};
 
 use crate::bundle::{self, Bundle};
 use crate::cgroup;
+use crate::digest::Digest;
 use crate::disk;
-use crate::host::Host;
+use crate::host::{Host, HostError};
+use crate::image::Image;
+use crate::layout::Layout;
 use crate::link::{self, Watch};
 use crate::network::{self, Netns};
 use crate::runc;
@@ -305,7 +308,7 @@ async fn end_now(host: &Host, key: &str) {
     {
         warn!(%id, %error, "cannot kill the container");
     }
-    teardown(host, key).await;
+    host.teardown(key).await;
 }
 
 /// A container whose runc has started, not yet known to listen.
@@ -523,7 +526,7 @@ async fn supervise(
     // The link and the proxy stay until the server stops the run: a loop
     // held open by the link must end with the reason just reported.
     started.run.armed = false;
-    teardown(&host, &started.run.key).await;
+    host.teardown(&started.run.key).await;
 }
 
 /// Why a container that ended by itself ended, OOM kills first.
@@ -547,35 +550,6 @@ fn describe(status: io::Result<ExitStatus>) -> String {
             None => status.to_string(),
         },
         Err(error) => format!("its status could not be read: {error}"),
-    }
-}
-
-/// Removes everything of the run `key`: its container, cgroup, network,
-/// mounts, loop device and files. Each step goes on whatever the last one
-/// did; failures are logged.
-pub async fn teardown(host: &Host, key: &str) {
-    let id = runc::id(key);
-    if let Err(error) = host.runc().delete(&id).await {
-        warn!(%id, %error, "cannot delete the container");
-    }
-    // What runc did not know of (a runc killed while it made the
-    // container leaves its `runc init` in the cgroup).
-    let group = cgroup::Cgroup::new(host.cgroups(), &cgroup::path(&id));
-    if !group.procs().is_empty() {
-        let killing = group.clone();
-        let _ = tokio::task::spawn_blocking(move || killing.kill()).await;
-    }
-    for dir in group.leftovers() {
-        if let Err(error) = std::fs::remove_dir(&dir) {
-            warn!(%id, dir = %dir.display(), %error, "cannot remove the container's cgroup");
-        }
-    }
-    if let Err(error) = network::remove(key).await {
-        warn!(%id, %error, "cannot remove the container's network");
-    }
-    let run = host.store().runs().join(key);
-    if let Err(error) = disk::remove(&run).await {
-        warn!(%id, %error, "cannot remove the run's disk and files");
     }
 }
 
@@ -638,5 +612,43 @@ impl Drop for OciContainer {
     /// down by its supervisor.
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+// A runtime for an image layout belongs with the runtime it makes: the
+// host (below the container) knows nothing of OciRuntime.
+impl Host {
+    /// A runtime for the image layout at `dir` (`oci:DIR`), checked against
+    /// `pin` when given and unpacked into the store; with the image's
+    /// digest, which the catalog entry is pinned to.
+    pub async fn layout(
+        self: &Arc<Self>,
+        dir: &Path,
+        pin: Option<&str>,
+    ) -> Result<(Digest, OciRuntime), HostError> {
+        let image_error = |source| HostError::Image {
+            dir: dir.to_owned(),
+            source,
+        };
+        let layout = Arc::new(Layout::open(dir).map_err(|error| image_error(error.into()))?);
+        let image = Image::from_layout(&layout).map_err(image_error)?;
+        if let Some(pin) = pin {
+            let pinned: Digest = pin.parse().map_err(|source| HostError::Pin {
+                dir: dir.to_owned(),
+                source,
+            })?;
+            if pinned != image.digest {
+                return Err(HostError::Mismatch {
+                    dir: dir.to_owned(),
+                    pinned,
+                    actual: image.digest,
+                });
+            }
+        }
+        let unpacked = self.store().unpack(&layout, &image).await?;
+        Ok((
+            image.digest.clone(),
+            OciRuntime::new(Arc::clone(self), unpacked),
+        ))
     }
 }

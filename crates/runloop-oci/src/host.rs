@@ -35,13 +35,12 @@ use tracing::{info, warn};
 
 use crate::cgroup;
 use crate::command;
-use crate::container::{OciRuntime, teardown};
 use crate::digest::{Digest, DigestError};
 use crate::disk;
-use crate::image::{Image, ImageError};
-use crate::layout::Layout;
+use crate::image::ImageError;
 use crate::runc::Runc;
 use crate::store::{Store, StoreError, UnpackLimits};
+use crate::teardown::teardown;
 use crate::user::IdMapping;
 
 /// How the host runs containers.
@@ -303,7 +302,7 @@ impl Host {
         for entry in entries.flatten() {
             let key = entry.file_name().to_string_lossy().into_owned();
             warn!(%key, "removing the leftovers of a run of an earlier server");
-            teardown(self, &key).await;
+            self.teardown(&key).await;
         }
         self.store.sweep()?;
         Ok(())
@@ -325,7 +324,7 @@ impl Host {
         for entry in entries.flatten() {
             let key = entry.file_name().to_string_lossy().into_owned();
             warn!(%key, "a run was still on the machine at shutdown; removing it");
-            teardown(self, &key).await;
+            self.teardown(&key).await;
         }
     }
 
@@ -364,37 +363,8 @@ impl Host {
         self.init.as_deref()
     }
 
-    /// A runtime for the image layout at `dir` (`oci:DIR`), checked against
-    /// `pin` when given and unpacked into the store; with the image's
-    /// digest, which the catalog entry is pinned to.
-    pub async fn layout(
-        self: &Arc<Self>,
-        dir: &Path,
-        pin: Option<&str>,
-    ) -> Result<(Digest, OciRuntime), HostError> {
-        let image_error = |source| HostError::Image {
-            dir: dir.to_owned(),
-            source,
-        };
-        let layout = Arc::new(Layout::open(dir).map_err(|error| image_error(error.into()))?);
-        let image = Image::from_layout(&layout).map_err(image_error)?;
-        if let Some(pin) = pin {
-            let pinned: Digest = pin.parse().map_err(|source| HostError::Pin {
-                dir: dir.to_owned(),
-                source,
-            })?;
-            if pinned != image.digest {
-                return Err(HostError::Mismatch {
-                    dir: dir.to_owned(),
-                    pinned,
-                    actual: image.digest,
-                });
-            }
-        }
-        let unpacked = self.store.unpack(&layout, &image).await?;
-        Ok((
-            image.digest.clone(),
-            OciRuntime::new(Arc::clone(self), unpacked),
-        ))
+    /// Removes everything of the run `key` ([`teardown`]).
+    pub async fn teardown(&self, key: &str) {
+        teardown(&self.runc, self.cgroups, &self.store.runs(), key).await;
     }
 }

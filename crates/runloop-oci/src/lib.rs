@@ -41,6 +41,7 @@ pub mod registry;
 pub mod runc;
 pub mod seccomp;
 pub mod store;
+pub mod teardown;
 pub mod unpack;
 pub mod user;
 
