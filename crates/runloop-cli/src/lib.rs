@@ -30,7 +30,7 @@
 //! dial     a provider server's URL, and each way a connection fails, in words
 //! seconds  durations on the command line
 //! verbose  run -v: the frames as they pass, and a timing line
-//! unparsed run: a chunk that did not parse, shown as it came
+//! unparsed run: what a chunk that did not parse should have been
 //! notes    the command's own lines on stderr, from a bounded queue
 //! ```
 

@@ -37,7 +37,6 @@ use crate::process::{block_on, client_tls, init_logs, shutdown_signal};
 use crate::render::{Format, Render};
 use crate::seconds;
 use crate::serve::bytes;
-use crate::unparsed::LastChunk;
 use crate::verbose::Verbose;
 
 /// The digest sent when `--image` names none: any unpinned catalog entry
@@ -303,9 +302,7 @@ impl Args {
         let verbose = self
             .verbose
             .then(|| Verbose::new(notes.note(), limits.started));
-        let last_chunk = Arc::new(LastChunk::default());
-        let mut taps = vec![last_chunk.tap()];
-        taps.extend(capture.as_ref().map(Capture::tap));
+        let mut taps: Vec<runloop::client::Tap> = capture.iter().map(Capture::tap).collect();
         if let Some(verbose) = &verbose {
             let verbose = Arc::clone(verbose);
             taps.push(Arc::new(move |sender, message: &[u8]| {
@@ -323,7 +320,7 @@ impl Args {
             (request, prompt),
             tap,
             &mut render,
-            (notes.note(), &last_chunk),
+            notes.note(),
         ));
         if let Some(verbose) = &verbose {
             notes
@@ -368,7 +365,7 @@ impl Args {
         (request, prompt): (RunRequest, String),
         tap: runloop::client::Tap,
         render: &mut Render<impl Write>,
-        notes: (Note, &LastChunk),
+        notes: Note,
     ) -> Result<Ending, Failure> {
         let embedded = match &self.url {
             Some(_) => None,
@@ -418,7 +415,7 @@ async fn run_on(
     limits: Limits,
     (request, prompt): (RunRequest, String),
     render: &mut Render<impl Write>,
-    (note, last_chunk): (Note, &LastChunk),
+    note: Note,
 ) -> Result<Ending, Failure> {
     let run = limits
         .next(client.start(request))
@@ -455,7 +452,7 @@ async fn run_on(
                 let mut notes = anstream::AutoStream::new(Vec::new(), choice);
                 let rendered = render.outcome(&outcome, Some(&mut notes));
                 note.line(notes.into_inner());
-                if let Some(unparsed) = last_chunk.note(&outcome) {
+                if let Some(unparsed) = crate::unparsed::note(&outcome) {
                     note.line(unparsed.into_bytes());
                 }
                 break rendered.map(|()| Some(outcome)).map_err(Failure::from);

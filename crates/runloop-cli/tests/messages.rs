@@ -212,9 +212,9 @@ fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeo
     );
 }
 
-/// An agent program that ends its stream the way some APIs do: one chunk,
-/// then `data: [DONE]`.
-const DONE_AGENT: &str = r#"
+/// An agent program whose stream is `EVENTS` (a Python list of bytes):
+/// each is written as one HTTP chunk of the /run body.
+const SCRIPTED_AGENT: &str = r#"
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -232,7 +232,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for event in [b'data: {"type":"assistant_text_content","text":"hi"}\n\n', b"data: [DONE]\n\n"]:
+        for event in EVENTS:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
@@ -243,25 +243,73 @@ class Handler(BaseHTTPRequestHandler):
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
 "#;
 
-#[test]
-fn a_payload_that_is_not_a_chunk_is_shown_with_how_a_loop_ends() {
+/// A server whose one image is an exec agent that sends `events` (Python
+/// bytes literals), in a scratch directory that lives as long as it.
+fn scripted_server(events: &[&str]) -> (common::Serve, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a scratch directory");
-    let agent = dir.path().join("done_agent.py");
-    std::fs::write(&agent, DONE_AGENT).expect("written");
+    let agent = dir.path().join("scripted_agent.py");
+    let program = format!("EVENTS = [{}]\n{SCRIPTED_AGENT}", events.join(", "));
+    std::fs::write(&agent, program).expect("written");
     let spec = format!("demo=exec:python3 {}", agent.display());
     let server = common::Serve::start("error", &["--agent", &spec, "--exec-disk", "unenforced"]);
+    (server, dir)
+}
+
+#[test]
+fn a_payload_that_is_not_a_chunk_is_shown_with_how_a_loop_ends() {
+    let (server, _dir) = scripted_server(&[
+        r#"b'data: {"type":"assistant_text_content","text":"hi"}\n\n'"#,
+        r#"b"data: [DONE]\n\n""#,
+    ]);
     let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
     assert_eq!(status.code(), Some(5), "broken: {stdout}{stderr}");
     assert_eq!(stdout, "hi\n");
     assert!(
-        stderr.contains("agentic loop chunk did not parse: "),
-        "the parser's words stay: {stderr}"
+        stderr.contains("agentic loop chunk did not parse: ")
+            && stderr.contains("; the payload was \"[DONE]\" (6 bytes)\n"),
+        "the parser's words, then the payload: {stderr}"
     );
     assert!(
         stderr.contains(
-            "the chunk that did not parse was \"[DONE]\" (6 bytes): each data event must be \
-             one chunk, a JSON object with a \"type\"; the end of the stream ends the loop"
+            "each data event must be one chunk, a JSON object with a \"type\"; the end of \
+             the stream ends the loop"
         ),
         "{stderr}"
     );
+}
+
+/// Issue 30 §3: a bad chunk followed by good ones. The quote is the first
+/// payload that did not parse — not the last that came — in `run`, in
+/// `decode` of its capture, and in `decode --render`.
+#[test]
+fn the_first_bad_payload_is_quoted_not_the_last_received() {
+    let (server, dir) = scripted_server(&[
+        r#"b"data: {this is not json\n\n""#,
+        r#"b'data: {"type": "assistant_text_content", "text": "one"}\n\n'"#,
+        r#"b'data: {"type": "assistant_text_content", "text": "two"}\n\n'"#,
+    ]);
+    let capture = dir.path().join("capture.txt");
+    let capture = capture.to_str().expect("a UTF-8 path");
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--capture", capture, "hi"]);
+    assert_eq!(status.code(), Some(5), "broken: {stdout}{stderr}");
+    let quote = "; the payload was \"{this is not json\" (17 bytes)";
+    assert!(stderr.contains(quote), "{stderr}");
+    assert!(
+        !stderr.contains("two"),
+        "the last chunk is not the one quoted: {stderr}"
+    );
+
+    let (status, stdout, stderr) = run(&["decode", capture]);
+    assert_eq!(status.code(), Some(5), "{stderr}");
+    let outcome = stdout
+        .lines()
+        .find(|line| line.contains("\"outcome\""))
+        .expect("an outcome line");
+    assert!(
+        outcome.ends_with(r#"; the payload was \"{this is not json\" (17 bytes)"}"#),
+        "{outcome}"
+    );
+    let (status, stdout, stderr) = run(&["decode", "--render", capture]);
+    assert_eq!(status.code(), Some(5), "{stderr}");
+    assert!(stdout.contains(quote), "{stdout}");
 }
