@@ -213,7 +213,8 @@ fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeo
 }
 
 /// An agent program whose stream is `EVENTS` (a Python list of bytes):
-/// each is written as one HTTP chunk of the /run body.
+/// each is written as one HTTP chunk of the /run body; then, when `EXIT`
+/// is a number, the program exits with it before the body's end.
 const SCRIPTED_AGENT: &str = r#"
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -234,6 +235,9 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         for event in EVENTS:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.flush()
+        if EXIT is not None:
+            os._exit(EXIT)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
@@ -246,9 +250,21 @@ ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forev
 /// A server whose one image is an exec agent that sends `events` (Python
 /// bytes literals), in a scratch directory that lives as long as it.
 fn scripted_server(events: &[&str]) -> (common::Serve, tempfile::TempDir) {
+    scripted_server_exiting(events, None)
+}
+
+/// [`scripted_server`], whose agent exits with `exit` after its events.
+fn scripted_server_exiting(
+    events: &[&str],
+    exit: Option<u8>,
+) -> (common::Serve, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a scratch directory");
     let agent = dir.path().join("scripted_agent.py");
-    let program = format!("EVENTS = [{}]\n{SCRIPTED_AGENT}", events.join(", "));
+    let exit = exit.map_or("None".to_owned(), |code| code.to_string());
+    let program = format!(
+        "EVENTS = [{}]\nEXIT = {exit}\n{SCRIPTED_AGENT}",
+        events.join(", ")
+    );
     std::fs::write(&agent, program).expect("written");
     let spec = format!("demo=exec:python3 {}", agent.display());
     let server = common::Serve::start("error", &["--agent", &spec, "--exec-disk", "unenforced"]);
@@ -312,4 +328,28 @@ fn the_first_bad_payload_is_quoted_not_the_last_received() {
     let (status, stdout, stderr) = run(&["decode", "--render", capture]);
     assert_eq!(status.code(), Some(5), "{stderr}");
     assert!(stdout.contains(quote), "{stdout}");
+}
+
+/// Issue 30 §7: an agent program that dies mid-loop is reported in the
+/// runtime's words, in the error value the caller gets, not the HTTP
+/// client's account of a broken chunked body.
+#[test]
+fn an_agent_that_dies_mid_loop_is_reported_with_its_exit_status() {
+    let (server, _dir) = scripted_server_exiting(
+        &[r#"b'data: {"type":"assistant_text_content","text":"partial"}\n\n'"#],
+        Some(3),
+    );
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--json", "hi"]);
+    assert_eq!(status.code(), Some(1), "unfinished: {stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            r#"{"error":{"kind":"agent","error":"the agent program exited (exit status 3) before its /run body ended"}}"#
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("chunk size line"), "{stdout}");
+    assert!(
+        stdout.ends_with("{\"outcome\":\"unfinished\"}\n"),
+        "{stdout}"
+    );
 }

@@ -170,11 +170,9 @@ async fn a_child_that_dies_mid_loop_ends_the_loop_and_the_container() {
     assert_eq!(done.messages.len(), 3, "two chunks, then the error");
     let error = error_json(&done.messages[2]);
     assert_eq!(error["kind"], "agent");
-    assert!(
-        error["error"]
-            .as_str()
-            .is_some_and(|e| e.starts_with("the event stream broke")),
-        "{error}"
+    assert_eq!(
+        error["error"], "the agent program exited (exit status 3) before its /run body ended",
+        "the runtime's words, not the HTTP client's"
     );
     let (chunks, result) = outcome(&done);
     assert_eq!(chunks.len(), 2);

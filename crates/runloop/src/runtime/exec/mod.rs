@@ -290,7 +290,8 @@ impl Exec {
                 return Err(failed);
             }
         };
-        let (proxy_stop, proxy_task) = proxy.spawn();
+        let (died_tx, died) = watch::channel(None);
+        let (proxy_stop, proxy_task) = proxy.with_agent_end(died).spawn();
         let stop = CancellationToken::new();
         let (exited_tx, exited) = watch::channel(None);
         let cgroup = guard.hold.cgroup().cloned();
@@ -300,7 +301,7 @@ impl Exec {
             lease,
             stop.clone(),
             self.config.grace,
-            exited_tx,
+            (exited_tx, died_tx),
         ));
         info!(%program, pid, %url, "exec container ready");
         Ok(ExecContainer {
@@ -581,19 +582,24 @@ impl Drop for Guard {
 }
 
 /// Owns the child until it is gone: reports its exit, or terminates it;
-/// either way, nothing of the run is left when `exited` is told.
+/// either way, nothing of the run is left when `exited` is told. An exit
+/// of its own is told to `died` at once, in words (`exit status 3`), for
+/// the proxy.
 async fn supervise(
     mut child: Child,
     mut guard: Guard,
     lease: Lease,
     stop: CancellationToken,
     grace: Duration,
-    exited: watch::Sender<Option<String>>,
+    (exited, died): (watch::Sender<Option<String>>, watch::Sender<Option<String>>),
 ) {
     let pid = child.id().unwrap_or_default();
     let reason = tokio::select! {
         status = child.wait() => {
-            let reason = format!("the agent program exited by itself: {}", guard.hold.describe_end(status));
+            let status = guard.hold.describe_end(status);
+            // The proxy says it to a loop the exit cut short.
+            died.send_replace(Some(status.clone()));
+            let reason = format!("the agent program exited by itself: {status}");
             warn!(pid, %reason, "agent program ended");
             reason
         }
