@@ -7,7 +7,8 @@
 //! shown as it came, and the command exits 130. Three time limits bound
 //! the wait — for the connection, for the whole run, and between two
 //! things from the server — and each that runs out says which it was, with
-//! its value, and exits 8.
+//! its value, and exits 8, after what came has been shown (`--json` ends
+//! with `{"outcome":"timeout","limit":…,"seconds":…}`).
 
 use std::fs::File;
 use std::future::Future;
@@ -326,6 +327,11 @@ impl Args {
             notes
                 .note()
                 .line(format!("{}\n", verbose.timing()).into_bytes());
+        }
+        // A time limit ends the rendering too: what came is shown, JSON
+        // lines get their outcome record, then the failure says which limit.
+        if let Ok(Err(Failure::TimedOut { option, after, .. })) = &ending {
+            let _ = render.timed_out(option, *after);
         }
         notes.finish(DRAIN);
         let ending = ending??;

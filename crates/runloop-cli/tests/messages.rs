@@ -213,8 +213,8 @@ fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeo
 }
 
 /// An agent program whose stream is `EVENTS` (a Python list of bytes):
-/// each is written as one HTTP chunk of the /run body; then, when `EXIT`
-/// is a number, the program exits with it before the body's end.
+/// each is written as one HTTP chunk of the /run body; then `AFTER` (a
+/// Python statement) runs before the body's end.
 const SCRIPTED_AGENT: &str = r#"
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -236,8 +236,7 @@ class Handler(BaseHTTPRequestHandler):
         for event in EVENTS:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
         self.wfile.flush()
-        if EXIT is not None:
-            os._exit(EXIT)
+        exec(AFTER)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
@@ -250,19 +249,16 @@ ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forev
 /// A server whose one image is an exec agent that sends `events` (Python
 /// bytes literals), in a scratch directory that lives as long as it.
 fn scripted_server(events: &[&str]) -> (common::Serve, tempfile::TempDir) {
-    scripted_server_exiting(events, None)
+    scripted_server_then(events, "pass")
 }
 
-/// [`scripted_server`], whose agent exits with `exit` after its events.
-fn scripted_server_exiting(
-    events: &[&str],
-    exit: Option<u8>,
-) -> (common::Serve, tempfile::TempDir) {
+/// [`scripted_server`], whose agent runs the Python statement `after`
+/// once its events are written, before its body's end.
+fn scripted_server_then(events: &[&str], after: &str) -> (common::Serve, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a scratch directory");
     let agent = dir.path().join("scripted_agent.py");
-    let exit = exit.map_or("None".to_owned(), |code| code.to_string());
     let program = format!(
-        "EVENTS = [{}]\nEXIT = {exit}\n{SCRIPTED_AGENT}",
+        "import os, time\nEVENTS = [{}]\nAFTER = {after:?}\n{SCRIPTED_AGENT}",
         events.join(", ")
     );
     std::fs::write(&agent, program).expect("written");
@@ -335,9 +331,9 @@ fn the_first_bad_payload_is_quoted_not_the_last_received() {
 /// client's account of a broken chunked body.
 #[test]
 fn an_agent_that_dies_mid_loop_is_reported_with_its_exit_status() {
-    let (server, _dir) = scripted_server_exiting(
+    let (server, _dir) = scripted_server_then(
         &[r#"b'data: {"type":"assistant_text_content","text":"partial"}\n\n'"#],
-        Some(3),
+        "os._exit(3)",
     );
     let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--json", "hi"]);
     assert_eq!(status.code(), Some(1), "unfinished: {stdout}{stderr}");
@@ -351,5 +347,74 @@ fn an_agent_that_dies_mid_loop_is_reported_with_its_exit_status() {
     assert!(
         stdout.ends_with("{\"outcome\":\"unfinished\"}\n"),
         "{stdout}"
+    );
+}
+
+/// Issue 30 §6: a time limit that runs out keeps what came. A tool call's
+/// fragments (shown for a person only once its arguments stop growing)
+/// are shown before the ending line; `--json` ends with the limit. (The
+/// limit covers the run's start too: 3 s leave a loaded machine time to
+/// start Python.)
+#[test]
+fn an_idle_timeout_shows_what_came_then_says_which_limit() {
+    let (server, _dir) = scripted_server_then(
+        &[
+            r#"b'data: {"type":"assistant_text_content","text":"looking"}\n\n'"#,
+            r#"b'data: {"type":"assistant_tool_call","id":"c1","name":"grep","arguments":"{\\"pattern\\": "}\n\n'"#,
+            r#"b'data: {"type":"assistant_tool_call","id":"c1","name":"grep","arguments":"\\"todo\\"}"}\n\n'"#,
+        ],
+        "time.sleep(30)",
+    );
+    let (status, stdout, stderr) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--idle-timeout",
+        "3",
+        "--color",
+        "never",
+        "hi",
+    ]);
+    assert_eq!(status.code(), Some(8), "{stdout}{stderr}");
+    assert_eq!(
+        stdout, "looking\ntool call grep (c1): {\"pattern\": \"todo\"}\n",
+        "the call received is shown"
+    );
+    assert!(
+        stderr.ends_with("runloop: nothing came from the server within 3 s (--idle-timeout 3)\n"),
+        "{stderr}"
+    );
+    let (status, stdout, stderr) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--idle-timeout",
+        "3",
+        "--json",
+        "hi",
+    ]);
+    assert_eq!(status.code(), Some(8), "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "three chunks, then the outcome: {stdout}");
+    assert_eq!(
+        lines[3],
+        r#"{"outcome":"timeout","limit":"--idle-timeout","seconds":3.0}"#
+    );
+    let (status, stdout, _) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--idle-timeout",
+        "3",
+        "--transcript",
+        "hi",
+    ]);
+    assert_eq!(status.code(), Some(8));
+    let document: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(document["outcome"], "timeout");
+    assert_eq!(document["limit"], "--idle-timeout");
+    assert_eq!(
+        document["transcript"][1]["arguments"],
+        "{\"pattern\": \"todo\"}"
     );
 }
