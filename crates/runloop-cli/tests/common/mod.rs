@@ -175,3 +175,51 @@ pub fn demo_request() -> runloop::proto::agents_run::RunRequest {
     let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
     RunRequest::new(Container::new(image, 1 << 30, 1 << 30), agent)
 }
+
+/// Whether `program` runs (`program ARG`); when it does not, prints
+/// `skipped: needs PACKAGE` and returns false, or fails the test when
+/// `RUNLOOP_REQUIRE_SYSTEM=1` says the system parts must be there.
+pub fn system_part(program: &str, arg: &str, package: &str) -> bool {
+    let found = Command::new(program)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !found {
+        assert!(
+            std::env::var_os("RUNLOOP_REQUIRE_SYSTEM").is_none_or(|v| v != "1"),
+            "{program} is missing and RUNLOOP_REQUIRE_SYSTEM=1: install {package} \
+             (scripts/install-system-deps)"
+        );
+        println!("skipped: needs {package}");
+    }
+    found
+}
+
+/// The root of the workspace.
+pub fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace's root")
+}
+
+/// The fenced block after `<!-- MARKER -->` in the document at `path`
+/// (relative to the workspace), without its fences.
+pub fn marked_block(path: &str, marker: &str) -> String {
+    let text = std::fs::read_to_string(workspace().join(path))
+        .unwrap_or_else(|error| panic!("{path}: {error}"));
+    let (_, after) = text
+        .split_once(&format!("<!-- {marker} -->\n"))
+        .unwrap_or_else(|| panic!("{path} has no <!-- {marker} --> block"));
+    let (fence, block) = after.split_once('\n').expect("a fence after the marker");
+    assert!(
+        fence.starts_with("```"),
+        "{path}: no code block after <!-- {marker} -->"
+    );
+    let (body, _) = block
+        .split_once("\n```\n")
+        .unwrap_or_else(|| panic!("{path}: the <!-- {marker} --> block does not end"));
+    format!("{body}\n")
+}

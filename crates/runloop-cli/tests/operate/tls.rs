@@ -230,3 +230,122 @@ fn a_caller_silent_before_its_tls_handshake_is_closed_by_the_handshake_timeout()
         started.elapsed()
     );
 }
+
+/// docs/tls.md's openssl recipe, run as the page has it in an empty
+/// directory: the leaf it makes is served, and a loop runs with its
+/// authority as `--ca`. The certificate `openssl req -x509` makes alone is
+/// refused with words that say what to do.
+#[test]
+fn the_openssl_recipe_of_the_tls_page_makes_a_certificate_that_serves() {
+    if !crate::common::system_part("openssl", "version", "openssl") {
+        return;
+    }
+    let recipe = crate::common::marked_block("docs/tls.md", "recipe: tls");
+    let dir = tempfile::tempdir().expect("scratch");
+    let made = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &recipe])
+        .current_dir(dir.path())
+        .output()
+        .expect("bash runs");
+    assert!(
+        made.status.success(),
+        "the recipe failed: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let file = |name: &str| path(&dir.path().join(name));
+    let server = Serve::start(
+        "warn",
+        &[
+            "--tls-cert",
+            &file("server.pem"),
+            "--tls-key",
+            &file("server.key"),
+        ],
+    );
+    let (code, stdout, stderr) = run_at(
+        &format!("wss://localhost:{}", server.port()),
+        &["--ca", &file("ca.pem")],
+    );
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    // The names the leaf holds: 127.0.0.1 too.
+    let (code, _, stderr) = run_at(
+        &format!("wss://127.0.0.1:{}", server.port()),
+        &["--ca", &file("ca.pem")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+
+    // The obvious first try: one self-signed certificate, which OpenSSL
+    // makes an authority's.
+    let selfsigned = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "self.key",
+            "-out",
+            "self.pem",
+            "-days",
+            "30",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .expect("openssl runs");
+    assert!(selfsigned.status.success(), "{selfsigned:?}");
+    let server = Serve::start(
+        "warn",
+        &[
+            "--tls-cert",
+            &file("self.pem"),
+            "--tls-key",
+            &file("self.key"),
+        ],
+    );
+    let url = format!("wss://localhost:{}", server.port());
+    let expected = runloop::transport::TlsReason::CaAsLeaf.to_string();
+    for ca in [&["--ca", &file("self.pem")][..], &[]] {
+        let (code, _, stderr) = run_at(&url, ca);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("TLS with localhost failed: {expected}")),
+            "{ca:?}: {stderr}"
+        );
+    }
+}
+
+/// The failure table of docs/tls.md has a row for each reason a caller
+/// can be given, in the words the code uses.
+#[test]
+fn the_tls_page_lists_each_failure_as_the_code_says_it() {
+    use runloop::transport::TlsReason;
+    let page = std::fs::read_to_string(crate::common::workspace().join("docs/tls.md"))
+        .expect("docs/tls.md");
+    let rows: Vec<&str> = page
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .collect();
+    let reasons = [
+        TlsReason::CaAsLeaf,
+        TlsReason::UnknownAuthority,
+        TlsReason::Expired(Some(3 * 86_400)),
+        TlsReason::NotValidYet,
+        TlsReason::WrongName(vec!["localhost".into()]),
+        TlsReason::NotTls,
+    ];
+    for reason in reasons {
+        let said = format!("`TLS with HOST failed: {reason}`");
+        assert!(
+            rows.iter()
+                .any(|row| row.starts_with(&format!("| {said} |"))),
+            "docs/tls.md has no row for {said}"
+        );
+    }
+}
