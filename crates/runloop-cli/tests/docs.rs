@@ -369,3 +369,54 @@ fn the_table_of_error_kinds_is_the_error_kind_enum() {
         "docs/protocol.md §12 lists every ErrorKind, in order"
     );
 }
+
+/// The agent guide's table of how a loop ends: for each row the demo agent
+/// can play, `runloop run` against the embedded server exits with the code
+/// the table gives.
+#[test]
+fn the_guide_s_exit_codes_are_the_ones_run_exits_with() {
+    let guide = read("docs/agents.md");
+    let (_, table) = guide
+        .split_once("## How a loop ends\n")
+        .expect("the guide's table of endings");
+    let code_of = |row_start: &str| -> i32 {
+        let row = table
+            .lines()
+            .find(|line| line.starts_with(row_start))
+            .unwrap_or_else(|| panic!("no row {row_start:?} in docs/agents.md"));
+        row.trim_end_matches('|')
+            .rsplit('|')
+            .next()
+            .and_then(|code| code.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no exit code in {row:?}"))
+    };
+    let plays: [(&str, &[&str]); 5] = [
+        ("| `200`, chunks, then the body ends |", &["hi"]),
+        (
+            "| `200`, chunks, a fatal notification, then the body ends |",
+            &["hi demo:fatal"],
+        ),
+        ("| a non-`2xx` status on `/run` |", &["hi demo:refuse"]),
+        (
+            "| `200`, chunks, then it crashes or is killed (the body breaks) |",
+            &["hi demo:break"],
+        ),
+        (
+            "| a non-`2xx` status on `/register` |",
+            &["--agent-json", "\"demo:refuse\"", "hi"],
+        ),
+    ];
+    for (row, args) in plays {
+        let output = Command::new(env!("CARGO_BIN_EXE_runloop"))
+            .arg("run")
+            .args(args)
+            .output()
+            .expect("runloop runs");
+        assert_eq!(
+            output.status.code(),
+            Some(code_of(row)),
+            "{row}: runloop run {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

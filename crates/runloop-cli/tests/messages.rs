@@ -418,3 +418,28 @@ fn an_idle_timeout_shows_what_came_then_says_which_limit() {
         "{\"pattern\": \"todo\"}"
     );
 }
+
+/// Issue 30 §8: an exec catalog under the default `--exec-disk refuse`
+/// says at startup that its runs will be refused, and a run that asks for
+/// no disk (`--disk 0`) goes ahead.
+#[test]
+fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
+    let exe = env!("CARGO_BIN_EXE_runloop");
+    let spec = format!("demo=exec:{exe} agent demo");
+    let mut server = common::Serve::start("warn", &["--agent", &spec]);
+    let log = common::drain(server.stderr());
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--disk", "0", "hi"]);
+    assert_eq!(status.code(), Some(0), "disk 0 runs: {stdout}{stderr}");
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(7), "disk 1G is refused: {stderr}");
+    assert!(stderr.contains("; disk 0 goes ahead"), "{stderr}");
+    server.terminate();
+    let log = log.join().expect("the log");
+    assert!(
+        log.contains(
+            "image \"demo\" cannot be served as configured: every run that asks for disk will \
+             be refused"
+        ),
+        "{log}"
+    );
+}

@@ -91,7 +91,8 @@ const PORT_ATTEMPTS: usize = 4;
 /// What the exec runtime does with a run's `disk`, which it cannot hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum DiskPolicy {
-    /// Refuse every run, saying why (the default).
+    /// Refuse every run that asks for disk, saying why (the default); a
+    /// run with `disk` 0 asks nothing that needs holding and goes ahead.
     #[default]
     Refuse,
     /// Run anyway: the operator accepted that `disk` is not enforced.
@@ -203,11 +204,11 @@ impl Exec {
     /// Starts one child and its proxy; resolves once both accept
     /// connections. [`Runtime::start`] is this, boxed.
     pub async fn spawn(&self, limits: ContainerLimits) -> Result<ExecContainer, StartError> {
-        if self.config.disk == DiskPolicy::Refuse {
+        if self.config.disk == DiskPolicy::Refuse && limits.disk > 0 {
             return Err(StartError::new(format!(
                 "disk {} bytes cannot be held for an exec agent program (a host process writes \
-                 wherever its user may); this server refuses exec runs until its operator accepts \
-                 that (runloop serve --exec-disk unenforced)",
+                 wherever its user may); this server refuses exec runs that ask for disk until its \
+                 operator accepts that (runloop serve --exec-disk unenforced); disk 0 goes ahead",
                 limits.disk
             )));
         }
@@ -413,6 +414,16 @@ impl Runtime for Exec {
         Box::pin(async move {
             let container: Box<dyn Container> = Box::new(self.spawn(limits).await?);
             Ok(container)
+        })
+    }
+
+    fn caveat(&self) -> Option<String> {
+        (self.config.disk == DiskPolicy::Refuse).then(|| {
+            "every run that asks for disk will be refused, since nothing holds an exec \
+             program's writes (runloop serve --exec-disk refuse, the default); only runs with \
+             disk 0 go ahead. Accept unenforced disk with --exec-disk unenforced, or serve the \
+             agent as an oci: image"
+                .to_owned()
         })
     }
 }
