@@ -42,8 +42,7 @@ use crate::verbose::Verbose;
 
 /// The digest sent when `--image` names none: any unpinned catalog entry
 /// accepts it.
-pub const ANY_DIGEST: &str =
-    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+pub const ANY_DIGEST: &str = runloop_proto::agents_run::UNPINNED;
 
 /// Arguments of `runloop run`.
 #[derive(Debug, clap::Args)]

@@ -420,3 +420,71 @@ fn the_guide_s_exit_codes_are_the_ones_run_exits_with() {
         );
     }
 }
+
+/// The `[dependencies]` of the Rust caller's guide: each crate its program
+/// names, at the major version the workspace builds it with, with the
+/// features the program needs; `runloop` by a path that ends at the crate.
+/// (The program itself is a doctest of the `runloop` crate.)
+#[test]
+fn the_rust_guide_s_dependencies_are_what_its_program_uses() {
+    let guide = read("docs/rust.md");
+    let (_, after) = guide
+        .split_once("<!-- dependencies: caller -->\n```toml\n")
+        .expect("the guide's dependencies block");
+    let (block, rest) = after.split_once("\n```\n").expect("the block ends");
+    let deps: Vec<(&str, &str)> = block
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.starts_with('['))
+        .filter_map(|line| line.split_once(" = "))
+        .collect();
+    let names: BTreeSet<&str> = deps.iter().map(|(name, _)| *name).collect();
+    let (_, program) = rest.split_once("```rust\n").expect("the guide's program");
+    let (program, _) = program.split_once("\n```\n").expect("the program ends");
+    let program: String = program
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#') || line.contains("#[tokio::main]"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let used: BTreeSet<&str> = ["runloop", "tokio", "futures_util"]
+        .into_iter()
+        .filter(|krate| program.contains(&format!("{krate}::")))
+        .collect();
+    assert_eq!(used.len(), 3, "the program uses the three: {program}");
+    for krate in &used {
+        assert!(
+            names.contains(krate.replace('_', "-").as_str()),
+            "docs/rust.md's [dependencies] lacks {krate}"
+        );
+    }
+    assert_eq!(
+        names.len(),
+        used.len(),
+        "no dependency the program does not use: {names:?}"
+    );
+    let spec = |name: &str| deps.iter().find(|(n, _)| *n == name).map(|(_, spec)| *spec);
+    let runloop = spec("runloop").unwrap_or_default();
+    assert!(
+        runloop.contains("path = \"") && runloop.contains("/crates/runloop\""),
+        "{runloop}"
+    );
+    let tokio = spec("tokio").unwrap_or_default();
+    for feature in ["\"macros\"", "\"rt-multi-thread\""] {
+        assert!(
+            tokio.contains(feature),
+            "#[tokio::main] needs {feature}: {tokio}"
+        );
+    }
+    let workspace = read("Cargo.toml");
+    for (name, major) in [("tokio", "\"1\""), ("futures-util", "\"0.3\"")] {
+        assert!(
+            spec(name).is_some_and(|spec| spec.contains(major)),
+            "{name} at {major} in docs/rust.md"
+        );
+        assert!(
+            workspace
+                .lines()
+                .any(|line| line.starts_with(&format!("{name} = ")) && line.contains(major)),
+            "the workspace builds {name} at {major}"
+        );
+    }
+}

@@ -44,9 +44,19 @@ pub mod tls;
 pub mod transport;
 mod writer;
 
+/// The protocol's types and rules, no I/O: the crate `runloop-proto`,
+/// documented here in full so that a caller needs one dependency
+/// (`runloop::proto::agents_run::RunRequest`,
+/// `runloop::proto::run_loop::Outcome`, …).
+#[doc(inline)]
 pub use runloop_proto as proto;
 
 /// The README's Rust examples, compiled and run as doctests.
 #[doc = include_str!("../../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The Rust caller's guide (docs/rust.md), compiled and run as a doctest.
+#[doc = include_str!("../../../docs/rust.md")]
+#[cfg(doctest)]
+pub struct RustCallerDoctests;
