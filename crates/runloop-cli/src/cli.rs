@@ -6,6 +6,8 @@
 
 use std::io;
 
+use clap::CommandFactory;
+
 use crate::exit::{Exit, Failure};
 use crate::{agent, bench, check, completions, decode, man, proxy, run, schema, serve};
 
@@ -77,8 +79,8 @@ impl Command {
             Command::Schema(args) => args.execute(&mut out),
             Command::Check(args) => args.execute(&mut out),
             Command::Bench(args) => args.execute(&mut out),
-            Command::Completions(args) => args.execute(&mut out),
-            Command::Man(args) => args.execute(&mut out),
+            Command::Completions(args) => args.execute(Cli::command(), &mut out),
+            Command::Man(args) => args.execute(Cli::command(), &mut out),
             Command::Forward(args) => args.execute(),
         }
     }

@@ -15,10 +15,8 @@
 
 use std::io::Write;
 
-use clap::CommandFactory;
 use clap_complete::{Generator, Shell};
 
-use crate::cli::Cli;
 use crate::exit::{Exit, Failure};
 
 /// Arguments of `runloop completions`.
@@ -54,9 +52,10 @@ impl From<Target> for Shell {
 }
 
 impl Args {
-    /// Prints the script to `out`.
-    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
-        let mut command = Cli::command();
+    /// Prints the script for `command` (the whole `runloop` command, as
+    /// [`crate::cli::Cli`] builds it) to `out`.
+    pub fn execute(&self, command: clap::Command, out: &mut impl Write) -> Result<Exit, Failure> {
+        let mut command = command;
         command.set_bin_name("runloop");
         command.build();
         // The fallible form: a reader that goes away is an error like any

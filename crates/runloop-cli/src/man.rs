@@ -15,10 +15,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use clap::CommandFactory;
 use clap_mangen::Man;
 
-use crate::cli::Cli;
 use crate::exit::{Exit, Failure};
 
 /// Arguments of `runloop man`.
@@ -34,9 +32,9 @@ pub struct Args {
 }
 
 impl Args {
-    /// Prints the page to `out`, or writes every page to `--dir`.
-    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
-        let command = Cli::command();
+    /// Prints the page to `out`, or writes every page to `--dir`; `command`
+    /// is the whole `runloop` command, as [`crate::cli::Cli`] builds it.
+    pub fn execute(&self, command: clap::Command, out: &mut impl Write) -> Result<Exit, Failure> {
         if let Some(dir) = &self.dir {
             clap_mangen::generate_to(command, dir).map_err(|source| Failure::Write {
                 name: dir.display().to_string(),

@@ -22,15 +22,7 @@ fn fixture(name: &str) -> String {
 
 /// Whether exec runs get cgroups here (root, memory and pids controllers).
 fn cgroups() -> bool {
-    let root = std::fs::metadata("/sys/fs/cgroup/memory/cgroup.procs").is_ok()
-        || std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
-            .is_ok_and(|c| c.contains("memory") && c.contains("pids"));
-    // SAFETY: a system call without arguments.
-    let root_user = unsafe { libc::geteuid() } == 0;
-    if !(root && root_user) {
-        eprintln!("no cgroups for exec runs here: skipped");
-    }
-    root && root_user
+    runloop_testkit::needs(&[runloop_testkit::Part::Cgroups])
 }
 
 /// `runloop serve --exec-disk unenforced --agent AGENT` at `RUST_LOG=info`.

@@ -7,9 +7,9 @@
 //! are there (checked at startup), whether swap is accounted, how many
 //! processes the OOM killer killed in a container — and removes what a
 //! killed server left; the code that does it is runloop's
-//! [`runloop::runtime::cgroup`], which the exec runtime uses too.
+//! [`runloop_runtime::cgroup`], which the exec runtime uses too.
 
-pub use runloop::runtime::cgroup::{Cgroup, Version, detect};
+pub use runloop_runtime::cgroup::{Cgroup, Version, detect};
 
 /// The cgroup path runc is given for a container: its own, at the top.
 pub fn path(id: &str) -> String {

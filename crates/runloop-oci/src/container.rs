@@ -23,9 +23,9 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use runloop::proxy::Proxy;
-use runloop::runtime::output::log_output;
-use runloop::runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
+use runloop_proxy::Proxy;
+use runloop_runtime::output::log_output;
+use runloop_runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use tokio::net::TcpStream;
 use tokio::process::Child;
 use tokio::sync::watch;

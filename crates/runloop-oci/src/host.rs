@@ -52,7 +52,7 @@ pub struct HostConfig {
     /// What one image may unpack to.
     pub unpack: UnpackLimits,
     /// How much of a container's output is logged.
-    pub output: runloop::runtime::output::OutputLimit,
+    pub output: runloop_runtime::output::OutputLimit,
 }
 
 impl HostConfig {
@@ -71,7 +71,7 @@ impl HostConfig {
                 max_bytes: 8 << 30,
                 max_entries: 1_000_000,
             },
-            output: runloop::runtime::output::OutputLimit::default(),
+            output: runloop_runtime::output::OutputLimit::default(),
         }
     }
 

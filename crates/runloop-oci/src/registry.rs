@@ -40,8 +40,8 @@ use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
-use runloop::proto::ErrorKind;
-use runloop::runtime::{BoxFuture, Registry, RegistryError, Runtime};
+use runloop_proto::ErrorKind;
+use runloop_runtime::{BoxFuture, Registry, RegistryError, Runtime};
 use tokio::io::AsyncWriteExt;
 use tracing::info;
 

@@ -7,49 +7,56 @@
 //! client                 server   runtime     proxy                 agent
 //! ```
 //!
-//! The modules, from the agent program to the caller:
+//! This crate is the facade: each room is a crate of its own, along the
+//! arrows (each imports only the crates above it), and is re-exported here
+//! under the name it has always had, so `use runloop::server::Server`
+//! keeps working. A caller who wants only the client can depend on
+//! `runloop-client` alone; an agent written in Rust on `runloop-agent`.
 //!
 //! ```text
-//! agent      the agent-program contract (Agent, AgentServer) and the demo agent
-//! proxy      the /agent/* paths in front of an agent program
-//! runtime    where a run's agent lives: builtin, exec, attach; the catalog
-//! server     the provider: connections, runs, relays
-//! client     the caller: connection, runs, loops
-//! limits     what a connection and a server may hold, with their minimums
-//! listener   (private) how the three servers accept, serve and shut down
-//! writer     (private) a framed connection's socket, its queue and the
-//!            task that writes what is queued
-//! tls        the server's certificate (reloadable) and the client's roots
-//! transport  dialling ws:// and wss://, and the server's TLS handshake
-//! metrics    the counts of the server and the proxy, for Prometheus
-//! admin      the admin listener: /metrics, /healthz, /readyz
+//! proto      runloop-proto    what every byte means (no I/O)
+//! limits, tls, transport
+//!            runloop-wire     the framed connection's socket: limits, the
+//!                             writer, dialling and accepting, TLS
+//! client     runloop-client   the caller: connection, runs, loops
+//! metrics, admin
+//!            runloop-metrics  the counts of the server and the proxy, and
+//!                             the admin listener: /metrics, /healthz, /readyz
+//! agent      runloop-agent    the agent-program contract and the demo agent
+//! proxy      runloop-proxy    the /agent/* paths in front of an agent program
+//! runtime    runloop-runtime  where a run's agent lives: builtin, exec,
+//!                             attach; the catalog
+//! server     runloop-server   the provider: connections, runs, relays
 //! ```
 //!
-//! Every decision about what bytes mean is made by [`runloop_proto`] — the
-//! rules of a connection included, in its connection table; this crate
-//! moves bytes, holds limits, and makes sure that whatever breaks — a
+//! Every decision about what bytes mean is made by [`proto`] — the
+//! rules of a connection included, in its connection table; the crates
+//! below move bytes, hold limits, and make sure that whatever breaks — a
 //! proxy, an agent, a connection — the caller still gets an honest
-//! [`Outcome`](runloop_proto::run_loop::Outcome).
+//! [`Outcome`](proto::run_loop::Outcome).
 
-pub mod admin;
-pub mod agent;
-pub mod client;
-pub mod limits;
-mod listener;
-pub mod metrics;
-pub mod proxy;
-pub mod runtime;
-pub mod server;
-pub mod tls;
-pub mod transport;
-mod writer;
-
+#[doc(inline)]
+pub use runloop_agent as agent;
+#[doc(inline)]
+pub use runloop_client as client;
+#[doc(inline)]
+pub use runloop_metrics as metrics;
+#[doc(inline)]
+pub use runloop_metrics::admin;
 /// The protocol's types and rules, no I/O: the crate `runloop-proto`,
 /// documented here in full so that a caller needs one dependency
 /// (`runloop::proto::agents_run::RunRequest`,
 /// `runloop::proto::run_loop::Outcome`, …).
 #[doc(inline)]
 pub use runloop_proto as proto;
+#[doc(inline)]
+pub use runloop_proxy as proxy;
+#[doc(inline)]
+pub use runloop_runtime as runtime;
+#[doc(inline)]
+pub use runloop_server as server;
+#[doc(inline)]
+pub use runloop_wire::{limits, tls, transport};
 
 /// The README's Rust examples, compiled and run as doctests.
 #[doc = include_str!("../../../README.md")]

@@ -56,9 +56,9 @@ async fn healthy_loops_through_the_builtin_demo_log_no_broken_path() {
     // (An agent program's stream that breaks, `demo:break`, is logged as
     // such: that one did break, and is no path's close.)
     let paths = [
-        "runloop::proxy",
-        "runloop::server::relay",
-        "runloop::server::proxy_path",
+        "runloop_proxy",
+        "runloop_server::relay",
+        "runloop_server::proxy_path",
     ];
     let broke: Vec<&str> = text
         .lines()

@@ -176,27 +176,6 @@ pub fn demo_request() -> runloop::proto::agents_run::RunRequest {
     RunRequest::new(Container::new(image, 1 << 30, 1 << 30), agent)
 }
 
-/// Whether `program` runs (`program ARG`); when it does not, prints
-/// `skipped: needs PACKAGE` and returns false, or fails the test when
-/// `RUNLOOP_REQUIRE_SYSTEM=1` says the system parts must be there.
-pub fn system_part(program: &str, arg: &str, package: &str) -> bool {
-    let found = Command::new(program)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    if !found {
-        assert!(
-            std::env::var_os("RUNLOOP_REQUIRE_SYSTEM").is_none_or(|v| v != "1"),
-            "{program} is missing and RUNLOOP_REQUIRE_SYSTEM=1: install {package} \
-             (scripts/install-system-deps)"
-        );
-        println!("skipped: needs {package}");
-    }
-    found
-}
-
 /// The root of the workspace.
 pub fn workspace() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -161,6 +161,9 @@ fn servers(count: usize) -> Vec<Serve> {
 
 #[test]
 fn three_servers_behind_nginx_serve_every_loop_and_one_drains_without_loss() {
+    if !runloop_testkit::needs(&[crate::nginx::PART]) {
+        return;
+    }
     const LOOPS: usize = 300;
     let servers = servers(3);
     let upstreams: Vec<SocketAddr> = servers.iter().map(Serve::addr).collect();
@@ -224,6 +227,9 @@ fn three_servers_behind_nginx_serve_every_loop_and_one_drains_without_loss() {
 
 #[test]
 fn tls_terminated_at_nginx() {
+    if !runloop_testkit::needs(&[crate::nginx::PART]) {
+        return;
+    }
     const LOOPS: usize = 60;
     let pki = Pki::new();
     let servers = servers(3);

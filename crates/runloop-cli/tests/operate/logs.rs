@@ -52,9 +52,9 @@ fn json_lines_carry_the_ids_of_their_connection_run_and_loop() {
             "{line}"
         );
         let target = line["target"].as_str().unwrap_or_default();
-        let about_a_connection = target == "runloop::server::connection";
-        let about_a_run = target == "runloop::server::scope";
-        let about_a_loop = target == "runloop::server::relay";
+        let about_a_connection = target == "runloop_server::connection";
+        let about_a_run = target == "runloop_server::scope";
+        let about_a_loop = target == "runloop_server::relay";
         if about_a_connection || about_a_run || about_a_loop {
             assert!(
                 field(line, "connection").is_some_and(Value::is_u64),

@@ -67,6 +67,9 @@ fn unix_now() -> f64 {
 
 #[test]
 fn prometheus_scrapes_the_exact_counts_of_every_outcome() {
+    if !runloop_testkit::needs(crate::prometheus::PARTS) {
+        return;
+    }
     let (server, admin) = serve_with_admin(&[
         "--agent",
         "demo=builtin:demo",
@@ -256,6 +259,9 @@ fn a_loop_past_the_identity_s_limit_is_counted_as_refused() {
 
 #[test]
 fn the_proxy_counts_its_side() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::program("promtool", "prometheus")]) {
+        return;
+    }
     // The demo agent program and a proxy in front of it, each a process.
     let mut agent = crate::common::start("warn", &["agent", "demo", "--listen", "127.0.0.1:0"]);
     let mut line = String::new();

@@ -7,10 +7,18 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use runloop_testkit::Part;
+
 use crate::certs::Pair;
 
 /// Where the Debian package puts nginx.
 const NGINX: &str = "/usr/sbin/nginx";
+
+/// nginx, as a test asks for it before it starts anything.
+pub const PART: Part = Part::File {
+    path: NGINX,
+    from: "apt-get install nginx",
+};
 
 /// A running nginx, stopped when dropped.
 pub struct Nginx {
@@ -32,10 +40,6 @@ impl Nginx {
     /// Starts nginx proxying to `upstreams`, each a `runloop serve`, with
     /// TLS terminated at nginx when `tls` is given.
     pub fn start(upstreams: &[SocketAddr], tls: Option<&Pair>) -> Nginx {
-        assert!(
-            Path::new(NGINX).is_file(),
-            "{NGINX} is missing: apt-get install nginx (.ci/run installs it)"
-        );
         let dir = tempfile::tempdir().expect("scratch");
         // The port is free when chosen; another process could take it
         // before nginx binds it, so a failed start is tried again.

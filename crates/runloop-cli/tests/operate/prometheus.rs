@@ -7,6 +7,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use runloop_testkit::Part;
 use serde_json::Value;
 
 use crate::http;
@@ -19,23 +20,16 @@ pub struct Prometheus {
     pub addr: SocketAddr,
 }
 
-fn require(program: &str) {
-    let found = Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        found,
-        "{program} is not on the PATH: apt-get install prometheus (.ci/run installs it)"
-    );
-}
+/// Prometheus and promtool (both from the Debian package), as a test
+/// asks for them before it starts anything.
+pub const PARTS: &[Part] = &[
+    Part::program("prometheus", "prometheus"),
+    Part::program("promtool", "prometheus"),
+];
 
 impl Prometheus {
     /// Starts Prometheus scraping `targets` (admin listeners) every second.
     pub fn start(targets: &[SocketAddr]) -> Prometheus {
-        require("prometheus");
         let dir = tempfile::tempdir().expect("scratch");
         let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
         let config = format!(
@@ -121,7 +115,6 @@ impl Drop for Prometheus {
 /// What `promtool check metrics` says of `exposition`: `Ok` when it has
 /// nothing to say.
 pub fn promtool_check(exposition: &str) -> Result<(), String> {
-    require("promtool");
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

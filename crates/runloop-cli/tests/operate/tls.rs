@@ -237,7 +237,8 @@ fn a_caller_silent_before_its_tls_handshake_is_closed_by_the_handshake_timeout()
 /// refused with words that say what to do.
 #[test]
 fn the_openssl_recipe_of_the_tls_page_makes_a_certificate_that_serves() {
-    if !crate::common::system_part("openssl", "version", "openssl") {
+    use runloop_testkit::{Part, needs};
+    if !needs(&[Part::program("openssl", "openssl")]) {
         return;
     }
     let recipe = crate::common::marked_block("docs/tls.md", "recipe: tls");

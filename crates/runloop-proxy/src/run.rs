@@ -1,0 +1,260 @@
+//! The `/agent/run` path: the run-loop request in, the loop out as `[0]`
+//! messages, the close at the end (protocol §10).
+//!
+//! ```text
+//! ask ──check──▶ claim the loop ──POST /run──▶ 2xx event stream
+//!   │ bad            │ none registered,          │ data  ──▶ [0][data]   (repeat)
+//!   ▼                │ one running               │ end   ──▶ close        finished
+//! [1] proxy error    ▼                           │ break ──▶ [1], close   unfinished
+//!                  [1] proxy error               ▼
+//!                                  cannot dial / non-2xx ──▶ [1], close   no loop
+//! ```
+//!
+//! An event of more than 64 KiB of data is one message too, sent in
+//! fragments as its pieces come (sse.rs): `[0]` and the first piece in a
+//! Binary frame without FIN, the next pieces in Continue frames, the last
+//! with FIN. Between the first fragment and the last, nothing else may be
+//! said on the path: not an `[1]` error (it would land inside the chunk),
+//! and not a close, which the server reads as a finished loop. So every
+//! fault there — the body breaks or ends, bad bytes, an event over the
+//! bound, the proxy shutting down, the server leaving — is logged with its
+//! reason and counted as ever, and the path is dropped with no close frame
+//! ([`End::Abandon`]): the server tells the caller the loop was cut short
+//! (protocol §12, "abrupt proxy end").
+//!
+//! "End" means the end the body marks: a chunked body's last chunk, or the
+//! last byte of its `Content-Length`. A body that only ends because the
+//! agent program's connection closed (an HTTP/1.0 answer) cannot prove
+//! that the loop finished rather than crashed, so that end is a break too,
+//! with an error that says how to fix the agent program (protocol §10).
+//!
+//! A body that breaks because the agent program died is reported in the
+//! runtime's words when it watches the program ([`AgentEnd`](super::AgentEnd)):
+//! `the agent program exited (exit status 3) before its /run body ended`,
+//! not the HTTP client's account of a connection.
+//!
+//! The loop is claimed before the call and released as soon as the agent
+//! program's stream is over, before the close, so a server that asks for
+//! the next loop the moment it sees the close finds the proxy free.
+
+use bytes::Bytes;
+use runloop_proto::Decode;
+use runloop_proto::run_loop::{RunLoopRequest, response};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::Data;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::Shared;
+use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error, send_frame};
+use super::sse::{self, Piece};
+use super::upstream::{Failure, Framing};
+use runloop_metrics::{AgentFault, LoopOutcome, ProxyLoop, may_be_fatal};
+
+/// Serves one `/agent/run` path.
+pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationToken) {
+    let ask = match ask(&mut ws, shutdown).await {
+        Ok(ask) => ask,
+        Err(left) => return end(ws, left, &shared.config).await,
+    };
+    let metrics = &shared.metrics;
+    if let Err(error) = RunLoopRequest::decode(&ask) {
+        metrics.refused.inc(ProxyLoop::Malformed);
+        metrics.loops.inc(LoopOutcome::NoLoop);
+        let refusal = proxy_error(format!("the run-loop request did not parse: {error}"));
+        return end(ws, End::Answer(Some(refusal)), &shared.config).await;
+    }
+    let claim = match shared.state.claim_loop() {
+        Ok(claim) => claim,
+        Err(why) => {
+            metrics.refused.inc(ProxyLoop::Busy);
+            metrics.loops.inc(LoopOutcome::NoLoop);
+            warn!(why, "loop refused");
+            return end(ws, End::Answer(Some(proxy_error(why))), &shared.config).await;
+        }
+    };
+    info!("loop started");
+    let mut sent = Sent::default();
+    let outcome = relay(&mut ws, shared, ask, shutdown, &mut sent).await;
+    drop(claim);
+    // What the server is told is how the loop ended; a path left or
+    // abandoned tells it nothing.
+    if let End::Answer(last) = &outcome {
+        let chunk = sent.last.as_deref();
+        metrics
+            .loops
+            .inc(LoopOutcome::of(sent.chunks, last.is_some(), chunk));
+    }
+    end(ws, outcome, &shared.config).await;
+}
+
+/// What a loop has sent to the server: how many chunks, and the last one
+/// if it may be a fatal notification ([`may_be_fatal`]).
+#[derive(Default)]
+struct Sent {
+    chunks: u64,
+    last: Option<Bytes>,
+}
+
+/// Calls the agent program and passes its events on until one side ends.
+async fn relay(
+    ws: &mut Ws,
+    shared: &Shared,
+    ask: Bytes,
+    shutdown: &CancellationToken,
+    sent: &mut Sent,
+) -> End {
+    let metrics = &shared.metrics;
+    let asked = std::time::Instant::now();
+    let response = tokio::select! {
+        () = shutdown.cancelled() => return End::Answer(Some(proxy_error(SHUTTING_DOWN))),
+        left = left(ws) => {
+            info!("the server left before the agent program answered");
+            return left;
+        }
+        response = shared.upstream.run_loop(ask) => response,
+    };
+    let (response, framing) = match response {
+        Ok(answer) => answer,
+        Err(Failure(json)) => {
+            metrics.agent_faults.inc(AgentFault::NoStream);
+            warn!(error = %String::from_utf8_lossy(&json), "no loop");
+            return End::Answer(Some(error_message(&json)));
+        }
+    };
+    let mut events = sse::Events::new(response.bytes_stream(), shared.config.max_event);
+    // The bytes of the chunk under way, once its first fragment is out.
+    let mut streaming: Option<usize> = None;
+    loop {
+        let chunks = sent.chunks;
+        // Returning drops `events`, and with it the HTTP response, which
+        // closes the agent program's connection: the loop is cancelled.
+        let next = tokio::select! {
+            () = shutdown.cancelled() => {
+                if streaming.is_some() {
+                    warn!(chunks, "the proxy is shutting down mid-chunk; abandoning the path");
+                    return End::Abandon;
+                }
+                return End::Answer(Some(proxy_error(SHUTTING_DOWN)));
+            }
+            left = left(ws) => {
+                if streaming.is_some() {
+                    warn!(chunks, "the server left mid-chunk; cancelling the agent program's loop");
+                    return End::Abandon;
+                }
+                info!(chunks, "the server left mid-loop; cancelling the agent program's loop");
+                return left;
+            }
+            next = events.next() => next,
+        };
+        let piece = match next {
+            None if framing == Framing::Close => {
+                metrics.agent_faults.inc(AgentFault::Undelimited);
+                warn!(
+                    chunks,
+                    mid_chunk = streaming.is_some(),
+                    "the loop's body ended with its connection: finished or crashed?"
+                );
+                if streaming.is_some() {
+                    return End::Abandon;
+                }
+                let Failure(json) = Failure::agent(NOT_DELIMITED);
+                return End::Answer(Some(error_message(&json)));
+            }
+            None if streaming.is_some() => {
+                metrics.agent_faults.inc(AgentFault::StreamBroke);
+                warn!(
+                    chunks,
+                    "the loop's body ended in the middle of an event; abandoning the path"
+                );
+                return End::Abandon;
+            }
+            None => {
+                info!(chunks, "loop finished");
+                return End::Answer(None);
+            }
+            Some(Err(broke)) => {
+                metrics.agent_faults.inc(AgentFault::StreamBroke);
+                let error = match (&broke, exited(shared).await) {
+                    (sse::Broke::Transport(_), Some(status)) => {
+                        format!("the agent program exited ({status}) before its /run body ended")
+                    }
+                    _ => cut_short(&broke, framing),
+                };
+                if streaming.is_some() {
+                    warn!(chunks, %error, "loop cut short mid-chunk; abandoning the path");
+                    return End::Abandon;
+                }
+                warn!(chunks, %error, "loop cut short");
+                let Failure(json) = Failure::agent(error);
+                return End::Answer(Some(error_message(&json)));
+            }
+            Some(Ok(piece)) => piece,
+        };
+        let (opcode, fin, head, data): (_, _, &[u8], _) = match piece {
+            Piece::Whole(data) => (Data::Binary, true, &CHUNK_TAG, data),
+            Piece::Begin(data) => (Data::Binary, false, &CHUNK_TAG, data),
+            Piece::More(data) => (Data::Continue, false, &[], data),
+            Piece::End(data) => (Data::Continue, true, &[], data),
+        };
+        let bytes = data.len();
+        // Kept only if it may be the fatal ending: a large chunk that
+        // cannot be is let go once it is written, not held until the next.
+        // A chunk sent in fragments is never kept whole.
+        let last = (opcode == Data::Binary && fin && may_be_fatal(&data)).then(|| data.clone());
+        tokio::select! {
+            // A frame half written cannot be followed by an error: drop the path.
+            () = shutdown.cancelled() => return End::Abandon,
+            written = send_frame(ws, opcode, fin, head, data) => if let Err(error) = written {
+                info!(chunks, %error, "the path broke mid-loop; cancelling the agent program's loop");
+                return End::Abandon;
+            },
+        }
+        metrics.bytes.inc_by(bytes as u64);
+        if !fin {
+            *streaming.get_or_insert(0) += bytes;
+            continue;
+        }
+        let bytes = bytes + streaming.take().unwrap_or(0);
+        debug!(bytes, "chunk");
+        if chunks == 0 {
+            metrics.first_chunk.observe(asked.elapsed());
+        }
+        metrics.chunks.inc();
+        sent.chunks += 1;
+        sent.last = last;
+    }
+}
+
+/// The error of a loop whose body ended with its connection (protocol §10).
+const NOT_DELIMITED: &str = "the agent program's /run response ended when its connection closed \
+     (an HTTP/1.0-style body, neither chunked nor with a Content-Length), so the proxy cannot tell \
+     a finished loop from a crashed one; answer /run with HTTP/1.1 chunked transfer encoding or a \
+     Content-Length";
+
+/// What a broken event stream says, with what its `Content-Length` promised
+/// when the body stopped short of it.
+fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
+    match (broke, framing) {
+        (sse::Broke::Transport(_), Framing::Length(length)) => format!(
+            "the agent program's /run body ended before the {length} bytes of its \
+             Content-Length: {broke}"
+        ),
+        _ => broke.to_string(),
+    }
+}
+
+/// How long a loop whose body broke waits to learn that the agent program
+/// exited: the connection's end reaches the proxy before the runtime has
+/// reaped the program.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How the agent program ended, when the runtime says so within
+/// [`EXIT_WAIT`]; `None` when nobody watches it or it still runs.
+async fn exited(shared: &Shared) -> Option<String> {
+    let mut ended = shared.ended.clone()?;
+    let said = tokio::time::timeout(EXIT_WAIT, ended.wait_for(Option::is_some)).await;
+    said.ok()?.ok()?.clone()
+}
+
+/// What goes before an event's data, unread, to make it a chunk: `[0]`.
+const CHUNK_TAG: [u8; 1] = [response::CHUNK];

@@ -1,0 +1,742 @@
+//! The exec runtime: an agent program started as a child process, with a
+//! proxy of this crate beside it in the server's process (protocol §12).
+//!
+//! ```text
+//! server ──ws──▶ proxy (task, 127.0.0.1:P1) ──HTTP──▶ child process ($PORT = P2, own cgroup)
+//!                                                     stdout/stderr ──lines, budgeted──▶ tracing
+//! ```
+//!
+//! The life of a child, and why each step is there:
+//!
+//! 1. **Refusals.** A host process can write wherever its user may, so no
+//!    `disk` can be held: unless the operator accepted that
+//!    ([`DiskPolicy::Unenforced`]), every run is refused with a reason.
+//! 2. **Start.** A loopback port is leased (module `port`) and handed to the
+//!    program as `$PORT`. The child joins the run's cgroup before it execs
+//!    ([`Confinement`]; memory, swap held to it, pids), or where there are no
+//!    cgroups gets the memory limit as `RLIMIT_DATA`. It gets its own
+//!    process group and `PR_SET_PDEATHSIG` = `SIGKILL` (it dies with the
+//!    server even if the server is killed outright). stdin is closed;
+//!    stdout and stderr go to the server's log within a budget
+//!    ([`output`](super::output)).
+//! 3. **Ready.** Once the program accepts TCP on its port, every socket
+//!    listening there must be the run's own (`port::listener`). A port
+//!    someone else listens on is given up: the child is killed and the
+//!    start tried again on another port (a few times). If the program
+//!    exits first, the start fails with its exit status; if it neither
+//!    listens nor exits within the startup timeout, it is killed and the
+//!    start fails.
+//! 4. **Running.** A supervisor task owns the child. If the child exits by
+//!    itself, every process left in its cgroup (or group) is killed and
+//!    [`Container::ended`] resolves with its status (and says so when the
+//!    memory limit killed it); the proxy's loop in progress sees its event
+//!    stream break and reports it.
+//! 5. **Stop.** `SIGTERM` to every process of the run, a grace period,
+//!    then `SIGKILL` to all of them (a cgroup's processes cannot escape
+//!    it, whatever they do with sessions); the child is reaped and the
+//!    cgroup removed before `stop` resolves. A container dropped without
+//!    `stop` still ends its child (the supervisor sees the drop), and if
+//!    the supervisor itself is dropped (the runtime shuts down) its guard
+//!    kills the run's processes.
+//!
+//! # Why `RLIMIT_DATA` where there are no cgroups
+//!
+//! `RLIMIT_AS` caps the whole virtual address space, and runtimes reserve
+//! far more address space than they use: thread stacks, Go and JVM heaps,
+//! V8's cage, glibc's per-thread malloc arenas (64 MiB each). An agent
+//! program using 100 MiB can need gigabytes of address space, so a limit
+//! on it refuses programs that are well within their memory. Since Linux
+//! 4.7, `RLIMIT_DATA` counts the private writable mappings: the memory a
+//! program asked to use, not what it merely reserved. It counts neither
+//! shared mappings nor children; only a cgroup does, which is why cgroups
+//! come first and the server says at startup when it has none.
+//!
+//! # What is not covered
+//!
+//! A server killed outright leaves its runs' descendants running (held by
+//! their cgroups) until the next server starts and removes them
+//! ([`Confinement`]). After the start, a program that stops listening while it
+//! runs frees its port, and a process that is not a run of this server
+//! could take it: the proxy would then reach that process. Without
+//! cgroups, a descendant that leaves the process group outlives the run.
+
+mod confine;
+mod port;
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+pub use confine::{Confinement, PARENT};
+
+use super::cgroup::{Bounds, Cgroup, Joiner};
+use super::output::{OutputLimit, log_output};
+use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
+use port::{Lease, Listener};
+use runloop_proxy::{Proxy, ProxyHandle};
+
+/// Ports tried before a start gives up on finding one nobody else takes.
+const PORT_ATTEMPTS: usize = 4;
+
+/// What the exec runtime does with a run's `disk`, which it cannot hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DiskPolicy {
+    /// Refuse every run that asks for disk, saying why (the default); a
+    /// run with `disk` 0 asks nothing that needs holding and goes ahead.
+    #[default]
+    Refuse,
+    /// Run anyway: the operator accepted that `disk` is not enforced.
+    Unenforced,
+}
+
+/// How the exec runtime starts, holds and stops its children; the same
+/// for every program a server runs this way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecConfig {
+    /// How long a stopped child has between `SIGTERM` and `SIGKILL`.
+    pub grace: Duration,
+    /// How long the program has to accept TCP on its port.
+    pub startup_timeout: Duration,
+    /// What to do with a run's `disk`.
+    pub disk: DiskPolicy,
+    /// Processes (and threads) one run may have at once, where there are
+    /// cgroups.
+    pub pids: u32,
+    /// How much of a run's output is logged.
+    pub output: OutputLimit,
+    /// How children are held: `None` for [`Confinement::host`].
+    pub confinement: Option<Confinement>,
+}
+
+impl Default for ExecConfig {
+    /// A 5 s grace after `SIGTERM`, 60 s for the program to listen, runs
+    /// with a `disk` refused, 1024 processes per run, the default output
+    /// budget, and the host's confinement.
+    fn default() -> ExecConfig {
+        ExecConfig {
+            grace: Duration::from_secs(5),
+            startup_timeout: Duration::from_secs(60),
+            disk: DiskPolicy::Refuse,
+            pids: 1024,
+            output: OutputLimit::default(),
+            confinement: None,
+        }
+    }
+}
+
+/// A runtime that runs one program, with arguments, per container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exec {
+    program: String,
+    args: Vec<String>,
+    config: ExecConfig,
+}
+
+impl Exec {
+    /// Runs `program` with `args`, configured as [`ExecConfig::default`].
+    pub fn new(
+        program: impl Into<String>,
+        args: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Exec {
+        Exec {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            config: ExecConfig::default(),
+        }
+    }
+
+    /// Configured as `config`.
+    pub fn with_config(mut self, config: ExecConfig) -> Exec {
+        self.config = config;
+        self
+    }
+
+    /// How long a stopped child has between `SIGTERM` and `SIGKILL`.
+    pub fn with_grace(mut self, grace: Duration) -> Exec {
+        self.config.grace = grace;
+        self
+    }
+
+    /// How long the program has to accept TCP on its port.
+    pub fn with_startup_timeout(mut self, timeout: Duration) -> Exec {
+        self.config.startup_timeout = timeout;
+        self
+    }
+
+    /// What to do with a run's `disk`.
+    pub fn with_disk(mut self, disk: DiskPolicy) -> Exec {
+        self.config.disk = disk;
+        self
+    }
+
+    /// The program.
+    pub fn program(&self) -> &str {
+        &self.program
+    }
+
+    /// Its arguments.
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &ExecConfig {
+        &self.config
+    }
+
+    fn confinement(&self) -> &Confinement {
+        self.config
+            .confinement
+            .as_ref()
+            .unwrap_or_else(|| Confinement::host())
+    }
+
+    /// Starts one child and its proxy; resolves once both accept
+    /// connections. [`Runtime::start`] is this, boxed.
+    pub async fn spawn(&self, limits: ContainerLimits) -> Result<ExecContainer, StartError> {
+        if self.config.disk == DiskPolicy::Refuse && limits.disk > 0 {
+            return Err(StartError::new(format!(
+                "disk {} bytes cannot be held for an exec agent program (a host process writes \
+                 wherever its user may); this server refuses exec runs that ask for disk until its \
+                 operator accepts that (runloop serve --exec-disk unenforced); disk 0 goes ahead",
+                limits.disk
+            )));
+        }
+        let mut taken = Vec::new();
+        for _ in 0..PORT_ATTEMPTS {
+            match self.attempt(limits).await {
+                Ok(container) => return Ok(container),
+                Err(Failed::PortTaken(port)) => {
+                    warn!(program = %self.program, port, "another process listens on the agent program's port; trying another");
+                    taken.push(port.to_string());
+                }
+                Err(Failed::Start(why)) => return Err(StartError::new(why)),
+            }
+        }
+        Err(StartError::new(format!(
+            "the agent program's port was taken by another process {PORT_ATTEMPTS} times in a row \
+             (ports {})",
+            taken.join(", ")
+        )))
+    }
+
+    /// One try at a start, on one port.
+    async fn attempt(&self, limits: ContainerLimits) -> Result<ExecContainer, Failed> {
+        let lease = Lease::take().map_err(|error| {
+            Failed::Start(format!(
+                "cannot find a free port for the agent program: {error}"
+            ))
+        })?;
+        let port = lease.port();
+        let (cgroup, setup) = self.hold(limits)?;
+        let spawned = self.command(port, setup).spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(error) => {
+                if let Some(cgroup) = cgroup {
+                    let _ = cgroup.remove();
+                }
+                return Err(Failed::Start(format!(
+                    "cannot start the agent program {:?}: {error}",
+                    self.program
+                )));
+            }
+        };
+        // `id` is `None` only once the child has been reaped; it was just spawned.
+        let pid = child.id().unwrap_or_default();
+        // A start given up on (its future dropped) still ends the run.
+        let mut guard = Guard {
+            hold: match cgroup {
+                Some(cgroup) => Hold::Cgroup(cgroup),
+                None => Hold::Group(pid),
+            },
+            armed: true,
+        };
+        let program: Arc<str> = Arc::from(self.program.as_str());
+        info!(%program, pid, port, memory = limits.memory, cgroup = guard.hold.cgroup().map(Cgroup::path), "agent program started");
+        let logs = log_output(&mut child, Arc::clone(&program), pid, self.config.output);
+
+        let agent = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let ready = async {
+            self.listening(&mut child, &guard.hold, port).await?;
+            let proxy = Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), agent)
+                .await
+                .map_err(|error| Failed::Start(format!("cannot bind the proxy: {error}")))?;
+            let url = format!("ws://{}", proxy.local_addr());
+            Ok::<_, Failed>((proxy, url))
+        };
+        let (proxy, url) = match ready.await {
+            Ok(ready) => ready,
+            Err(failed) => {
+                if let Failed::Start(why) = &failed {
+                    warn!(%program, pid, %why, "agent program did not start");
+                }
+                guard.hold.end().await;
+                guard.armed = false;
+                let status = child.wait().await;
+                debug!(pid, status = %describe(status), "reaped");
+                for log in logs {
+                    log.abort();
+                }
+                return Err(failed);
+            }
+        };
+        let (died_tx, died) = watch::channel(None);
+        let (proxy_stop, proxy_task) = proxy.with_agent_end(died).spawn();
+        let stop = CancellationToken::new();
+        let (exited_tx, exited) = watch::channel(None);
+        let cgroup = guard.hold.cgroup().cloned();
+        let supervisor = tokio::spawn(supervise(
+            child,
+            guard,
+            lease,
+            stop.clone(),
+            self.config.grace,
+            (exited_tx, died_tx),
+        ));
+        info!(%program, pid, %url, "exec container ready");
+        Ok(ExecContainer {
+            url,
+            pid,
+            cgroup,
+            grace: self.config.grace,
+            stop,
+            proxy_stop,
+            supervisor: Some(supervisor),
+            proxy: Some(proxy_task),
+            logs,
+            exited,
+        })
+    }
+
+    /// The run's cgroup, made, and what the child does to join it; or,
+    /// without cgroups, the memory limit for `RLIMIT_DATA`.
+    fn hold(&self, limits: ContainerLimits) -> Result<(Option<Cgroup>, Setup), Failed> {
+        let Confinement::Cgroups(parent) = self.confinement() else {
+            return Ok((None, Setup::Data(limits.memory)));
+        };
+        let name = random_name().map_err(Failed::Start)?;
+        let cgroup = parent.child(&name);
+        let bounds = Bounds {
+            memory: limits.memory,
+            pids: self.config.pids,
+        };
+        match cgroup.create(Some(bounds)).and_then(|()| cgroup.joiner()) {
+            Ok(joiner) => Ok((Some(cgroup), Setup::Join(Arc::new(joiner)))),
+            Err(error) => {
+                let _ = cgroup.remove();
+                Err(Failed::Start(format!(
+                    "cannot make the run's cgroup {}: {error}",
+                    cgroup.path()
+                )))
+            }
+        }
+    }
+
+    fn command(&self, port: u16, setup: Setup) -> Command {
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .env("PORT", port.to_string())
+            // The server's own credential, when it came from there.
+            .env_remove("RUNLOOP_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        let parent = std::process::id();
+        // SAFETY: `child_setup` runs between fork and exec and only makes
+        // system calls (write, prctl, getppid, getrlimit, setrlimit); it
+        // does not allocate, lock or touch memory shared with other threads.
+        unsafe {
+            command.pre_exec(move || child_setup(parent, &setup));
+        }
+        command
+    }
+
+    /// Waits until the program accepts TCP on `port` and every listener
+    /// there is the run's, the program exits, or time runs out.
+    async fn listening(&self, child: &mut Child, run: &Hold, port: u16) -> Result<(), Failed> {
+        let agent = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let timeout = self.config.startup_timeout;
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            if TcpStream::connect(agent).await.is_ok() {
+                match run.listener(port).await {
+                    Listener::Run => return Ok(()),
+                    Listener::Other => return Err(Failed::PortTaken(port)),
+                    // It stopped listening since; wait and see.
+                    Listener::Nobody => {}
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Failed::Start(format!(
+                    "the agent program did not listen on {agent} within {} s: \
+                     is it listening on $PORT ({port})?",
+                    timeout.as_secs_f64()
+                )));
+            }
+            tokio::select! {
+                status = child.wait() => {
+                    // A program that could not bind exits: was it beaten to its port?
+                    if run.listener(port).await == Listener::Other {
+                        return Err(Failed::PortTaken(port));
+                    }
+                    return Err(Failed::Start(format!(
+                        "the agent program exited before it listened on {agent}: {}",
+                        run.describe_end(status)
+                    )));
+                }
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Runtime for Exec {
+    fn start(
+        &self,
+        limits: ContainerLimits,
+    ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
+        Box::pin(async move {
+            let container: Box<dyn Container> = Box::new(self.spawn(limits).await?);
+            Ok(container)
+        })
+    }
+
+    fn caveat(&self) -> Option<String> {
+        (self.config.disk == DiskPolicy::Refuse).then(|| {
+            "every run that asks for disk will be refused, since nothing holds an exec \
+             program's writes (runloop serve --exec-disk refuse, the default); only runs with \
+             disk 0 go ahead. Accept unenforced disk with --exec-disk unenforced, or serve the \
+             agent as an oci: image"
+                .to_owned()
+        })
+    }
+}
+
+/// Why one try at a start failed.
+#[derive(Debug)]
+enum Failed {
+    /// Another process listens on the port: try another.
+    PortTaken(u16),
+    /// The start failed, and why.
+    Start(String),
+}
+
+/// A random name for a run's cgroup.
+fn random_name() -> Result<String, String> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes)
+        .map_err(|error| format!("no randomness for a cgroup name: {error}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// What the child does before exec.
+enum Setup {
+    /// Join the run's cgroup.
+    Join(Arc<Joiner>),
+    /// Take this memory limit as `RLIMIT_DATA`.
+    Data(u64),
+}
+
+/// In the child, before exec: the run's cgroup or memory limit, and die
+/// with the server.
+fn child_setup(parent: u32, setup: &Setup) -> io::Result<()> {
+    if let Setup::Join(joiner) = setup {
+        joiner.join()?;
+    }
+    // SAFETY: plain system calls on integers and a local struct.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // The server may have died before the death signal was armed.
+        if libc::getppid() as u32 != parent {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        if let Setup::Data(memory) = *setup {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(libc::RLIMIT_DATA, &mut limit) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            // Only ever lower: an unprivileged server cannot raise the hard limit.
+            let memory = libc::rlim_t::try_from(memory).unwrap_or(libc::RLIM_INFINITY);
+            let capped = memory.min(limit.rlim_max);
+            limit.rlim_cur = capped;
+            limit.rlim_max = capped;
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What holds a run's processes together.
+#[derive(Debug, Clone)]
+enum Hold {
+    /// Its own cgroup.
+    Cgroup(Cgroup),
+    /// The child's process group, by its id (no cgroups).
+    Group(u32),
+}
+
+impl Hold {
+    fn cgroup(&self) -> Option<&Cgroup> {
+        match self {
+            Hold::Cgroup(cgroup) => Some(cgroup),
+            Hold::Group(_) => None,
+        }
+    }
+
+    /// Who listens on `port`, as far as this run is concerned.
+    async fn listener(&self, port: u16) -> Listener {
+        let hold = self.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            let procs = match &hold {
+                Hold::Cgroup(cgroup) => cgroup.procs(),
+                Hold::Group(pid) => port::descendants(*pid),
+            };
+            port::listener(port, &procs)
+        })
+        .await;
+        found.unwrap_or(Listener::Nobody)
+    }
+
+    /// Sends `signal` to every process of the run.
+    fn signal(&self, signal: libc::c_int) {
+        match self {
+            Hold::Cgroup(cgroup) => {
+                cgroup.signal(signal);
+            }
+            Hold::Group(pgid) => signal_group(*pgid, signal),
+        }
+    }
+
+    /// Kills every process of the run and removes its cgroup (blocking,
+    /// for a moment at most).
+    fn end_now(&self) {
+        match self {
+            Hold::Cgroup(cgroup) => {
+                if let Err(error) = cgroup.remove() {
+                    let left = cgroup.procs().len();
+                    warn!(cgroup = cgroup.path(), left, %error, "cannot remove the run's cgroup");
+                }
+            }
+            Hold::Group(pgid) => signal_group(*pgid, libc::SIGKILL),
+        }
+    }
+
+    /// Kills every process of the run and removes its cgroup.
+    async fn end(&self) {
+        let hold = self.clone();
+        let _ = tokio::task::spawn_blocking(move || hold.end_now()).await;
+    }
+
+    /// How the child ended, saying so when the memory limit killed it.
+    fn describe_end(&self, status: io::Result<ExitStatus>) -> String {
+        let status = describe(status);
+        match self.cgroup().and_then(Cgroup::oom_kills) {
+            Some(kills) if kills > 0 => format!(
+                "{status}; it ran out of memory: the kernel killed {kills} of its processes at \
+                 the run's memory limit"
+            ),
+            _ => status,
+        }
+    }
+}
+
+/// Sends `signal` to the process group `pgid`.
+fn signal_group(pgid: u32, signal: libc::c_int) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: a system call on integers; ESRCH (no such group) is fine.
+    unsafe {
+        libc::killpg(pgid, signal);
+    }
+}
+
+/// A run whose processes are killed (and cgroup removed) when this guard
+/// is dropped armed.
+struct Guard {
+    hold: Hold,
+    armed: bool,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.hold.end_now();
+        }
+    }
+}
+
+/// Owns the child until it is gone: reports its exit, or terminates it;
+/// either way, nothing of the run is left when `exited` is told. An exit
+/// of its own is told to `died` at once, in words (`exit status 3`), for
+/// the proxy.
+async fn supervise(
+    mut child: Child,
+    mut guard: Guard,
+    lease: Lease,
+    stop: CancellationToken,
+    grace: Duration,
+    (exited, died): (watch::Sender<Option<String>>, watch::Sender<Option<String>>),
+) {
+    let pid = child.id().unwrap_or_default();
+    let reason = tokio::select! {
+        status = child.wait() => {
+            let status = guard.hold.describe_end(status);
+            // The proxy says it to a loop the exit cut short.
+            died.send_replace(Some(status.clone()));
+            let reason = format!("the agent program exited by itself: {status}");
+            warn!(pid, %reason, "agent program ended");
+            reason
+        }
+        () = stop.cancelled() => {
+            guard.hold.signal(libc::SIGTERM);
+            let status = match tokio::time::timeout(grace, child.wait()).await {
+                Ok(status) => status,
+                Err(_) => {
+                    warn!(pid, ?grace, "agent program ignored SIGTERM; killing every process of the run");
+                    guard.hold.end().await;
+                    child.wait().await
+                }
+            };
+            let reason = format!("the agent program was stopped: {}", describe(status));
+            info!(pid, %reason, "agent program ended");
+            reason
+        }
+    };
+    // Whatever it left behind goes with it.
+    guard.hold.end().await;
+    guard.armed = false;
+    drop(lease);
+    exited.send_replace(Some(reason));
+}
+
+/// An exit status in words.
+fn describe(status: io::Result<ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => format!("exit status {code}"),
+            (None, Some(signal)) => format!("killed by signal {signal}"),
+            (None, None) => status.to_string(),
+        },
+        Err(error) => format!("its status could not be read: {error}"),
+    }
+}
+
+/// One exec container: the child's pid, its proxy, and the tasks that
+/// watch them.
+#[derive(Debug)]
+pub struct ExecContainer {
+    url: String,
+    pid: u32,
+    cgroup: Option<Cgroup>,
+    grace: Duration,
+    stop: CancellationToken,
+    proxy_stop: ProxyHandle,
+    supervisor: Option<JoinHandle<()>>,
+    proxy: Option<JoinHandle<io::Result<()>>>,
+    logs: Vec<JoinHandle<()>>,
+    exited: watch::Receiver<Option<String>>,
+}
+
+impl ExecContainer {
+    /// The child's process id (and process group id).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The run's cgroup, where there are cgroups.
+    pub fn cgroup(&self) -> Option<&Cgroup> {
+        self.cgroup.as_ref()
+    }
+
+    /// Stops the proxy and the child (`SIGTERM` to every process of the
+    /// run, the grace, `SIGKILL`), reaps it, removes its cgroup, and says
+    /// how it ended.
+    pub async fn terminate(mut self) -> String {
+        self.proxy_stop.shutdown();
+        self.stop.cancel();
+        if let Some(supervisor) = self.supervisor.take()
+            && let Err(error) = supervisor.await
+        {
+            warn!(pid = self.pid, %error, "the supervisor task failed");
+        }
+        let reason =
+            self.exited.borrow().clone().unwrap_or_else(|| {
+                "the agent program's supervisor ended without a word".to_owned()
+            });
+        if let Some(proxy) = self.proxy.take() {
+            match proxy.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => warn!(pid = self.pid, %error, "the proxy failed"),
+                Err(error) => warn!(pid = self.pid, %error, "the proxy task failed"),
+            }
+        }
+        // The pipes end with the run's processes; without a cgroup a
+        // descendant that left the group may hold them open, so its output
+        // is not waited for past the grace.
+        for mut log in std::mem::take(&mut self.logs) {
+            if tokio::time::timeout(self.grace, &mut log).await.is_err() {
+                log.abort();
+            }
+        }
+        info!(pid = self.pid, %reason, "exec container stopped");
+        reason
+    }
+}
+
+impl Container for ExecContainer {
+    fn proxy_url(&self) -> &str {
+        &self.url
+    }
+
+    fn ended(&mut self) -> BoxFuture<'_, String> {
+        Box::pin(async move {
+            match self.exited.wait_for(Option::is_some).await {
+                Ok(reason) => reason.clone().unwrap_or_default(),
+                Err(_) => "the agent program's supervisor is gone".to_owned(),
+            }
+        })
+    }
+
+    fn stop(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            (*self).terminate().await;
+        })
+    }
+}
+
+impl Drop for ExecContainer {
+    /// Dropped without `stop`, the container still ends: the supervisor
+    /// terminates and reaps the child, the proxy shuts down.
+    fn drop(&mut self) {
+        self.proxy_stop.shutdown();
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,333 @@
+//! Admission: which connections the server takes on, and how little one
+//! costs it before it has authorized (protocol §12, issue 13).
+//!
+//! A connection that has not authorized is anyone's, so it must be cheap
+//! and there must be few of them:
+//!
+//! ```text
+//! accept ─▶ this address holds max_connections_per_address ─▶ closed at once (TCP)
+//!        ─▶ max_unauthorized connections not yet authorized ─▶ closed at once (TCP)
+//!        ─▶ handshake by handshake_timeout ─▶ authorization by the grace
+//!             at most max_authorization_size (+ the HTTP upgrade) read
+//!        ─▶ authorized: the identity holds max_connections_per_identity
+//!             ─▶ close code 1013 with a reason
+//! ```
+//!
+//! Closed at once means the accepted socket is dropped: nothing of it is
+//! read, and its descriptor is free again before the next accept. Until
+//! it authorizes, a connection reads through [`Bounded`], which fails the
+//! read that would take it past its allowance, so a caller that sends
+//! megabytes before its credential costs the server no more than the
+//! allowance, and a ping flood before authorization ends there too. Once
+//! authorized, the configured message limit is the only bound.
+//!
+//! With any credential accepted every caller is the same identity, and
+//! `max_connections` is its limit: the per-identity limit applies only to
+//! token identities.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::identity::Identity;
+use super::shared::Shared;
+use runloop_wire::limits::{Limit, LimitError};
+
+/// How a server admits connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// Connections not yet authorized, at once (those being turned away
+    /// with 1013 included). One more is closed at once. At least one.
+    pub max_unauthorized: usize,
+    /// Connections from one IP address, authorized or not. One more is
+    /// closed at once. At least one.
+    pub max_connections_per_address: usize,
+    /// Authorized connections of one token identity. One more is closed
+    /// with close code 1013 and a reason. At least one.
+    pub max_connections_per_identity: usize,
+    /// How long the TCP connection and the WebSocket handshake may take.
+    /// At least [`Limit::MIN_AUTHORIZATION_GRACE`].
+    pub handshake_timeout: Duration,
+    /// The largest message before authorization, bytes (protocol §12).
+    /// At least [`Limit::MIN_MESSAGE_SIZE`].
+    pub max_authorization_size: usize,
+}
+
+impl Default for Admission {
+    /// 256 connections not yet authorized, 64 per address, 256 per
+    /// identity, a 3 s handshake and 64 KiB before authorization.
+    fn default() -> Self {
+        Admission {
+            max_unauthorized: 256,
+            max_connections_per_address: 64,
+            max_connections_per_identity: 256,
+            handshake_timeout: Duration::from_secs(3),
+            max_authorization_size: 64 << 10,
+        }
+    }
+}
+
+impl Admission {
+    /// Whether every limit is at least its minimum; the first that is not
+    /// is the error.
+    pub fn validate(&self) -> Result<(), LimitError> {
+        Limit::MaxUnauthorized.check(self.max_unauthorized as u64)?;
+        Limit::MaxConnectionsPerAddress.check(self.max_connections_per_address as u64)?;
+        Limit::MaxConnectionsPerIdentity.check(self.max_connections_per_identity as u64)?;
+        Limit::HandshakeTimeout.check_duration(self.handshake_timeout)?;
+        Limit::MaxAuthorizationSize.check(self.max_authorization_size as u64)
+    }
+
+    /// What a connection may read before it authorizes: its largest
+    /// authorization, the HTTP upgrade request before it, and one read of
+    /// the WebSocket layer's buffer past it.
+    fn allowance(&self) -> usize {
+        self.max_authorization_size
+            .saturating_add(UPGRADE_REQUEST)
+            .saturating_add(runloop_wire::limits::READ_BUFFER)
+    }
+}
+
+/// Room for the HTTP upgrade request: its request line and headers.
+const UPGRADE_REQUEST: usize = 16 << 10;
+
+/// Why a connection was closed at once when it was accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TurnedAway {
+    #[error("its address holds as many connections as one address may")]
+    Address,
+    #[error("as many connections as may be are not authorized yet")]
+    Unauthorized,
+}
+
+/// What the connections of the server hold, by address and by identity.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    unauthorized: usize,
+    addresses: HashMap<IpAddr, usize>,
+    identities: HashMap<Identity, usize>,
+}
+
+/// A connection's places: its address's (while it lives), a place among
+/// the connections not yet authorized (until it authorizes), and its
+/// identity's (once authorized). Dropping it gives them back.
+pub(crate) struct Admitted {
+    shared: Arc<Shared>,
+    address: Option<IpAddr>,
+    unauthorized: bool,
+    identity: Option<Identity>,
+    /// Opens the connection's [`Bounded`] reads once it has authorized.
+    authorized: Arc<AtomicBool>,
+}
+
+impl Admitted {
+    /// Takes the places of a connection from `address` (`None` for one
+    /// that came some other way than the listener), or says why not.
+    pub(crate) fn admit(
+        shared: &Arc<Shared>,
+        address: Option<IpAddr>,
+    ) -> Result<Admitted, TurnedAway> {
+        let admission = &shared.config.admission;
+        let mut held = shared.admission();
+        if let Some(address) = address
+            && held.addresses.get(&address).copied().unwrap_or(0)
+                >= admission.max_connections_per_address
+        {
+            return Err(TurnedAway::Address);
+        }
+        if held.unauthorized >= admission.max_unauthorized {
+            return Err(TurnedAway::Unauthorized);
+        }
+        held.unauthorized += 1;
+        if let Some(address) = address {
+            *held.addresses.entry(address).or_default() += 1;
+        }
+        Ok(Admitted {
+            shared: Arc::clone(shared),
+            address,
+            unauthorized: true,
+            identity: None,
+            authorized: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// The address it came from, if it came through the listener.
+    pub(crate) fn address(&self) -> Option<IpAddr> {
+        self.address
+    }
+
+    /// `io`, read through the allowance of a connection not yet authorized.
+    pub(crate) fn bounded<S>(&self, io: S) -> Bounded<S> {
+        Bounded {
+            io,
+            left: self.shared.config.admission.allowance(),
+            authorized: Arc::clone(&self.authorized),
+        }
+    }
+
+    /// The connection authorized as `identity`: its place among those not
+    /// yet authorized is free, its reads are no longer bounded here, and
+    /// it takes a place of its identity — unless the identity holds as
+    /// many as it may, when the limit is the error.
+    pub(crate) fn authorized(&mut self, identity: &Identity) -> Result<(), (&'static str, usize)> {
+        let limit = self.shared.config.admission.max_connections_per_identity;
+        let mut held = self.shared.admission();
+        if self.unauthorized {
+            held.unauthorized -= 1;
+            self.unauthorized = false;
+        }
+        if self.shared.per_identity {
+            let count = held.identities.entry(identity.clone()).or_default();
+            if *count >= limit {
+                return Err(("max_connections_per_identity", limit));
+            }
+            *count += 1;
+            self.identity = Some(identity.clone());
+        }
+        drop(held);
+        self.authorized.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut held = self.shared.admission();
+        if self.unauthorized {
+            held.unauthorized -= 1;
+        }
+        if let Some(address) = self.address {
+            release(&mut held.addresses, &address);
+        }
+        if let Some(identity) = &self.identity {
+            release(&mut held.identities, identity);
+        }
+    }
+}
+
+/// Gives one place of `key` back, forgetting it at zero so that the map
+/// holds only what is held.
+pub(crate) fn release<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K) {
+    if let Some(count) = map.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            map.remove(key);
+        }
+    }
+}
+
+/// A connection's byte stream, whose reads fail once they would take it
+/// past its allowance before it has authorized.
+pub(crate) struct Bounded<S> {
+    io: S,
+    left: usize,
+    authorized: Arc<AtomicBool>,
+}
+
+/// The error of a read past the allowance.
+#[derive(Debug, thiserror::Error)]
+#[error("more was sent before authorization than the server reads")]
+pub(crate) struct OverAllowance;
+
+impl OverAllowance {
+    /// Whether `error` is this one.
+    pub(crate) fn is(error: &io::Error) -> bool {
+        error
+            .get_ref()
+            .is_some_and(|inner| inner.is::<OverAllowance>())
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Bounded<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.authorized.load(Ordering::Acquire) {
+            return Pin::new(&mut self.io).poll_read(cx, buf);
+        }
+        if self.left == 0 {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                OverAllowance,
+            )));
+        }
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        let count = buf.filled().len() - before;
+        // What was read is the caller's to use only within the allowance;
+        // the next read past it fails.
+        self.left = self.left.saturating_sub(count);
+        read
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Bounded<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn reads_past_the_allowance_fail_until_authorized() {
+        let (mut caller, server) = tokio::io::duplex(1 << 20);
+        let authorized = Arc::new(AtomicBool::new(false));
+        let mut bounded = Bounded {
+            io: server,
+            left: 100,
+            authorized: Arc::clone(&authorized),
+        };
+        caller.write_all(&[7; 300]).await.expect("written");
+        let mut buf = [0; 64];
+        let mut read = 0;
+        let error = loop {
+            match bounded.read(&mut buf).await {
+                Ok(n) => read += n,
+                Err(error) => break error,
+            }
+        };
+        assert!(OverAllowance::is(&error), "{error}");
+        assert!((100..=128).contains(&read), "{read}");
+        // Authorized, it reads on.
+        authorized.store(true, Ordering::Release);
+        assert!(bounded.read(&mut buf).await.expect("reads") > 0);
+    }
+}

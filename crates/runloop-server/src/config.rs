@@ -1,0 +1,74 @@
+//! The server's configuration: which credentials it accepts
+//! ([`Credentials`]), its limits (protocol §3, §12), and its TLS.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::admission::Admission;
+use super::budget::RunBudget;
+use super::identity::Credentials;
+use runloop_runtime::{Catalog, Registry};
+use runloop_wire::limits::{Limit, LimitError, Limits};
+use runloop_wire::tls::ServerTls;
+
+/// Connections a server serves at once unless configured otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// How the server behaves.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Accepted credentials.
+    pub credentials: Credentials,
+    /// Per-connection limits.
+    pub limits: Limits,
+    /// How long a new connection may take to authorize before it is closed
+    /// without a frame (protocol §12). Once authorized, nothing times out. At
+    /// least [`Limit::MIN_AUTHORIZATION_GRACE`].
+    pub authorization_grace: Duration,
+    /// Caller connections served at once, authorized or not yet. One more
+    /// is turned away: its WebSocket handshake completes and it is closed
+    /// at once with close code 1013 (try again later) and a reason that
+    /// says so, before anything of it is read. At least one. (Before that,
+    /// [`Admission`] may close it at once.)
+    pub max_connections: usize,
+    /// Which connections are taken on, and what one may cost before it
+    /// authorizes (see [`Admission`]).
+    pub admission: Admission,
+    /// What runs may claim, each and together (see [`RunBudget`]).
+    pub budget: RunBudget,
+    /// The images this server runs.
+    pub catalog: Catalog,
+    /// Where `registry` images are pulled from; without one they are refused.
+    pub registry: Option<Arc<dyn Registry>>,
+    /// TLS for the listener's connections (`wss://`); none: plain `ws://`.
+    pub tls: Option<ServerTls>,
+}
+
+impl ServerConfig {
+    /// A configuration with default limits, a 10 s authorization grace,
+    /// [`DEFAULT_MAX_CONNECTIONS`] and the default [`RunBudget`].
+    pub fn new(credentials: Credentials, catalog: Catalog) -> Self {
+        ServerConfig {
+            credentials,
+            limits: Limits::default(),
+            authorization_grace: Duration::from_secs(10),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            admission: Admission::default(),
+            budget: RunBudget::default(),
+            catalog,
+            registry: None,
+            tls: None,
+        }
+    }
+
+    /// Whether every limit is at least its minimum ([`Limit`]), so that
+    /// the server can serve an ordinary caller; the first that is not is
+    /// the error. [`Server::bind`](super::Server::bind) refuses a configuration that fails this.
+    pub fn validate(&self) -> Result<(), LimitError> {
+        self.limits.validate()?;
+        Limit::MaxConnections.check(self.max_connections as u64)?;
+        Limit::check_grace(self.authorization_grace)?;
+        self.admission.validate()?;
+        self.budget.validate()
+    }
+}

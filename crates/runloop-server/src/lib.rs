@@ -1,0 +1,507 @@
+//! The provider's server: accepts framed connections, serves
+//! `containers::agents::run`, and relays run-loop channels from the proxy.
+//!
+//! The pieces, in the order a chunk meets them, from the proxy to the
+//! caller:
+//!
+//! ```text
+//! proxy_path.rs   dialling the proxy's bare /agent/* paths; read_ahead.rs
+//!                 their sockets read in large pieces, small buffers kept
+//! relay.rs        one run-loop channel: /agent/run, one byte read per proxy
+//!                 message, everything else copied; written to the socket
+//!                 itself while it is free, queued otherwise
+//! scope.rs        one run: policy, runtime, /agent/register, the id, the
+//!                 channels, and the ending (stop, container end, disconnect)
+//! outbox.rs       the connection's table and its writer's queue under one
+//!                 lock; a scope and a relay each get a handle that writes
+//!                 only their own frames
+//! places.rs       a channel's places in that queue, in responses and bytes
+//! admission.rs    which connections are taken on, what one costs before
+//!                 it authorizes, per address and per identity
+//! budget.rs       what runs may claim: how many at once, their memory
+//!                 together, the most one may ask for
+//! connection.rs   one caller's socket: authorization, frames in, each applied
+//!                 to the table (runloop_proto::connection), disregarded
+//!                 frames counted; pings.rs its budget of control frames
+//! refusal_log.rs  refusal lines, rate limited per address
+//! mod.rs          the listener, the handle; config.rs and shared.rs what
+//!                 every connection shares
+//! ```
+//!
+//! Calls go one way, from the listener down to the relay: a connection
+//! starts its scopes, a scope its relays, and each answers through the
+//! outbox handle it was given, never through the task that started it.
+//!
+//! Every task a connection starts is tied to its cancellation token, and
+//! every run ends the same way whatever ended it: its channels end with an
+//! error (never a bare or silent finish), its container stops, and then its
+//! scope finishes. When the caller's connection goes, nothing is left
+//! behind: paths are closed, containers stopped, counters back to zero.
+//!
+//! A connection usually comes from the server's own listener, but
+//! [`ServerHandle::serve_connection`] takes any byte stream (an in-memory
+//! pipe in tests and fuzzing) and serves it the same way. With
+//! [`ServerConfig::tls`], the listener's connections speak TLS first
+//! (`wss://`); the handshake counts against the authorization grace.
+//!
+//! A server can **drain** ([`ServerHandle::drain`]): it stops accepting
+//! (the listener is closed, so a load balancer's next connection goes to
+//! another server), reports itself not ready, and keeps serving the
+//! connections it has, runs and loops included, until they end; then
+//! [`Server::serve`] returns. A [`shutdown`](ServerHandle::shutdown) at any
+//! time, the usual end of a drain's deadline, ends whatever is left.
+//!
+//! What the server does is counted in its [`ServerMetrics`](runloop_metrics::ServerMetrics), exposed with
+//! its live counts by [`ServerHandle::metrics`].
+//!
+//! The server's own logs never carry a credential, at any level: a refusal
+//! says what was wrong, an identity names the credential's position. One
+//! caveat is outside its reach: the WebSocket library logs through `log`,
+//! and at trace level writes out every message it reads, the authorization
+//! included. A subscriber that bridges `log` records must cap them below
+//! trace, as `runloop serve` does.
+
+mod admission;
+mod budget;
+mod config;
+mod connection;
+mod identity;
+mod message_edges;
+mod outbox;
+mod pings;
+mod places;
+mod proxy_path;
+mod read_ahead;
+mod refusal_log;
+mod relay;
+mod scope;
+mod shared;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+pub use admission::Admission;
+pub use budget::{
+    DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
+    RunBudget, default_memory_budget,
+};
+pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
+pub use identity::{Credentials, Identity};
+pub use runloop_metrics::StatsSnapshot;
+pub use shared::Stats;
+
+use self::admission::Admitted;
+use self::shared::Shared;
+use runloop_metrics::{Reload, TlsFailure};
+use runloop_wire::limits::LimitError;
+use runloop_wire::listener;
+use runloop_wire::tls::TlsError;
+use runloop_wire::transport::{self, AcceptError};
+
+/// Why a server could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BindError {
+    /// A limit of the configuration is below its minimum.
+    #[error("the server's configuration would serve nobody: {0}")]
+    Limit(#[source] LimitError),
+    /// The address could not be listened on.
+    #[error("cannot listen: {0}")]
+    Listen(#[source] io::Error),
+}
+
+/// A bound provider server, not yet serving.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+/// Controls a server from elsewhere: its address, its counts, its shutdown.
+#[derive(Debug, Clone)]
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Checks the configuration ([`ServerConfig::validate`]) and binds `addr`.
+    pub async fn bind(addr: impl ToSocketAddrs, config: ServerConfig) -> Result<Server, BindError> {
+        config.validate().map_err(BindError::Limit)?;
+        let listener = TcpListener::bind(addr).await.map_err(BindError::Listen)?;
+        let addr = listener.local_addr().map_err(BindError::Listen)?;
+        let shared = Arc::new(Shared::new(config));
+        Ok(Server {
+            listener,
+            addr,
+            shared,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A handle for shutting the server down and reading its counts.
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle {
+            addr: self.addr,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Serves until [`ServerHandle::shutdown`]; then stops accepting, ends
+    /// every run (channels end with an error, containers stop, scopes
+    /// finish), closes every connection, and returns when all of that is done.
+    /// After [`ServerHandle::drain`], it stops accepting and returns once
+    /// the connections it has are over (or a shutdown ends them).
+    pub async fn serve(self) {
+        let Server {
+            listener,
+            addr,
+            shared,
+        } = self;
+        info!(%addr, tls = shared.config.tls.is_some(), "serving");
+        for (image, why) in shared.config.catalog.caveats() {
+            warn!("image {image:?} cannot be served as configured: {why}");
+        }
+        // One place per connection a TLS handshake is under way for, so
+        // that handshakes too are bounded by the connection limit.
+        let handshakes = Arc::new(Semaphore::new(
+            shared.config.max_connections.min(Semaphore::MAX_PERMITS),
+        ));
+        // A shutdown cancels the drain too: either stops the accepting.
+        let accepting = listener::accept_until(&listener, &shared.draining, |tcp, peer| {
+            let admitted = match Admitted::admit(&shared, Some(peer.ip())) {
+                Ok(admitted) => admitted,
+                // Dropped: closed at once, nothing of it read.
+                Err(why) => return shared.closed_at_accept(peer, Some(peer.ip()), why),
+            };
+            let for_task = Arc::clone(&shared);
+            match &shared.config.tls {
+                None => {
+                    shared
+                        .tasks
+                        .spawn(connection::serve(tcp, peer, for_task, admitted));
+                }
+                Some(tls) => match Arc::clone(&handshakes).try_acquire_owned() {
+                    Ok(place) => {
+                        let acceptor = tls.acceptor();
+                        shared.tasks.spawn(serve_tls(
+                            (tcp, peer),
+                            acceptor,
+                            for_task,
+                            place,
+                            admitted,
+                        ));
+                    }
+                    Err(_) => {
+                        // No TLS to say why in: the socket just closes.
+                        shared.metrics.tls_failures.inc(TlsFailure::Busy);
+                        warn!(%peer, "turned away: as many TLS handshakes under way as connections allowed");
+                    }
+                },
+            }
+        });
+        // The refusal log is swept in the listener's task, beside it.
+        tokio::select! {
+            () = accepting => {}
+            () = sweep_refusals(&shared) => {}
+        }
+        drop(listener);
+        shared.tasks.close();
+        if !shared.shutdown.is_cancelled() {
+            let started = Instant::now();
+            info!(
+                connections = shared.stats.connections.load(Ordering::Relaxed),
+                runs = shared.stats.scopes.load(Ordering::Relaxed),
+                loops = shared.stats.relays.load(Ordering::Relaxed),
+                "draining: no new connection; the open ones are served until they end"
+            );
+            tokio::select! {
+                () = shared.tasks.wait() => {
+                    info!(took = ?started.elapsed(), "drained: every connection ended");
+                    return;
+                }
+                () = shared.shutdown.cancelled() => {}
+            }
+        }
+        info!(
+            connections = shared.stats.connections.load(Ordering::Relaxed),
+            runs = shared.stats.scopes.load(Ordering::Relaxed),
+            loops = shared.stats.relays.load(Ordering::Relaxed),
+            "shutting down: ending runs and closing connections"
+        );
+        shared.tasks.wait().await;
+        info!("shut down");
+    }
+
+    /// Spawns [`serve`](Self::serve) on the current runtime.
+    pub fn spawn(self) -> (ServerHandle, JoinHandle<()>) {
+        (self.handle(), tokio::spawn(self.serve()))
+    }
+}
+
+impl ServerHandle {
+    /// The server's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The URL of the server: `wss://` with TLS, else `ws://`.
+    pub fn url(&self) -> String {
+        let scheme = if self.shared.config.tls.is_some() {
+            "wss"
+        } else {
+            "ws"
+        };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// Starts a graceful shutdown; [`Server::serve`] returns when it is done.
+    pub fn shutdown(&self) {
+        self.shared.shutdown.cancel();
+    }
+
+    /// Starts a drain: no new connection is accepted, the server reports
+    /// itself not ready, and [`Server::serve`] returns once the connections
+    /// it has are over. Put a deadline on it with [`shutdown`](Self::shutdown).
+    pub fn drain(&self) {
+        self.shared.draining.cancel();
+    }
+
+    /// Whether the server accepts new connections: neither draining nor
+    /// shutting down.
+    pub fn is_ready(&self) -> bool {
+        !self.shared.draining.is_cancelled() && !self.shared.shutdown.is_cancelled()
+    }
+
+    /// The server's live counts.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+
+    /// The server's metrics and live counts, in the Prometheus text format.
+    pub fn metrics(&self) -> String {
+        self.shared
+            .metrics
+            .encode(&self.stats(), self.shared.draining.is_cancelled())
+    }
+
+    /// Reads the TLS certificate and key again and serves them from the
+    /// next handshake on ([`ServerTls::reload`](runloop_wire::tls::ServerTls::reload)); counted either way.
+    /// `Ok(false)`: the server has no TLS.
+    pub fn reload_tls(&self) -> Result<bool, TlsError> {
+        let Some(tls) = &self.shared.config.tls else {
+            return Ok(false);
+        };
+        let reloaded = tls.reload();
+        let result = if reloaded.is_ok() {
+            Reload::Loaded
+        } else {
+            Reload::Failed
+        };
+        self.shared.metrics.tls_reloads.inc(result);
+        reloaded.map(|()| true)
+    }
+
+    /// Serves one caller's connection that reached the server some other way
+    /// than its listener: any byte stream, from the WebSocket handshake on
+    /// (an in-memory pipe in tests and fuzzing, a socket accepted elsewhere).
+    /// `peer` names the other end in logs.
+    ///
+    /// The connection is served exactly as an accepted TCP connection is
+    /// (without a per-address limit, having no address): same limits, same
+    /// authorization, counted in [`stats`](Self::stats),
+    /// and ended by [`shutdown`](Self::shutdown), which waits for it. The
+    /// returned handle resolves when the connection is over.
+    pub fn serve_connection<S>(
+        &self,
+        io: S,
+        peer: impl fmt::Display + Send + 'static,
+    ) -> JoinHandle<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        self.shared.tasks.spawn(async move {
+            match Admitted::admit(&shared, None) {
+                Ok(admitted) => connection::serve(io, peer, shared, admitted).await,
+                Err(why) => shared.closed_at_accept(peer, None, why),
+            }
+        })
+    }
+}
+
+/// Sweeps the refusal log once per window, for ever.
+async fn sweep_refusals(shared: &Shared) {
+    let mut ticks = tokio::time::interval(refusal_log::RefusalLog::WINDOW);
+    loop {
+        ticks.tick().await;
+        shared.refusals.sweep();
+    }
+}
+
+impl runloop_metrics::admin::Watched for ServerHandle {
+    fn metrics(&self) -> String {
+        ServerHandle::metrics(self)
+    }
+
+    fn ready(&self) -> bool {
+        self.is_ready()
+    }
+}
+
+/// The TLS handshake of a listener's connection, within the authorization
+/// grace, holding a handshake `place`; then the connection is served.
+async fn serve_tls(
+    (tcp, peer): (TcpStream, SocketAddr),
+    acceptor: tokio_rustls::TlsAcceptor,
+    shared: Arc<Shared>,
+    place: tokio::sync::OwnedSemaphorePermit,
+    admitted: Admitted,
+) {
+    // The TLS handshake is part of the handshake a connection must finish
+    // before it may authorize: an unauthorized caller holds its admission
+    // place no longer over TLS than over plain TCP.
+    let deadline = shared
+        .config
+        .admission
+        .handshake_timeout
+        .min(shared.config.authorization_grace);
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(deadline, transport::accept(tcp, &acceptor)) => accepted,
+        () = shared.shutdown.cancelled() => return,
+    };
+    drop(place);
+    match accepted {
+        Ok(Ok(tls)) => connection::serve(tls, peer, shared, admitted).await,
+        Ok(Err(error)) => {
+            shared.metrics.tls_failures.inc(match error {
+                AcceptError::Plaintext => TlsFailure::Plaintext,
+                AcceptError::NotTls => TlsFailure::NotTls,
+                AcceptError::Handshake(_) => TlsFailure::Handshake,
+            });
+            info!(%peer, %error, "TLS refused");
+        }
+        Err(_) => {
+            shared.metrics.tls_failures.inc(TlsFailure::Timeout);
+            info!(%peer, ?deadline, "no TLS handshake within the handshake timeout");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use runloop_runtime::Catalog;
+    use runloop_wire::limits::{Limit, Limits};
+
+    #[tokio::test]
+    async fn bind_refuses_a_configuration_that_would_serve_nobody() {
+        let cases = [
+            Limit::MaxMessageSize,
+            Limit::MaxScopes,
+            Limit::MaxChannels,
+            Limit::MaxQueuedResponses,
+            Limit::MaxQueuedBytes,
+            Limit::MaxConnectionQueuedBytes,
+            Limit::MaxConnections,
+            Limit::AuthorizationGrace,
+            Limit::MaxRuns,
+            Limit::MaxRunsPerIdentity,
+            Limit::MaxLoopsPerIdentity,
+            Limit::MaxRunMemory,
+            Limit::MemoryBudget,
+            Limit::MaxUnauthorized,
+            Limit::MaxConnectionsPerAddress,
+            Limit::MaxConnectionsPerIdentity,
+            Limit::HandshakeTimeout,
+            Limit::MaxAuthorizationSize,
+        ];
+        for limit in cases {
+            let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
+            match limit {
+                Limit::MaxMessageSize => config.limits.max_message_size = 8,
+                Limit::MaxScopes => config.limits.max_scopes = 0,
+                Limit::MaxChannels => config.limits.max_channels = 0,
+                Limit::MaxQueuedResponses => config.limits.max_queued_responses = 0,
+                Limit::MaxQueuedBytes => config.limits.max_queued_bytes = 4095,
+                Limit::MaxConnectionQueuedBytes => {
+                    config.limits.max_connection_queued_bytes = 4095;
+                }
+                Limit::MaxConnections => config.max_connections = 0,
+                Limit::AuthorizationGrace => {
+                    config.authorization_grace = Duration::from_millis(999);
+                }
+                Limit::MaxRuns => config.budget.max_runs = 0,
+                Limit::MaxRunsPerIdentity => config.budget.max_runs_per_identity = 0,
+                Limit::MaxLoopsPerIdentity => config.budget.max_loops_per_identity = 0,
+                Limit::MaxRunMemory => config.budget.max_run_memory = Limit::MIN_RUN_MEMORY - 1,
+                Limit::MemoryBudget => config.budget.memory_budget = 0,
+                Limit::MaxUnauthorized => config.admission.max_unauthorized = 0,
+                Limit::MaxConnectionsPerAddress => {
+                    config.admission.max_connections_per_address = 0;
+                }
+                Limit::MaxConnectionsPerIdentity => {
+                    config.admission.max_connections_per_identity = 0;
+                }
+                Limit::HandshakeTimeout => {
+                    config.admission.handshake_timeout = Duration::from_millis(999);
+                }
+                Limit::MaxAuthorizationSize => config.admission.max_authorization_size = 4095,
+            }
+            match Server::bind("127.0.0.1:0", config).await {
+                Err(BindError::Limit(error)) => {
+                    assert_eq!(error.limit, limit);
+                    let message = BindError::Limit(error.clone()).to_string();
+                    assert!(message.contains(limit.name()), "{message}");
+                    assert!(message.contains(&limit.minimum()), "{message}");
+                    assert!(std::error::Error::source(&BindError::Limit(error)).is_some());
+                }
+                other => panic!("{limit}: {other:?}"),
+            }
+        }
+        let mut least = ServerConfig::new(Credentials::Any, Catalog::new());
+        least.limits = Limits {
+            max_message_size: Limit::MIN_MESSAGE_SIZE,
+            max_scopes: 1,
+            max_channels: 1,
+            max_queued_responses: 1,
+            max_queued_bytes: Limit::MIN_MESSAGE_SIZE,
+            max_connection_queued_bytes: Limit::MIN_MESSAGE_SIZE,
+        };
+        least.max_connections = 1;
+        least.authorization_grace = Limit::MIN_AUTHORIZATION_GRACE;
+        least.admission = Admission {
+            max_unauthorized: 1,
+            max_connections_per_address: 1,
+            max_connections_per_identity: 1,
+            handshake_timeout: Limit::MIN_AUTHORIZATION_GRACE,
+            max_authorization_size: Limit::MIN_MESSAGE_SIZE,
+        };
+        least.budget = RunBudget {
+            max_runs: 1,
+            max_runs_per_identity: 1,
+            max_loops_per_identity: 1,
+            max_run_memory: Limit::MIN_RUN_MEMORY,
+            max_run_disk: 0,
+            memory_budget: Limit::MIN_RUN_MEMORY,
+        };
+        assert!(Server::bind("127.0.0.1:0", least).await.is_ok());
+    }
+}

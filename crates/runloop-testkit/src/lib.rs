@@ -1,0 +1,183 @@
+//! What several of runloop's test suites share.
+//!
+//! [`needs`]: a test that needs root or a part of the system (runc, nginx,
+//! a registry, a kernel feature) asks for it first. Where the part is
+//! missing, the test says so on one line — `skipped: needs runc (apt-get
+//! install runc): containers::a_run_in_a_container` — and returns, so a
+//! contributor without the part gets a passing suite and a list of what
+//! it did not prove, never a failure that reads like a bug and never
+//! silence. CI installs every part and sets `RUNLOOP_REQUIRE_SYSTEM=1`,
+//! under which a missing part fails the test instead: a CI run cannot
+//! pass by skipping.
+//!
+//! The line is written to the process's stderr directly, past the test
+//! harness's capture (which keeps a passing test's output to itself), so
+//! `cargo test` shows it whether or not the test passed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The variable under which a missing part fails the test.
+pub const REQUIRE: &str = "RUNLOOP_REQUIRE_SYSTEM";
+
+/// A part of the system a test needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The test runs as root (containers, cgroups, mounts, namespaces).
+    Root,
+    /// A program, by its name, found on `PATH` or in `/usr/sbin` and
+    /// `/sbin` (where Debian puts runc, nginx, ip and mkfs.ext4, which a
+    /// user's `PATH` often lacks), and the package that installs it.
+    Program {
+        /// The program's name.
+        name: &'static str,
+        /// The Debian package that installs it.
+        package: &'static str,
+    },
+    /// Cgroups a process may make and write, with the memory and pids
+    /// controllers (v1 or v2): what the exec runtime confines runs with.
+    Cgroups,
+    /// A file or directory the kernel or a package provides, and what
+    /// provides it.
+    File {
+        /// Its path.
+        path: &'static str,
+        /// What provides it, in words (`cgroup v2 mounted`).
+        from: &'static str,
+    },
+}
+
+impl Part {
+    /// A program from a Debian package.
+    pub const fn program(name: &'static str, package: &'static str) -> Part {
+        Part::Program { name, package }
+    }
+
+    /// Whether the part is here.
+    pub fn present(self) -> bool {
+        match self {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            Part::Root => (unsafe { libc::geteuid() }) == 0,
+            Part::Program { name, .. } => find_program(name).is_some(),
+            Part::Cgroups => {
+                let v1 = Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists()
+                    && Path::new("/sys/fs/cgroup/pids/cgroup.procs").exists();
+                let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+                    .is_ok_and(|c| c.contains("memory") && c.contains("pids"));
+                (v1 || v2) && Part::Root.present()
+            }
+            Part::File { path, .. } => Path::new(path).exists(),
+        }
+    }
+
+    /// What a user does to have it, in words.
+    pub fn describe(self) -> String {
+        match self {
+            Part::Root => "root".to_owned(),
+            Part::Program { name, package } => format!("{name} (apt-get install {package})"),
+            Part::Cgroups => {
+                "writable cgroups with the memory and pids controllers (root)".to_owned()
+            }
+            Part::File { path, from } => format!("{path} ({from})"),
+        }
+    }
+}
+
+/// Where `name` is: on `PATH`, else in `/usr/sbin` or `/sbin`.
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+}
+
+/// Whether every part in `parts` is here. Where one is not, says so on
+/// one line (`skipped: needs …`) and returns false — or, under
+/// `RUNLOOP_REQUIRE_SYSTEM=1`, panics naming what is missing.
+///
+/// ```
+/// use runloop_testkit::{Part, needs};
+/// if !needs(&[Part::program("sh", "dash")]) {
+///     return;
+/// }
+/// ```
+pub fn needs(parts: &[Part]) -> bool {
+    let missing: Vec<String> = parts
+        .iter()
+        .filter(|part| !part.present())
+        .map(|part| part.describe())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let missing = missing.join(", ");
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    if required() {
+        panic!("{test} needs {missing}, and {REQUIRE}=1 is set: install it");
+    }
+    // Past the harness's capture: the line is seen whether the test
+    // passes or not. A closed stderr loses it, nothing more.
+    let _ = writeln!(std::io::stderr(), "skipped: needs {missing}: {test}");
+    false
+}
+
+/// Whether a missing part fails the test (`RUNLOOP_REQUIRE_SYSTEM=1`).
+pub fn required() -> bool {
+    std::env::var(REQUIRE).is_ok_and(|value| value == "1")
+}
+
+/// The parts every container test needs: root, runc, the tools that make
+/// a run's disk and network, and gcc with a static libc for the test
+/// images.
+pub const CONTAINERS: &[Part] = &[
+    Part::Root,
+    Part::program("runc", "runc"),
+    Part::program("mkfs.ext4", "e2fsprogs"),
+    Part::program("ip", "iproute2"),
+    Part::program("losetup", "mount"),
+    Part::program("gcc", "gcc"),
+    Part::File {
+        path: "/usr/lib/x86_64-linux-gnu/libc.a",
+        from: "apt-get install libc6-dev",
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_on_the_path_is_found_and_a_made_up_one_is_not() {
+        assert!(find_program("sh").is_some());
+        assert!(find_program("runloop-no-such-program").is_none());
+    }
+
+    #[test]
+    fn a_missing_part_is_described_with_its_package() {
+        let part = Part::program("runloop-no-such-program", "runloop-nothing");
+        assert!(!part.present());
+        assert_eq!(
+            part.describe(),
+            "runloop-no-such-program (apt-get install runloop-nothing)"
+        );
+    }
+
+    #[test]
+    fn needs_answers_for_what_is_here_and_what_is_not() {
+        assert!(needs(&[Part::program("sh", "dash")]));
+        let missing = [Part::program("runloop-no-such-program", "runloop-nothing")];
+        if required() {
+            let panicked = std::panic::catch_unwind(|| needs(&missing));
+            assert!(panicked.is_err(), "under {REQUIRE}=1 a missing part fails");
+        } else {
+            assert!(!needs(&missing));
+        }
+    }
+}
