@@ -57,6 +57,22 @@ const TOKEN: &str = "runloop-bench";
 /// the runtime's, standard streams, a few sockets closing).
 const SPARE_DESCRIPTORS: u64 = 256;
 
+/// Serves the synthetic proxy on a loopback port until the process ends,
+/// for a load client of another program (the Python package's bench):
+/// `ready` hears its URL once it listens. Any image served by a provider
+/// server in front of it (`--agent NAME=proxy:URL`) streams the loop that
+/// its prompt asks for, `bench:INDEX:ROUND:CHUNKS:RATE`.
+pub async fn synthetic_proxy(mix: Mix, ready: impl FnOnce(&str)) -> Result<(), BenchError> {
+    let proxy = SyntheticProxy::start(Plan {
+        mix,
+        epoch: Instant::now(),
+    })
+    .await?;
+    ready(&proxy.url());
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct Params {

@@ -98,6 +98,31 @@ pub struct ForwardArgs {
     pub upstream: String,
 }
 
+/// Arguments of the hidden `__synthetic-proxy`: the bench's synthetic
+/// proxy on its own, for load clients outside this binary.
+#[derive(Debug, clap::Args)]
+pub struct SyntheticArgs {
+    /// Chunk sizes: MIN-MAX:WEIGHT[,…] in bytes (K/M suffixes).
+    #[arg(long, default_value_t = Mix::default())]
+    pub mix: Mix,
+}
+
+impl SyntheticArgs {
+    /// Prints the proxy's URL (one line), then serves until killed.
+    pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+        block_on(async {
+            let mut printed = Ok(());
+            runloop_bench::synthetic_proxy(self.mix.clone(), |url| {
+                printed = writeln!(out, "{url}").and_then(|()| out.flush());
+            })
+            .await
+            .map_err(|error| Failure::Runtime(std::io::Error::other(error)))?;
+            printed.map_err(Failure::Runtime)?;
+            Ok(Exit::Success)
+        })?
+    }
+}
+
 /// Starts this binary again as the programs under test.
 struct ThisBinary(PathBuf);
 

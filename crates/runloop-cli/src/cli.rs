@@ -39,7 +39,7 @@ pub enum Command {
     /// server with the demo agent).
     Run(run::Args),
     /// Serve runs: the provider server, with its catalog of agents.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// The proxy on its own, for beside an agent program in a container.
     Proxy(proxy::Args),
     /// An agent program on its own, on $PORT.
@@ -60,6 +60,9 @@ pub enum Command {
     /// The bench's baseline forwarder (run by `runloop bench` itself).
     #[command(name = "__forward", hide = true)]
     Forward(bench::ForwardArgs),
+    /// The bench's synthetic proxy alone (run by python/bench.py).
+    #[command(name = "__synthetic-proxy", hide = true)]
+    SyntheticProxy(bench::SyntheticArgs),
 }
 
 impl Command {
@@ -82,6 +85,7 @@ impl Command {
             Command::Completions(args) => args.execute(Cli::command(), &mut out),
             Command::Man(args) => args.execute(Cli::command(), &mut out),
             Command::Forward(args) => args.execute(),
+            Command::SyntheticProxy(args) => args.execute(&mut out),
         }
     }
 }

@@ -12,7 +12,9 @@
 //! ```text
 //! cli      the argument types, one subcommand per module
 //! run      one loop, end to end, rendered as it streams
-//! serve    the provider server and its catalog
+//! serve    the provider server and its catalog; serve_file its
+//!          configuration file, tenants included; limit_table its limits,
+//!          each declared once
 //! descriptors  the server's RLIMIT_NOFILE, raised, and its limits checked against it
 //! token    credentials from a file or the environment, never needed on the command line
 //! proxy    the proxy on its own
@@ -45,6 +47,7 @@ pub mod dial;
 pub mod exit;
 pub mod frames;
 pub mod json;
+pub mod limit_table;
 pub mod man;
 pub mod notes;
 pub mod process;
@@ -54,6 +57,7 @@ pub mod run;
 pub mod schema;
 pub mod seconds;
 pub mod serve;
+pub mod serve_file;
 pub mod token;
 pub mod unparsed;
 pub mod verbose;
@@ -71,7 +75,8 @@ pub const VERSION: &str = env!("RUNLOOP_VERSION");
 
 /// Runs the command line `args` (program name first) and says how to exit.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> Exit {
-    let cli = match cli::Cli::try_parse_from(args) {
+    let args: Vec<OsString> = args.into_iter().collect();
+    let mut cli = match cli::Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(usage) => {
             // clap prints help and version to stdout, usage errors to stderr;
@@ -84,6 +89,10 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> Exit {
             };
         }
     };
+    if let cli::Command::Serve(serve) = &mut cli.command {
+        // What followed `serve`, merged over a configuration file's keys.
+        serve.command_line = args.iter().skip(2).cloned().collect();
+    }
     match cli.command.execute() {
         Ok(exit) => exit,
         Err(failure) if failure.is_broken_pipe() => Exit::Failed,

@@ -84,7 +84,9 @@ pub fn init_logs_as(default: &str, format: LogFormat) -> Logs {
     let installed = match format {
         LogFormat::Text => {
             let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            tracing::subscriber::set_global_default(builder.with_ansi(ansi).finish())
+            tracing::subscriber::set_global_default(
+                builder.with_ansi(ansi).fmt_fields(text_fields()).finish(),
+            )
         }
         LogFormat::Json => tracing::subscriber::set_global_default(
             builder
@@ -105,6 +107,31 @@ pub fn init_logs_as(default: &str, format: LogFormat) -> Logs {
         guard: Some(guard),
         dropped,
     }
+}
+
+/// The text format's fields: the message, then `name=value` pairs, each
+/// written through [`Escaped`](runloop::runtime::output::Escaped), so that
+/// no value from outside (a reference, an error text, an agent's output
+/// line) can end the line or forge the next one. (The JSON format escapes
+/// them itself.)
+pub fn text_fields()
+-> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + Send + Sync + 'static {
+    use runloop::runtime::output::Escaped;
+    use tracing_subscriber::field::MakeExt as _;
+    tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        let name = field.name();
+        // What the `log` bridge records about a record's origin.
+        if name.starts_with("log.") {
+            return Ok(());
+        }
+        let text = format!("{value:?}");
+        if name == "message" {
+            write!(writer, "{}", Escaped(&text))
+        } else {
+            write!(writer, "{name}={}", Escaped(&text))
+        }
+    })
+    .delimited(" ")
 }
 
 /// Keeps the log thread of [`init_logs`]; dropped at a command's end, it
@@ -160,5 +187,76 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Log lines written to a shared buffer.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn no_outside_text_ends_a_text_log_line_or_forges_one() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .fmt_fields(text_fields())
+            .finish();
+        let controls: Vec<char> = (0u32..0x20)
+            .chain(0x7f..0xa0)
+            .chain([0x2028, 0x2029])
+            .filter_map(char::from_u32)
+            .collect();
+        let mut events = 0;
+        tracing::subscriber::with_default(subscriber, || {
+            for c in &controls {
+                let evil = format!("x{c}2026-01-01T00:00:00.000000Z  WARN runloop::server: forged");
+                // The fields the server fills from outside: a reference, an
+                // error text, an image name, a peer (a span field), an
+                // agent's output line (the message), a Debug-formatted value.
+                let span = tracing::info_span!("connection", peer = %evil);
+                let _entered = span.enter();
+                tracing::info!(reference = %evil, "pulling the image");
+                tracing::info!(error = %evil, "run refused");
+                tracing::info!(image = %evil, "starting the container");
+                tracing::info!(target: "runloop::agent_program", program = %evil, pid = 1, stream = "stdout", "{evil}");
+                tracing::info!(detail = ?evil, "debug");
+                events += 5;
+            }
+        });
+        let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("UTF-8");
+        let lines: Vec<&str> = text.split_terminator('\n').collect();
+        assert_eq!(lines.len(), events, "{text}");
+        for line in &lines {
+            assert!(line.contains("INFO"), "{line:?}");
+            assert!(!line.contains(|c: char| controls.contains(&c)), "{line:?}");
+            assert!(!line.starts_with("2026-01-01"), "{line:?}");
+        }
+        assert!(
+            text.contains(r"reference=x\n2026-01-01T00:00:00.000000Z"),
+            "{text}"
+        );
+        assert!(text.contains(r"peer=x\r2026"), "{text}");
+        assert!(text.contains(r"x\u00002026"), "{text}");
     }
 }

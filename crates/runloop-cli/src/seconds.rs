@@ -20,6 +20,43 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|error| format!("{text:?}: {error}"))
 }
 
+/// Reads a duration of a server's configuration, the one syntax of every
+/// duration `serve` takes: a number followed by `ms`, `s`, `m` or `h`, or
+/// a bare number of seconds (`30s`, `2m`, `0.5`); zero or more (a clap
+/// value parser: a limit's minimum is checked where the limit is, so that
+/// its refusal names the minimum).
+pub fn duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = text.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (e.g. 30s, 2m, 500ms, or seconds)"))?;
+    if value.is_nan() || value < 0.0 {
+        return Err(format!("{text:?}: a duration is not negative"));
+    }
+    Duration::try_from_secs_f64(value * unit).map_err(|error| format!("{text:?}: {error}"))
+}
+
+/// A [`duration`] of more than zero (a clap value parser), for a timeout
+/// that has no minimum of its own.
+pub fn positive_duration(text: &str) -> Result<Duration, String> {
+    match duration(text)? {
+        Duration::ZERO => Err("the timeout must be more than zero".to_owned()),
+        positive => Ok(positive),
+    }
+}
+
 /// A duration in words: `10 s`, `0.25 s`.
 pub fn show(duration: Duration) -> String {
     format!("{} s", value(duration))
@@ -44,5 +81,21 @@ mod tests {
         assert_eq!(show(Duration::from_millis(250)), "0.25 s");
         assert_eq!(show(Duration::from_secs(10)), "10 s");
         assert_eq!(value(Duration::from_millis(1500)), "1.5");
+    }
+
+    #[test]
+    fn durations_have_one_syntax() {
+        assert_eq!(duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(duration("0"), Ok(Duration::ZERO));
+        for bad in ["-1s", "ten", "NaN", "inf", "", "5d", "s"] {
+            assert!(duration(bad).is_err(), "{bad}");
+        }
+        assert!(positive_duration("0s").is_err());
+        assert_eq!(positive_duration("2m"), Ok(Duration::from_secs(120)));
     }
 }

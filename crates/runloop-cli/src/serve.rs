@@ -7,6 +7,10 @@
 //! (`--allow-plaintext`): tokens and loops would otherwise cross the
 //! network in the clear. Tokens come from `--token-file` or
 //! `RUNLOOP_TOKEN`; `--token` works but is warned about ([`crate::token`]).
+//! Every token is a tenant with a fair share of the server (half of each
+//! budget by default); a configuration file (`--config`, [`crate::serve_file`])
+//! names tenants with their own tokens and quotas, and holds every option
+//! as a key; the limits are declared once, in [`crate::limit_table`].
 //! At startup the server raises its descriptor limit and refuses limits
 //! that do not fit in it ([`crate::descriptors`]), and with `exec:` entries
 //! it says how their programs are held (a cgroup each, or what is not
@@ -20,7 +24,11 @@
 //! connections it has are served until they end, for `--drain-timeout` at
 //! most. Then, or on a second signal, it shuts down: every run ends (loops
 //! end with the server's error, containers stop, scopes finish) and every
-//! connection closes. SIGHUP reloads the TLS certificate and key.
+//! connection closes. SIGHUP reloads the TLS certificate and key and, with
+//! `--config`, the file: tenants, tokens, quotas and the per-identity
+//! limits are applied to what comes next; the log names every other key
+//! that changed as needing a restart; a file that does not validate
+//! changes nothing.
 
 use std::future::Future;
 use std::io::Write;
@@ -30,198 +38,215 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runloop::admin::{self, Watched};
-use runloop::limits::{Limit, Limits};
 use runloop::runtime::output::OutputLimit;
 use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
 use runloop::server::{
-    Admission, Credentials, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_RUNS, RunBudget, Server,
-    ServerConfig, ServerHandle, default_memory_budget,
+    Credentials, PerIdentity, RunBudget, Server, ServerConfig, ServerHandle, Tenants,
+    default_disk_budget,
 };
 use runloop::tls::ServerTls;
 use runloop_oci::network::{DEFAULT_SUBNET, Subnet};
 use runloop_oci::registry::{Pull, RegistryConfig};
+use runloop_oci::user::{IdMapping, IdRange};
 use runloop_oci::{Host, HostConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::descriptors::{self, Holds, Load};
 use crate::exit::{Exit, Failure};
+use crate::limit_table::{LimitArgs, option};
 use crate::process::{LogArgs, block_on, init_logs_as, shutdown_signal};
-use crate::token;
+use crate::{serve_file, token};
 
 /// Arguments of `runloop serve`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// A configuration file, TOML: every option below is a key of the same
+    /// name (`max-runs = 256`), with `[[tenant]]` tables and a
+    /// `[tenant-defaults]` table; an option on the command line overrides
+    /// the file. SIGHUP reads it again.
+    #[arg(long, value_name = "FILE", help_heading = "Configuration")]
+    pub config: Option<PathBuf>,
+    /// Check everything serve would (the file, token files, limits,
+    /// descriptors, TLS) without listening, print every fault and the
+    /// effective configuration, and exit 0 or 2.
+    #[arg(long, help_heading = "Configuration")]
+    pub check_config: bool,
+    /// Print every key with its default and help, as a commented
+    /// configuration file to start from.
+    #[arg(long, help_heading = "Configuration")]
+    pub print_config: bool,
+    /// The command line after `serve`, kept to merge it over the file.
+    #[arg(skip)]
+    pub command_line: Vec<std::ffi::OsString>,
+    /// The tenants of the configuration file, if it names any.
+    #[arg(skip)]
+    pub file_tenants: Option<Tenants>,
     /// The address to listen on.
-    #[arg(long, default_value = "127.0.0.1:7878")]
+    #[arg(long, default_value = "127.0.0.1:7878", help_heading = "Listening")]
     pub listen: SocketAddr,
     /// A credential to accept (repeatable). Every local user can read it in
     /// /proc/PID/cmdline: prefer --token-file or RUNLOOP_TOKEN. Without any
     /// token, any credential is accepted, and only on a loopback address.
-    #[arg(long = "token", value_name = "TOKEN")]
+    #[arg(
+        long = "token",
+        value_name = "TOKEN",
+        help_heading = "Authorization and tenants"
+    )]
     pub tokens: Vec<String>,
     /// A file of credentials to accept, one per line (repeatable); the way
     /// to pass tokens, with the RUNLOOP_TOKEN environment variable (one
     /// token).
-    #[arg(long = "token-file", value_name = "FILE")]
+    #[arg(
+        long = "token-file",
+        value_name = "FILE",
+        help_heading = "Authorization and tenants"
+    )]
     pub token_files: Vec<PathBuf>,
+    /// The limits, from the one table of them ([`crate::limit_table`]).
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// An image the server runs (repeatable):
     /// `NAME[@DIGEST]=builtin:demo | exec:PROGRAM [ARGS…] | proxy:ws://HOST:PORT | oci:DIR`.
     /// A DIGEST pins the image; without one any well-formed digest is accepted,
     /// except for `oci:DIR` (an OCI image layout, run in a container with runc),
     /// which serves only the layout's own manifest digest.
     /// Default: demo=builtin:demo.
-    #[arg(long = "agent", value_name = "SPEC")]
+    #[arg(
+        long = "agent",
+        value_name = "SPEC",
+        help_heading = "Runs and containers"
+    )]
     pub agents: Vec<AgentSpec>,
-    /// The largest message a connection may send, bytes (K/M/G suffixes;
-    /// at least 4K).
-    #[arg(long, default_value = "16M", value_parser = bytes)]
-    pub max_message_size: u64,
-    /// Open scopes (runs) per connection (at least 1).
-    #[arg(long, default_value_t = Limits::default().max_scopes)]
-    pub max_scopes: usize,
-    /// Open channels per scope (at least 1).
-    #[arg(long, default_value_t = Limits::default().max_channels)]
-    pub max_channels: usize,
-    /// Responses one loop may have queued for a slow caller before the
-    /// server stops reading its proxy (at least 1).
-    #[arg(long, default_value_t = Limits::default().max_queued_responses)]
-    pub max_queued_responses: usize,
-    /// Bytes one loop may have queued for a slow caller before the server
-    /// stops reading its proxy (K/M/G suffixes; at least 4K; a larger
-    /// chunk still goes, alone).
-    #[arg(long, default_value = "256K", value_parser = bytes)]
-    pub max_queued_bytes: u64,
-    /// Bytes all loops of one connection together may have queued for a
-    /// slow caller (K/M/G suffixes; at least 4K).
-    #[arg(long, default_value = "16M", value_parser = bytes)]
-    pub max_connection_queued_bytes: u64,
-    /// Seconds a new connection may take to authorize before it is closed
-    /// (at least 1).
-    #[arg(long, default_value_t = 10.0)]
-    pub authorization_grace: f64,
-    /// Connections served at once; one more is closed at once with close
-    /// code 1013 (try again later) and a reason (at least 1).
-    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
-    pub max_connections: usize,
-    /// Connections not yet authorized, at once (those turned away with
-    /// 1013 included); one more is closed at once, nothing of it read (at
-    /// least 1).
-    #[arg(long, default_value_t = Admission::default().max_unauthorized)]
-    pub max_unauthorized: usize,
-    /// Connections from one IP address, authorized or not; one more is
-    /// closed at once, nothing of it read (at least 1).
-    #[arg(long, default_value_t = Admission::default().max_connections_per_address)]
-    pub max_connections_per_address: usize,
-    /// Authorized connections of one token; one more is closed with close
-    /// code 1013 and a reason (at least 1; without tokens every caller is
-    /// one identity, held by --max-connections alone).
-    #[arg(long, default_value_t = Admission::default().max_connections_per_identity)]
-    pub max_connections_per_identity: usize,
-    /// Seconds a new connection may take for its TCP connection and
-    /// WebSocket handshake (at least 1).
-    #[arg(long, default_value_t = Admission::default().handshake_timeout.as_secs_f64())]
-    pub handshake_timeout: f64,
-    /// The largest message before authorization, bytes (K/M/G suffixes; at
-    /// least 4K); a larger one closes the connection, never read whole.
-    #[arg(long, default_value = "64K", value_parser = bytes)]
-    pub max_authorization_size: u64,
-    /// Runs held at once, server-wide; one more is refused with an error
-    /// naming the limit (at least 1).
-    #[arg(long, default_value_t = DEFAULT_MAX_RUNS)]
-    pub max_runs: usize,
-    /// Runs one token may hold at once (at least 1; without tokens every
-    /// caller is one identity, held by --max-runs alone).
-    #[arg(long, default_value_t = RunBudget::default().max_runs_per_identity)]
-    pub max_runs_per_identity: usize,
-    /// Loops (run-loop channels) one token may have served at once, over
-    /// all its runs; one more is answered with an error naming the limit
-    /// (at least 1; without tokens every caller is one identity, held by
-    /// --max-runs and --max-channels alone).
-    #[arg(long, default_value_t = RunBudget::default().max_loops_per_identity)]
-    pub max_loops_per_identity: usize,
-    /// The largest `memory` a run may ask for, bytes (K/M/G suffixes; at
-    /// least 16M).
-    #[arg(long, default_value = "4G", value_parser = bytes)]
-    pub max_run_memory: u64,
-    /// The largest `disk` a run may ask for, bytes (K/M/G suffixes).
-    #[arg(long, default_value = "16G", value_parser = bytes)]
-    pub max_run_disk: u64,
-    /// The most the `memory` of all runs held may add up to, bytes (K/M/G
-    /// suffixes; at least 16M) [default: 3/4 of MemTotal in /proc/meminfo].
-    #[arg(long, value_name = "SIZE", value_parser = bytes)]
-    pub memory_budget: Option<u64>,
     /// A registry whose images are run (repeatable): `HOST[:PORT]`, as
     /// written in the references of `registry` images, pulled over HTTPS.
     /// Without any, `registry` images are refused.
-    #[arg(long = "registry", value_name = "HOST[:PORT]")]
+    #[arg(
+        long = "registry",
+        value_name = "HOST[:PORT]",
+        help_heading = "Runs and containers"
+    )]
     pub registries: Vec<String>,
     /// A registry pulled from over plain HTTP (repeatable); also allowed.
-    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    #[arg(
+        long = "insecure-registry",
+        value_name = "HOST[:PORT]",
+        help_heading = "Runs and containers"
+    )]
     pub insecure_registries: Vec<String>,
     /// The largest registry image (manifest, configuration and compressed
     /// layers), bytes (K/M/G suffixes).
-    #[arg(long, default_value = "2G", value_parser = bytes)]
+    #[arg(long, default_value = "2G", value_parser = bytes, help_heading = "Runs and containers")]
     pub max_image_size: u64,
+    // --- hostile registries (issue 26) ---
+    /// A host (`HOST[:PORT]`) a registry may redirect blob downloads to, a
+    /// blob CDN (repeatable). No other redirect is followed; a mirror named
+    /// by host name is only reached at public addresses.
+    #[arg(long = "registry-mirror", value_name = "HOST[:PORT]")]
+    pub registry_mirrors: Vec<String>,
+    /// Seconds one registry pull (manifests and blobs) may take, all told.
+    #[arg(long, value_name = "SECONDS", value_parser = crate::seconds::parse, default_value = "600")]
+    pub pull_timeout: Duration,
+    /// Registry pulls fetching at once; more wait for a place.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pulls: u32,
+    /// A registry image may unpack to at most this many times its
+    /// compressed size (--max-image-size bounds that size).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_unpack_ratio: u64,
     /// Containers (`oci:` entries, registry images): the store of pulled
     /// blobs, unpacked images and runs [default: /var/lib/runloop for root].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = "Runs and containers")]
     pub store: Option<PathBuf>,
     /// Containers: the IPv4 network their addresses come from, a /30 each.
-    #[arg(long, value_name = "CIDR", default_value_t = DEFAULT_SUBNET)]
+    #[arg(long, value_name = "CIDR", default_value_t = DEFAULT_SUBNET, help_heading = "Runs and containers")]
     pub container_network: Subnet,
-    /// Containers: seconds between the stop signal and SIGKILL.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
-    pub container_grace: f64,
-    /// Containers: seconds an agent has to accept TCP on its port.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
-    pub container_startup_timeout: f64,
+    /// Containers: how long between the stop signal and SIGKILL (a duration).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::seconds::duration, help_heading = "Runs and containers")]
+    pub container_grace: Duration,
+    /// Containers: how long an agent has to accept TCP on its port (a duration).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::seconds::positive_duration, help_heading = "Runs and containers")]
+    pub container_startup_timeout: Duration,
     /// Containers: processes one container may have at once.
-    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Runs and containers")]
     pub container_pids: u32,
+    /// Containers: the OCI runtime that runs them, `runc` or `runsc`
+    /// (gVisor), found in PATH.
+    #[arg(long, value_name = "RUNTIME", value_enum, default_value_t = OciRuntimeArg::Runc)]
+    pub oci_runtime: OciRuntimeArg,
+    /// Containers: the host ids their user and group ids 0..COUNT are,
+    /// `START:COUNT` (their root is the host's START, an unprivileged id)
+    /// [default: the `runloop` user's /etc/subuid and /etc/subgid ranges,
+    /// else 2000000000:65536].
+    #[arg(long, value_name = "START:COUNT")]
+    pub container_uid_range: Option<IdRange>,
+    /// Containers: CPUs' worth of time one may use (a fraction is a share
+    /// of one CPU) [default: half the machine's CPUs, at least 1].
+    #[arg(long, value_name = "CPUS")]
+    pub container_cpus: Option<f64>,
+    /// Containers: files one container's process may have open at once
+    /// (RLIMIT_NOFILE).
+    #[arg(long, value_name = "N", default_value_t = runloop_oci::host::DEFAULT_NOFILE, value_parser = clap::value_parser!(u64).range(16..))]
+    pub container_nofile: u64,
+    /// Containers: whether the agent runs under a small init as PID 1,
+    /// which passes signals on and reaps (an agent that is PID 1 itself
+    /// ignores a SIGTERM it has no handler for).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub container_init: bool,
     /// `exec:` entries: what to do with a run's `disk`, which a host process
     /// cannot be held to. `refuse`: every exec run is refused, saying so;
     /// `unenforced`: runs go ahead, and `disk` is not held.
-    #[arg(long, value_name = "POLICY", value_enum, default_value_t = ExecDisk::Refuse, hide_possible_values = true)]
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = ExecDisk::Refuse, hide_possible_values = true, help_heading = "Exec")]
     pub exec_disk: ExecDisk,
-    /// `exec:` entries: seconds the program has to accept TCP on $PORT.
-    #[arg(long, value_name = "SECONDS", value_parser = crate::seconds::parse, default_value = "60")]
+    /// `exec:` entries: how long the program has to accept TCP on $PORT (a
+    /// duration).
+    #[arg(long, value_name = "DURATION", value_parser = crate::seconds::positive_duration, default_value = "60s", help_heading = "Exec")]
     pub startup_timeout: Duration,
     /// `exec:` entries: processes (and threads) one run may have at once
     /// (with cgroups).
-    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Exec")]
     pub exec_pids: u32,
     /// Lines of one run's agent output (stdout and stderr) logged per 10 s;
     /// the rest is counted in an "N lines suppressed" line.
-    #[arg(long, value_name = "N", default_value_t = OutputLimit::default().lines)]
+    #[arg(long, value_name = "N", default_value_t = OutputLimit::default().lines, help_heading = "Exec")]
     pub agent_output_lines: u64,
     /// Bytes of one run's agent output logged per 10 s (K/M/G suffixes).
-    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = bytes)]
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = bytes, help_heading = "Exec")]
     pub agent_output_bytes: u64,
     // --- operations (issue 16): TLS, the admin listener, drain, logs ---
     /// Serve wss://: the certificate chain, PEM, leaf first. Reloaded with
     /// the key on SIGHUP.
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    #[arg(long, value_name = "FILE", requires = "tls_key", help_heading = "TLS")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert, PEM (PKCS#8, RSA or EC).
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    #[arg(long, value_name = "FILE", requires = "tls_cert", help_heading = "TLS")]
     pub tls_key: Option<PathBuf>,
     /// Listen without TLS on an address that is not loopback: only where
     /// something in front (a load balancer) adds TLS.
-    #[arg(long)]
+    #[arg(long, help_heading = "TLS")]
     pub allow_plaintext: bool,
     /// Serve GET /metrics (Prometheus), /healthz and /readyz over HTTP on
     /// this address. Off by default.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", help_heading = "Operations")]
     pub admin: Option<SocketAddr>,
-    /// Seconds the open connections are served after SIGTERM before the
-    /// loops still running are ended with the server's error (a second
-    /// signal ends them at once).
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
-    pub drain_timeout: f64,
+    /// How long the open connections are served after SIGTERM before the
+    /// loops still running are ended with the server's error (a duration;
+    /// a second signal ends them at once).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::seconds::duration, help_heading = "Operations")]
+    pub drain_timeout: Duration,
     /// How log lines are written (`--log-format`).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Operations")]
     pub logs: LogArgs,
+}
+
+/// `--oci-runtime`: which OCI runtime runs the containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OciRuntimeArg {
+    /// runc: the host's kernel, namespaces, a user namespace, seccomp.
+    Runc,
+    /// runsc (gVisor): a kernel of its own in user space between the
+    /// agent and the host's.
+    Runsc,
 }
 
 /// `--exec-disk`: what the exec runtime does with a `disk` it cannot hold.
@@ -231,30 +256,6 @@ pub enum ExecDisk {
     Refuse,
     /// Run, with `disk` not held.
     Unenforced,
-}
-
-/// The option that sets `limit`.
-fn option(limit: Limit) -> &'static str {
-    match limit {
-        Limit::MaxMessageSize => "--max-message-size",
-        Limit::MaxScopes => "--max-scopes",
-        Limit::MaxChannels => "--max-channels",
-        Limit::MaxQueuedResponses => "--max-queued-responses",
-        Limit::MaxQueuedBytes => "--max-queued-bytes",
-        Limit::MaxConnectionQueuedBytes => "--max-connection-queued-bytes",
-        Limit::MaxConnections => "--max-connections",
-        Limit::AuthorizationGrace => "--authorization-grace",
-        Limit::MaxRuns => "--max-runs",
-        Limit::MaxRunsPerIdentity => "--max-runs-per-identity",
-        Limit::MaxLoopsPerIdentity => "--max-loops-per-identity",
-        Limit::MaxRunMemory => "--max-run-memory",
-        Limit::MemoryBudget => "--memory-budget",
-        Limit::MaxUnauthorized => "--max-unauthorized",
-        Limit::MaxConnectionsPerAddress => "--max-connections-per-address",
-        Limit::MaxConnectionsPerIdentity => "--max-connections-per-identity",
-        Limit::HandshakeTimeout => "--handshake-timeout",
-        Limit::MaxAuthorizationSize => "--max-authorization-size",
-    }
 }
 
 /// A byte count with an optional K, M or G suffix.
@@ -300,19 +301,45 @@ impl Args {
 
     /// The server's configuration, or why these arguments cannot make one.
     pub fn config(&self) -> Result<ServerConfig, Failure> {
+        let config = self.unchecked_config()?;
+        // A limit that would serve nobody is refused now, not met by every
+        // caller later.
+        config
+            .validate()
+            .map_err(|error| Failure::Argument(error.named(&option(error.limit))))?;
+        Ok(config)
+    }
+
+    /// The credentials: the file's tenants, and every token given outside
+    /// them (`--token`, `--token-file`, `RUNLOOP_TOKEN`) a tenant of its
+    /// own with the defaults; any credential without either.
+    pub fn credentials(&self) -> Result<Credentials, Failure> {
         let tokens = self.tokens()?;
-        let credentials = if tokens.is_empty() {
+        if tokens.is_empty() && self.file_tenants.is_none() {
             if !self.listen.ip().is_loopback() {
                 return Err(Failure::Argument(format!(
                     "refusing to listen on {} without a token: anyone who can reach it could run \
-                     agents; pass --token-file FILE or set RUNLOOP_TOKEN",
+                     agents; pass --token-file FILE or set RUNLOOP_TOKEN, or name tenants in \
+                     --config FILE",
                     self.listen
                 )));
             }
-            Credentials::Any
-        } else {
-            Credentials::Tokens(tokens)
-        };
+            return Ok(Credentials::Any);
+        }
+        let mut tenants = Tenants::from_tokens(tokens.iter().map(String::as_str));
+        if let Some(file) = &self.file_tenants {
+            tenants.defaults = file.defaults;
+            tenants.tenants.extend(file.tenants.iter().cloned());
+        }
+        tenants
+            .validate()
+            .map_err(|error| Failure::Argument(error.to_string()))?;
+        Ok(Credentials::Tenants(tenants))
+    }
+
+    /// The server's configuration, its limits not yet checked.
+    fn unchecked_config(&self) -> Result<ServerConfig, Failure> {
+        let credentials = self.credentials()?;
         let tls = self.tls()?;
         if tls.is_none() && !self.listen.ip().is_loopback() && !self.allow_plaintext {
             return Err(Failure::Argument(format!(
@@ -336,50 +363,46 @@ impl Args {
             }
             catalog
         };
-        let grace = Duration::try_from_secs_f64(self.authorization_grace).map_err(|_| {
-            Failure::Argument("--authorization-grace must be a number of seconds".into())
-        })?;
         let mut config = ServerConfig::new(credentials, catalog);
         config.tls = tls;
-        config.authorization_grace = grace;
-        config.max_connections = self.max_connections;
-        config.limits = Limits {
-            max_message_size: usize::try_from(self.max_message_size)
-                .map_err(|_| Failure::Argument("--max-message-size is too large".into()))?,
-            max_scopes: self.max_scopes,
-            max_channels: self.max_channels,
-            max_queued_responses: self.max_queued_responses,
-            max_queued_bytes: usize::try_from(self.max_queued_bytes)
-                .map_err(|_| Failure::Argument("--max-queued-bytes is too large".into()))?,
-            max_connection_queued_bytes: usize::try_from(self.max_connection_queued_bytes)
-                .map_err(|_| {
-                    Failure::Argument("--max-connection-queued-bytes is too large".into())
-                })?,
-        };
-        config.admission = Admission {
-            max_unauthorized: self.max_unauthorized,
-            max_connections_per_address: self.max_connections_per_address,
-            max_connections_per_identity: self.max_connections_per_identity,
-            handshake_timeout: Duration::try_from_secs_f64(self.handshake_timeout).map_err(
-                |_| Failure::Argument("--handshake-timeout must be a number of seconds".into()),
-            )?,
-            max_authorization_size: usize::try_from(self.max_authorization_size)
-                .map_err(|_| Failure::Argument("--max-authorization-size is too large".into()))?,
-        };
-        config.budget = RunBudget {
-            max_runs: self.max_runs,
-            max_runs_per_identity: self.max_runs_per_identity,
-            max_loops_per_identity: self.max_loops_per_identity,
-            max_run_memory: self.max_run_memory,
-            max_run_disk: self.max_run_disk,
-            memory_budget: self.memory_budget.unwrap_or_else(default_memory_budget),
-        };
-        // A limit that would serve nobody is refused now, not met by every
-        // caller later.
-        config
-            .validate()
-            .map_err(|error| Failure::Argument(error.named(option(error.limit))))?;
+        config.budget.disk_budget = self.default_disk_budget();
+        self.limits.apply(&mut config);
         Ok(config)
+    }
+
+    /// Every fault `serve` would meet before it listens: token files,
+    /// credentials, TLS material, the catalog, every limit below its
+    /// minimum, the descriptors its limits need.
+    pub fn faults(&self) -> Vec<String> {
+        let mut faults = Vec::new();
+        for file in &self.token_files {
+            if let Err(error) = token::read_file(file) {
+                faults.push(error.to_string());
+            }
+        }
+        if let Err(error) = self.tls() {
+            faults.push(error.to_string());
+        }
+        match self.unchecked_config() {
+            Ok(config) => {
+                faults.extend(
+                    config
+                        .faults()
+                        .iter()
+                        .map(|error| error.named(&option(error.limit))),
+                );
+                if let Err(error) = self.descriptors(&config) {
+                    faults.push(error.to_string());
+                }
+            }
+            Err(error) => {
+                let error = error.to_string();
+                if !faults.contains(&error) {
+                    faults.push(error);
+                }
+            }
+        }
+        faults
     }
 
     /// The TLS certificate and key, when given, loaded and checked.
@@ -392,35 +415,49 @@ impl Args {
         }
     }
 
-    /// The drain's deadline.
-    fn drain_timeout(&self) -> Result<Duration, Failure> {
-        Duration::try_from_secs_f64(self.drain_timeout)
-            .map_err(|_| Failure::Argument("--drain-timeout must be a number of seconds".into()))
+    /// The disk budget without `--disk-budget`: 3/4 of the store's
+    /// filesystem.
+    fn default_disk_budget(&self) -> u64 {
+        default_disk_budget(&self.store.clone().unwrap_or_else(HostConfig::default_store))
     }
 
     /// The container host's configuration.
     fn host_config(&self) -> Result<HostConfig, Failure> {
-        let seconds = |value: f64, flag: &str| {
-            Duration::try_from_secs_f64(value)
-                .map_err(|_| Failure::Argument(format!("{flag} must be a number of seconds")))
-        };
         let mut config =
             HostConfig::new(self.store.clone().unwrap_or_else(HostConfig::default_store));
         config.subnet = self.container_network;
-        config.grace = seconds(self.container_grace, "--container-grace")?;
-        config.startup_timeout = seconds(
-            self.container_startup_timeout,
-            "--container-startup-timeout",
-        )?;
+        config.grace = self.container_grace;
+        config.startup_timeout = self.container_startup_timeout;
         config.pids = self.container_pids;
         config.output = self.output_limit();
+        if let Some(range) = self.container_uid_range {
+            config.ids = IdMapping::both(range);
+        }
+        if let Some(cpus) = self.container_cpus {
+            if !(cpus.is_finite() && cpus >= 0.01) {
+                return Err(Failure::Argument(
+                    "--container-cpus must be a number of CPUs, at least 0.01".into(),
+                ));
+            }
+            config.cpus = cpus;
+        }
+        config.nofile = self.container_nofile;
+        config.runtime = match self.oci_runtime {
+            OciRuntimeArg::Runc => runloop_oci::runc::Kind::Runc,
+            OciRuntimeArg::Runsc => runloop_oci::runc::Kind::Runsc,
+        };
+        config.runc = PathBuf::from(config.runtime.name());
+        config.init = self.container_init;
         Ok(config)
     }
 
     /// Opens the container host, if anything needs one, adds the catalog's
     /// `oci:` entries (each pinned to its layout's digest), and the
     /// registry puller.
-    async fn containers(&self, config: &mut ServerConfig) -> Result<(), Failure> {
+    async fn containers(
+        &self,
+        config: &mut ServerConfig,
+    ) -> Result<Option<std::sync::Arc<Host>>, Failure> {
         let layouts: Vec<&AgentSpec> = self
             .agents
             .iter()
@@ -428,31 +465,40 @@ impl Args {
             .collect();
         let pulls = !self.registries.is_empty() || !self.insecure_registries.is_empty();
         if layouts.is_empty() && !pulls {
-            return Ok(());
+            return Ok(None);
         }
         let host = Host::open(self.host_config()?)
             .await
             .map_err(Failure::Containers)?;
         if pulls {
             let registry = RegistryConfig {
-                allowed: self.registries.clone(),
-                insecure: self.insecure_registries.clone(),
+                mirrors: self.registry_mirrors.clone(),
                 max_image_size: self.max_image_size,
+                pull_timeout: self.pull_timeout,
+                max_pulls: self.max_pulls as usize,
+                max_unpack_ratio: self.max_unpack_ratio,
+                ..RegistryConfig::new(self.registries.clone(), self.insecure_registries.clone())
             };
-            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, max_image_size = registry.max_image_size, "pulling registry images");
-            config.registry = Some(std::sync::Arc::new(Pull::new(
-                std::sync::Arc::clone(&host),
-                registry,
-            )));
+            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, mirrors = ?registry.mirrors, max_image_size = registry.max_image_size, "pulling registry images");
+            let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
+                Failure::Argument(format!("cannot set up registry pulls: {error}"))
+            })?;
+            config.registry = Some(std::sync::Arc::new(pull));
         }
         for spec in layouts {
             let RuntimeSpec::Oci(dir) = &spec.runtime else {
                 continue;
             };
-            let (digest, runtime) = host
-                .layout(dir, spec.digest.as_deref())
-                .await
-                .map_err(Failure::Containers)?;
+            // A signal mid-unpack ends the unpack and removes what it made.
+            let (digest, runtime) = tokio::select! {
+                layout = host.layout(dir, spec.digest.as_deref()) => layout.map_err(Failure::Containers)?,
+                () = shutdown_signal() => {
+                    host.store().stop().await;
+                    return Err(Failure::Runtime(std::io::Error::other(format!(
+                        "stopped by a signal while unpacking {}", dir.display()
+                    ))));
+                }
+            };
             info!(image = %spec.name, %digest, layout = %dir.display(), "serving an image layout in containers");
             config.catalog.insert(
                 spec.name.clone(),
@@ -460,19 +506,21 @@ impl Args {
                 std::sync::Arc::new(runtime),
             );
         }
-        Ok(())
+        Ok(Some(host))
     }
 
     /// The descriptors the server may open, raised to the hard limit, if
-    /// its limits fit in them; `identities` are the credentials it knows.
-    fn descriptors(&self, identities: usize) -> Result<u64, Failure> {
+    /// the limits of `config` fit in them.
+    fn descriptors(&self, config: &ServerConfig) -> Result<u64, Failure> {
         let limit = descriptors::raise().map_err(Failure::Runtime)?;
         let load = Load {
-            connections: self.max_connections as u64,
-            unauthorized: self.max_unauthorized as u64,
-            runs: self.max_runs as u64,
-            loops_per_identity: self.max_loops_per_identity as u64,
-            identities: identities.max(1) as u64,
+            connections: config.max_connections as u64,
+            unauthorized: config.admission.max_unauthorized as u64,
+            runs: config.budget.max_runs as u64,
+            // A tenant's max-loops may be over the flag's: the most any
+            // tenant may hold, for each of them.
+            loops_per_identity: loops_per_tenant(config),
+            identities: identities(&config.credentials).max(1) as u64,
             holds: if !self.agents.is_empty()
                 && self
                     .agents
@@ -491,18 +539,19 @@ impl Args {
     /// Logs what the operator should know of this server's bounds; with
     /// `exec:` entries, finds how their programs are held (and removes
     /// the runs of servers killed before) now, before anything runs.
-    fn say_how(&self, descriptors: u64, exec: bool) {
+    fn say_how(&self, budget: &RunBudget, descriptors: u64, exec: bool) {
         if !self.tokens.is_empty() {
             warn!("{}", token::COMMAND_LINE_WARNING);
         }
         info!(descriptors, "descriptor limit");
         info!(
-            max_runs = self.max_runs,
-            max_runs_per_identity = self.max_runs_per_identity,
-            max_loops_per_identity = self.max_loops_per_identity,
-            max_run_memory = self.max_run_memory,
-            max_run_disk = self.max_run_disk,
-            memory_budget = self.memory_budget.unwrap_or_else(default_memory_budget),
+            max_runs = budget.max_runs,
+            max_runs_per_identity = budget.max_runs_per_identity,
+            max_loops_per_identity = budget.max_loops_per_identity,
+            max_run_memory = budget.max_run_memory,
+            max_run_disk = budget.max_run_disk,
+            memory_budget = budget.memory_budget,
+            disk_budget = budget.disk_budget,
             "run budget"
         );
         if !exec {
@@ -521,22 +570,54 @@ impl Args {
         }
     }
 
-    /// Serves until Ctrl-C or SIGTERM, and the drain after it.
+    /// `--print-config`; `--check-config`; or serves until Ctrl-C or
+    /// SIGTERM, and the drain after it, with the configuration file's keys
+    /// under the command line's.
     pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
+        if self.print_config {
+            serve_file::print_defaults(out)?;
+            return Ok(Exit::Success);
+        }
+        if self.config.is_none() && !self.check_config {
+            return self.serve(out, None);
+        }
+        let merged = serve_file::merge(self.config.as_deref(), &self.command_line);
+        if self.check_config {
+            return check(merged, out);
+        }
+        match merged.args {
+            Some(args) if merged.faults.is_empty() => {
+                let reload = self.config.clone().map(|path| Reloading {
+                    path,
+                    command_line: self.command_line.clone(),
+                    effective: merged
+                        .matches
+                        .as_ref()
+                        .map(serve_file::effective)
+                        .unwrap_or_default(),
+                });
+                args.serve(out, reload)
+            }
+            _ => Err(Failure::Argument(format!(
+                "the configuration does not validate:\n  {}",
+                merged.faults.join("\n  ")
+            ))),
+        }
+    }
+
+    /// Serves until Ctrl-C or SIGTERM, and the drain after it; SIGHUP
+    /// reloads the TLS certificate and, with `reload`, the file.
+    fn serve(&self, out: &mut impl Write, reload: Option<Reloading>) -> Result<Exit, Failure> {
         let mut config = self.config()?;
-        let drain_timeout = self.drain_timeout()?;
-        let identities = match &config.credentials {
-            Credentials::Any => 1,
-            Credentials::Tokens(tokens) => tokens.len(),
-        };
-        let descriptors = self.descriptors(identities)?;
+        let drain_timeout = self.drain_timeout;
+        let descriptors = self.descriptors(&config)?;
         let _logs = init_logs_as("info", self.logs.log_format);
         let exec = self
             .agents
             .iter()
             .any(|spec| matches!(spec.runtime, RuntimeSpec::Exec { .. }));
         let served = block_on(async {
-            self.containers(&mut config).await?;
+            let host = self.containers(&mut config).await?;
             for (name, digest) in config.catalog.names() {
                 info!(
                     image = name,
@@ -544,11 +625,23 @@ impl Args {
                     "serving image"
                 );
             }
-            self.say_how(descriptors, exec);
+            self.say_how(&config.budget, descriptors, exec);
             let server = Server::bind(self.listen, config)
                 .await
                 .map_err(|error| Failure::bind(self.listen, error))?;
             let (handle, serving) = server.spawn();
+            for (tenant, shares) in handle.tenant_shares() {
+                info!(
+                    %tenant,
+                    max_connections = shares.max_connections,
+                    max_runs = shares.max_runs,
+                    max_loops = shares.max_loops,
+                    memory_budget = shares.memory_budget,
+                    disk_budget = shares.disk_budget,
+                    max_run_memory = shares.max_run_memory,
+                    "tenant"
+                );
+            }
             // The signal handlers are in place before the URL says the
             // server is up: a SIGTERM right after it still drains and shuts
             // down gracefully (runs stopped, exec cgroups removed); and
@@ -562,7 +655,7 @@ impl Args {
             .await;
             let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
                 .map_err(Failure::Runtime)?;
-            tokio::spawn(reload_on_hangup(handle.clone(), hangups));
+            tokio::spawn(reload_on_hangup(handle.clone(), hangups, reload));
             writeln!(out, "{}", handle.url())?;
             let admin = match self.admin {
                 Some(addr) => {
@@ -574,6 +667,10 @@ impl Args {
             };
             out.flush()?;
             drain(&handle, serving, drain_timeout, shutdown).await;
+            // Unpacks a gone run started are ended, and what they made removed.
+            if let Some(host) = &host {
+                host.store().stop().await;
+            }
             if let Some((stop, admin)) = admin {
                 stop.cancel();
                 let _ = admin.await;
@@ -641,9 +738,160 @@ async fn drain(
     let _ = serving.await;
 }
 
-/// Reloads the TLS certificate and key on each SIGHUP, for as long as the
-/// server lives.
-async fn reload_on_hangup(handle: ServerHandle, mut hangups: tokio::signal::unix::Signal) {
+/// The most loops one tenant of `config` may hold: the largest of their
+/// max-loops (the per-identity limit when no tenant is configured).
+fn loops_per_tenant(config: &ServerConfig) -> u64 {
+    let tenants = match &config.credentials {
+        Credentials::Tenants(tenants) => tenants.clone(),
+        Credentials::Tokens(tokens) => Tenants::from_tokens(tokens.iter().map(String::as_str)),
+        Credentials::Any => Tenants::default(),
+    };
+    let defaults = runloop::server::Shares::of(&tenants.defaults, config).max_loops;
+    tenants
+        .tenants
+        .iter()
+        .map(|tenant| {
+            runloop::server::Shares::of(&tenant.quota.or(tenants.defaults), config).max_loops
+        })
+        .fold(
+            defaults.max(config.budget.max_loops_per_identity),
+            usize::max,
+        ) as u64
+}
+
+/// How many identities `credentials` make (the descriptors' count).
+fn identities(credentials: &Credentials) -> usize {
+    match credentials {
+        Credentials::Any => 1,
+        Credentials::Tokens(tokens) => tokens.len(),
+        Credentials::Tenants(tenants) => tenants.tenants.len(),
+    }
+}
+
+/// `serve --check-config`: every fault, then the effective configuration;
+/// exits 0 when there is none, else 2.
+fn check(merged: serve_file::Merged, out: &mut impl Write) -> Result<Exit, Failure> {
+    let mut faults = merged.faults;
+    if let Some(args) = &merged.args {
+        for fault in args.faults() {
+            if !faults.contains(&fault) {
+                faults.push(fault);
+            }
+        }
+    }
+    if let Some(matches) = &merged.matches {
+        writeln!(out, "# the effective configuration of runloop serve")?;
+        serve_file::print_effective(matches, &merged.from_file, out)?;
+    }
+    if faults.is_empty() {
+        writeln!(out, "# the configuration is valid")?;
+        return Ok(Exit::Success);
+    }
+    let mut err = std::io::stderr().lock();
+    for fault in &faults {
+        writeln!(err, "runloop: {fault}")?;
+    }
+    writeln!(
+        err,
+        "runloop: {} fault(s): the configuration does not validate",
+        faults.len()
+    )?;
+    Ok(Exit::Failed)
+}
+
+/// What a SIGHUP reads again: the configuration file, under the same
+/// command line, and the effective values serve started with.
+struct Reloading {
+    path: PathBuf,
+    command_line: Vec<std::ffi::OsString>,
+    effective: std::collections::BTreeMap<String, String>,
+}
+
+/// The keys a SIGHUP applies besides the limits marked live in
+/// [`crate::limit_table`]; every other key needs a restart.
+const LIVE_KEYS: [&str; 2] = ["token", "token-file"];
+
+/// Whether SIGHUP applies a change to `key`.
+fn live(key: &str) -> bool {
+    LIVE_KEYS.contains(&key) || crate::limit_table::row(key).is_some_and(|row| row.live)
+}
+
+impl Reloading {
+    /// Reads the file again and applies its tenants, tokens and quotas;
+    /// says what changed and which changed keys need a restart. A file
+    /// that does not validate changes nothing.
+    fn reload(&self, handle: &ServerHandle) {
+        let merged = serve_file::merge(Some(&self.path), &self.command_line);
+        let (Some(args), Some(matches), true) =
+            (merged.args, merged.matches, merged.faults.is_empty())
+        else {
+            warn!(
+                file = %self.path.display(),
+                faults = %merged.faults.join("; "),
+                "SIGHUP: the configuration file does not validate; nothing changed"
+            );
+            return;
+        };
+        let tenants = match args.credentials() {
+            Ok(Credentials::Tenants(tenants)) => tenants,
+            Ok(_) => {
+                warn!(
+                    file = %self.path.display(),
+                    "SIGHUP: the file names no token and no tenant; going without tokens needs a \
+                     restart; nothing changed"
+                );
+                return;
+            }
+            Err(error) => {
+                warn!(file = %self.path.display(), %error, "SIGHUP: nothing changed");
+                return;
+            }
+        };
+        // The per-identity limits apply to what a tenant leaves out.
+        let config = match args.unchecked_config() {
+            Ok(config) => config,
+            Err(error) => {
+                warn!(%error, "SIGHUP: nothing changed");
+                return;
+            }
+        };
+        let per_identity = PerIdentity {
+            max_connections: config.admission.max_connections_per_identity,
+            max_runs: config.budget.max_runs_per_identity,
+            max_loops: config.budget.max_loops_per_identity,
+        };
+        match handle.set_tenants(tenants, per_identity) {
+            Ok(changes) if changes.is_empty() => info!("SIGHUP: tenants and quotas unchanged"),
+            Ok(changes) => {
+                for change in changes {
+                    info!(%change, "SIGHUP: applied");
+                }
+            }
+            Err(error) => {
+                warn!(%error, "SIGHUP: nothing changed");
+                return;
+            }
+        }
+        let now = serve_file::effective(&matches);
+        for (key, value) in &now {
+            if !live(key) && self.effective.get(key) != Some(value) {
+                warn!(
+                    key,
+                    "SIGHUP: changed in the file, but applies only after a restart; the value \
+                     serve started with is still in force"
+                );
+            }
+        }
+    }
+}
+
+/// On each SIGHUP, for as long as the server lives: reloads the TLS
+/// certificate and key, and with `reload` the configuration file.
+async fn reload_on_hangup(
+    handle: ServerHandle,
+    mut hangups: tokio::signal::unix::Signal,
+    reload: Option<Reloading>,
+) {
     while hangups.recv().await.is_some() {
         match handle.reload_tls() {
             Ok(true) => info!("TLS certificate reloaded: new connections get it"),
@@ -651,6 +899,9 @@ async fn reload_on_hangup(handle: ServerHandle, mut hangups: tokio::signal::unix
             Err(error) => {
                 warn!(%error, "the TLS certificate did not reload; the old one is still served");
             }
+        }
+        if let Some(reload) = &reload {
+            reload.reload(&handle);
         }
     }
 }

@@ -4,7 +4,12 @@
 //! live counts of what it holds (its [`StatsSnapshot`]) are read at each
 //! scrape instead of being kept twice.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
@@ -196,9 +201,40 @@ static START_BOUNDS: [u64; 14] = [
     60 * S,
 ];
 
+/// One tenant's counts. A connection takes its tenant's once, when it
+/// authorizes, so counting is an atomic add like any other counter's.
+#[derive(Debug, Default)]
+pub struct TenantFigures {
+    /// Runs started.
+    pub runs_started: AtomicU64,
+    /// Runs refused, any reason.
+    pub runs_refused: AtomicU64,
+    /// Loops ended, refused ones included.
+    pub loops: AtomicU64,
+    /// Loops refused at the tenant's max-loops.
+    pub loops_refused: AtomicU64,
+    /// Connections closed at the tenant's max-connections.
+    pub connections_refused: AtomicU64,
+    /// Chunks relayed to the tenant's callers.
+    pub chunks: AtomicU64,
+    /// Bytes of those chunks.
+    pub bytes: AtomicU64,
+}
+
+impl TenantFigures {
+    /// Counts `n` more on `counter`.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// The server's counters and histograms.
 #[derive(Debug)]
 pub struct ServerMetrics {
+    /// Each tenant's counts, by name. Names come from the configuration
+    /// only (never from a caller), so the series are as many as the
+    /// tenants ever configured.
+    tenants: Mutex<BTreeMap<Arc<str>, Arc<TenantFigures>>>,
     registry: Registry,
     /// Caller connections accepted.
     pub connections: Counter,
@@ -336,6 +372,7 @@ impl ServerMetrics {
             Exposed(relay_latency.clone()),
         );
         ServerMetrics {
+            tenants: Mutex::default(),
             registry,
             connections,
             refused,
@@ -353,6 +390,81 @@ impl ServerMetrics {
             runtime_failures,
             relay_latency,
         }
+    }
+
+    /// The counts of the tenant `name`, made at zero the first time.
+    pub fn tenant(&self, name: &str) -> Arc<TenantFigures> {
+        let mut tenants = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(figures) = tenants.get(name) {
+            return Arc::clone(figures);
+        }
+        let figures = Arc::new(TenantFigures::default());
+        tenants.insert(Arc::from(name), Arc::clone(&figures));
+        figures
+    }
+
+    /// The tenants' counts as labelled counter families.
+    fn tenant_registry(&self) -> Registry {
+        let mut registry = Registry::with_prefix("runloop_tenant");
+        let tenants = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        type Pick = fn(&TenantFigures) -> &AtomicU64;
+        let families: [(&str, &str, Option<Unit>, Pick); 7] = [
+            ("runs_started", "Runs started, by tenant", None, |f| {
+                &f.runs_started
+            }),
+            (
+                "runs_refused",
+                "Runs refused (any reason), by tenant",
+                None,
+                |f| &f.runs_refused,
+            ),
+            ("loops", "Run-loop channels ended, by tenant", None, |f| {
+                &f.loops
+            }),
+            (
+                "loops_refused",
+                "Run-loop channels refused at the tenant's max-loops, by tenant",
+                None,
+                |f| &f.loops_refused,
+            ),
+            (
+                "connections_refused",
+                "Connections closed at the tenant's max-connections, by tenant",
+                None,
+                |f| &f.connections_refused,
+            ),
+            (
+                "chunks_relayed",
+                "Chunks relayed to callers, by tenant",
+                None,
+                |f| &f.chunks,
+            ),
+            (
+                "relayed",
+                "Bytes of run-loop responses relayed to callers, by tenant",
+                Some(Unit::Bytes),
+                |f| &f.bytes,
+            ),
+        ];
+        for (name, help, unit, pick) in families {
+            let family = Family::<Vec<(String, String)>, Counter>::default();
+            for (tenant, figures) in tenants.iter() {
+                family
+                    .get_or_create(&vec![("tenant".to_owned(), tenant.to_string())])
+                    .inc_by(pick(figures).load(Ordering::Relaxed));
+            }
+            match unit {
+                Some(unit) => registry.register_with_unit(name, help, unit, family),
+                None => registry.register(name, help, family),
+            }
+        }
+        registry
     }
 
     /// The exposition: these metrics, then the server's live counts
@@ -400,7 +512,8 @@ impl ServerMetrics {
             "1 while the server drains: it accepts no connection and /readyz answers 503",
             ConstGauge::new(i64::from(draining)),
         );
-        super::encode([&self.registry, &gauges])
+        let tenants = self.tenant_registry();
+        super::encode([&self.registry, &gauges, &tenants])
     }
 }
 

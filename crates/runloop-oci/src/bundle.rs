@@ -4,28 +4,84 @@
 //!
 //! It starts from the runtime spec's defaults — those of `runc spec`: the
 //! capability set `CAP_AUDIT_WRITE`, `CAP_KILL`, `CAP_NET_BIND_SERVICE`,
-//! `noNewPrivileges`, the standard `/proc`, `/dev`, `/sys` mounts, masked
-//! and read-only kernel paths, and pid, mount, ipc, uts, network and cgroup
-//! namespaces — and adds what the run needs:
+//! `noNewPrivileges`, the standard `/proc`, `/dev`, `/sys` mounts, and pid,
+//! mount, ipc, uts, network and cgroup namespaces — and adds what the run
+//! needs and what keeps a hostile image in:
 //!
 //! - the process: the image's Entrypoint and Cmd, its Env plus `PORT`, its
-//!   WorkingDir and User (resolved to ids in the image);
+//!   WorkingDir and User (resolved to ids in the image), started by the
+//!   init ([`crate::init`]) as PID 1 when the host has one; at most
+//!   `nofile` open files (`RLIMIT_NOFILE`);
+//! - a user namespace: the container's ids are a range of unprivileged
+//!   host ids ([`IdMapping`]), so its root is not the host's;
+//! - the syscall filter ([`crate::seccomp`]);
 //! - the root: the run's overlay, writable (writes go to the run's disk);
 //!   `/tmp` bound from the run's disk;
+//! - `/sys`: the host's, bound read-only (a user namespace may not mount a
+//!   sysfs for a network namespace it does not own), with the parts that
+//!   name the host's devices and interfaces masked ([`MASKED`]: other
+//!   runs' loop devices are in `/sys/block`); `/proc` with the kernel's
+//!   global files masked or read-only ([`READ_ONLY`]);
 //! - the network namespace made for the run, joined by path;
 //! - the memory limit (with swap, where accounted, held to the same
-//!   figure: no swapping past it), a pids limit, and no device access
-//!   beyond runc's standard set (`/dev/null`, `/dev/zero`, …).
+//!   figure: no swapping past it), a CPU quota, a pids limit, and no
+//!   device access beyond runc's standard set (`/dev/null`, `/dev/zero`,
+//!   …).
 
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    LinuxDeviceCgroupBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder, LinuxNamespaceType,
-    LinuxPidsBuilder, MountBuilder, RootBuilder, Spec, UserBuilder,
+    LinuxCpuBuilder, LinuxDeviceCgroupBuilder, LinuxIdMappingBuilder, LinuxMemoryBuilder,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, MountBuilder, PosixRlimitBuilder,
+    PosixRlimitType, RootBuilder, Spec, UserBuilder,
 };
 
 use crate::image::Process;
-use crate::user::Ids;
+use crate::user::{IdMapping, IdRange, Ids};
+
+/// Paths made empty and unreadable in every container: the kernel's
+/// memory, keys and timers as Docker masks them, and the parts of `/sys`
+/// and `/proc` that list the host's block devices (every run's loop
+/// device), network interfaces, firmware and power controls.
+pub const MASKED: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/interrupts",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/partitions",
+    "/proc/diskstats",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+    "/sys/block",
+    "/sys/class/block",
+    "/sys/dev/block",
+    "/sys/devices/virtual/block",
+    "/sys/class/net",
+    "/sys/devices/virtual/net",
+    "/sys/kernel/debug",
+    "/sys/kernel/tracing",
+    "/sys/kernel/security",
+    "/sys/fs/bpf",
+];
+
+/// Paths a container may read and not write: the kernel's settings and
+/// triggers.
+pub const READ_ONLY: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The CPU quota's period, microseconds (the kernel's default).
+pub const CPU_PERIOD: u64 = 100_000;
 
 /// The path every image's environment gets when it names none.
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -54,6 +110,26 @@ pub struct Bundle<'a> {
     pub swap: bool,
     /// Processes at once.
     pub pids: u32,
+    /// The host ids of the container's ids.
+    pub mapping: IdMapping,
+    /// CPUs' worth of time per period (a fraction is a share of one).
+    pub cpus: f64,
+    /// Open files at once (`RLIMIT_NOFILE`, soft and hard).
+    pub nofile: u64,
+    /// Where the init is bound into the container, when it runs one.
+    pub init: Option<InitMount>,
+    /// Whether the runtime is a sandbox with its own kernel (runsc): then
+    /// no user namespace (the sandbox takes no id mapping here) and a
+    /// sysfs of its own rather than the host's bound.
+    pub sandbox: bool,
+}
+
+/// The init binary: where it is on the host, bound read-only into the
+/// container at [`crate::init::PATH`].
+#[derive(Debug, Clone)]
+pub struct InitMount {
+    /// The binary on the host.
+    pub source: PathBuf,
 }
 
 /// Why a configuration could not be made.
@@ -98,7 +174,18 @@ impl Bundle<'_> {
         }
         env.push(format!("PORT={}", port(self.process)));
         let mut process = spec.process().clone().unwrap_or_default();
-        process.set_args(Some(self.process.args.clone()));
+        let args = match &self.init {
+            Some(_) => crate::init::wrap(&self.process.args),
+            None => self.process.args.clone(),
+        };
+        process.set_args(Some(args));
+        process.set_rlimits(Some(vec![
+            PosixRlimitBuilder::default()
+                .typ(PosixRlimitType::RlimitNofile)
+                .hard(self.nofile)
+                .soft(self.nofile)
+                .build()?,
+        ]));
         process.set_env(Some(env));
         process.set_cwd(PathBuf::from(&self.process.cwd));
         process.set_terminal(Some(false));
@@ -112,7 +199,38 @@ impl Bundle<'_> {
         );
         spec.set_process(Some(process));
 
-        let mut mounts = spec.mounts().clone().unwrap_or_default();
+        let mut mounts: Vec<_> = spec
+            .mounts()
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mount| {
+                if mount.destination() == Path::new("/sys") && !self.sandbox {
+                    MountBuilder::default()
+                        .destination("/sys")
+                        .typ("bind")
+                        .source("/sys")
+                        .options(
+                            ["rbind", "ro", "nosuid", "nodev", "noexec"]
+                                .map(String::from)
+                                .to_vec(),
+                        )
+                        .build()
+                } else {
+                    Ok(mount)
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        if let Some(init) = &self.init {
+            mounts.push(
+                MountBuilder::default()
+                    .destination(crate::init::PATH)
+                    .typ("bind")
+                    .source(&init.source)
+                    .options(["bind", "ro", "nosuid", "nodev"].map(String::from).to_vec())
+                    .build()?,
+            );
+        }
         mounts.push(
             MountBuilder::default()
                 .destination("/tmp")
@@ -143,8 +261,29 @@ impl Bundle<'_> {
                     Ok(namespace)
                 }
             })
+            .chain((!self.sandbox).then(|| {
+                LinuxNamespaceBuilder::default()
+                    .typ(LinuxNamespaceType::User)
+                    .build()
+            }))
             .collect::<Result<Vec<_>, _>>()?;
         linux.set_namespaces(Some(namespaces));
+        let mapping = |range: IdRange| {
+            LinuxIdMappingBuilder::default()
+                .container_id(0u32)
+                .host_id(range.start)
+                .size(range.count)
+                .build()
+        };
+        if !self.sandbox {
+            linux.set_uid_mappings(Some(vec![mapping(self.mapping.uids)?]));
+            linux.set_gid_mappings(Some(vec![mapping(self.mapping.gids)?]));
+        }
+        linux.set_masked_paths(Some(MASKED.iter().map(|path| (*path).to_owned()).collect()));
+        linux.set_readonly_paths(Some(
+            READ_ONLY.iter().map(|path| (*path).to_owned()).collect(),
+        ));
+        linux.set_seccomp(Some(crate::seccomp::profile(self.sandbox)?));
         linux.set_cgroups_path(Some(PathBuf::from(&self.cgroup)));
         let memory = i64::try_from(self.memory).unwrap_or(i64::MAX);
         let mut limit = LinuxMemoryBuilder::default().limit(memory);
@@ -153,6 +292,14 @@ impl Bundle<'_> {
         }
         let mut resources = linux.resources().clone().unwrap_or_default();
         resources.set_memory(Some(limit.build()?));
+        // At least 1 ms a period: the kernel's smallest quota.
+        let quota = (self.cpus * CPU_PERIOD as f64).round().max(1000.0) as i64;
+        resources.set_cpu(Some(
+            LinuxCpuBuilder::default()
+                .quota(quota)
+                .period(CPU_PERIOD)
+                .build()?,
+        ));
         resources.set_pids(Some(
             LinuxPidsBuilder::default()
                 .limit(i64::from(self.pids))
@@ -197,12 +344,62 @@ mod tests {
             memory: 64 << 20,
             swap: true,
             pids: 128,
+            mapping: IdMapping::both(crate::user::DEFAULT_RANGE),
+            cpus: 1.5,
+            nofile: 4096,
+            init: Some(InitMount {
+                source: PathBuf::from("/store/init"),
+            }),
+            sandbox: false,
         };
         let spec = serde_json::to_value(bundle.spec().expect("spec")).expect("json");
         assert_eq!(
             spec["process"]["args"],
-            serde_json::json!(["/agent", "--listen"])
+            serde_json::json!([crate::init::PATH, "--", "/agent", "--listen"])
         );
+        assert_eq!(
+            spec["process"]["rlimits"],
+            serde_json::json!([{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}])
+        );
+        let mapping =
+            serde_json::json!([{"containerID": 0, "hostID": 2_000_000_000u32, "size": 65536}]);
+        assert_eq!(spec["linux"]["uidMappings"], mapping);
+        assert_eq!(spec["linux"]["gidMappings"], mapping);
+        assert_eq!(spec["linux"]["resources"]["cpu"]["quota"], 150_000);
+        assert_eq!(spec["linux"]["resources"]["cpu"]["period"], 100_000);
+        assert_eq!(spec["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+        for path in ["/proc/kcore", "/proc/keys", "/sys/firmware", "/sys/block"] {
+            assert!(
+                spec["linux"]["maskedPaths"]
+                    .as_array()
+                    .expect("masked")
+                    .contains(&serde_json::json!(path)),
+                "{path}"
+            );
+        }
+        assert!(
+            spec["linux"]["readonlyPaths"]
+                .as_array()
+                .expect("read-only")
+                .contains(&serde_json::json!("/proc/sys"))
+        );
+        let mounts = spec["mounts"].as_array().expect("mounts");
+        let sys = mounts
+            .iter()
+            .find(|mount| mount["destination"] == "/sys")
+            .expect("/sys");
+        assert_eq!(sys["type"], "bind");
+        assert!(
+            sys["options"]
+                .as_array()
+                .expect("options")
+                .contains(&serde_json::json!("ro"))
+        );
+        let init = mounts
+            .iter()
+            .find(|mount| mount["destination"] == crate::init::PATH)
+            .expect("the init");
+        assert_eq!(init["source"], "/store/init");
         assert_eq!(
             spec["process"]["env"],
             serde_json::json!([DEFAULT_PATH, "A=1", "PORT=9000"])
@@ -234,7 +431,7 @@ mod tests {
             namespaces
                 .contains(&serde_json::json!({"type": "network", "path": "/run/netns/runloop-k"}))
         );
-        for kind in ["pid", "mount", "ipc", "uts"] {
+        for kind in ["pid", "mount", "ipc", "uts", "user"] {
             assert!(
                 namespaces.contains(&serde_json::json!({"type": kind})),
                 "{kind}"

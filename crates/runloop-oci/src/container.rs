@@ -17,7 +17,7 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::Arc;
@@ -130,13 +130,22 @@ impl OciRuntime {
         slot: &network::Slot,
         limits: ContainerLimits,
     ) -> Result<Child, String> {
+        let ids = self.host.config().ids;
+        // 0710 with the containers' root group: runc sets the container up
+        // as that root (see `Store::with_ids`).
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(run)
+            .and_then(|()| {
+                std::os::unix::fs::chown(run, Some(0), Some(ids.gids.start))?;
+                std::fs::set_permissions(run, std::fs::Permissions::from_mode(0o710))
+            })
             .map_err(|error| {
                 format!("cannot make the run's directory {}: {error}", run.display())
             })?;
-        disk::create(run, limits.disk)
+        let process = &self.image.image.process;
+        crate::init::find_program(&self.image.rootfs, &process.args, &process.env)?;
+        disk::create(run, limits.disk, (ids.uids.start, ids.gids.start))
             .await
             .map_err(|error| format!("cannot make the run's disk: {error}"))?;
         disk::overlay(run, &self.image.rootfs)
@@ -144,12 +153,17 @@ impl OciRuntime {
         network::create(key, slot)
             .await
             .map_err(|error| format!("cannot make the run's network: {error}"))?;
-        let process = &self.image.image.process;
-        let ids = user::resolve(&self.image.rootfs, process.user.as_deref())?;
+        let user = user::resolve(&self.image.rootfs, process.user.as_deref())?;
+        if user.uid >= ids.uids.count || user.gid >= ids.gids.count {
+            return Err(format!(
+                "the image's user {}:{} is past the {} ids a container has",
+                user.uid, user.gid, ids.uids.count
+            ));
+        }
         let id = runc::id(key);
         let spec = Bundle {
             process,
-            ids,
+            ids: user,
             run,
             hostname: key,
             netns: network::namespace_path(key),
@@ -157,6 +171,13 @@ impl OciRuntime {
             memory: limits.memory,
             swap: self.host.cgroups().accounts_swap(),
             pids: self.host.config().pids,
+            mapping: ids,
+            cpus: self.host.config().cpus,
+            nofile: self.host.config().nofile,
+            init: self.host.init().map(|source| bundle::InitMount {
+                source: source.to_owned(),
+            }),
+            sandbox: self.host.runc().kind() == runc::Kind::Runsc,
         }
         .spec()
         .map_err(|error| error.to_string())?;

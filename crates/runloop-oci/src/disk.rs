@@ -86,8 +86,10 @@ pub fn tmp(run: &Path) -> PathBuf {
 }
 
 /// Makes the run's disk (`size` bytes), mounts it, and lays out `upper/`,
-/// `work/` and `tmp/` on it.
-pub async fn create(run: &Path, size: u64) -> Result<(), DiskError> {
+/// `work/` and `tmp/` on it; `upper/` (the root directory the container
+/// sees) and `tmp/` belong to `owner`, the host ids of the container's
+/// root. (`work/` is the overlay's own, used with the mounter's rights.)
+pub async fn create(run: &Path, size: u64, owner: (u32, u32)) -> Result<(), DiskError> {
     let file = image(run);
     fs::File::create_new(&file)
         .and_then(|disk| disk.set_len(size))
@@ -123,12 +125,21 @@ pub async fn create(run: &Path, size: u64) -> Result<(), DiskError> {
         None,
     )
     .await?;
-    for (name, mode) in [("upper", 0o755), ("work", 0o700), ("tmp", 0o1777)] {
+    for (name, mode, owned) in [
+        ("upper", 0o755, true),
+        ("work", 0o700, false),
+        ("tmp", 0o1777, true),
+    ] {
         let dir = mount.join(name);
         fs::DirBuilder::new()
             .mode(mode)
             .create(&dir)
-            .and_then(|()| fs::set_permissions(&dir, fs::Permissions::from_mode(mode)))
+            .and_then(|()| {
+                if owned {
+                    std::os::unix::fs::chown(&dir, Some(owner.0), Some(owner.1))?;
+                }
+                fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+            })
             .map_err(io_at(&dir))?;
     }
     let lost = mount.join("lost+found");

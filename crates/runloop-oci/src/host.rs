@@ -33,16 +33,19 @@ use crate::layout::Layout;
 use crate::network::{DEFAULT_SUBNET, Pool, Subnet};
 use crate::runc::Runc;
 use crate::store::{Store, StoreError, UnpackLimits};
+use crate::user::IdMapping;
 
 /// How the host runs containers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HostConfig {
     /// The store: pulled blobs, unpacked images, runs.
     pub store: PathBuf,
     /// Where containers' addresses come from (a /30 each).
     pub subnet: Subnet,
-    /// The runc binary.
+    /// The OCI runtime's binary.
     pub runc: PathBuf,
+    /// Which runtime it is.
+    pub runtime: crate::runc::Kind,
     /// Time between the stop signal and SIGKILL.
     pub grace: Duration,
     /// How long an agent has to accept TCP on its port.
@@ -53,17 +56,38 @@ pub struct HostConfig {
     pub unpack: UnpackLimits,
     /// How much of a container's output is logged.
     pub output: runloop_runtime::output::OutputLimit,
+    /// The host ids of the containers' ids (their user namespace).
+    pub ids: IdMapping,
+    /// CPUs' worth of time one container may use.
+    pub cpus: f64,
+    /// Open files one container's process may have (`RLIMIT_NOFILE`).
+    pub nofile: u64,
+    /// Whether containers run the init as PID 1 ([`crate::init`]).
+    pub init: bool,
 }
+
+/// The CPU limit of a container unless told otherwise: half the
+/// machine's CPUs, at least one — one agent cannot take the machine.
+pub fn default_cpus() -> f64 {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    (cpus as f64 / 2.0).max(1.0)
+}
+
+/// The open-file limit of a container unless told otherwise.
+pub const DEFAULT_NOFILE: u64 = 4096;
 
 impl HostConfig {
     /// Defaults around `store`: [`DEFAULT_SUBNET`], `runc` from `PATH`, a
     /// 5 s grace, 60 s to listen, 1024 processes, images up to 8 GiB and
-    /// a million entries unpacked, the default output budget.
+    /// a million entries unpacked, the default output budget, the ids of
+    /// [`IdMapping::default_for_host`], [`default_cpus`], [`DEFAULT_NOFILE`]
+    /// open files, and the init.
     pub fn new(store: impl Into<PathBuf>) -> HostConfig {
         HostConfig {
             store: store.into(),
             subnet: DEFAULT_SUBNET,
             runc: PathBuf::from("runc"),
+            runtime: crate::runc::Kind::Runc,
             grace: Duration::from_secs(5),
             startup_timeout: Duration::from_secs(60),
             pids: 1024,
@@ -72,6 +96,10 @@ impl HostConfig {
                 max_entries: 1_000_000,
             },
             output: runloop_runtime::output::OutputLimit::default(),
+            ids: IdMapping::default_for_host(),
+            cpus: default_cpus(),
+            nofile: DEFAULT_NOFILE,
+            init: true,
         }
     }
 
@@ -147,6 +175,7 @@ pub struct Host {
     pool: Pool,
     runc: Runc,
     cgroups: cgroup::Version,
+    init: Option<PathBuf>,
     _lock: File,
 }
 
@@ -158,12 +187,19 @@ impl Host {
         if !uid.is_root() {
             return Err(HostError::NotRoot(uid.as_raw()));
         }
-        let runc = Runc::new(&config.runc);
+        let runc = Runc::of_kind(&config.runc, config.runtime);
+        let name = config.runtime.name();
         let version = runc.version().await.map_err(|error| {
             HostError::Missing(format!(
-                "runc does not run (install it, e.g. apt-get install runc): {error}"
+                "{name} does not run (install it, e.g. apt-get install {name}): {error}"
             ))
         })?;
+        let mut config = config;
+        if config.runtime == crate::runc::Kind::Runsc {
+            // gVisor's kernel is the boundary; its sandbox takes no id
+            // mapping from the spec here, so images keep their own owners.
+            config.ids = IdMapping::identity();
+        }
         for (tool, flag, package) in [
             ("mkfs.ext4", "-V", "e2fsprogs"),
             ("mount", "--version", "mount"),
@@ -191,7 +227,7 @@ impl Host {
             ));
         }
         let cgroups = cgroup::detect().map_err(HostError::Missing)?;
-        let store = Store::open(&config.store, config.unpack)?;
+        let store = Store::open(&config.store, config.unpack)?.with_ids(config.ids)?;
         if !disk::overlay_safe(store.dir()) {
             return Err(HostError::Missing(format!(
                 "the store's path {} holds `,`, `:` or `\\`, which overlay mounts cannot name",
@@ -210,6 +246,16 @@ impl Host {
             })?;
         rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive)
             .map_err(|_| HostError::Locked(store.dir().to_owned()))?;
+        let init = if config.init {
+            Some(
+                crate::init::install(store.dir()).map_err(|source| StoreError::Io {
+                    path: store.dir().join("init"),
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
         let pool = Pool::new(config.subnet);
         let host = Host {
             config,
@@ -217,10 +263,22 @@ impl Host {
             pool,
             runc,
             cgroups,
+            init,
             _lock: lock,
         };
         host.sweep().await?;
-        info!(store = %host.store.dir().display(), subnet = %host.pool.subnet(), runc = %version, cgroups = ?host.cgroups, "container host ready");
+        info!(store = %host.store.dir().display(), subnet = %host.pool.subnet(), runc = %version, cgroups = ?host.cgroups, uids = %host.config.ids.uids, gids = %host.config.ids.gids, cpus = host.config.cpus, init = host.init.is_some(), "container host ready");
+        match crate::runc::parse_version(&version) {
+            _ if host.config.runtime != crate::runc::Kind::Runc => {}
+            Some(parsed) => {
+                if let Some(warning) = crate::runc::advisory(parsed) {
+                    warn!(runc = %version, "{warning}");
+                }
+            }
+            None => {
+                warn!(runc = %version, "cannot read runc's version; it may predate the fixes for CVE-2025-31133, CVE-2025-52565 and CVE-2025-52881")
+            }
+        }
         Ok(Arc::new(host))
     }
 
@@ -264,6 +322,11 @@ impl Host {
     /// The cgroup hierarchy.
     pub fn cgroups(&self) -> cgroup::Version {
         self.cgroups
+    }
+
+    /// The init binary containers run as PID 1, if they run one.
+    pub fn init(&self) -> Option<&Path> {
+        self.init.as_deref()
     }
 
     /// A runtime for the image layout at `dir` (`oci:DIR`), checked against

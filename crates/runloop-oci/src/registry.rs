@@ -17,12 +17,24 @@
 //!   as it streams, and the store checks again before it keeps a blob);
 //!   blobs are fetched from the registry itself, never from a descriptor's
 //!   `urls`;
+//! - no redirect is followed for a manifest; a blob's is followed only to
+//!   the registry itself or a mirror the operator listed
+//!   (`--registry-mirror`), and a mirror listed by name only at a public
+//!   address (the rules in full: [`crate::distribution`]);
+//! - a manifest is read through a cap ([`MAX_JSON`]): refused at once when
+//!   it declares more, and as soon as more arrives whatever it declared;
 //! - the image (manifest, configuration and compressed layers, as the
 //!   manifest declares them) must fit the configured size, checked before
-//!   any layer is fetched, and no blob may run past its declared size.
+//!   any layer is fetched, and no blob may run past its declared size;
+//! - it may unpack to at most [`RegistryConfig::max_unpack_ratio`] times
+//!   its compressed size (the unpacker's budget, within the host's own).
 //!
 //! A registry that does not connect within 30 s, or goes silent for 60 s
-//! mid-answer, fails the pull.
+//! mid-answer, fails the pull; so does a pull that has not finished within
+//! [`RegistryConfig::pull_timeout`], however steadily the bytes trickle.
+//! At most [`RegistryConfig::max_pulls`] pulls fetch at once; the others
+//! wait for a place within their own deadline. A pull whose run is given up
+//! (the caller went away) is dropped with it.
 //!
 //! Blobs are kept in the store's layout under their digests and shared by
 //! every image; a reference pinned by digest whose image is already there
@@ -34,19 +46,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use oci_client::Reference;
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
 use runloop_proto::ErrorKind;
 use runloop_runtime::{BoxFuture, Registry, RegistryError, Runtime};
 use tokio::io::AsyncWriteExt;
+use tokio::sync::Semaphore;
 use tracing::info;
 
 use crate::OciRuntime;
 use crate::digest::{Digest, Hasher};
+use crate::distribution::{Distribution, FetchError, Target};
 use crate::host::Host;
 use crate::image::{self, ACCEPTED, Image, is_index};
 use crate::layout::{MAX_JSON, check};
@@ -64,15 +74,42 @@ pub struct RegistryConfig {
     pub allowed: Vec<String>,
     /// Hosts pulled from over plain HTTP.
     pub insecure: Vec<String>,
+    /// Hosts (`HOST[:PORT]`) a blob may be redirected to besides the
+    /// registry itself: a registry's blob CDN.
+    pub mirrors: Vec<String>,
     /// The largest image, bytes: manifest, configuration and compressed layers.
     pub max_image_size: u64,
+    /// How long one pull (manifests and blobs) may take, all told.
+    pub pull_timeout: Duration,
+    /// Pulls fetching at once, server-wide.
+    pub max_pulls: usize,
+    /// How many times its compressed size an image may unpack to.
+    pub max_unpack_ratio: u64,
+}
+
+impl RegistryConfig {
+    /// Pulls from `allowed` over HTTPS and `insecure` over HTTP, with the
+    /// defaults: no mirror, images up to 2 GiB, 10 minutes a pull, 4 pulls
+    /// at once, unpacked to at most 10 times their size.
+    pub fn new(allowed: Vec<String>, insecure: Vec<String>) -> RegistryConfig {
+        RegistryConfig {
+            allowed,
+            insecure,
+            mirrors: Vec::new(),
+            max_image_size: 2 << 30,
+            pull_timeout: Duration::from_secs(600),
+            max_pulls: 4,
+            max_unpack_ratio: 10,
+        }
+    }
 }
 
 /// Pulls `registry` images for a server and runs them on its host.
 pub struct Pull {
     host: Arc<Host>,
     config: RegistryConfig,
-    client: Client,
+    client: Distribution,
+    places: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for Pull {
@@ -87,37 +124,24 @@ fn refused(kind: ErrorKind, message: String) -> RegistryError {
     RegistryError { kind, message }
 }
 
-/// Whether an error of the registry means "no such image".
-fn not_found(error: &OciDistributionError) -> bool {
-    match error {
-        OciDistributionError::ImageManifestNotFoundError(_) => true,
-        OciDistributionError::ServerError { code, .. } => *code == 404,
-        OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
-            matches!(
-                e.code,
-                OciErrorCode::ManifestUnknown
-                    | OciErrorCode::NameUnknown
-                    | OciErrorCode::BlobUnknown
-            )
-        }),
-        _ => false,
-    }
-}
-
 impl Pull {
     /// Pulls into `host`'s store from the registries `config` allows.
-    pub fn new(host: Arc<Host>, config: RegistryConfig) -> Pull {
-        let client = Client::new(ClientConfig {
-            protocol: ClientProtocol::HttpsExcept(config.insecure.clone()),
-            connect_timeout: Some(CONNECT_TIMEOUT),
-            read_timeout: Some(READ_TIMEOUT),
-            ..ClientConfig::default()
-        });
-        Pull {
+    pub fn new(host: Arc<Host>, config: RegistryConfig) -> Result<Pull, FetchError> {
+        let client = Distribution::new(
+            config.insecure.clone(),
+            config.mirrors.clone(),
+            CONNECT_TIMEOUT,
+            READ_TIMEOUT,
+        )?;
+        let places = Arc::new(Semaphore::new(
+            config.max_pulls.clamp(1, Semaphore::MAX_PERMITS),
+        ));
+        Ok(Pull {
             host,
             config,
             client,
-        }
+            places,
+        })
     }
 
     /// The runtime for `reference`, pulling what the store lacks.
@@ -159,9 +183,26 @@ impl Pull {
         {
             return self.unpacked(text, &image).await;
         }
-        let _flight = store.flights().lock(&format!("pull {text}")).await;
-        let (digest, manifest) = self.manifest(&reference, pinned.as_ref()).await?;
-        let image = self.fetch(&reference, &digest, &manifest).await?;
+        let timeout = self.config.pull_timeout;
+        let pulled = tokio::time::timeout(timeout, async {
+            let _flight = store.flights().lock(&format!("pull {text}")).await;
+            let _place = Arc::clone(&self.places).acquire_owned().await;
+            let (digest, manifest) = self.manifest(&reference, pinned.as_ref()).await?;
+            let image = self.fetch(&reference, &digest, &manifest).await?;
+            Ok::<_, RegistryError>((digest, manifest, image))
+        })
+        .await
+        .map_err(|_| {
+            refused(
+                ErrorKind::Registry,
+                format!(
+                    "cannot pull {}: not done within this server's pull timeout of {} s",
+                    reference.whole(),
+                    timeout.as_secs_f64()
+                ),
+            )
+        })?;
+        let (digest, manifest, image) = pulled?;
         store
             .layout()
             .add_manifest(
@@ -183,7 +224,11 @@ impl Pull {
         let unpacked = self
             .host
             .store()
-            .unpack(self.host.store().layout(), image)
+            .unpack_within(
+                self.host.store().layout(),
+                image,
+                image.size.saturating_mul(self.config.max_unpack_ratio),
+            )
             .await
             .map_err(|error| refused(ErrorKind::Registry, format!("image {text}: {error}")))?;
         Ok(OciRuntime::new(Arc::clone(&self.host), unpacked))
@@ -199,20 +244,30 @@ impl Pull {
         let whole = reference.whole();
         let mut target = reference.clone();
         let mut expected = pinned.cloned();
+        let endpoint = Target {
+            registry: reference.registry().to_owned(),
+            endpoint: reference.resolve_registry().to_owned(),
+            repository: reference.repository().to_owned(),
+        };
         for _ in 0..2 {
-            let (bytes, _) = self
+            let name = match target.digest() {
+                Some(digest) => digest.to_owned(),
+                None => target.tag().unwrap_or("latest").to_owned(),
+            };
+            let fetched = self
                 .client
-                .pull_manifest_raw(&target, &RegistryAuth::Anonymous, &ACCEPTED)
+                .manifest(&endpoint, &name, &ACCEPTED, MAX_JSON)
                 .await
-                .map_err(|error| self.failed(&whole, "its manifest", &error))?;
-            if bytes.len() as u64 > MAX_JSON {
-                return Err(refused(
-                    ErrorKind::Registry,
-                    format!("the manifest of {whole} is larger than {MAX_JSON} bytes"),
-                ));
-            }
+                .map_err(|error| failed(&whole, "its manifest", &error))?;
+            let bytes = fetched.bytes;
             let digest = Digest::of(&bytes);
-            if let Some(expected) = &expected
+            // The registry's own word on the digest, when it gives one in a
+            // form read here, must match too (a tag names no digest).
+            let said = fetched
+                .digest
+                .as_deref()
+                .and_then(|said| said.parse::<Digest>().ok());
+            if let Some(expected) = expected.as_ref().or(said.as_ref())
                 && *expected != digest
             {
                 return Err(refused(
@@ -318,31 +373,40 @@ impl Pull {
         }
         let whole = reference.whole();
         let what = format!("blob {digest}");
-        let mut stream = self
+        let target = Target {
+            registry: reference.registry().to_owned(),
+            endpoint: reference.resolve_registry().to_owned(),
+            repository: reference.repository().to_owned(),
+        };
+        let mut response = self
             .client
-            .pull_blob_stream(reference, digest.to_string().as_str())
+            .blob(&target, &digest.to_string())
             .await
-            .map_err(|error| self.failed(&whole, &what, &error))?;
+            .map_err(|error| failed(&whole, &what, &error))?;
+        if let Some(declared) = response.content_length()
+            && declared > size
+        {
+            return Err(refused(
+                ErrorKind::Registry,
+                format!(
+                    "{what} of {whole} declares {declared} bytes, past its descriptor's {size}"
+                ),
+            ));
+        }
         let (path, file) = layout.temporary().map_err(|error| {
             refused(ErrorKind::Registry, format!("cannot store {what}: {error}"))
         })?;
         let partial = Partial(path);
         let mut file = tokio::fs::File::from_std(file);
         let mut hasher = Hasher::new();
-        while let Some(piece) = stream.next().await {
-            let piece = piece.map_err(|error| {
-                let mismatch = error
-                    .get_ref()
-                    .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>());
-                refused(
-                    ErrorKind::Registry,
-                    if mismatch {
-                        format!("digest mismatch: {what} of {whole}: {error}")
-                    } else {
-                        format!("cannot pull {what} of {whole}: {error}")
-                    },
-                )
-            })?;
+        loop {
+            let piece = response
+                .chunk()
+                .await
+                .map_err(|error| failed(&whole, &what, &FetchError::Http(error)))?;
+            let Some(piece) = piece else {
+                break;
+            };
             hasher.update(&piece);
             if hasher.len() > size {
                 return Err(refused(
@@ -369,25 +433,16 @@ impl Pull {
         })?;
         Ok(len)
     }
+}
 
-    fn failed(&self, whole: &str, what: &str, error: &OciDistributionError) -> RegistryError {
-        if not_found(error) {
-            return refused(
-                ErrorKind::Registry,
-                format!("not found: {what} of {whole}: {error}"),
-            );
-        }
-        if matches!(error, OciDistributionError::DigestError(_)) {
-            return refused(
-                ErrorKind::Registry,
-                format!("digest mismatch: {what} of {whole}: {error}"),
-            );
-        }
-        refused(
-            ErrorKind::Registry,
-            format!("cannot pull {what} of {whole}: {error}"),
-        )
-    }
+/// The refusal a failed request is, its kind said first (`not found`) where
+/// there is one.
+fn failed(whole: &str, what: &str, error: &FetchError) -> RegistryError {
+    let text = match error {
+        FetchError::NotFound(_) => format!("{what} of {whole}: {error}"),
+        _ => format!("cannot pull {what} of {whole}: {error}"),
+    };
+    refused(ErrorKind::Registry, text)
 }
 
 /// A blob being written: removed unless kept.

@@ -2,27 +2,36 @@
 //! shared by every run, and of the runs' own directories.
 //!
 //! ```text
-//! STORE/                       mode 0700: unpacked images keep their set-id bits
+//! STORE/                       mode 0700 (0710 for the containers' root group): images keep set-id bits
 //!   layout/                    an OCI image layout: pulled blobs, pulled images in index.json
 //!   images/sha256-HEX/rootfs   one unpacked image per manifest digest (the overlay's lower layer)
+//!   images/sha256-HEX-ids-U+N-G+M/rootfs  the same, owners shifted into a container id range
 //!   runs/KEY/                  one run: disk.img, its mount, the overlay root, config.json
 //!   lock                       held (flock) by the one server using the store
 //! ```
 //!
 //! An unpacked image is made under a temporary name and renamed into place
-//! when its last layer is applied, so `images/` holds only whole images: a
-//! crash mid-unpack leaves a temporary directory the next server start
-//! removes. Once in place an image is never written again — every run
+//! when its last layer is applied, so `images/` holds only whole images. A
+//! server that stops ([`Store::stop`]) ends the unpacks under way and
+//! removes what they made; a crash mid-unpack leaves a temporary directory
+//! the next server start removes. Once in place an image is never written again — every run
 //! writes to its own overlay upper directory — and it is reused by every
 //! later run of the same digest. Two runs that need the same image at the
 //! same time unpack it once: the second waits for the first
 //! ([`Flights`]).
+//!
+//! A store whose containers run in a user namespace ([`Store::with_ids`])
+//! unpacks each image with its owners shifted into the range (runc 1.1
+//! cannot map a mount's ids), under a name that says the range: a server
+//! started with another range unpacks the image again rather than run a
+//! container over files its root does not own.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tracing::info;
@@ -30,6 +39,7 @@ use tracing::info;
 use crate::image::{Compression, Image};
 use crate::layout::{Layout, LayoutError};
 use crate::unpack::{self, Budget, UnpackError};
+use crate::user::IdMapping;
 
 /// An image unpacked in the store, ready to be an overlay's lower layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +91,9 @@ pub enum StoreError {
     /// The blocking unpack task did not finish.
     #[error("the unpack task failed: {0}")]
     Task(String),
+    /// The server is stopping: no unpack starts, and those under way end.
+    #[error("the server is stopping; the unpack was ended and removed")]
+    Stopping,
 }
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> StoreError + '_ {
@@ -126,6 +139,11 @@ pub struct Store {
     layout: Arc<Layout>,
     limits: UnpackLimits,
     flights: Flights,
+    ids: IdMapping,
+    /// Set by [`Store::stop`]: unpacks read it between reads of a layer.
+    stopping: Arc<AtomicBool>,
+    /// Held (read) by each unpack under way; [`Store::stop`] waits for the write.
+    jobs: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Store {
@@ -147,7 +165,42 @@ impl Store {
             layout,
             limits,
             flights: Flights::default(),
+            ids: IdMapping::identity(),
+            stopping: Arc::new(AtomicBool::new(false)),
+            jobs: Arc::new(tokio::sync::RwLock::new(())),
         })
+    }
+
+    /// The store, unpacking images with their owners shifted into `ids`.
+    /// The store and `runs/` become mode 0710 with the containers' root
+    /// group: runc sets a container up as its root, which must reach the
+    /// run's files; no other user of the host may (`images/` stays 0700).
+    pub fn with_ids(mut self, ids: IdMapping) -> Result<Store, StoreError> {
+        if !ids.is_identity() {
+            for path in [self.dir.clone(), self.runs()] {
+                std::os::unix::fs::chown(&path, Some(0), Some(ids.gids.start))
+                    .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o710)))
+                    .map_err(io_at(&path))?;
+            }
+        }
+        self.ids = ids;
+        Ok(self)
+    }
+
+    /// The ids images are unpacked for.
+    pub fn ids(&self) -> IdMapping {
+        self.ids
+    }
+
+    /// Ends every unpack under way (each removes its temporary directory)
+    /// and refuses new ones; returns when they are all gone. For a server's
+    /// shutdown, so that a stop mid-unpack leaves nothing in `images/`.
+    pub async fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _all = self.jobs.write().await;
+        if let Err(error) = self.sweep() {
+            tracing::warn!(%error, "cannot remove an interrupted unpack");
+        }
     }
 
     /// The store's directory.
@@ -196,6 +249,18 @@ impl Store {
         source: &Arc<Layout>,
         image: &Image,
     ) -> Result<Unpacked, StoreError> {
+        self.unpack_within(source, image, u64::MAX).await
+    }
+
+    /// [`unpack`](Self::unpack), with at most `max_bytes` of file content
+    /// (and never more than the store's own limit): a registry image's
+    /// bound, a multiple of its compressed size.
+    pub async fn unpack_within(
+        &self,
+        source: &Arc<Layout>,
+        image: &Image,
+        max_bytes: u64,
+    ) -> Result<Unpacked, StoreError> {
         let dir = self.image_dir(image);
         let _flight = self.flights.lock(&format!("unpack {}", image.digest)).await;
         let mut unpacked = Unpacked {
@@ -206,6 +271,10 @@ impl Store {
         if unpacked.rootfs.is_dir() {
             return Ok(unpacked);
         }
+        let running = Arc::clone(&self.jobs).read_owned().await;
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(StoreError::Stopping);
+        }
         let temporary = self
             .dir
             .join("images")
@@ -215,23 +284,42 @@ impl Store {
             image: image.clone(),
             temporary,
             dir,
-            limits: self.limits,
+            limits: UnpackLimits {
+                max_bytes: self.limits.max_bytes.min(max_bytes),
+                ..self.limits
+            },
+            ids: self.ids,
+            stopping: Arc::clone(&self.stopping),
         };
         // The job puts the image in place (or removes its temporary
         // directory) itself: a caller that gives up waiting leaves no
         // half-made image, and a finished one is cached for the next.
-        let unpacked_bytes = tokio::task::spawn_blocking(move || job.run())
-            .await
-            .map_err(|error| StoreError::Task(error.to_string()))??;
+        let unpacked_bytes = tokio::task::spawn_blocking(move || {
+            let _running = running;
+            job.run()
+        })
+        .await
+        .map_err(|error| StoreError::Task(error.to_string()))??;
         info!(image = %image.digest, layers = image.layers.len(), bytes = unpacked_bytes, "image unpacked");
         unpacked.fresh = true;
         Ok(unpacked)
     }
 
     fn image_dir(&self, image: &Image) -> PathBuf {
-        self.dir
-            .join("images")
-            .join(format!("sha256-{}", image.digest.hex()))
+        let name = if self.ids.is_identity() {
+            format!("sha256-{}", image.digest.hex())
+        } else {
+            // `+`, not `:`: overlay options cannot name a `:`.
+            format!(
+                "sha256-{}-ids-{}+{}-{}+{}",
+                image.digest.hex(),
+                self.ids.uids.start,
+                self.ids.uids.count,
+                self.ids.gids.start,
+                self.ids.gids.count
+            )
+        };
+        self.dir.join("images").join(name)
     }
 }
 
@@ -242,6 +330,8 @@ struct Job {
     temporary: PathBuf,
     dir: PathBuf,
     limits: UnpackLimits,
+    ids: IdMapping,
+    stopping: Arc<AtomicBool>,
 }
 
 impl Job {
@@ -270,6 +360,14 @@ impl Job {
             .mode(0o755)
             .create(&rootfs)
             .map_err(io_at(&rootfs))?;
+        if !self.ids.is_identity() {
+            rustix::fs::chown(
+                &rootfs,
+                Some(rustix::fs::Uid::from_raw(self.ids.uids.start)),
+                Some(rustix::fs::Gid::from_raw(self.ids.gids.start)),
+            )
+            .map_err(|errno| io_at(&rootfs)(errno.into()))?;
+        }
         let mut budget = Budget::new(self.limits.max_bytes, self.limits.max_entries);
         for (index, layer) in self.image.layers.iter().enumerate() {
             let failed = |source| StoreError::Layer {
@@ -281,9 +379,36 @@ impl Job {
             let blob = self.source.open_blob(&layer.digest)?;
             let reader = decompress(blob, layer.compression)
                 .map_err(|error| failed(UnpackError::Archive(error)))?;
-            unpack::apply(&rootfs, reader, &mut budget).map_err(failed)?;
+            let reader = Stoppable {
+                inner: reader,
+                stopping: &self.stopping,
+            };
+            let applied = unpack::apply_as(&rootfs, reader, &mut budget, self.ids);
+            if self.stopping.load(Ordering::SeqCst) {
+                return Err(StoreError::Stopping);
+            }
+            applied.map_err(failed)?;
+        }
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(StoreError::Stopping);
         }
         Ok(budget.bytes())
+    }
+}
+
+/// A layer's reader that fails once the store is stopping, so that an
+/// unpack ends at its next read.
+struct Stoppable<'a, R> {
+    inner: R,
+    stopping: &'a AtomicBool,
+}
+
+impl<R: Read> Read for Stoppable<'_, R> {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        if self.stopping.load(Ordering::Relaxed) {
+            return Err(io::Error::other("the server is stopping"));
+        }
+        self.inner.read(buffer)
     }
 }
 

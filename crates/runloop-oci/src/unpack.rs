@@ -29,6 +29,10 @@
 //! - **Bounded.** Bytes of file content and the number of entries are
 //!   counted across all layers against a [`Budget`], so a small compressed
 //!   layer cannot fill the host's disk or inodes.
+//! - **Owners shifted into the containers' range.** Applied for a user
+//!   namespace ([`apply_as`]), an entry owned by the image's id N is owned
+//!   on the host by the range's START + N; an id past the range refuses the
+//!   layer (it could not be mapped inside, and must not land as a host id).
 //!
 //! Whiteouts follow the OCI image spec: `.wh.NAME` removes `NAME` from the
 //! layers below, `.wh..wh..opq` empties its directory of everything the
@@ -46,6 +50,8 @@ use rustix::fs::{
 };
 use rustix::io::Errno;
 use tar::EntryType;
+
+use crate::user::{IdMapping, IdRange};
 
 /// The prefix of a whiteout entry's name.
 const WHITEOUT: &[u8] = b".wh.";
@@ -147,6 +153,18 @@ pub enum UnpackError {
         /// The id.
         id: u64,
     },
+    /// An owner past the containers' id range.
+    #[error("entry {entry:?} is owned by {kind} {id}, past the {count} ids a container has")]
+    Unmapped {
+        /// The entry's path.
+        entry: String,
+        /// `uid` or `gid`.
+        kind: &'static str,
+        /// The id.
+        id: u32,
+        /// The range's size.
+        count: u32,
+    },
     /// More content than the budget allows.
     #[error("the image unpacks to more than {max} bytes of files")]
     TooLarge {
@@ -182,8 +200,20 @@ pub enum UnpackError {
     },
 }
 
-/// Applies one uncompressed tar layer onto the directory at `root`.
+/// Applies one uncompressed tar layer onto the directory at `root`, with
+/// the owners the layer names.
 pub fn apply(root: &Path, layer: impl Read, budget: &mut Budget) -> Result<(), UnpackError> {
+    apply_as(root, layer, budget, IdMapping::identity())
+}
+
+/// Applies one uncompressed tar layer onto the directory at `root`, each
+/// owner shifted into `ids`.
+pub fn apply_as(
+    root: &Path,
+    layer: impl Read,
+    budget: &mut Budget,
+    ids: IdMapping,
+) -> Result<(), UnpackError> {
     let root_fd = rustix::fs::open(
         root,
         OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
@@ -196,6 +226,7 @@ pub fn apply(root: &Path, layer: impl Read, budget: &mut Budget) -> Result<(), U
     let mut unpacker = Unpacker {
         root: root_fd,
         created: HashSet::new(),
+        ids,
     };
     let mut archive = tar::Archive::new(layer);
     let entries = archive.entries().map_err(UnpackError::Archive)?;
@@ -211,6 +242,7 @@ pub fn apply(root: &Path, layer: impl Read, budget: &mut Budget) -> Result<(), U
 struct Unpacker {
     root: OwnedFd,
     created: HashSet<Vec<u8>>,
+    ids: IdMapping,
 }
 
 /// An entry's path as components, or `None` if one is `..`.
@@ -289,8 +321,18 @@ impl Unpacker {
                     id,
                 })
         };
-        let uid = Uid::from_raw(owner(header.uid().map_err(failed)?)?);
-        let gid = Gid::from_raw(owner(header.gid().map_err(failed)?)?);
+        let shift = |id: u32, range: IdRange, kind: &'static str| {
+            range.host(id).ok_or_else(|| UnpackError::Unmapped {
+                entry: name_for_errors(),
+                kind,
+                id,
+                count: range.count,
+            })
+        };
+        let uid = owner(header.uid().map_err(failed)?)?;
+        let gid = owner(header.gid().map_err(failed)?)?;
+        let uid = Uid::from_raw(shift(uid, self.ids.uids, "uid")?);
+        let gid = Gid::from_raw(shift(gid, self.ids.gids, "gid")?);
         let mtime = header.mtime().unwrap_or(0);
         let link = entry.link_name_bytes().map(|link| link.into_owned());
         let dir = self.make_parents(parent).map_err(failed)?;
@@ -408,7 +450,16 @@ impl Unpacker {
                     let name = parts[depth - 1];
                     rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755))?;
                     self.created.insert(join(&parts[..depth]));
-                    open_dir(&dir, name)?
+                    let made = open_dir(&dir, name)?;
+                    // The layer did not name it: the container's root owns it.
+                    if !self.ids.is_identity() {
+                        rustix::fs::fchown(
+                            &made,
+                            Some(Uid::from_raw(self.ids.uids.start)),
+                            Some(Gid::from_raw(self.ids.gids.start)),
+                        )?;
+                    }
+                    made
                 }
                 Err(errno) => return Err(errno.into()),
             };

@@ -6,6 +6,14 @@
 //! image), never the host's. As Docker does: a user without a group takes
 //! its primary group from `passwd` (or 0 if it has no entry), and gets the
 //! groups `group` lists it in as additional groups.
+//!
+//! And the ids the container's ids are on the host: every container runs
+//! in a user namespace whose ids 0..COUNT are the host's START..START+COUNT
+//! ([`IdMapping`]), so its root is an unprivileged user of the host — a
+//! file or process the host's root owns is as foreign to it as to any
+//! other user. runc 1.1 has no idmapped mounts, so images are unpacked
+//! with their owners shifted into the range ([`IdRange::host`]), once per
+//! range.
 
 use std::io::Read;
 use std::path::Path;
@@ -21,6 +29,149 @@ pub struct Ids {
     pub gid: u32,
     /// Additional groups.
     pub groups: Vec<u32>,
+}
+
+/// One contiguous range of ids: the container's `0..count` are the host's
+/// `start..start + count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IdRange {
+    /// The host id of the container's id 0.
+    pub start: u32,
+    /// How many ids.
+    pub count: u32,
+}
+
+/// The ids a server's containers run as: one range of user ids, one of
+/// group ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IdMapping {
+    /// User ids.
+    pub uids: IdRange,
+    /// Group ids.
+    pub gids: IdRange,
+}
+
+/// The range used when neither the operator nor `/etc/subuid` names one:
+/// 65536 ids from 2,000,000,000, far above the ranges `useradd` gives out
+/// (`SUB_UID_MAX` is 600,100,000 by default).
+pub const DEFAULT_RANGE: IdRange = IdRange {
+    start: 2_000_000_000,
+    count: 65536,
+};
+
+/// The user whose `/etc/subuid` and `/etc/subgid` entries, when present,
+/// are the default ranges (as Docker's `userns-remap` takes `dockremap`'s).
+pub const SUBID_USER: &str = "runloop";
+
+impl IdRange {
+    /// The host id of the container's `id`, if the range holds it.
+    pub fn host(&self, id: u32) -> Option<u32> {
+        (id < self.count).then(|| self.start + id)
+    }
+}
+
+/// Why a range is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RangeError {
+    /// Not `START:COUNT`.
+    #[error("{0:?} is not START:COUNT (two numbers, e.g. 2000000000:65536)")]
+    Syntax(String),
+    /// Would map the container's root to the host's.
+    #[error("a range starting at 0 would make the container's root the host's root")]
+    HostRoot,
+    /// Empty, or past the last id.
+    #[error("{start}:{count} is empty or runs past the last id (4294967294)")]
+    Bounds {
+        /// Its start.
+        start: u32,
+        /// Its count.
+        count: u32,
+    },
+}
+
+impl std::str::FromStr for IdRange {
+    type Err = RangeError;
+
+    fn from_str(text: &str) -> Result<IdRange, RangeError> {
+        let syntax = || RangeError::Syntax(text.to_owned());
+        let (start, count) = text.split_once(':').ok_or_else(syntax)?;
+        let start: u32 = start.trim().parse().map_err(|_| syntax())?;
+        let count: u32 = count.trim().parse().map_err(|_| syntax())?;
+        IdRange::checked(start, count)
+    }
+}
+
+impl std::fmt::Display for IdRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.start, self.count)
+    }
+}
+
+impl IdRange {
+    /// `start:count`, if it is a range a container may run as: not the
+    /// host's root, not empty, and below `u32::MAX` (the kernel's "no id").
+    pub fn checked(start: u32, count: u32) -> Result<IdRange, RangeError> {
+        if start == 0 {
+            return Err(RangeError::HostRoot);
+        }
+        if count == 0 || u64::from(start) + u64::from(count) > u64::from(u32::MAX) {
+            return Err(RangeError::Bounds { start, count });
+        }
+        Ok(IdRange { start, count })
+    }
+}
+
+impl IdMapping {
+    /// The same range for users and groups.
+    pub fn both(range: IdRange) -> IdMapping {
+        IdMapping {
+            uids: range,
+            gids: range,
+        }
+    }
+
+    /// The default: [`SUBID_USER`]'s entries in `/etc/subuid` and
+    /// `/etc/subgid` when both have one, else [`DEFAULT_RANGE`] for both.
+    pub fn default_for_host() -> IdMapping {
+        let entry = |file: &str| {
+            std::fs::read_to_string(file)
+                .ok()
+                .and_then(|text| subid_entry(&text, SUBID_USER))
+        };
+        match (entry("/etc/subuid"), entry("/etc/subgid")) {
+            (Some(uids), Some(gids)) => IdMapping { uids, gids },
+            _ => IdMapping::both(DEFAULT_RANGE),
+        }
+    }
+
+    /// The host's own ids, unshifted (for unpacking outside any container).
+    pub const fn identity() -> IdMapping {
+        let all = IdRange {
+            start: 0,
+            count: u32::MAX,
+        };
+        IdMapping {
+            uids: all,
+            gids: all,
+        }
+    }
+
+    /// Whether this is [`IdMapping::identity`].
+    pub fn is_identity(&self) -> bool {
+        *self == IdMapping::identity()
+    }
+}
+
+/// The first range of `user` in a `/etc/subuid`-style text
+/// (`NAME:START:COUNT` lines), if it is one a container may run as.
+pub fn subid_entry(text: &str, user: &str) -> Option<IdRange> {
+    text.lines().find_map(|line| {
+        let mut fields = line.trim().splitn(3, ':');
+        (fields.next()? == user).then_some(())?;
+        let start = fields.next()?.parse().ok()?;
+        let count = fields.next()?.parse().ok()?;
+        IdRange::checked(start, count).ok()
+    })
 }
 
 /// The longest passwd or group file read.
@@ -118,6 +269,54 @@ fn read(rootfs: &Path, path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_parse_and_refuse_the_host_root_and_overflow() {
+        assert_eq!(
+            "100000:65536".parse::<IdRange>(),
+            Ok(IdRange {
+                start: 100_000,
+                count: 65536
+            })
+        );
+        assert_eq!("0:65536".parse::<IdRange>(), Err(RangeError::HostRoot));
+        assert_eq!(
+            "4294967295:1".parse::<IdRange>(),
+            Err(RangeError::Bounds {
+                start: u32::MAX,
+                count: 1
+            })
+        );
+        assert!(matches!(
+            "4294960000:65536".parse::<IdRange>(),
+            Err(RangeError::Bounds { .. })
+        ));
+        assert!(matches!(
+            "100000:0".parse::<IdRange>(),
+            Err(RangeError::Bounds { .. })
+        ));
+        assert!(matches!(
+            "100000".parse::<IdRange>(),
+            Err(RangeError::Syntax(_))
+        ));
+        assert_eq!(
+            RangeError::HostRoot.to_string(),
+            "a range starting at 0 would make the container's root the host's root"
+        );
+        let range = DEFAULT_RANGE;
+        assert_eq!(range.host(0), Some(2_000_000_000));
+        assert_eq!(range.host(65535), Some(2_000_065_535));
+        assert_eq!(range.host(65536), None);
+        assert_eq!(
+            subid_entry("alice:100000:65536\nrunloop:300000:65536\n", "runloop"),
+            Some(IdRange {
+                start: 300_000,
+                count: 65536
+            })
+        );
+        assert_eq!(subid_entry("runloop:0:65536\n", "runloop"), None);
+        assert_eq!(subid_entry("alice:100000:65536\n", "runloop"), None);
+    }
 
     #[test]
     fn users_resolve_by_name_number_and_group() {

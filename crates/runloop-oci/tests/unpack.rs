@@ -330,3 +330,72 @@ fn budgets_bound_bytes_and_entries() {
         unpack::apply(&scratch.root(), layer.as_slice(), &mut budget).expect_err("too many");
     assert_eq!(error.to_string(), "the image has more than 2 entries");
 }
+
+#[test]
+fn owners_are_shifted_into_the_containers_range_and_ids_past_it_refused() {
+    use runloop_oci::user::{IdMapping, IdRange};
+    let range = IdRange::checked(3_000_000, 1000).expect("range");
+    let ids = IdMapping::both(range);
+    let owned = |path: &str, uid: u64, gid: u64| {
+        let mut header = header(path, tar::EntryType::Regular, 1, "", 0o4755);
+        header.set_uid(uid);
+        header.set_gid(gid);
+        header.set_cksum();
+        let mut out = header.as_bytes().to_vec();
+        out.push(b'x');
+        out.resize(out.len().div_ceil(512) * 512 + 1024, 0);
+        out
+    };
+    let scratch = Scratch::new();
+    let mut budget = Budget::new(1 << 20, 1000);
+    // An implied parent directory belongs to the container's root.
+    unpack::apply_as(
+        &scratch.root(),
+        owned("bin/tool", 0, 0).as_slice(),
+        &mut budget,
+        ids,
+    )
+    .expect("applied");
+    unpack::apply_as(
+        &scratch.root(),
+        owned("agent", 999, 7).as_slice(),
+        &mut budget,
+        ids,
+    )
+    .expect("applied");
+    let meta = |path: &str| fs::symlink_metadata(scratch.root().join(path)).expect(path);
+    assert_eq!(
+        (meta("bin/tool").uid(), meta("bin/tool").gid()),
+        (3_000_000, 3_000_000)
+    );
+    assert_eq!(
+        (meta("bin").uid(), meta("bin").gid()),
+        (3_000_000, 3_000_000)
+    );
+    assert_eq!(
+        (meta("agent").uid(), meta("agent").gid()),
+        (3_000_999, 3_000_007)
+    );
+    // The set-id bit survives the shifted chown (it is set after it).
+    assert_eq!(meta("agent").mode() & 0o7777, 0o4755);
+    let error = unpack::apply_as(
+        &scratch.root(),
+        owned("far", 1000, 0).as_slice(),
+        &mut budget,
+        ids,
+    )
+    .expect_err("past the range");
+    assert_eq!(
+        error.to_string(),
+        r#"entry "far" is owned by uid 1000, past the 1000 ids a container has"#
+    );
+    assert!(!scratch.root().join("far").exists());
+    let error = unpack::apply_as(
+        &scratch.root(),
+        owned("far", 0, 5000).as_slice(),
+        &mut budget,
+        ids,
+    )
+    .expect_err("past the range");
+    assert!(error.to_string().contains("owned by gid 5000"), "{error}");
+}

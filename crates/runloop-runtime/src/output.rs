@@ -29,6 +29,39 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+/// Text from outside (a caller, a registry, an agent program) made safe to
+/// write into a line of a text log: every control character — C0 (`\n`,
+/// `\r`, NUL, ESC…), DEL, C1, and the Unicode line and paragraph separators
+/// — written as an escape (`\n`, `\r`, `\t`, else `\u00XX`), as the JSON
+/// log format writes it, so that no value can end a line or start one that
+/// looks like the server's own, nor rewrite a terminal. The text log's
+/// field formatter writes every field and message through it.
+#[derive(Debug, Clone, Copy)]
+pub struct Escaped<'a>(pub &'a str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut rest = self.0;
+        while let Some(at) = rest.find(|c: char| is_escaped(c)) {
+            f.write_str(&rest[..at])?;
+            let c = rest[at..].chars().next().unwrap_or_default();
+            match c {
+                '\n' => f.write_str("\\n")?,
+                '\r' => f.write_str("\\r")?,
+                '\t' => f.write_str("\\t")?,
+                other => write!(f, "\\u{:04x}", u32::from(other))?,
+            }
+            rest = &rest[at + c.len_utf8()..];
+        }
+        f.write_str(rest)
+    }
+}
+
+/// Whether [`Escaped`] writes `c` as an escape.
+fn is_escaped(c: char) -> bool {
+    c.is_control() || c == '\u{2028}' || c == '\u{2029}'
+}
+
 /// The longest stdout or stderr line logged as one; longer ones are split.
 pub const MAX_LINE: usize = 16 << 10;
 
@@ -275,6 +308,25 @@ async fn log_lines(pipe: impl AsyncRead + Unpin, source: Source, stream: &'stati
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escaped_text_holds_no_control_character() {
+        let mut all = String::from("a");
+        for c in (0u32..0x20).chain(0x7f..0xa0).chain([0x2028, 0x2029]) {
+            all.push(char::from_u32(c).expect("a char"));
+        }
+        all.push_str("é\\z");
+        let escaped = Escaped(&all).to_string();
+        assert!(!escaped.chars().any(is_escaped), "{escaped:?}");
+        assert!(escaped.starts_with("a\\u0000\\u0001"), "{escaped}");
+        assert!(escaped.contains("\\t\\n\\u000b\\u000c\\r"), "{escaped}");
+        assert!(
+            escaped.contains("\\u001b") && escaped.contains("\\u009f"),
+            "{escaped}"
+        );
+        assert!(escaped.ends_with("\\u2028\\u2029é\\z"), "{escaped}");
+        assert_eq!(Escaped("plain text").to_string(), "plain text");
+    }
 
     #[test]
     fn a_budget_admits_lines_and_bytes_up_to_its_limit_per_window() {

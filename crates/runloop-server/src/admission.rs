@@ -9,7 +9,7 @@
 //!        ─▶ max_unauthorized connections not yet authorized ─▶ closed at once (TCP)
 //!        ─▶ handshake by handshake_timeout ─▶ authorization by the grace
 //!             at most max_authorization_size (+ the HTTP upgrade) read
-//!        ─▶ authorized: the identity holds max_connections_per_identity
+//!        ─▶ authorized: the tenant holds its max-connections
 //!             ─▶ close code 1013 with a reason
 //! ```
 //!
@@ -21,9 +21,11 @@
 //! allowance, and a ping flood before authorization ends there too. Once
 //! authorized, the configured message limit is the only bound.
 //!
-//! With any credential accepted every caller is the same identity, and
-//! `max_connections` is its limit: the per-identity limit applies only to
-//! token identities.
+//! A tenant's max-connections is its quota or its fair share: half of
+//! `max_connections` at most unless configured otherwise. With any
+//! credential accepted every caller is the same tenant, and
+//! `max_connections` is its limit: the per-tenant limit applies only to
+//! tenants of tokens.
 
 use std::collections::HashMap;
 use std::io;
@@ -37,7 +39,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::identity::Identity;
-use super::shared::Shared;
 use runloop_wire::limits::{Limit, LimitError};
 
 /// How a server admits connections.
@@ -115,11 +116,24 @@ pub(crate) struct Held {
     identities: HashMap<Identity, usize>,
 }
 
+/// What the admission reads and counts in the server it admits to. The
+/// server's shared state implements it; the admission knows nothing else
+/// of the server, so it sits below what it serves.
+pub(crate) trait Gate: Send + Sync + 'static {
+    /// The admission's configuration.
+    fn admission(&self) -> &Admission;
+    /// What the server's connections hold, locked.
+    fn held(&self) -> std::sync::MutexGuard<'_, Held>;
+    /// The most connections `identity` may hold authorized at once, when
+    /// identities are counted (tokens); `None` with any credential.
+    fn connection_share(&self, identity: &Identity) -> Option<usize>;
+}
+
 /// A connection's places: its address's (while it lives), a place among
 /// the connections not yet authorized (until it authorizes), and its
 /// identity's (once authorized). Dropping it gives them back.
 pub(crate) struct Admitted {
-    shared: Arc<Shared>,
+    gate: Arc<dyn Gate>,
     address: Option<IpAddr>,
     unauthorized: bool,
     identity: Option<Identity>,
@@ -131,11 +145,11 @@ impl Admitted {
     /// Takes the places of a connection from `address` (`None` for one
     /// that came some other way than the listener), or says why not.
     pub(crate) fn admit(
-        shared: &Arc<Shared>,
+        gate: Arc<dyn Gate>,
         address: Option<IpAddr>,
     ) -> Result<Admitted, TurnedAway> {
-        let admission = &shared.config.admission;
-        let mut held = shared.admission();
+        let admission = gate.admission();
+        let mut held = gate.held();
         if let Some(address) = address
             && held.addresses.get(&address).copied().unwrap_or(0)
                 >= admission.max_connections_per_address
@@ -149,8 +163,9 @@ impl Admitted {
         if let Some(address) = address {
             *held.addresses.entry(address).or_default() += 1;
         }
+        drop(held);
         Ok(Admitted {
-            shared: Arc::clone(shared),
+            gate,
             address,
             unauthorized: true,
             identity: None,
@@ -167,26 +182,29 @@ impl Admitted {
     pub(crate) fn bounded<S>(&self, io: S) -> Bounded<S> {
         Bounded {
             io,
-            left: self.shared.config.admission.allowance(),
+            left: self.gate.admission().allowance(),
             authorized: Arc::clone(&self.authorized),
         }
     }
 
     /// The connection authorized as `identity`: its place among those not
     /// yet authorized is free, its reads are no longer bounded here, and
-    /// it takes a place of its identity — unless the identity holds as
-    /// many as it may, when the limit is the error.
-    pub(crate) fn authorized(&mut self, identity: &Identity) -> Result<(), (&'static str, usize)> {
-        let limit = self.shared.config.admission.max_connections_per_identity;
-        let mut held = self.shared.admission();
+    /// it takes a place of its tenant — unless the tenant holds as many
+    /// as it may, when its limit is the error.
+    pub(crate) fn authorized(&mut self, identity: &Identity) -> Result<(), usize> {
+        let limit = self.gate.connection_share(identity);
+        let mut held = self.gate.held();
         if self.unauthorized {
             held.unauthorized -= 1;
             self.unauthorized = false;
         }
-        if self.shared.per_identity {
+        if let Some(limit) = limit {
             let count = held.identities.entry(identity.clone()).or_default();
             if *count >= limit {
-                return Err(("max_connections_per_identity", limit));
+                if *count == 0 {
+                    held.identities.remove(identity);
+                }
+                return Err(limit);
             }
             *count += 1;
             self.identity = Some(identity.clone());
@@ -199,7 +217,7 @@ impl Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut held = self.shared.admission();
+        let mut held = self.gate.held();
         if self.unauthorized {
             held.unauthorized -= 1;
         }

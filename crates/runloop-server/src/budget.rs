@@ -1,44 +1,56 @@
 //! The run budget: how many runs the server holds at once, how much memory
-//! they may claim together, and the most one run may claim.
+//! and disk they may claim together, and the most one run may claim; and
+//! the same for each tenant, whose share is fixed (protocol §12 "Fair
+//! shares").
 //!
 //! A run's `memory` and `disk` are the caller's numbers (protocol §5), and
 //! the runtime holds the agent to them; left at that, one caller could ask
 //! for 2^64−1 bytes, or start as many runs as its connections allow, each
 //! with its processes. So before a run starts it is admitted here, and the
-//! [`Claim`] it gets is held until its container has stopped:
+//! [`Claim`] it gets is held until its container has stopped. The tenant's
+//! limits are looked at first, so that a refusal names the tenant's limit
+//! when that is what was hit:
 //!
 //! ```text
 //! memory > max_run_memory, disk > max_run_disk        refused, always
+//! memory > the tenant's max-run-memory                refused, always
+//! the tenant's runs = its max-runs                    refused, try again later
+//! the tenant's memory + memory > its memory-budget    refused, try again later
+//! the tenant's disk + disk > its disk-budget          refused, try again later
 //! runs held = max_runs                                refused, try again later
-//! this identity's runs = max_runs_per_identity        refused, try again later
 //! memory claimed + memory > memory_budget             refused, try again later
+//! disk claimed + disk > disk_budget                   refused, try again later
 //! ```
+//!
+//! A tenant's share is a fixed cap, not borrowed while the others are
+//! idle: unless configured otherwise it is half of each server-wide
+//! budget (see [`Quota`](super::Quota)), so one tenant can never make the
+//! server refuse every other.
 //!
 //! Each refusal is the run's error response (kind `policy`), naming the
 //! limit and its value.
 //!
-//! A run's loops are bounded by `max_channels` each, but an identity with
+//! A run's loops are bounded by `max_channels` each, but a tenant with
 //! many runs could still hold many loops, each with its relay task and its
 //! proxy path; so a loop, too, is admitted before its relay starts, and
 //! its [`LoopClaim`] is held until its channel's finish:
 //!
 //! ```text
-//! this identity's loops = max_loops_per_identity      refused, try again later
+//! the tenant's loops = its max-loops                  refused, try again later
 //! ```
 //!
 //! The refusal is the channel's error and finish (protocol §7: no loop
 //! ran), kind `policy`, naming the limit. With any credential accepted
-//! every caller is the same identity, and the server-wide limits are its
-//! limits: the per-identity ones apply only to token identities.
+//! every caller is the same tenant, and the server-wide limits are its
+//! limits: the per-tenant ones apply only to tenants of tokens.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use runloop_proto::{ErrorKind, ErrorValue};
 
 use super::admission::release;
-use super::identity::Identity;
-use super::shared::Shared;
+use super::identity::{Identity, Shares};
 use runloop_wire::limits::{Limit, LimitError};
 
 /// Runs held at once unless configured otherwise.
@@ -53,6 +65,8 @@ pub const DEFAULT_MAX_RUN_DISK: u64 = 16 << 30;
 pub const DEFAULT_MAX_LOOPS_PER_IDENTITY: usize = DEFAULT_MAX_RUNS / 4 * 2;
 /// The memory budget when the machine's memory cannot be read: 4 GiB.
 const FALLBACK_MEMORY_BUDGET: u64 = 4 << 30;
+/// The disk budget when the filesystem's size cannot be read: 64 GiB.
+const FALLBACK_DISK_BUDGET: u64 = 64 << 30;
 
 /// What runs may claim, each and together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,12 +87,15 @@ pub struct RunBudget {
     /// The most the `memory` of every run held may add up to, bytes. At
     /// least [`Limit::MIN_RUN_MEMORY`].
     pub memory_budget: u64,
+    /// The most the `disk` of every run held may add up to, bytes. At
+    /// least [`Limit::MIN_RUN_MEMORY`].
+    pub disk_budget: u64,
 }
 
 impl Default for RunBudget {
     /// [`DEFAULT_MAX_RUNS`], a quarter of them per identity,
     /// [`DEFAULT_MAX_LOOPS_PER_IDENTITY`], the default per-run maximums,
-    /// and [`default_memory_budget`].
+    /// [`default_memory_budget`] and the [`default_disk_budget`] of `/`.
     fn default() -> Self {
         RunBudget {
             max_runs: DEFAULT_MAX_RUNS,
@@ -87,6 +104,7 @@ impl Default for RunBudget {
             max_run_memory: DEFAULT_MAX_RUN_MEMORY,
             max_run_disk: DEFAULT_MAX_RUN_DISK,
             memory_budget: default_memory_budget(),
+            disk_budget: default_disk_budget(std::path::Path::new("/")),
         }
     }
 }
@@ -99,8 +117,35 @@ impl RunBudget {
         Limit::MaxRunsPerIdentity.check(self.max_runs_per_identity as u64)?;
         Limit::MaxLoopsPerIdentity.check(self.max_loops_per_identity as u64)?;
         Limit::MaxRunMemory.check(self.max_run_memory)?;
-        Limit::MemoryBudget.check(self.memory_budget)
+        Limit::MemoryBudget.check(self.memory_budget)?;
+        Limit::DiskBudget.check(self.disk_budget)
     }
+}
+
+/// Three quarters of the size of the filesystem that holds `path` (or,
+/// when it does not exist yet, its nearest ancestor that does), leaving
+/// the rest to the images, logs and the system; 64 GiB where it cannot be
+/// read.
+pub fn default_disk_budget(path: &std::path::Path) -> u64 {
+    filesystem_size(path).map_or(FALLBACK_DISK_BUDGET, |total| total / 4 * 3)
+}
+
+/// The size in bytes of the filesystem that holds `path` or its nearest
+/// existing ancestor.
+fn filesystem_size(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let name = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `name` is a NUL-terminated path and `stat` is written by
+    // statvfs(3) before it is read, only when it succeeds.
+    let stat = unsafe {
+        if libc::statvfs(name.as_ptr(), stat.as_mut_ptr()) != 0 {
+            return None;
+        }
+        stat.assume_init()
+    };
+    stat.f_blocks.checked_mul(stat.f_frsize)
 }
 
 /// Three quarters of the machine's memory (`MemTotal` in /proc/meminfo),
@@ -131,28 +176,61 @@ fn mem_total(meminfo: &str) -> Option<u64> {
 pub(crate) struct Claimed {
     runs: usize,
     memory: u64,
-    per_identity: HashMap<Identity, usize>,
+    disk: u64,
+    tenants: HashMap<Identity, TenantClaimed>,
     loops_per_identity: HashMap<Identity, usize>,
 }
 
+impl Claimed {
+    /// Loops held by tenants that are counted, over all of them (what the
+    /// tests check comes back to zero).
+    #[cfg(test)]
+    pub(crate) fn loops_held(&self) -> usize {
+        self.loops_per_identity.values().sum()
+    }
+}
+
+/// What one tenant's runs claim.
+#[derive(Debug, Default, Clone, Copy)]
+struct TenantClaimed {
+    runs: usize,
+    memory: u64,
+    disk: u64,
+}
+
+/// What the run budget reads and counts in the server it admits runs to.
+/// The server's shared state implements it; the budget knows nothing else
+/// of the server, so it sits below what it serves.
+pub(crate) trait Ledger: Send + Sync + 'static {
+    /// The server-wide budget.
+    fn budget(&self) -> &RunBudget;
+    /// What the runs and loops held claim, locked.
+    fn claimed(&self) -> MutexGuard<'_, Claimed>;
+    /// What `identity`'s tenant may hold, when tenants are counted (tokens);
+    /// `None` with any credential accepted.
+    fn shares(&self, identity: &Identity) -> Option<Shares>;
+}
+
 /// A run's admission, held until its container has stopped; dropping it
-/// gives its place and its memory back.
+/// gives its place, its memory and its disk back.
 pub(crate) struct Claim {
-    shared: Arc<Shared>,
+    ledger: Arc<dyn Ledger>,
     identity: Option<Identity>,
     memory: u64,
+    disk: u64,
 }
 
 impl Claim {
     /// Admits a run asking for `memory` and `disk`, served as `identity`,
-    /// or says which limit refuses it.
+    /// or says which limit refuses it: the tenant's, when that is what
+    /// was hit, or the server's.
     pub(crate) fn admit(
-        shared: &Arc<Shared>,
+        ledger: Arc<dyn Ledger>,
         identity: &Identity,
         memory: u64,
         disk: u64,
     ) -> Result<Claim, ErrorValue> {
-        let budget = &shared.config.budget;
+        let budget = ledger.budget();
         let refuse = |why: String| Err(ErrorValue::kind(ErrorKind::Policy, why));
         if memory > budget.max_run_memory {
             return refuse(format!(
@@ -166,23 +244,47 @@ impl Claim {
                 budget.max_run_disk
             ));
         }
-        let per_identity = shared.per_identity.then(|| identity.clone());
-        let mut claimed = shared.claimed();
+        let shares = ledger.shares(identity);
+        let per_identity = shares.is_some().then(|| identity.clone());
+        if let Some(shares) = &shares
+            && memory > shares.max_run_memory
+        {
+            return refuse(format!(
+                "memory {memory} is over tenant {identity}'s largest run memory \
+                 (max-run-memory {} bytes)",
+                shares.max_run_memory
+            ));
+        }
+        let mut claimed = ledger.claimed();
+        if let (Some(identity), Some(shares)) = (&per_identity, &shares) {
+            let held = claimed.tenants.get(identity).copied().unwrap_or_default();
+            if held.runs >= shares.max_runs {
+                return refuse(format!(
+                    "tenant {identity} holds as many runs as it may (max-runs {}); \
+                     try again later",
+                    shares.max_runs
+                ));
+            }
+            if held.memory.saturating_add(memory) > shares.memory_budget {
+                return refuse(format!(
+                    "memory {memory} does not fit tenant {identity}'s memory budget: its runs \
+                     hold {} of memory-budget {} bytes; try again later",
+                    held.memory, shares.memory_budget
+                ));
+            }
+            if held.disk.saturating_add(disk) > shares.disk_budget {
+                return refuse(format!(
+                    "disk {disk} does not fit tenant {identity}'s disk budget: its runs \
+                     hold {} of disk-budget {} bytes; try again later",
+                    held.disk, shares.disk_budget
+                ));
+            }
+        }
         if claimed.runs >= budget.max_runs {
             return refuse(format!(
                 "this server holds as many runs as it may (max_runs {}); try again later",
                 budget.max_runs
             ));
-        }
-        if let Some(identity) = &per_identity {
-            let held = claimed.per_identity.get(identity).copied().unwrap_or(0);
-            if held >= budget.max_runs_per_identity {
-                return refuse(format!(
-                    "{identity} holds as many runs as one identity may (max_runs_per_identity {}); \
-                     try again later",
-                    budget.max_runs_per_identity
-                ));
-            }
         }
         if claimed.memory.saturating_add(memory) > budget.memory_budget {
             return refuse(format!(
@@ -191,51 +293,76 @@ impl Claim {
                 claimed.memory, budget.memory_budget
             ));
         }
+        if claimed.disk.saturating_add(disk) > budget.disk_budget {
+            return refuse(format!(
+                "disk {disk} does not fit this server's disk budget: runs hold {} of \
+                 disk_budget {} bytes; try again later",
+                claimed.disk, budget.disk_budget
+            ));
+        }
         claimed.runs += 1;
         claimed.memory += memory;
+        claimed.disk += disk;
         if let Some(identity) = &per_identity {
-            *claimed.per_identity.entry(identity.clone()).or_default() += 1;
+            let held = claimed.tenants.entry(identity.clone()).or_default();
+            held.runs += 1;
+            held.memory += memory;
+            held.disk += disk;
         }
         drop(claimed);
         Ok(Claim {
-            shared: Arc::clone(shared),
+            ledger,
             identity: per_identity,
             memory,
+            disk,
         })
     }
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut claimed = self.shared.claimed();
+        let mut claimed = self.ledger.claimed();
         claimed.runs -= 1;
         claimed.memory -= self.memory;
-        if let Some(identity) = &self.identity {
-            release(&mut claimed.per_identity, identity);
+        claimed.disk -= self.disk;
+        if let Some(identity) = &self.identity
+            && let Some(held) = claimed.tenants.get_mut(identity)
+        {
+            held.runs -= 1;
+            held.memory -= self.memory;
+            held.disk -= self.disk;
+            if held.runs == 0 {
+                claimed.tenants.remove(identity);
+            }
         }
     }
 }
 
 /// A run-loop channel's admission, held until its finish; dropping it
-/// gives its identity's place back.
+/// gives its tenant's place back.
 pub(crate) struct LoopClaim {
-    /// The server and the identity, when identities are tokens; with any
-    /// credential accepted nothing is counted.
-    held: Option<(Arc<Shared>, Identity)>,
+    /// The tenant it is served as, whose figures count its chunks.
+    pub(crate) identity: Identity,
+    /// The server, when tenants are of tokens and the loop is counted;
+    /// with any credential accepted nothing is counted.
+    held: Option<Arc<dyn Ledger>>,
 }
 
 impl LoopClaim {
     /// Admits a loop of a run served as `identity`, or says that its
-    /// identity holds as many as it may.
+    /// tenant holds as many as it may.
     pub(crate) fn admit(
-        shared: &Arc<Shared>,
+        ledger: Arc<dyn Ledger>,
         identity: &Identity,
     ) -> Result<LoopClaim, ErrorValue> {
-        if !shared.per_identity {
-            return Ok(LoopClaim { held: None });
-        }
-        let limit = shared.config.budget.max_loops_per_identity;
-        let mut claimed = shared.claimed();
+        let Some(shares) = ledger.shares(identity) else {
+            return Ok(LoopClaim {
+                identity: identity.clone(),
+                held: None,
+            });
+        };
+        let limit = shares.max_loops;
+        let mut claimed = ledger.claimed();
         let held = claimed
             .loops_per_identity
             .get(identity)
@@ -245,8 +372,8 @@ impl LoopClaim {
             return Err(ErrorValue::kind(
                 ErrorKind::Policy,
                 format!(
-                    "{identity} holds as many loops as one identity may \
-                     (max_loops_per_identity {limit}); try again later"
+                    "tenant {identity} holds as many loops as it may \
+                     (max-loops {limit}); try again later"
                 ),
             ));
         }
@@ -256,15 +383,16 @@ impl LoopClaim {
             .or_default() += 1;
         drop(claimed);
         Ok(LoopClaim {
-            held: Some((Arc::clone(shared), identity.clone())),
+            identity: identity.clone(),
+            held: Some(ledger),
         })
     }
 }
 
 impl Drop for LoopClaim {
     fn drop(&mut self) {
-        if let Some((shared, identity)) = &self.held {
-            release(&mut shared.claimed().loops_per_identity, identity);
+        if let Some(ledger) = &self.held {
+            release(&mut ledger.claimed().loops_per_identity, &self.identity);
         }
     }
 }
@@ -272,9 +400,6 @@ impl Drop for LoopClaim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ServerConfig;
-    use crate::identity::Credentials;
-    use runloop_runtime::Catalog;
 
     #[test]
     fn mem_total_is_read_in_bytes() {
@@ -282,51 +407,6 @@ mod tests {
         assert_eq!(mem_total(meminfo), Some(24684092 * 1024));
         assert_eq!(mem_total("MemFree: 1 kB\n"), None);
         assert_eq!(mem_total("MemTotal: lots\n"), None);
-    }
-
-    /// A server's shared state with `credentials` and at most two loops
-    /// per identity.
-    fn two_loops_each(credentials: Credentials) -> Arc<Shared> {
-        let mut config = ServerConfig::new(credentials, Catalog::new());
-        config.budget.max_loops_per_identity = 2;
-        Arc::new(Shared::new(config))
-    }
-
-    #[test]
-    fn a_token_holds_its_loops_up_to_the_limit_and_gets_them_back() {
-        let shared = two_loops_each(Credentials::Tokens(vec!["a".into(), "b".into()]));
-        let accept = |token| shared.config.credentials.accept(token).expect("a token");
-        let (alice, bob) = (accept("a"), accept("b"));
-        let held = [
-            LoopClaim::admit(&shared, &alice).expect("alice's first"),
-            LoopClaim::admit(&shared, &alice).expect("alice's second"),
-        ];
-        let refused = LoopClaim::admit(&shared, &alice)
-            .err()
-            .expect("alice's third");
-        assert_eq!(refused.0["kind"], "policy");
-        assert_eq!(
-            refused.0["error"],
-            "token #1 holds as many loops as one identity may (max_loops_per_identity 2); \
-             try again later"
-        );
-        let bobs = LoopClaim::admit(&shared, &bob).expect("bob's");
-        let [first, second] = held;
-        drop(first);
-        let again = LoopClaim::admit(&shared, &alice).expect("alice's place is back");
-        drop((second, again, bobs));
-        assert!(shared.claimed().loops_per_identity.is_empty());
-    }
-
-    #[test]
-    fn without_tokens_loops_are_not_counted_per_identity() {
-        let shared = two_loops_each(Credentials::Any);
-        let anyone = shared.config.credentials.accept("").expect("any");
-        let held: Vec<LoopClaim> = (0..3)
-            .map(|_| LoopClaim::admit(&shared, &anyone).expect("not limited"))
-            .collect();
-        assert!(shared.claimed().loops_per_identity.is_empty());
-        drop(held);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The server's configuration: which credentials it accepts
-//! ([`Credentials`]), its limits (protocol §3, §12), and its TLS.
+//! The server's configuration: the credentials it accepts
+//! ([`super::identity`]), its limits (protocol §3, §12), and its TLS.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,10 +65,39 @@ impl ServerConfig {
     /// the server can serve an ordinary caller; the first that is not is
     /// the error. [`Server::bind`](super::Server::bind) refuses a configuration that fails this.
     pub fn validate(&self) -> Result<(), LimitError> {
-        self.limits.validate()?;
-        Limit::MaxConnections.check(self.max_connections as u64)?;
-        Limit::check_grace(self.authorization_grace)?;
-        self.admission.validate()?;
-        self.budget.validate()
+        match self.faults().into_iter().next() {
+            Some(fault) => Err(fault),
+            None => Ok(()),
+        }
+    }
+
+    /// Every limit below its minimum, in the order [`validate`](Self::validate)
+    /// looks at them: what a check of the configuration reports at once.
+    pub fn faults(&self) -> Vec<LimitError> {
+        let (limits, admission, budget) = (&self.limits, &self.admission, &self.budget);
+        [
+            Limit::MaxMessageSize.check(limits.max_message_size as u64),
+            Limit::MaxScopes.check(limits.max_scopes as u64),
+            Limit::MaxChannels.check(limits.max_channels as u64),
+            Limit::MaxQueuedResponses.check(limits.max_queued_responses as u64),
+            Limit::MaxQueuedBytes.check(limits.max_queued_bytes as u64),
+            Limit::MaxConnectionQueuedBytes.check(limits.max_connection_queued_bytes as u64),
+            Limit::MaxConnections.check(self.max_connections as u64),
+            Limit::check_grace(self.authorization_grace),
+            Limit::MaxUnauthorized.check(admission.max_unauthorized as u64),
+            Limit::MaxConnectionsPerAddress.check(admission.max_connections_per_address as u64),
+            Limit::MaxConnectionsPerIdentity.check(admission.max_connections_per_identity as u64),
+            Limit::HandshakeTimeout.check_duration(admission.handshake_timeout),
+            Limit::MaxAuthorizationSize.check(admission.max_authorization_size as u64),
+            Limit::MaxRuns.check(budget.max_runs as u64),
+            Limit::MaxRunsPerIdentity.check(budget.max_runs_per_identity as u64),
+            Limit::MaxLoopsPerIdentity.check(budget.max_loops_per_identity as u64),
+            Limit::MaxRunMemory.check(budget.max_run_memory),
+            Limit::MemoryBudget.check(budget.memory_budget),
+            Limit::DiskBudget.check(budget.disk_budget),
+        ]
+        .into_iter()
+        .filter_map(Result::err)
+        .collect()
     }
 }

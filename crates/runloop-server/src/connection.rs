@@ -61,7 +61,7 @@ use super::outbox::{Order, Outbox, ScopeOutbox, ServerTable, Serving};
 use super::pings::{Flood, Pings};
 use super::scope::{self, Run};
 use super::shared::{Held, Shared, Stats};
-use runloop_metrics::AuthorizationRefusal;
+use runloop_metrics::{AuthorizationRefusal, TenantFigures};
 use runloop_wire::writer::{self, CLOSE_GRACE, Place, write_frames};
 
 /// What a connection can run over: a TCP stream, or anything else that
@@ -160,20 +160,21 @@ pub(crate) async fn serve(
             },
             () = shared.shutdown.cancelled() => return close_without_frame(sink, stream).await,
         };
-        if let Err((limit, value)) = admitted.authorized(&identity) {
+        if let Err(limit) = admitted.authorized(&identity) {
             shared.stats.turned_away.fetch_add(1, Ordering::Relaxed);
+            TenantFigures::add(&identity.figures.connections_refused, 1);
             if logged() {
-                warn!(%identity, limit, value, "turned away: the identity holds as many connections as it may");
+                warn!(tenant = %identity, max_connections = limit, "turned away: the tenant holds as many connections as it may");
             }
             let reason = format!(
-                "{identity} holds as many connections as one identity may ({limit} {value}); try again later"
+                "tenant {identity} holds as many connections as it may (max-connections {limit}); try again later"
             );
             if let Ok(ws) = sink.reunite(stream) {
                 close_with(ws, CloseCode::Again, reason).await;
             }
             return;
         }
-        info!(%identity, "authorized");
+        info!(tenant = %identity, "authorized");
         serve_authorized(sink, stream, shared, table, identity, number).await;
     }
     .instrument(span)
@@ -238,8 +239,6 @@ async fn authorize(
     let frame_type = frame.frame_type();
     match table.received(frame) {
         Serve::Authorization(authorization) => shared
-            .config
-            .credentials
             .accept(authorization.credential())
             .ok_or(Refused::Credential),
         Serve::Violation(why) => Err(Refused::Violation(why)),
@@ -299,6 +298,23 @@ async fn turn_away(io: impl Io, shared: &Shared, deadline: tokio::time::Instant,
     let reason =
         format!("the server is serving as many connections as it may ({limit}); try again later");
     close_with(ws, CloseCode::Again, reason).await;
+}
+
+/// Tells a caller turned away at accept (its address's limit, or as many
+/// connections authorizing as may be) why: the WebSocket handshake by
+/// `deadline`, then close code 1013 (try again later) with `reason`. It
+/// holds no place of the admission; the listener bounds how many such
+/// refusals are under way at once.
+pub(crate) async fn refuse(
+    io: impl Io,
+    shared: &Shared,
+    deadline: tokio::time::Instant,
+    reason: &str,
+) {
+    let Some(ws) = handshake(io, shared, deadline, || false).await else {
+        return;
+    };
+    close_with(ws, CloseCode::Again, reason.to_owned()).await;
 }
 
 /// Ends a connection that was refused at authorization: a close with

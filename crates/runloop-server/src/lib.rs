@@ -25,7 +25,7 @@
 //!                 frames counted; pings.rs its budget of control frames
 //! refusal_log.rs  refusal lines, rate limited per address
 //! mod.rs          the listener, the handle; config.rs and shared.rs what
-//!                 every connection shares
+//!                 every connection shares; identity.rs who it is served as
 //! ```
 //!
 //! Calls go one way, from the listener down to the relay: a connection
@@ -93,14 +93,18 @@ use tracing::{info, warn};
 pub use admission::Admission;
 pub use budget::{
     DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
-    RunBudget, default_memory_budget,
+    RunBudget, default_disk_budget, default_memory_budget,
 };
 pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
-pub use identity::{Credentials, Identity};
+pub use identity::Shares;
+pub use identity::{
+    ANONYMOUS, Credentials, Identity, Quota, Tenant, TenantError, Tenants, TokenHash,
+    TokenHashError,
+};
 pub use runloop_metrics::StatsSnapshot;
-pub use shared::Stats;
+pub use shared::{PerIdentity, Stats, TenantChange};
 
-use self::admission::Admitted;
+use self::admission::{Admitted, TurnedAway};
 use self::shared::Shared;
 use runloop_metrics::{Reload, TlsFailure};
 use runloop_wire::limits::LimitError;
@@ -115,6 +119,9 @@ pub enum BindError {
     /// A limit of the configuration is below its minimum.
     #[error("the server's configuration would serve nobody: {0}")]
     Limit(#[source] LimitError),
+    /// The tenants do not validate.
+    #[error("the server's tenants cannot be served: {0}")]
+    Tenants(#[source] TenantError),
     /// The address could not be listened on.
     #[error("cannot listen: {0}")]
     Listen(#[source] io::Error),
@@ -139,6 +146,9 @@ impl Server {
     /// Checks the configuration ([`ServerConfig::validate`]) and binds `addr`.
     pub async fn bind(addr: impl ToSocketAddrs, config: ServerConfig) -> Result<Server, BindError> {
         config.validate().map_err(BindError::Limit)?;
+        if let Some(tenants) = config.credentials.tenants() {
+            tenants.validate().map_err(BindError::Tenants)?;
+        }
         let listener = TcpListener::bind(addr).await.map_err(BindError::Listen)?;
         let addr = listener.local_addr().map_err(BindError::Listen)?;
         let shared = Arc::new(Shared::new(config));
@@ -182,12 +192,35 @@ impl Server {
         let handshakes = Arc::new(Semaphore::new(
             shared.config.max_connections.min(Semaphore::MAX_PERMITS),
         ));
+        // Callers turned away at accept that are being told why, at most
+        // REFUSALS at once; past that they are closed at once.
+        let refusals = Arc::new(Semaphore::new(REFUSALS));
         // A shutdown cancels the drain too: either stops the accepting.
         let accepting = listener::accept_until(&listener, &shared.draining, |tcp, peer| {
-            let admitted = match Admitted::admit(&shared, Some(peer.ip())) {
+            let admitted = match Admitted::admit(shared.clone(), Some(peer.ip())) {
                 Ok(admitted) => admitted,
-                // Dropped: closed at once, nothing of it read.
-                Err(why) => return shared.closed_at_accept(peer, Some(peer.ip()), why),
+                Err(why) => {
+                    shared.closed_at_accept(peer, Some(peer.ip()), why);
+                    // Dropped (closed at once, nothing of it read), unless
+                    // it was turned away for others' sake (as many
+                    // connections authorizing as may be) and a refusal place
+                    // is free: that caller is told why. One over its own
+                    // address's limit is not given a handshake more.
+                    if why == TurnedAway::Unauthorized
+                        && let Ok(place) = Arc::clone(&refusals).try_acquire_owned()
+                    {
+                        let reason = "too many connections are authorizing; try again later";
+                        let acceptor = shared.config.tls.as_ref().map(|tls| tls.acceptor());
+                        shared.tasks.spawn(refuse(
+                            (tcp, peer),
+                            acceptor,
+                            Arc::clone(&shared),
+                            place,
+                            reason,
+                        ));
+                    }
+                    return;
+                }
             };
             let for_task = Arc::clone(&shared);
             match &shared.config.tls {
@@ -317,6 +350,26 @@ impl ServerHandle {
         reloaded.map(|()| true)
     }
 
+    /// Replaces the server's tenants, their tokens and quotas, from the
+    /// next authorization and the next run or loop on: a removed token's
+    /// open connections keep running, new ones are refused. Returns what
+    /// changed, a line each (tenant names, counts of tokens and shares,
+    /// never a token); an error changes nothing. `per_identity` replaces
+    /// the configuration's per-identity limits for what a tenant leaves
+    /// out.
+    pub fn set_tenants(
+        &self,
+        tenants: Tenants,
+        per_identity: PerIdentity,
+    ) -> Result<Vec<String>, TenantChange> {
+        self.shared.set_tenants(tenants, per_identity)
+    }
+
+    /// Each tenant's shares, by name (none when any credential is accepted).
+    pub fn tenant_shares(&self) -> Vec<(String, Shares)> {
+        self.shared.all_shares()
+    }
+
     /// Serves one caller's connection that reached the server some other way
     /// than its listener: any byte stream, from the WebSocket handshake on
     /// (an in-memory pipe in tests and fuzzing, a socket accepted elsewhere).
@@ -337,7 +390,7 @@ impl ServerHandle {
     {
         let shared = Arc::clone(&self.shared);
         self.shared.tasks.spawn(async move {
-            match Admitted::admit(&shared, None) {
+            match Admitted::admit(shared.clone(), None) {
                 Ok(admitted) => connection::serve(io, peer, shared, admitted).await,
                 Err(why) => shared.closed_at_accept(peer, None, why),
             }
@@ -364,15 +417,42 @@ impl runloop_metrics::admin::Watched for ServerHandle {
     }
 }
 
-/// The TLS handshake of a listener's connection, within the authorization
-/// grace, holding a handshake `place`; then the connection is served.
-async fn serve_tls(
+/// Refusal handshakes under way at once (see [`refuse`]).
+const REFUSALS: usize = 32;
+
+/// Tells a caller turned away at accept why, in a close frame (1013 and
+/// `reason`) after its TLS and WebSocket handshakes, both by one handshake
+/// timeout, holding a refusal `place`.
+async fn refuse(
     (tcp, peer): (TcpStream, SocketAddr),
-    acceptor: tokio_rustls::TlsAcceptor,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
     shared: Arc<Shared>,
     place: tokio::sync::OwnedSemaphorePermit,
-    admitted: Admitted,
+    reason: &'static str,
 ) {
+    let _place = place;
+    let started = tokio::time::Instant::now();
+    let deadline = started + shared.config.admission.handshake_timeout;
+    match acceptor {
+        None => connection::refuse(tcp, &shared, deadline, reason).await,
+        Some(acceptor) => {
+            let Some(tls) = tls_handshake(tcp, peer, &acceptor, &shared).await else {
+                return;
+            };
+            connection::refuse(tls, &shared, deadline, reason).await;
+        }
+    }
+}
+
+/// A listener connection's TLS handshake, within the handshake timeout
+/// (and the authorization grace), counted and logged when it fails; `None`
+/// then, or when the server shuts down first.
+async fn tls_handshake(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: &tokio_rustls::TlsAcceptor,
+    shared: &Shared,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     // The TLS handshake is part of the handshake a connection must finish
     // before it may authorize: an unauthorized caller holds its admission
     // place no longer over TLS than over plain TCP.
@@ -382,12 +462,11 @@ async fn serve_tls(
         .handshake_timeout
         .min(shared.config.authorization_grace);
     let accepted = tokio::select! {
-        accepted = tokio::time::timeout(deadline, transport::accept(tcp, &acceptor)) => accepted,
-        () = shared.shutdown.cancelled() => return,
+        accepted = tokio::time::timeout(deadline, transport::accept(tcp, acceptor)) => accepted,
+        () = shared.shutdown.cancelled() => return None,
     };
-    drop(place);
     match accepted {
-        Ok(Ok(tls)) => connection::serve(tls, peer, shared, admitted).await,
+        Ok(Ok(tls)) => return Some(tls),
         Ok(Err(error)) => {
             shared.metrics.tls_failures.inc(match error {
                 AcceptError::Plaintext => TlsFailure::Plaintext,
@@ -400,6 +479,23 @@ async fn serve_tls(
             shared.metrics.tls_failures.inc(TlsFailure::Timeout);
             info!(%peer, ?deadline, "no TLS handshake within the handshake timeout");
         }
+    }
+    None
+}
+
+/// The TLS handshake of a listener's connection, holding a handshake
+/// `place`; then the connection is served.
+async fn serve_tls(
+    (tcp, peer): (TcpStream, SocketAddr),
+    acceptor: tokio_rustls::TlsAcceptor,
+    shared: Arc<Shared>,
+    place: tokio::sync::OwnedSemaphorePermit,
+    admitted: Admitted,
+) {
+    let tls = tls_handshake(tcp, peer, &acceptor, &shared).await;
+    drop(place);
+    if let Some(tls) = tls {
+        connection::serve(tls, peer, shared, admitted).await;
     }
 }
 
@@ -427,6 +523,7 @@ mod tests {
             Limit::MaxLoopsPerIdentity,
             Limit::MaxRunMemory,
             Limit::MemoryBudget,
+            Limit::DiskBudget,
             Limit::MaxUnauthorized,
             Limit::MaxConnectionsPerAddress,
             Limit::MaxConnectionsPerIdentity,
@@ -453,6 +550,7 @@ mod tests {
                 Limit::MaxLoopsPerIdentity => config.budget.max_loops_per_identity = 0,
                 Limit::MaxRunMemory => config.budget.max_run_memory = Limit::MIN_RUN_MEMORY - 1,
                 Limit::MemoryBudget => config.budget.memory_budget = 0,
+                Limit::DiskBudget => config.budget.disk_budget = Limit::MIN_RUN_MEMORY - 1,
                 Limit::MaxUnauthorized => config.admission.max_unauthorized = 0,
                 Limit::MaxConnectionsPerAddress => {
                     config.admission.max_connections_per_address = 0;
@@ -501,6 +599,7 @@ mod tests {
             max_run_memory: Limit::MIN_RUN_MEMORY,
             max_run_disk: 0,
             memory_budget: Limit::MIN_RUN_MEMORY,
+            disk_budget: Limit::MIN_RUN_MEMORY,
         };
         assert!(Server::bind("127.0.0.1:0", least).await.is_ok());
     }

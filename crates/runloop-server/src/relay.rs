@@ -43,10 +43,11 @@ use tokio_tungstenite::tungstenite::Message;
 use tracing::debug;
 
 use super::budget::LoopClaim;
+use super::identity::Identity;
 use super::outbox::ChannelOutbox;
 use super::proxy_path::{self, Path};
 use super::shared::{Held, Shared, Stats};
-use runloop_metrics::{LoopOutcome, ProxyFault, ServerMetrics, may_be_fatal};
+use runloop_metrics::{LoopOutcome, ProxyFault, ServerMetrics, TenantFigures, may_be_fatal};
 use runloop_wire::limits::Limits;
 use runloop_wire::writer::{Direct, FrameBytes};
 
@@ -70,6 +71,9 @@ struct Forwarded {
     last: Option<Bytes>,
     /// Chunks and bytes not yet added to the server's counts.
     pending: (u64, u64),
+    /// The counts of the tenant the loop is served as, added with the
+    /// server's.
+    tenant: Option<Arc<TenantFigures>>,
 }
 
 /// Chunks a relay forwards before it adds them to the server's counts.
@@ -95,6 +99,10 @@ impl Forwarded {
         let (chunks, bytes) = std::mem::take(&mut self.pending);
         metrics.chunks.inc_by(chunks);
         metrics.bytes.inc_by(bytes);
+        if let Some(tenant) = &self.tenant {
+            TenantFigures::add(&tenant.chunks, chunks);
+            TenantFigures::add(&tenant.bytes, bytes);
+        }
     }
 }
 
@@ -119,7 +127,11 @@ pub(crate) async fn serve(
     let relaying = Held::new(&shared, |s: &Stats| &s.relays);
     let mut last = Vec::new();
     let mut open = None;
-    let mut forwarded = Forwarded::default();
+    let tenant = Arc::clone(&claim.identity.figures);
+    let mut forwarded = Forwarded {
+        tenant: Some(Arc::clone(&tenant)),
+        ..Forwarded::default()
+    };
     let finish = relay(
         &shared,
         &outbox,
@@ -140,6 +152,7 @@ pub(crate) async fn serve(
         .and_then(|payload| payload.get(1..));
     let outcome = LoopOutcome::of(forwarded.chunks, !last.is_empty(), last_chunk);
     shared.metrics.loops.inc(outcome);
+    TenantFigures::add(&tenant.loops, 1);
     if !last.is_empty() {
         outbox.respond_last(&last);
     }
@@ -490,11 +503,18 @@ async fn ended(mut ending: watch::Receiver<Option<ErrorValue>>) -> ErrorValue {
 /// Ends a run-loop channel that is not relayed (its identity holds as many
 /// loops as it may) with `error`: the error and the finish, "no loop ran"
 /// (protocol §7), counted as such.
-pub(crate) fn refuse(shared: &Shared, outbox: ChannelOutbox, error: ErrorValue) {
+pub(crate) fn refuse(
+    shared: &Shared,
+    identity: &Identity,
+    outbox: ChannelOutbox,
+    error: ErrorValue,
+) {
     let mut last = Vec::new();
     let finish = Relay::new().cut(error, &mut Writer::new(&mut last));
     shared.metrics.loops.inc(LoopOutcome::NoLoop);
     shared.metrics.loops_refused.inc();
+    TenantFigures::add(&identity.figures.loops, 1);
+    TenantFigures::add(&identity.figures.loops_refused, 1);
     outbox.respond_last(&last);
     outbox.finish(finish);
 }

@@ -37,7 +37,7 @@ use super::identity::Identity;
 use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
 use super::{proxy_path, relay};
-use runloop_metrics::{RunEnd, RunRefusal};
+use runloop_metrics::{RunEnd, RunRefusal, TenantFigures};
 use runloop_runtime::{Container, ContainerLimits, Registry};
 
 /// What a run is served with: the server's shared state, the connection's
@@ -68,7 +68,7 @@ pub(crate) async fn serve(
         "scope",
         connection = run.connection,
         scope = run.outbox.scope(),
-        identity = %run.identity,
+        tenant = %run.identity,
         id = tracing::field::Empty,
     );
     async move {
@@ -76,6 +76,7 @@ pub(crate) async fn serve(
             Ok(container) => run.serve(container, orders).await,
             Err((refusal, error)) => {
                 run.shared.metrics.runs_refused.inc(refusal);
+                TenantFigures::add(&run.identity.figures.runs_refused, 1);
                 info!(%error, "run refused");
                 run.outbox.respond(&RunResponse::Error(error.clone()));
                 run.outbox.finish(&error);
@@ -143,8 +144,13 @@ impl Run {
                 ),
             ));
         }
-        let claim = Claim::admit(shared, &self.identity, container.memory, container.disk)
-            .map_err(|why| (RunRefusal::Budget, why))?;
+        let claim = Claim::admit(
+            shared.clone(),
+            &self.identity,
+            container.memory,
+            container.disk,
+        )
+        .map_err(|why| (RunRefusal::Budget, why))?;
         let (runtime, name) = match source {
             Source::Catalog(image) => {
                 let runtime = shared.config.catalog.resolve(image).map_err(|why| {
@@ -252,12 +258,14 @@ impl Run {
             Err(error) => {
                 running.stop().await;
                 metrics.runs_refused.inc(RunRefusal::Server);
+                TenantFigures::add(&self.identity.figures.runs_refused, 1);
                 self.outbox.respond(&RunResponse::Error(error.clone()));
                 return self.outbox.finish(&error);
             }
         };
         tracing::Span::current().record("id", id.0.as_str());
         metrics.runs_started.inc();
+        TenantFigures::add(&self.identity.figures.runs_started, 1);
         self.outbox.respond(&RunResponse::Id(id.0.clone()));
         info!("running");
         let run: Arc<str> = Arc::from(id.0.as_str());
@@ -274,7 +282,7 @@ impl Run {
                 }
                 Some(order) = orders.recv() => {
                     let outbox = self.outbox.channel(order.channel);
-                    match LoopClaim::admit(&self.shared, &self.identity) {
+                    match LoopClaim::admit(self.shared.clone(), &self.identity) {
                         Ok(claim) => {
                             relays.spawn(relay::serve(
                                 Arc::clone(&self.shared),
@@ -288,7 +296,7 @@ impl Run {
                         }
                         Err(error) => {
                             debug!(channel = order.channel, %error, "loop refused");
-                            relay::refuse(&self.shared, outbox, error);
+                            relay::refuse(&self.shared, &self.identity, outbox, error);
                         }
                     }
                 }

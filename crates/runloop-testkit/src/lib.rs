@@ -13,6 +13,11 @@
 //! The line is written to the process's stderr directly, past the test
 //! harness's capture (which keeps a passing test's output to itself), so
 //! `cargo test` shows it whether or not the test passed.
+//!
+//! [`message`]: the bare messages of a proxy path (protocol §10), as the
+//! tests' scripted proxies send them.
+
+pub mod message;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -148,6 +153,43 @@ pub const CONTAINERS: &[Part] = &[
         from: "apt-get install libc6-dev",
     },
 ];
+
+/// A figure: a named load that measures something and prints its
+/// figures, checking its bars (it panics when one is missed).
+pub type Figure = (&'static str, fn());
+
+/// The `main` of a figures bench (a `[[bench]]` with `harness = false`):
+/// the loads that print the figures closing notes quote, kept out of the
+/// test suite because they take minutes or the whole machine.
+///
+/// Under `cargo bench --bench NAME [-- FILTER…]` (which passes `--bench`)
+/// it runs every figure whose name contains a filter, or all of them, one
+/// after the other. Under `cargo test` (which builds benches and runs them
+/// without `--bench`) it only lists them: the smoke run proves they build.
+pub fn run_figures(figures: &[Figure]) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filters: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|arg| !arg.starts_with('-'))
+        .collect();
+    if !args.iter().any(|arg| arg == "--bench") {
+        println!(
+            "{} figures (run with cargo bench --bench NAME -- [FILTER]):",
+            figures.len()
+        );
+        for (name, _) in figures {
+            println!("  {name}");
+        }
+        return;
+    }
+    for (name, figure) in figures {
+        if filters.is_empty() || filters.iter().any(|filter| name.contains(filter)) {
+            println!("== {name}");
+            figure();
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -38,6 +38,8 @@
 //! max_loops_per_identity        1           one loop at a time for each token
 //! max_run_memory                16 MiB      an agent program with its proxy beside it
 //! memory_budget                 16 MiB      the same, for all runs together
+//! disk_budget                   16 MiB      an agent's image and scratch files, for all
+//!                                           runs together
 //! ```
 
 use std::fmt;
@@ -127,45 +129,106 @@ impl Limits {
     }
 }
 
-/// One configurable limit, named as its configuration field is.
+/// Declares [`Limit`] from one row per limit: its variant, the name of its
+/// configuration field, the kind of its minimum and what a smaller value
+/// would leave unserved. Its name, minimum, check and words are made from
+/// the row, so a new limit is one row here (and its field).
+macro_rules! limits {
+    ($( $(#[$doc:meta])* $variant:ident = $name:literal, $kind:ident, $why:literal; )+) => {
+        /// One configurable limit, named as its configuration field is.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Limit {
+            $( $(#[$doc])* $variant, )+
+        }
+
+        impl Limit {
+            /// Every limit, in the order they are declared.
+            pub const ALL: &'static [Limit] = &[$(Limit::$variant,)+];
+
+            /// The configuration field's name.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( Limit::$variant => $name, )+
+                }
+            }
+
+            /// What a smaller value would leave unserved.
+            pub fn why(self) -> &'static str {
+                match self {
+                    $( Limit::$variant => $why, )+
+                }
+            }
+
+            /// The kind of its minimum.
+            fn kind(self) -> Minimum {
+                match self {
+                    $( Limit::$variant => Minimum::$kind, )+
+                }
+            }
+        }
+    };
+}
+
+/// The kinds of minimum a limit has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
+enum Minimum {
+    /// [`Limit::MIN_COUNT`].
+    Count,
+    /// [`Limit::MIN_MESSAGE_SIZE`] bytes.
+    Message,
+    /// [`Limit::MIN_RUN_MEMORY`] bytes.
+    Memory,
+    /// [`Limit::MIN_AUTHORIZATION_GRACE`].
+    Duration,
+}
+
+limits! {
     /// [`Limits::max_message_size`].
-    MaxMessageSize,
+    MaxMessageSize = "max_message_size", Message,
+        "a message must hold an authorization with its credential, a run request and a prompt";
     /// [`Limits::max_scopes`].
-    MaxScopes,
+    MaxScopes = "max_scopes", Count, "no run could be served";
     /// [`Limits::max_channels`].
-    MaxChannels,
+    MaxChannels = "max_channels", Count, "no loop could be served";
     /// [`Limits::max_queued_responses`].
-    MaxQueuedResponses,
+    MaxQueuedResponses = "max_queued_responses", Count, "no response could be relayed";
     /// [`Limits::max_queued_bytes`].
-    MaxQueuedBytes,
+    MaxQueuedBytes = "max_queued_bytes", Message,
+        "responses would be relayed a few bytes at a time";
     /// [`Limits::max_connection_queued_bytes`].
-    MaxConnectionQueuedBytes,
+    MaxConnectionQueuedBytes = "max_connection_queued_bytes", Message,
+        "responses would be relayed a few bytes at a time";
     /// The server's `max_connections`.
-    MaxConnections,
+    MaxConnections = "max_connections", Count, "every caller would be turned away";
     /// The server's `authorization_grace`.
-    AuthorizationGrace,
+    AuthorizationGrace = "authorization_grace", Duration,
+        "a caller needs a few round trips to complete the WebSocket handshake and authorize";
     /// The server's `max_runs`.
-    MaxRuns,
+    MaxRuns = "max_runs", Count, "no run could be served";
     /// The server's `max_runs_per_identity`.
-    MaxRunsPerIdentity,
+    MaxRunsPerIdentity = "max_runs_per_identity", Count, "no run could be served";
     /// The server's `max_loops_per_identity`.
-    MaxLoopsPerIdentity,
+    MaxLoopsPerIdentity = "max_loops_per_identity", Count, "no loop could be served";
     /// The server's `max_run_memory`.
-    MaxRunMemory,
+    MaxRunMemory = "max_run_memory", Memory, "an agent program with its proxy needs a few MiB";
     /// The server's `memory_budget`.
-    MemoryBudget,
+    MemoryBudget = "memory_budget", Memory, "an agent program with its proxy needs a few MiB";
+    /// The server's `disk_budget`.
+    DiskBudget = "disk_budget", Memory, "an agent's image and its scratch files need a few MiB";
     /// The server's `max_unauthorized`.
-    MaxUnauthorized,
+    MaxUnauthorized = "max_unauthorized", Count, "every caller would be turned away";
     /// The server's `max_connections_per_address`.
-    MaxConnectionsPerAddress,
+    MaxConnectionsPerAddress = "max_connections_per_address", Count,
+        "every caller would be turned away";
     /// The server's `max_connections_per_identity`.
-    MaxConnectionsPerIdentity,
+    MaxConnectionsPerIdentity = "max_connections_per_identity", Count,
+        "every token holder would be turned away";
     /// The server's `handshake_timeout`.
-    HandshakeTimeout,
+    HandshakeTimeout = "handshake_timeout", Duration,
+        "a caller needs a few round trips to complete the WebSocket handshake";
     /// The server's `max_authorization_size`.
-    MaxAuthorizationSize,
+    MaxAuthorizationSize = "max_authorization_size", Message,
+        "an authorization frame must hold a credential such as a bearer token or a JWT";
 }
 
 impl Limit {
@@ -178,91 +241,22 @@ impl Limit {
     /// The least `memory` a run may be allowed, alone or with every other.
     pub const MIN_RUN_MEMORY: u64 = 16 << 20;
 
-    /// The configuration field's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Limit::MaxMessageSize => "max_message_size",
-            Limit::MaxScopes => "max_scopes",
-            Limit::MaxChannels => "max_channels",
-            Limit::MaxQueuedResponses => "max_queued_responses",
-            Limit::MaxQueuedBytes => "max_queued_bytes",
-            Limit::MaxConnectionQueuedBytes => "max_connection_queued_bytes",
-            Limit::MaxConnections => "max_connections",
-            Limit::AuthorizationGrace => "authorization_grace",
-            Limit::MaxRuns => "max_runs",
-            Limit::MaxRunsPerIdentity => "max_runs_per_identity",
-            Limit::MaxLoopsPerIdentity => "max_loops_per_identity",
-            Limit::MaxRunMemory => "max_run_memory",
-            Limit::MemoryBudget => "memory_budget",
-            Limit::MaxUnauthorized => "max_unauthorized",
-            Limit::MaxConnectionsPerAddress => "max_connections_per_address",
-            Limit::MaxConnectionsPerIdentity => "max_connections_per_identity",
-            Limit::HandshakeTimeout => "handshake_timeout",
-            Limit::MaxAuthorizationSize => "max_authorization_size",
-        }
-    }
-
     /// The minimum, as a person reads it.
     pub fn minimum(self) -> String {
-        match self {
-            Limit::MaxMessageSize
-            | Limit::MaxAuthorizationSize
-            | Limit::MaxQueuedBytes
-            | Limit::MaxConnectionQueuedBytes => {
-                format!("{} bytes", Limit::MIN_MESSAGE_SIZE)
-            }
-            Limit::AuthorizationGrace | Limit::HandshakeTimeout => {
-                format!("{:?}", Limit::MIN_AUTHORIZATION_GRACE)
-            }
-            Limit::MaxRunMemory | Limit::MemoryBudget => {
-                format!("{} bytes", Limit::MIN_RUN_MEMORY)
-            }
-            _ => Limit::MIN_COUNT.to_string(),
-        }
-    }
-
-    /// What a smaller value would leave unserved.
-    pub fn why(self) -> &'static str {
-        match self {
-            Limit::MaxMessageSize => {
-                "a message must hold an authorization with its credential, a run request and a prompt"
-            }
-            Limit::MaxAuthorizationSize => {
-                "an authorization frame must hold a credential such as a bearer token or a JWT"
-            }
-            Limit::MaxUnauthorized | Limit::MaxConnectionsPerAddress => {
-                "every caller would be turned away"
-            }
-            Limit::MaxConnectionsPerIdentity => "every token holder would be turned away",
-            Limit::HandshakeTimeout => {
-                "a caller needs a few round trips to complete the WebSocket handshake"
-            }
-            Limit::MaxScopes => "no run could be served",
-            Limit::MaxChannels | Limit::MaxLoopsPerIdentity => "no loop could be served",
-            Limit::MaxQueuedResponses => "no response could be relayed",
-            Limit::MaxQueuedBytes | Limit::MaxConnectionQueuedBytes => {
-                "responses would be relayed a few bytes at a time"
-            }
-            Limit::MaxConnections => "every caller would be turned away",
-            Limit::AuthorizationGrace => {
-                "a caller needs a few round trips to complete the WebSocket handshake and authorize"
-            }
-            Limit::MaxRuns | Limit::MaxRunsPerIdentity => "no run could be served",
-            Limit::MaxRunMemory | Limit::MemoryBudget => {
-                "an agent program with its proxy needs a few MiB"
-            }
+        match self.kind() {
+            Minimum::Message => format!("{} bytes", Limit::MIN_MESSAGE_SIZE),
+            Minimum::Duration => format!("{:?}", Limit::MIN_AUTHORIZATION_GRACE),
+            Minimum::Memory => format!("{} bytes", Limit::MIN_RUN_MEMORY),
+            Minimum::Count => Limit::MIN_COUNT.to_string(),
         }
     }
 
     /// `Ok` when `value` (a size or a count) is at least the minimum.
     pub fn check(self, value: u64) -> Result<(), LimitError> {
-        let (minimum, unit) = match self {
-            Limit::MaxMessageSize
-            | Limit::MaxAuthorizationSize
-            | Limit::MaxQueuedBytes
-            | Limit::MaxConnectionQueuedBytes => (Limit::MIN_MESSAGE_SIZE as u64, " bytes"),
-            Limit::MaxRunMemory | Limit::MemoryBudget => (Limit::MIN_RUN_MEMORY, " bytes"),
-            _ => (Limit::MIN_COUNT as u64, ""),
+        let (minimum, unit) = match self.kind() {
+            Minimum::Message => (Limit::MIN_MESSAGE_SIZE as u64, " bytes"),
+            Minimum::Memory => (Limit::MIN_RUN_MEMORY, " bytes"),
+            Minimum::Count | Minimum::Duration => (Limit::MIN_COUNT as u64, ""),
         };
         if value >= minimum {
             return Ok(());

@@ -6,7 +6,13 @@
 //! The server's logs of this binary, at debug, go into one buffer; each
 //! test reads the lines of its own connection (named by the caller's port).
 
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
 mod common;
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::sync::{Arc, Mutex, OnceLock};

@@ -4,6 +4,9 @@
 //! and no descendant left running. Where the machine has cgroups (root,
 //! as CI runs), each run has its own, and the tests check what it holds.
 
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,9 @@
 //! slow caller, scope and channel limits, oversize messages, the
 //! authorization grace period, and the connection limit.
 
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::sync::atomic::Ordering;

@@ -9,7 +9,13 @@
 //! bridge; `runloop serve` caps that bridge below trace, and the CLI's own
 //! test checks the whole command at `RUST_LOG=trace`.
 
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
 mod common;
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/support/mod.rs"]
 mod support;
 
 use common::Logs;

@@ -5,7 +5,13 @@
 //! Every event of this test binary goes into a buffer; the server, its
 //! builtin proxy and the demo agent program all run in this process.
 
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
 mod common;
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/support/mod.rs"]
 mod support;
 
 use common::Logs;

@@ -23,6 +23,9 @@
 //! `runloop bench --loops 10000 --connections 100`'s to measure: here the
 //! client shares the process).
 
+// The helpers of the `it` binary, of which this test uses a part.
+#[allow(dead_code)]
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;

@@ -146,11 +146,11 @@ fn figures() {
             let pull = Pull::new(
                 Arc::clone(&host),
                 RegistryConfig {
-                    allowed: vec![],
-                    insecure: vec![registry.host.clone()],
                     max_image_size: 1 << 30,
+                    ..RegistryConfig::new(vec![], vec![registry.host.clone()])
                 },
-            );
+            )
+            .expect("pull");
             let started = Instant::now();
             let oci = pull.runtime(&reference).await.expect("pulled");
             pulls.push(started.elapsed());
@@ -205,4 +205,44 @@ fn figures() {
     );
     println!("on the machine before: {before:?}");
     println!("on the machine after:  {:?}", machine());
+}
+
+/// Container start with the image cached (spawn until the agent accepts
+/// TCP and its proxy listens), p50 and p90 of 40, under the runtime of
+/// `RUNLOOP_TEST_OCI_RUNTIME` (runc unless set):
+///
+/// ```text
+/// cargo test -p runloop-cli --test containers -- --ignored --nocapture start_p50
+/// ```
+#[test]
+#[ignore = "prints the start figure; run by hand"]
+fn start_p50() {
+    let images = Images::get();
+    let (layout, _) = images.agent_layout("start-p50");
+    let runtime_name = super::oci_runtime();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let scratch = tempfile::tempdir().expect("temp");
+        let mut config = host(&scratch.path().join("store"));
+        if runtime_name == "runsc" {
+            config.runtime = runloop_oci::runc::Kind::Runsc;
+            config.runc = "runsc".into();
+        }
+        let host = Host::open(config).await.expect("host");
+        let (_, oci) = host.layout(&layout, None).await.expect("layout");
+        // One start to warm the caches, not counted.
+        oci.spawn(LIMITS).await.expect("starts").terminate().await;
+        let mut starts = Vec::new();
+        for _ in 0..40 {
+            let started = Instant::now();
+            let container = oci.spawn(LIMITS).await.expect("starts");
+            starts.push(started.elapsed());
+            container.terminate().await;
+        }
+        starts.sort();
+        println!(
+            "container start under {runtime_name}, image cached, of 40: p50 {:?}, p90 {:?}",
+            starts[20], starts[36]
+        );
+    });
 }

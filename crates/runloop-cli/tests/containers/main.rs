@@ -8,6 +8,7 @@
 //! veth, mount, loop device or run directory.
 
 mod figures;
+mod hostile;
 mod images;
 mod registry;
 
@@ -33,6 +34,12 @@ fn subnet() -> String {
         64 + u8::from_str_radix(&runloop_oci::random_name()[..2], 16).unwrap_or(0) % 64
     });
     format!("10.{second}.{}.0/24", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The OCI runtime the suite runs under: `RUNLOOP_TEST_OCI_RUNTIME`
+/// (`runc` unless set; `runsc` runs every test under gVisor).
+fn oci_runtime() -> String {
+    std::env::var("RUNLOOP_TEST_OCI_RUNTIME").unwrap_or_else(|_| "runc".to_owned())
 }
 
 /// A `runloop serve` with a store of its own, stopped with SIGKILL when
@@ -68,6 +75,9 @@ impl Server {
             .args(["serve", "--listen", "127.0.0.1:0", "--store"])
             .arg(&store)
             .args(["--container-network", subnet, "--container-grace", "1"]);
+        if !extra.contains(&"--oci-runtime") {
+            command.args(["--oci-runtime", &oci_runtime()]);
+        }
         for agent in agents {
             command.args(["--agent", agent]);
         }
@@ -101,6 +111,16 @@ impl Server {
     /// `runloop run --json` against this server.
     fn run(&self, image: &str, memory: &str, disk: &str, prompt: &str) -> Output {
         run_against(&self.url, image, memory, disk, prompt)
+    }
+
+    /// The server's process id.
+    fn pid(&self) -> u32 {
+        self.child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .expect("running")
+            .id()
     }
 
     /// The server's process, taken (to stop it).
@@ -185,11 +205,12 @@ fn json_lines(output: &Output) -> Vec<Value> {
 /// empty when nothing is.
 fn leftovers(store: &Path, keys: &[String]) -> Vec<String> {
     let mut found = Vec::new();
-    let runc = Command::new("runc")
-        .args(["list", "--quiet"])
-        .output()
-        .expect("runc list");
-    let containers = String::from_utf8_lossy(&runc.stdout).into_owned();
+    let mut containers = String::new();
+    for runtime in ["runc", "runsc"] {
+        if let Ok(listed) = Command::new(runtime).args(["list", "--quiet"]).output() {
+            containers.push_str(&String::from_utf8_lossy(&listed.stdout));
+        }
+    }
     let netns = Command::new("ip")
         .args(["netns", "list"])
         .output()
@@ -301,6 +322,13 @@ fn error_text(lines: &[Value]) -> String {
 
 #[test]
 fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
+    if oci_runtime() == "runsc" {
+        // runsc removes the sandbox's cgroup as it ends (it has no
+        // --keep), so the OOM count is gone when the end is read: the
+        // run ends "killed by signal 9", not "ran out of memory".
+        println!("skipped: under runsc the OOM kill is not named (a known gap)");
+        return;
+    }
     let images = Images::get();
     let (hog, hog_digest) = images.hog_layout("memory");
     let (demo, demo_digest) = images.agent_layout("after-memory");
@@ -395,11 +423,14 @@ fn writing_past_disk_gets_enospc_and_nothing_outside_grows() {
         server.log()
     );
     let (memory, tmp_error, tmp, root_error, root) = disk_report(&json_lines(&output));
-    assert_eq!(
-        memory,
-        64 << 20,
-        "the container's cgroup holds its memory limit"
-    );
+    // gVisor shows no host cgroup inside: the limit is checked under runc.
+    if oci_runtime() == "runc" {
+        assert_eq!(
+            memory,
+            64 << 20,
+            "the container's cgroup holds its memory limit"
+        );
+    }
     assert_eq!(
         (tmp_error.as_str(), root_error.as_str()),
         ("ENOSPC", "ENOSPC")
@@ -499,7 +530,9 @@ fn twenty_runs_at_once_each_with_its_own_limits() {
             server.log()
         );
         let (limit, _, tmp, _, root) = disk_report(&json_lines(output));
-        assert_eq!(limit as u64, *memory);
+        if oci_runtime() == "runc" {
+            assert_eq!(limit as u64, *memory);
+        }
         for written in [tmp, root] {
             assert!(
                 written <= *disk && written > disk / 2,
@@ -841,8 +874,10 @@ fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
     );
     let said = refusal(&server.run(&format!("missing@{missing_digest}"), "64M", "4M", "x"));
     assert!(said.contains(r#""kind":"runtime""#), "{said}");
+    // Checked in the image before runc starts (under the init, runc no
+    // longer sees the image's program itself).
     assert!(
-        said.contains("the container exited before its agent program listened"),
+        said.contains(r#"the image's program \"/nope\" is not in the image"#),
         "{said}"
     );
     assert!(said.contains("no such file or directory"), "{said}");
@@ -861,4 +896,255 @@ fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
     assert_eq!(server.terminate(), Some(0));
     assert_eq!(keys.len(), 2, "two containers were made, then removed");
     assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
+}
+
+/// The escape probes' answers (`NAME: RESULT` chunks of the hog's
+/// `escape` mode), by name.
+fn probes(lines: &[Value]) -> std::collections::BTreeMap<String, String> {
+    lines
+        .iter()
+        .filter_map(|line| line.get("chunk"))
+        .filter_map(|chunk| chunk["text"].as_str())
+        .filter_map(|text| text.split_once(':'))
+        .map(|(name, result)| (name.to_owned(), result.trim().to_owned()))
+        .collect()
+}
+
+/// The CPU quotas (`cpu.cfs_quota_us`) of the containers' cgroups seen
+/// on the host while `during` runs.
+fn quotas_seen<T>(during: impl FnOnce() -> T) -> (T, std::collections::BTreeSet<String>) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut seen = std::collections::BTreeSet::new();
+            while !done.load(Ordering::Relaxed) {
+                for dir in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"] {
+                    let Ok(entries) = fs::read_dir(dir) else {
+                        continue;
+                    };
+                    for entry in entries.flatten() {
+                        if entry.file_name().to_string_lossy().starts_with("runloop-")
+                            && let Ok(quota) =
+                                fs::read_to_string(entry.path().join("cpu.cfs_quota_us"))
+                        {
+                            seen.insert(quota.trim().to_owned());
+                        }
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            seen
+        });
+        let result = during();
+        done.store(true, Ordering::Relaxed);
+        (result, watcher.join().expect("watcher"))
+    })
+}
+
+/// The escape suite under `runtime`: every control proven from inside a
+/// hostile image (the hog's `escape` probes).
+fn a_hostile_image_is_held(runtime: &str) {
+    let images = Images::get();
+    let (hog, digest) = images.hog_layout("escape");
+    let server = Server::start(
+        &[format!("hog=oci:{}", hog.display())],
+        &[
+            "--oci-runtime",
+            runtime,
+            "--container-uid-range",
+            "2100000000:65536",
+            // A quota no other test uses (their default is one CPU here).
+            "--container-cpus",
+            "0.37",
+            "--container-nofile",
+            "512",
+        ],
+    );
+    let (output, quotas) =
+        quotas_seen(|| server.run(&format!("hog@{digest}"), "64M", "4M", "look around"));
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{output:?}\n{}",
+        server.log()
+    );
+    let seen = probes(&json_lines(&output));
+    let said = |name: &str| {
+        seen.get(name)
+            .unwrap_or_else(|| panic!("no probe {name:?} in {seen:#?}"))
+            .as_str()
+    };
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let sandbox = runtime == "runsc";
+    if sandbox {
+        // gVisor's own kernel answers, not the host's.
+        let host = Command::new("uname").arg("-r").output().expect("uname");
+        let host = String::from_utf8_lossy(&host.stdout).trim().to_owned();
+        assert!(!said("kernel").contains(&host), "{seen:#?}");
+    } else {
+        // A user namespace: the container's root is host uid 2100000000.
+        assert_eq!(words(said("uid_map")), "0 2100000000 65536", "{seen:#?}");
+        assert_eq!(words(said("gid_map")), "0 2100000000 65536");
+        // The image was unpacked with its owners shifted into the range.
+        let shifted = fs::read_dir(server.store.join("images"))
+            .expect("images")
+            .flatten()
+            .find(|entry| {
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with("-ids-2100000000+65536-2100000000+65536")
+            })
+            .expect("an image unpacked for the range");
+        let hog_file = fs::metadata(shifted.path().join("rootfs/hog")).expect("hog");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            (hog_file.uid(), hog_file.gid()),
+            (2_100_000_000, 2_100_000_000)
+        );
+    }
+    // The syscall filter, no new privileges, three capabilities.
+    assert_eq!(said("Seccomp"), "2", "{seen:#?}");
+    assert_eq!(said("CapEff"), "0000000020000420");
+    if !sandbox {
+        assert_eq!(said("NoNewPrivs"), "1");
+    }
+    for refused in [
+        "unshare user",
+        "unshare user+mount",
+        "unshare net",
+        "clone user",
+        "io_uring_setup",
+        "perf_event_open",
+        "mount",
+        "keyctl",
+        "add_key",
+        "bpf",
+        "mknod",
+    ] {
+        assert_eq!(said(refused), "EPERM", "{refused}: {seen:#?}");
+    }
+    // runsc has no raw sockets at all.
+    assert!(
+        matches!(
+            said("raw socket"),
+            "EPERM" | "Address family not supported by protocol"
+        ),
+        "{seen:#?}"
+    );
+    assert_eq!(said("clone plain"), "ok");
+    // Masked and read-only kernel files (gVisor has none of them); no
+    // host block devices.
+    for masked in ["keys", "timer_list", "partitions", "diskstats", "kcore"] {
+        assert!(matches!(said(masked), "" | "ENOENT"), "{masked}: {seen:#?}");
+    }
+    for empty in ["sys firmware", "sys block", "sys class block"] {
+        assert!(matches!(said(empty), "0" | "ENOENT"), "{empty}: {seen:#?}");
+    }
+    for written in ["proc sys write", "sysrq-trigger write"] {
+        assert_ne!(said(written), "ok", "{written}");
+    }
+    // The CPU quota, seen on the host (runc: inside too), and the
+    // open-file limit.
+    assert!(quotas.contains("37000"), "{quotas:?}");
+    if !sandbox {
+        assert_eq!(said("cpu quota"), "37000");
+        assert_eq!(said("cpu period"), "100000");
+    }
+    assert_eq!(said("nofile"), "512 512");
+    // The agent is not PID 1: the init is.
+    assert_ne!(said("pid"), "1");
+    assert_eq!(said("pid 1"), "/dev/runloop-init -- /hog escape");
+    // Its root may still write its own root and /tmp.
+    assert_eq!(said("write root"), "ok");
+    assert_eq!(said("write tmp"), "ok");
+
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+#[test]
+fn a_hostile_image_finds_an_unprivileged_root_a_syscall_filter_and_masked_host_files() {
+    a_hostile_image_is_held("runc");
+}
+
+#[test]
+fn a_hostile_image_under_runsc_finds_gvisors_kernel_and_the_same_controls() {
+    if runloop_testkit::needs(&[runloop_testkit::Part::program("runsc", "runsc")]) {
+        a_hostile_image_is_held("runsc");
+    }
+}
+
+#[test]
+fn serve_names_its_runc_and_warns_when_it_predates_the_2025_fixes() {
+    let images = Images::get();
+    let (demo, _) = images.agent_layout("runc-version");
+    let server = Server::start(
+        &[format!("demo=oci:{}", demo.display())],
+        &["--oci-runtime", "runc"],
+    );
+    let log = server.log();
+    let version = Command::new("runc")
+        .arg("--version")
+        .output()
+        .expect("runc");
+    let line = String::from_utf8_lossy(&version.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(log.contains(&line), "{line}\n{log}");
+    let parsed = runloop_oci::runc::parse_version(&line).expect("a version");
+    let warned = log.contains("predates the fixes for CVE-2025-31133");
+    assert_eq!(
+        warned,
+        runloop_oci::runc::advisory(parsed).is_some(),
+        "{log}"
+    );
+    assert_eq!(server.terminate(), Some(0));
+}
+
+/// How long `terminate` takes for a container of `layout` whose agent
+/// has answered nothing yet, with the init or without it.
+fn stop_time(layout: &Path, init: bool, grace: std::time::Duration) -> std::time::Duration {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let scratch = tempfile::tempdir().expect("temp");
+        let mut config = runloop_oci::HostConfig::new(scratch.path().join("store"));
+        config.subnet = subnet().parse().expect("subnet");
+        config.grace = grace;
+        config.init = init;
+        let host = runloop_oci::Host::open(config).await.expect("host");
+        let (_, oci) = host.layout(layout, None).await.expect("layout");
+        let container = oci
+            .spawn(runloop::runtime::ContainerLimits {
+                memory: 64 << 20,
+                disk: 4 << 20,
+            })
+            .await
+            .expect("starts");
+        let started = std::time::Instant::now();
+        let reason = container.terminate().await;
+        let elapsed = started.elapsed();
+        assert!(reason.contains("the container was stopped"), "{reason}");
+        elapsed
+    })
+}
+
+#[test]
+fn an_agent_without_a_sigterm_handler_stops_at_once_under_the_init() {
+    let images = Images::get();
+    let (plain, _) = images.hog_layout("plain");
+    let grace = std::time::Duration::from_secs(3);
+    let with_init = stop_time(&plain, true, grace);
+    let as_pid_1 = stop_time(&plain, false, grace);
+    println!(
+        "stop of an agent without a SIGTERM handler: {with_init:?} under the init, {as_pid_1:?} as PID 1 (grace {grace:?})"
+    );
+    // As PID 1 the SIGTERM is dropped and the grace runs out; under the
+    // init it reaches the agent, whose default action ends it.
+    assert!(as_pid_1 >= grace, "{as_pid_1:?}");
+    assert!(with_init < grace / 3, "{with_init:?}");
 }

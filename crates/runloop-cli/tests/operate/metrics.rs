@@ -194,6 +194,23 @@ fn prometheus_scrapes_the_exact_counts_of_every_outcome() {
     assert_eq!(value(&prometheus, "runloop_draining"), 0.0);
     let faults = by_label(&prometheus, "runloop_proxy_faults_total", "kind");
     assert_eq!(faults.values().sum::<f64>(), 0.0, "{faults:?}");
+    // The same by tenant (issue 27): the one token is the tenant
+    // `token #1`, and the tenant label holds nothing else.
+    let tenant = |metric: &str| by_label(&prometheus, metric, "tenant");
+    let one = |n: f64| BTreeMap::from([("token #1".to_owned(), n)]);
+    assert_eq!(tenant("runloop_tenant_runs_started_total"), one(7.0));
+    assert_eq!(tenant("runloop_tenant_runs_refused_total"), one(3.0));
+    assert_eq!(tenant("runloop_tenant_loops_total"), one(7.0));
+    assert_eq!(tenant("runloop_tenant_loops_refused_total"), one(0.0));
+    assert_eq!(tenant("runloop_tenant_connections_refused_total"), one(0.0));
+    assert_eq!(
+        tenant("runloop_tenant_chunks_relayed_total"),
+        one(chunks as f64)
+    );
+    assert_eq!(
+        tenant("runloop_tenant_relayed_bytes_total"),
+        one(value(&prometheus, "runloop_relayed_bytes_total"))
+    );
 
     // The exposition itself, as promtool reads it.
     let (status, text) = http::get(admin, "/metrics");

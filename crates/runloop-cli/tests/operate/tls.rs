@@ -241,7 +241,7 @@ fn the_openssl_recipe_of_the_tls_page_makes_a_certificate_that_serves() {
     if !needs(&[Part::program("openssl", "openssl")]) {
         return;
     }
-    let recipe = crate::common::marked_block("docs/tls.md", "recipe: tls");
+    let recipe = marked_block("docs/tls.md", "recipe: tls");
     let dir = tempfile::tempdir().expect("scratch");
     let made = std::process::Command::new("bash")
         .args(["-euo", "pipefail", "-c", &recipe])
@@ -327,8 +327,7 @@ fn the_openssl_recipe_of_the_tls_page_makes_a_certificate_that_serves() {
 #[test]
 fn the_tls_page_lists_each_failure_as_the_code_says_it() {
     use runloop::transport::TlsReason;
-    let page = std::fs::read_to_string(crate::common::workspace().join("docs/tls.md"))
-        .expect("docs/tls.md");
+    let page = std::fs::read_to_string(workspace().join("docs/tls.md")).expect("docs/tls.md");
     let rows: Vec<&str> = page
         .lines()
         .filter(|line| line.starts_with("| `"))
@@ -349,4 +348,128 @@ fn the_tls_page_lists_each_failure_as_the_code_says_it() {
             "docs/tls.md has no row for {said}"
         );
     }
+}
+
+/// The admin listener's `/metrics`.
+fn scrape(admin: std::net::SocketAddr) -> String {
+    crate::http::get(admin, "/metrics").1
+}
+
+/// The value of one series in an exposition, 0 when absent.
+fn series(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn slow_handshakes_time_out_and_a_caller_turned_away_is_told_why() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+
+    let pki = Pki::new();
+    let (cert, key) = (path(&pki.localhost.cert), path(&pki.localhost.key));
+    let server = Serve::start(
+        "warn",
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--handshake-timeout",
+            "2",
+            "--max-unauthorized",
+            "4",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+    );
+    let admin = server.admin.expect("an admin listener");
+    // Four callers that start a TLS handshake and send the rest of their
+    // ClientHello a byte every 300 ms: they hold every place there is.
+    let slow: Vec<_> = (0..4)
+        .map(|_| {
+            let port = server.port();
+            std::thread::spawn(move || {
+                let mut socket =
+                    std::net::TcpStream::connect(("127.0.0.1", port)).expect("connects");
+                let hello = [
+                    0x16u8, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+                ];
+                let started = Instant::now();
+                for byte in hello.iter().cycle() {
+                    if socket.write_all(&[*byte]).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                    if started.elapsed() > Duration::from_secs(10) {
+                        break;
+                    }
+                }
+                started.elapsed()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, _, stderr) = run_at(
+        &server.url.replace("127.0.0.1", "localhost"),
+        &["--ca", &path(&pki.ca)],
+    );
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("too many connections are authorizing"),
+        "the refusal should say why: {stderr}"
+    );
+    for thread in slow {
+        let held = thread.join().expect("joined");
+        assert!(
+            held < Duration::from_secs(5),
+            "a slow handshake held its place {held:?}"
+        );
+    }
+    let metrics = scrape(admin);
+    assert_eq!(
+        series(
+            &metrics,
+            r#"runloop_tls_handshake_failures_total{reason="timeout"}"#
+        ),
+        4.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        series(
+            &metrics,
+            r#"runloop_tls_handshake_failures_total{reason="handshake"}"#
+        ),
+        0.0,
+        "{metrics}"
+    );
+}
+
+/// The root of the workspace.
+pub fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace's root")
+}
+
+/// The fenced block after `<!-- MARKER -->` in the document at `path`
+/// (relative to the workspace), without its fences.
+pub fn marked_block(path: &str, marker: &str) -> String {
+    let text = std::fs::read_to_string(workspace().join(path))
+        .unwrap_or_else(|error| panic!("{path}: {error}"));
+    let (_, after) = text
+        .split_once(&format!("<!-- {marker} -->\n"))
+        .unwrap_or_else(|| panic!("{path} has no <!-- {marker} --> block"));
+    let (fence, block) = after.split_once('\n').expect("a fence after the marker");
+    assert!(
+        fence.starts_with("```"),
+        "{path}: no code block after <!-- {marker} -->"
+    );
+    let (body, _) = block
+        .split_once("\n```\n")
+        .unwrap_or_else(|| panic!("{path}: the <!-- {marker} --> block does not end"));
+    format!("{body}\n")
 }

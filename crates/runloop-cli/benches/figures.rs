@@ -1,0 +1,56 @@
+//! The figures of `runloop serve` under load: what closing notes quote,
+//! each a load that takes minutes or the whole machine, and so not a test.
+//!
+//! ```sh
+//! cargo bench -p runloop-cli --bench figures              # every figure
+//! cargo bench -p runloop-cli --bench figures -- admission # those whose name has it
+//! ```
+//!
+//! Each prints its figures and checks its bar (it panics on a miss). They
+//! are the loads of the test modules they live in, beside the smaller
+//! versions those modules test on every run; `cargo test` builds this
+//! bench and lists the figures without running them.
+
+// The test modules, of which this bench runs the figures only: their
+// tests and what only the tests use are unused here.
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/it/admission.rs"]
+mod admission;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/it/budget.rs"]
+mod budget;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/it/common/mod.rs"]
+mod common;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/it/memory.rs"]
+mod memory;
+
+fn main() {
+    runloop_testkit::run_figures(&[
+        (
+            "admission::a_thousand_floods_before_authorization",
+            admission::a_thousand_floods_before_authorization,
+        ),
+        (
+            "admission::slowloris_from_one_address",
+            admission::slowloris_from_one_address,
+        ),
+        (
+            "admission::one_token_24_connections_of_256_runs",
+            admission::one_token_24_connections_of_256_runs,
+        ),
+        (
+            "budget::exec_runs_at_the_default_budget",
+            budget::exec_runs_at_the_default_budget,
+        ),
+        (
+            "memory::a_large_prompt_of_short_words_keeps_the_server_small",
+            memory::a_large_prompt_of_short_words_keeps_the_server_small,
+        ),
+        (
+            "memory::memory_goes_back_after_waves_of_large_messages",
+            memory::memory_goes_back_after_waves_of_large_messages,
+        ),
+    ]);
+}

@@ -1,0 +1,493 @@
+//! The one table of the server's limits: each declared once, with its key
+//! (the option `--KEY` and the configuration file's `KEY`), its unit, its
+//! default, its help, whether SIGHUP changes it, the library's [`Limit`]
+//! that holds its minimum, and where it goes in the [`ServerConfig`].
+//!
+//! Everything else is made from the table: the options of `serve` (clap's
+//! builder API, through [`LimitArgs`]), so also the keys of a
+//! configuration file, `--print-config` and `--check-config`; the name a
+//! refusal below a minimum gives ([`option`]); and the table of limits in
+//! the README and docs/operating.md ([`markdown`], held to the documents
+//! by tests/docs.rs). Adding a limit to `serve` is one row here, beside
+//! its field and its [`Limit`] in the library.
+
+use std::time::Duration;
+
+use clap::builder::ValueParser;
+use clap::{Arg, ArgMatches};
+use runloop::limits::Limit;
+use runloop::server::ServerConfig;
+
+/// How a limit is written and read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// A whole number.
+    Count,
+    /// Bytes, with an optional K, M or G suffix.
+    Bytes,
+    /// A duration: `30s`, `2m`, `500ms`, or a bare number of seconds.
+    Duration,
+}
+
+/// A limit's value, as its unit reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Value {
+    /// A [`Unit::Count`].
+    Count(usize),
+    /// A [`Unit::Bytes`].
+    Bytes(u64),
+    /// A [`Unit::Duration`].
+    Duration(Duration),
+}
+
+impl Value {
+    fn count(self) -> usize {
+        match self {
+            Value::Count(n) => n,
+            Value::Bytes(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            Value::Duration(d) => usize::try_from(d.as_secs()).unwrap_or(usize::MAX),
+        }
+    }
+
+    fn bytes(self) -> u64 {
+        match self {
+            Value::Bytes(n) => n,
+            other => other.count() as u64,
+        }
+    }
+
+    fn duration(self) -> Duration {
+        match self {
+            Value::Duration(d) => d,
+            other => Duration::from_secs(other.bytes()),
+        }
+    }
+}
+
+/// One limit of the server.
+pub struct Row {
+    /// The option (`--KEY`) and the configuration file's key.
+    pub key: &'static str,
+    /// The library's limit: its minimum and why. `None`: no minimum.
+    pub limit: Option<Limit>,
+    /// How it is written.
+    pub unit: Unit,
+    /// Its default as written; `None`: made at startup (see `help`).
+    pub default: Option<&'static str>,
+    /// What it bounds, and what happens past it.
+    pub help: &'static str,
+    /// Whether SIGHUP applies a change to it (to what comes next).
+    pub live: bool,
+    /// Puts a value where the server's configuration holds it.
+    pub set: fn(&mut ServerConfig, Value),
+}
+
+/// Every limit of `serve`, in the order `--help` shows them.
+pub static LIMITS: [Row; 20] = [
+    Row {
+        key: "max-message-size",
+        limit: Some(Limit::MaxMessageSize),
+        unit: Unit::Bytes,
+        default: Some("16M"),
+        help: "The largest message a connection may send; a larger one ends the connection (close code 1009)",
+        live: false,
+        set: |c, v| c.limits.max_message_size = v.count(),
+    },
+    Row {
+        key: "max-scopes",
+        limit: Some(Limit::MaxScopes),
+        unit: Unit::Count,
+        default: Some("256"),
+        help: "Open scopes (runs) per connection; one more gets a bare finish",
+        live: false,
+        set: |c, v| c.limits.max_scopes = v.count(),
+    },
+    Row {
+        key: "max-channels",
+        limit: Some(Limit::MaxChannels),
+        unit: Unit::Count,
+        default: Some("64"),
+        help: "Open channels per scope; one more gets a bare channel finish",
+        live: false,
+        set: |c, v| c.limits.max_channels = v.count(),
+    },
+    Row {
+        key: "max-queued-responses",
+        limit: Some(Limit::MaxQueuedResponses),
+        unit: Unit::Count,
+        default: Some("256"),
+        help: "Responses one loop may have queued for a slow caller before the server stops reading its proxy",
+        live: false,
+        set: |c, v| c.limits.max_queued_responses = v.count(),
+    },
+    Row {
+        key: "max-queued-bytes",
+        limit: Some(Limit::MaxQueuedBytes),
+        unit: Unit::Bytes,
+        default: Some("256K"),
+        help: "Bytes one loop may have queued for a slow caller before the server stops reading its proxy (a larger chunk still goes, alone)",
+        live: false,
+        set: |c, v| c.limits.max_queued_bytes = v.count(),
+    },
+    Row {
+        key: "max-connection-queued-bytes",
+        limit: Some(Limit::MaxConnectionQueuedBytes),
+        unit: Unit::Bytes,
+        default: Some("16M"),
+        help: "Bytes all loops of one connection together may have queued for a slow caller",
+        live: false,
+        set: |c, v| c.limits.max_connection_queued_bytes = v.count(),
+    },
+    Row {
+        key: "authorization-grace",
+        limit: Some(Limit::AuthorizationGrace),
+        unit: Unit::Duration,
+        default: Some("10s"),
+        help: "How long a new connection may take to authorize (its WebSocket handshake included) before it is closed with no frame",
+        live: false,
+        set: |c, v| c.authorization_grace = v.duration(),
+    },
+    Row {
+        key: "max-connections",
+        limit: Some(Limit::MaxConnections),
+        unit: Unit::Count,
+        default: Some("1024"),
+        help: "Connections served at once; one more is closed at once with close code 1013 (try again later) and a reason",
+        live: false,
+        set: |c, v| c.max_connections = v.count(),
+    },
+    Row {
+        key: "max-unauthorized",
+        limit: Some(Limit::MaxUnauthorized),
+        unit: Unit::Count,
+        default: Some("256"),
+        help: "Connections not yet authorized, at once (those turned away with 1013 included); one more is closed at once, nothing of it read",
+        live: false,
+        set: |c, v| c.admission.max_unauthorized = v.count(),
+    },
+    Row {
+        key: "max-connections-per-address",
+        limit: Some(Limit::MaxConnectionsPerAddress),
+        unit: Unit::Count,
+        default: Some("64"),
+        help: "Connections from one IP address, authorized or not; one more is closed at once, nothing of it read",
+        live: false,
+        set: |c, v| c.admission.max_connections_per_address = v.count(),
+    },
+    Row {
+        key: "max-connections-per-identity",
+        limit: Some(Limit::MaxConnectionsPerIdentity),
+        unit: Unit::Count,
+        default: Some("256"),
+        help: "Authorized connections of one tenant unless its quota says otherwise, and never over half of --max-connections; one more is closed with close code 1013 and a reason (without tokens every caller is one tenant, held by --max-connections alone)",
+        live: true,
+        set: |c, v| c.admission.max_connections_per_identity = v.count(),
+    },
+    Row {
+        key: "handshake-timeout",
+        limit: Some(Limit::HandshakeTimeout),
+        unit: Unit::Duration,
+        default: Some("3s"),
+        help: "How long a new connection may take for its TCP connection and WebSocket handshake",
+        live: false,
+        set: |c, v| c.admission.handshake_timeout = v.duration(),
+    },
+    Row {
+        key: "max-authorization-size",
+        limit: Some(Limit::MaxAuthorizationSize),
+        unit: Unit::Bytes,
+        default: Some("64K"),
+        help: "The largest message before authorization; a larger one closes the connection, never read whole",
+        live: false,
+        set: |c, v| c.admission.max_authorization_size = v.count(),
+    },
+    Row {
+        key: "max-runs",
+        limit: Some(Limit::MaxRuns),
+        unit: Unit::Count,
+        default: Some("256"),
+        help: "Runs held at once, server-wide; one more is refused with an error naming the limit",
+        live: false,
+        set: |c, v| c.budget.max_runs = v.count(),
+    },
+    Row {
+        key: "max-runs-per-identity",
+        limit: Some(Limit::MaxRunsPerIdentity),
+        unit: Unit::Count,
+        default: Some("64"),
+        help: "Runs one tenant may hold at once unless its quota says otherwise, and never over half of --max-runs (without tokens every caller is one tenant, held by --max-runs alone)",
+        live: true,
+        set: |c, v| c.budget.max_runs_per_identity = v.count(),
+    },
+    Row {
+        key: "max-loops-per-identity",
+        limit: Some(Limit::MaxLoopsPerIdentity),
+        unit: Unit::Count,
+        default: Some("128"),
+        help: "Loops (run-loop channels) one tenant may have served at once, over all its runs, unless its quota says otherwise; one more is answered with an error naming the limit (without tokens every caller is one tenant, held by --max-runs and --max-channels alone)",
+        live: true,
+        set: |c, v| c.budget.max_loops_per_identity = v.count(),
+    },
+    Row {
+        key: "max-run-memory",
+        limit: Some(Limit::MaxRunMemory),
+        unit: Unit::Bytes,
+        default: Some("4G"),
+        help: "The largest `memory` a run may ask for",
+        live: false,
+        set: |c, v| c.budget.max_run_memory = v.bytes(),
+    },
+    Row {
+        key: "max-run-disk",
+        limit: None,
+        unit: Unit::Bytes,
+        default: Some("16G"),
+        help: "The largest `disk` a run may ask for",
+        live: false,
+        set: |c, v| c.budget.max_run_disk = v.bytes(),
+    },
+    Row {
+        key: "memory-budget",
+        limit: Some(Limit::MemoryBudget),
+        unit: Unit::Bytes,
+        default: None,
+        help: "The most the `memory` of all runs held may add up to; a tenant holds half at most unless its quota says otherwise [default: 3/4 of MemTotal in /proc/meminfo]",
+        live: false,
+        set: |c, v| c.budget.memory_budget = v.bytes(),
+    },
+    Row {
+        key: "disk-budget",
+        limit: Some(Limit::DiskBudget),
+        unit: Unit::Bytes,
+        default: None,
+        help: "The most the `disk` of all runs held may add up to; a tenant holds half at most unless its quota says otherwise [default: 3/4 of the filesystem of --store]",
+        live: false,
+        set: |c, v| c.budget.disk_budget = v.bytes(),
+    },
+];
+
+impl Row {
+    /// The option as clap builds it.
+    fn arg(&self) -> Arg {
+        let unit = match self.unit {
+            Unit::Count => "",
+            Unit::Bytes => "; bytes, K/M/G suffixes",
+            Unit::Duration => "; a duration: 30s, 2m, 500ms or seconds",
+        };
+        let minimum = self
+            .limit
+            .map(|limit| format!("; at least {}", minimum(limit)))
+            .unwrap_or_default();
+        let (help, note) = match self.help.split_once(" [default: ") {
+            Some((help, note)) => (help, format!(" [default: {note}")),
+            None => (self.help, String::new()),
+        };
+        let arg = Arg::new(self.key)
+            .long(self.key)
+            .help(format!("{help}{unit}{minimum}{note}"))
+            .help_heading("Limits")
+            .value_name(match self.unit {
+                Unit::Count => "N",
+                Unit::Bytes => "SIZE",
+                Unit::Duration => "DURATION",
+            })
+            .value_parser(match self.unit {
+                Unit::Count => clap::value_parser!(usize).into(),
+                Unit::Bytes => ValueParser::new(crate::serve::bytes),
+                Unit::Duration => ValueParser::new(crate::seconds::duration),
+            });
+        match self.default {
+            Some(default) => arg.default_value(default),
+            None => arg,
+        }
+    }
+
+    /// Its value in `matches`, if it has one.
+    fn value(&self, matches: &ArgMatches) -> Result<Option<Value>, clap::Error> {
+        let wrong = |error: clap::parser::MatchesError| {
+            clap::Error::raw(clap::error::ErrorKind::InvalidValue, error.to_string())
+        };
+        Ok(match self.unit {
+            Unit::Count => matches
+                .try_get_one::<usize>(self.key)
+                .map_err(wrong)?
+                .map(|n| Value::Count(*n)),
+            Unit::Bytes => matches
+                .try_get_one::<u64>(self.key)
+                .map_err(wrong)?
+                .map(|n| Value::Bytes(*n)),
+            Unit::Duration => matches
+                .try_get_one::<Duration>(self.key)
+                .map_err(wrong)?
+                .map(|d| Value::Duration(*d)),
+        })
+    }
+}
+
+/// A limit's minimum as an option's value is written: `4K`, `1`, `1s`.
+fn minimum(limit: Limit) -> String {
+    let shown = limit.minimum();
+    if let Some(bytes) = shown
+        .strip_suffix(" bytes")
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        return match bytes {
+            n if n % (1 << 20) == 0 => format!("{}M", n >> 20),
+            n if n % (1 << 10) == 0 => format!("{}K", n >> 10),
+            n => n.to_string(),
+        };
+    }
+    shown
+}
+
+/// The row of `key`.
+pub fn row(key: &str) -> Option<&'static Row> {
+    LIMITS.iter().find(|row| row.key == key)
+}
+
+/// The option that sets `limit`, for a refusal below its minimum.
+pub fn option(limit: Limit) -> String {
+    LIMITS
+        .iter()
+        .find(|row| row.limit == Some(limit))
+        .map_or_else(|| limit.name().to_owned(), |row| format!("--{}", row.key))
+}
+
+/// The limits' options of `serve`, made from [`LIMITS`]: their values as
+/// given, by row.
+#[derive(Debug, Clone, Default)]
+pub struct LimitArgs {
+    values: Vec<(&'static str, Value)>,
+}
+
+impl LimitArgs {
+    /// The value of `key`, given or its default.
+    pub fn get(&self, key: &str) -> Option<Value> {
+        self.values
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, value)| *value)
+    }
+
+    /// Puts every value given (or defaulted) into `config`.
+    pub fn apply(&self, config: &mut ServerConfig) {
+        for (key, value) in &self.values {
+            if let Some(row) = row(key) {
+                (row.set)(config, *value);
+            }
+        }
+    }
+
+    /// A size given to `key`, if any.
+    pub fn bytes(&self, key: &str) -> Option<u64> {
+        self.get(key).map(Value::bytes)
+    }
+}
+
+impl clap::FromArgMatches for LimitArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut values = Vec::new();
+        for row in &LIMITS {
+            if let Some(value) = row.value(matches)? {
+                values.push((row.key, value));
+            }
+        }
+        Ok(LimitArgs { values })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = LimitArgs::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for LimitArgs {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        LIMITS
+            .iter()
+            .fold(command, |command, row| command.arg(row.arg()))
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        LimitArgs::augment_args(command)
+    }
+}
+
+/// The table of limits as the README and docs/operating.md show it.
+pub fn markdown() -> String {
+    let mut table = String::from(
+        "| option / key | default | minimum | SIGHUP | what |\n|---|---|---|---|---|\n",
+    );
+    for row in &LIMITS {
+        let (help, note) = match row.help.split_once(" [default: ") {
+            Some((help, note)) => (help, note.trim_end_matches(']')),
+            None => (row.help, ""),
+        };
+        let default = row.default.unwrap_or(note);
+        let minimum = row.limit.map(minimum).unwrap_or_else(|| "—".to_owned());
+        let live = if row.live { "applied" } else { "restart" };
+        table.push_str(&format!(
+            "| `{}` | {default} | {minimum} | {live} | {help} |\n",
+            row.key
+        ));
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_library_limit_has_a_row_and_no_key_is_twice() {
+        for &limit in Limit::ALL {
+            assert!(option(limit).starts_with("--"), "{limit}");
+            // The key is the library's name, spelled as an option.
+            assert_eq!(
+                option(limit),
+                format!("--{}", limit.name().replace('_', "-"))
+            );
+        }
+        for (i, row) in LIMITS.iter().enumerate() {
+            assert!(LIMITS[..i].iter().all(|r| r.key != row.key), "{}", row.key);
+        }
+    }
+
+    #[test]
+    fn the_defaults_are_the_library_s() {
+        let mut config = ServerConfig::new(
+            runloop::server::Credentials::Any,
+            runloop::runtime::Catalog::new(),
+        );
+        let library = (
+            config.limits,
+            config.admission,
+            config.budget,
+            config.max_connections,
+        );
+        let command = <LimitArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        let matches = command
+            .try_get_matches_from(["t"])
+            .expect("the defaults parse");
+        let args = <LimitArgs as clap::FromArgMatches>::from_arg_matches(&matches).expect("args");
+        args.apply(&mut config);
+        assert_eq!(
+            (
+                config.limits,
+                config.admission,
+                config.budget,
+                config.max_connections
+            ),
+            library
+        );
+        assert_eq!(config.authorization_grace, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn minimums_are_written_as_options_take_them() {
+        assert_eq!(minimum(Limit::MaxMessageSize), "4K");
+        assert_eq!(minimum(Limit::MaxRunMemory), "16M");
+        assert_eq!(minimum(Limit::MaxRuns), "1");
+        assert_eq!(minimum(Limit::HandshakeTimeout), "1s");
+    }
+}

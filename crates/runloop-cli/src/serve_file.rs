@@ -1,0 +1,593 @@
+//! The configuration file of `runloop serve` (`--config FILE`, TOML): the
+//! options an operator keeps, comments and all, and checks before the
+//! server starts.
+//!
+//! Every option of `serve` is a key of the same name (`max-runs = 256`,
+//! `listen = "127.0.0.1:7878"`, `agent = ["demo=builtin:demo"]`), its
+//! value read by the option's own parser, so sizes take the same suffixes
+//! (`"16M"`) and durations the same syntax (`"30s"`, `"2m"`, a bare number
+//! of seconds) as on the command line. An option given on the command line
+//! overrides the file's key. Beside them, `[[tenant]]` tables name tenants,
+//! their tokens and quotas, and `[tenant-defaults]` sets the quotas a
+//! tenant leaves out (see [`runloop::server::Quota`]).
+//!
+//! Reading the file reports every fault it finds, each naming its key (an
+//! unknown key with the nearest valid one), not only the first: that is
+//! what `serve --check-config` prints.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
+use runloop::server::{Quota, Tenant, Tenants, TokenHash};
+
+use crate::serve::{Args, bytes};
+use crate::token;
+
+/// Keys that are options of the command but not of a file.
+const NOT_KEYS: [&str; 4] = ["config", "check-config", "print-config", "help"];
+
+/// The tables of a file beside the options' keys.
+const TABLES: [&str; 2] = ["tenant", "tenant-defaults"];
+
+/// The keys of a `[[tenant]]` table (the quotas are also those of
+/// `[tenant-defaults]`).
+const TENANT_KEYS: [&str; 3] = ["name", "token-file", "tokens"];
+const QUOTA_KEYS: [&str; 6] = [
+    "max-connections",
+    "max-runs",
+    "max-loops",
+    "memory-budget",
+    "disk-budget",
+    "max-run-memory",
+];
+
+/// The `serve` command as clap sees it: its options, defaults and help.
+pub fn command() -> clap::Command {
+    let cli = crate::cli::Cli::command();
+    cli.find_subcommand("serve")
+        .cloned()
+        .unwrap_or_else(|| clap::Command::new("serve"))
+        .no_binary_name(false)
+        .name("serve")
+}
+
+/// A file's options merged under the command line: the arguments, the
+/// file's tenants, and every fault found on the way.
+pub struct Merged {
+    /// The arguments, when they could be made.
+    pub args: Option<Args>,
+    /// The merged options, value by value, as clap read them.
+    pub matches: Option<ArgMatches>,
+    /// Every fault, a line each, naming the file and key.
+    pub faults: Vec<String>,
+    /// The keys whose value came from the file.
+    pub from_file: Vec<String>,
+}
+
+/// The effective options of `config` (the file, if any) under
+/// `command_line` (what followed `serve`).
+pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
+    let mut faults = Vec::new();
+    let serve = command();
+    let given = match serve.clone().try_get_matches_from(
+        std::iter::once(OsString::from("serve")).chain(command_line.iter().cloned()),
+    ) {
+        Ok(matches) => matches,
+        Err(error) => {
+            return Merged {
+                args: None,
+                matches: None,
+                faults: vec![first_line(&error)],
+                from_file: Vec::new(),
+            };
+        }
+    };
+    let mut from_file = Vec::new();
+    let mut file_keys = Vec::new();
+    let mut tenants = None;
+    if let Some(path) = config {
+        match read(path) {
+            Err(fault) => faults.push(fault),
+            Ok(table) => {
+                let shown = path.display();
+                for (key, value) in &table {
+                    if TABLES.contains(&key.as_str()) {
+                        continue;
+                    }
+                    let Some(arg) = serve.get_arguments().find(|a| {
+                        a.get_long() == Some(key.as_str()) && !NOT_KEYS.contains(&key.as_str())
+                    }) else {
+                        faults.push(unknown(&shown.to_string(), key, &keys(&serve)));
+                        continue;
+                    };
+                    let fragments = match fragments(key, arg, value) {
+                        Ok(fragments) => fragments,
+                        Err(fault) => {
+                            faults.push(format!("{shown}: {key}: {fault}"));
+                            continue;
+                        }
+                    };
+                    // Each key is read alone by its option's parser, so that
+                    // every bad value is reported, not just the first.
+                    if let Err(error) = serve.clone().try_get_matches_from(
+                        std::iter::once(OsString::from("serve")).chain(fragments.iter().cloned()),
+                    ) && error.kind() != clap::error::ErrorKind::MissingRequiredArgument
+                    {
+                        faults.push(format!("{shown}: {key}: {}", first_line(&error)));
+                        continue;
+                    }
+                    let id = arg.get_id().as_str();
+                    if given.value_source(id) != Some(ValueSource::CommandLine) {
+                        from_file.extend(fragments);
+                        file_keys.push(key.clone());
+                    }
+                }
+                let (file_tenants, tenant_faults) = read_tenants(path, &table);
+                faults.extend(tenant_faults);
+                tenants = file_tenants;
+            }
+        }
+    }
+    let argv = std::iter::once(OsString::from("serve"))
+        .chain(from_file)
+        .chain(command_line.iter().cloned());
+    let (args, matches) = match serve.try_get_matches_from(argv) {
+        Ok(matches) => match Args::from_arg_matches(&matches) {
+            Ok(mut args) => {
+                args.command_line = command_line.to_vec();
+                args.file_tenants = tenants;
+                (Some(args), Some(matches))
+            }
+            Err(error) => {
+                faults.push(first_line(&error));
+                (None, None)
+            }
+        },
+        Err(error) => {
+            faults.push(first_line(&error));
+            (None, None)
+        }
+    };
+    Merged {
+        args,
+        matches,
+        faults,
+        from_file: file_keys,
+    }
+}
+
+/// The file at `path`, read and parsed.
+fn read(path: &Path) -> Result<toml::Table, String> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        format!(
+            "cannot read the configuration file {}: {error}",
+            path.display()
+        )
+    })?;
+    text.parse::<toml::Table>().map_err(|error| {
+        format!(
+            "{} is not TOML: {}",
+            path.display(),
+            error.to_string().trim()
+        )
+    })
+}
+
+/// The first line of a clap error, without its `error: ` prefix.
+fn first_line(error: &clap::Error) -> String {
+    let text = error.to_string();
+    let line = text.lines().next().unwrap_or_default();
+    line.strip_prefix("error: ").unwrap_or(line).to_owned()
+}
+
+/// Every key a file may have at its top level.
+fn keys(serve: &clap::Command) -> Vec<String> {
+    serve
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .filter(|long| !NOT_KEYS.contains(long))
+        .map(str::to_owned)
+        .chain(TABLES.iter().map(|t| (*t).to_owned()))
+        .collect()
+}
+
+/// The fault of an unknown `key` in `place`, naming the nearest of `valid`.
+fn unknown(place: &str, key: &str, valid: &[impl AsRef<str>]) -> String {
+    let nearest = valid
+        .iter()
+        .map(|v| (strsim::jaro_winkler(key, v.as_ref()), v.as_ref()))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match nearest {
+        Some((_, nearest)) => {
+            format!("{place}: unknown key {key:?}; the nearest valid key is {nearest:?}")
+        }
+        None => format!("{place}: unknown key {key:?}"),
+    }
+}
+
+/// The command-line arguments a key's value stands for.
+fn fragments(key: &str, arg: &clap::Arg, value: &toml::Value) -> Result<Vec<OsString>, String> {
+    let flag = matches!(arg.get_action(), ArgAction::SetTrue);
+    let repeatable = matches!(arg.get_action(), ArgAction::Append);
+    let scalar = |value: &toml::Value| -> Result<String, String> {
+        match value {
+            toml::Value::String(text) => Ok(text.clone()),
+            toml::Value::Integer(n) => Ok(n.to_string()),
+            toml::Value::Float(x) => Ok(x.to_string()),
+            toml::Value::Boolean(b) => Ok(b.to_string()),
+            _ => Err("is not a string, a number or a boolean".to_owned()),
+        }
+    };
+    if flag {
+        return match value {
+            toml::Value::Boolean(true) => Ok(vec![format!("--{key}").into()]),
+            toml::Value::Boolean(false) => Ok(Vec::new()),
+            _ => Err("is true or false".to_owned()),
+        };
+    }
+    let values = match value {
+        toml::Value::Array(items) if repeatable => {
+            items.iter().map(scalar).collect::<Result<Vec<_>, _>>()?
+        }
+        toml::Value::Array(_) => return Err("takes one value, not a list".to_owned()),
+        other => vec![scalar(other)?],
+    };
+    Ok(values
+        .into_iter()
+        .map(|v| OsString::from(format!("--{key}={v}")))
+        .collect())
+}
+
+/// The `[[tenant]]` and `[tenant-defaults]` tables of the file at `path`:
+/// the tenants (`None` when the file names none), and every fault.
+fn read_tenants(path: &Path, table: &toml::Table) -> (Option<Tenants>, Vec<String>) {
+    let shown = path.display().to_string();
+    let mut faults = Vec::new();
+    let mut tenants = Tenants::default();
+    if let Some(defaults) = table.get("tenant-defaults") {
+        match defaults.as_table() {
+            Some(defaults) => {
+                let place = format!("{shown}: [tenant-defaults]");
+                for key in defaults.keys() {
+                    if !QUOTA_KEYS.contains(&key.as_str()) {
+                        faults.push(unknown(&place, key, &QUOTA_KEYS));
+                    }
+                }
+                tenants.defaults = quota(&place, defaults, &mut faults);
+            }
+            None => faults.push(format!(
+                "{shown}: tenant-defaults is a table ([tenant-defaults])"
+            )),
+        }
+    }
+    let Some(list) = table.get("tenant") else {
+        return (None, faults);
+    };
+    let Some(list) = list.as_array() else {
+        faults.push(format!("{shown}: tenant is a list of tables ([[tenant]])"));
+        return (None, faults);
+    };
+    let valid: Vec<&str> = TENANT_KEYS
+        .iter()
+        .chain(QUOTA_KEYS.iter())
+        .copied()
+        .collect();
+    for (index, entry) in list.iter().enumerate() {
+        let Some(entry) = entry.as_table() else {
+            faults.push(format!("{shown}: tenant #{} is not a table", index + 1));
+            continue;
+        };
+        let name = entry.get("name").and_then(|n| n.as_str());
+        let place = match name {
+            Some(name) => format!("{shown}: tenant {name:?}"),
+            None => {
+                faults.push(format!("{shown}: tenant #{} has no name", index + 1));
+                format!("{shown}: tenant #{}", index + 1)
+            }
+        };
+        for key in entry.keys() {
+            if !valid.contains(&key.as_str()) {
+                faults.push(unknown(&place, key, &valid));
+            }
+        }
+        let mut hashes = Vec::new();
+        if let Some(file) = entry.get("token-file") {
+            match file.as_str() {
+                // A relative path is the file's neighbour.
+                Some(file) => match token::read_file(&beside(path, file)) {
+                    Ok(tokens) => hashes.extend(tokens.iter().map(|t| TokenHash::of(t))),
+                    Err(error) => faults.push(format!("{place}: {error}")),
+                },
+                None => faults.push(format!("{place}: token-file is a path")),
+            }
+        }
+        match entry.get("tokens").map(|t| t.as_array()) {
+            None => {}
+            Some(None) => faults.push(format!("{place}: tokens is a list of \"sha256:HEX\"")),
+            Some(Some(list)) => {
+                for (n, hash) in list.iter().enumerate() {
+                    match hash.as_str().map(TokenHash::parse) {
+                        Some(Ok(hash)) => hashes.push(hash),
+                        Some(Err(error)) => {
+                            faults.push(format!("{place}: tokens[{n}]: {error}"));
+                        }
+                        None => faults.push(format!("{place}: tokens[{n}] is not a string")),
+                    }
+                }
+            }
+        }
+        if hashes.is_empty() && !faults.iter().any(|f| f.starts_with(&place)) {
+            faults.push(format!(
+                "{place} has no token: give it token-file or tokens"
+            ));
+        }
+        let quota = quota(&place, entry, &mut faults);
+        if let Some(name) = name {
+            tenants.tenants.push(Tenant {
+                name: name.to_owned(),
+                tokens: hashes,
+                quota,
+            });
+        }
+    }
+    if let Err(error) = tenants.validate() {
+        faults.push(format!("{shown}: {error}"));
+    }
+    (Some(tenants), faults)
+}
+
+/// `file` as named in the configuration file at `config`: relative to
+/// the configuration file's directory.
+fn beside(config: &Path, file: &str) -> PathBuf {
+    config
+        .parent()
+        .map_or_else(|| PathBuf::from(file), |dir| dir.join(file))
+}
+
+/// The quota keys of `table`; a bad value is a fault.
+fn quota(place: &str, table: &toml::Table, faults: &mut Vec<String>) -> Quota {
+    let mut count = |key: &str| -> Option<usize> {
+        let value = table.get(key)?;
+        match value.as_integer().and_then(|n| usize::try_from(n).ok()) {
+            Some(n) => Some(n),
+            None => {
+                faults.push(format!("{place}: {key} is a whole number, not {value}"));
+                None
+            }
+        }
+    };
+    let (max_connections, max_runs, max_loops) = (
+        count("max-connections"),
+        count("max-runs"),
+        count("max-loops"),
+    );
+    let mut size = |key: &str| -> Option<u64> {
+        let value = table.get(key)?;
+        let read = match value {
+            toml::Value::Integer(n) => u64::try_from(*n).map_err(|_| format!("{n} is negative")),
+            toml::Value::String(text) => bytes(text),
+            other => Err(format!("{other} is not a size (e.g. 512K, 16M, 1G)")),
+        };
+        match read {
+            Ok(n) => Some(n),
+            Err(why) => {
+                faults.push(format!("{place}: {key}: {why}"));
+                None
+            }
+        }
+    };
+    Quota {
+        max_connections,
+        max_runs,
+        max_loops,
+        memory_budget: size("memory-budget"),
+        disk_budget: size("disk-budget"),
+        max_run_memory: size("max-run-memory"),
+    }
+}
+
+/// The options of `serve` in order, with their headings: those a file
+/// may hold.
+fn options(serve: &clap::Command) -> Vec<&clap::Arg> {
+    serve
+        .get_arguments()
+        .filter(|a| a.get_long().is_some_and(|l| !NOT_KEYS.contains(&l)))
+        .collect()
+}
+
+/// `text` as a TOML value: a number or boolean as it is, else a string.
+fn toml_value(text: &str) -> String {
+    if text.parse::<i64>().is_ok() || text == "true" || text == "false" {
+        text.to_owned()
+    } else {
+        toml::Value::String(text.to_owned()).to_string()
+    }
+}
+
+/// `serve --print-config`: every key, its help and its default, as a
+/// commented file an operator can start from.
+pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
+    let serve = command();
+    writeln!(
+        out,
+        "# runloop serve --config FILE: every option of `runloop serve` is a key\n\
+         # of the same name. Uncomment what you change; an option on the command\n\
+         # line overrides the file. Sizes take K/M/G suffixes (\"16M\"); durations\n\
+         # are \"30s\", \"2m\", \"500ms\" or a bare number of seconds."
+    )?;
+    let mut heading = None;
+    for arg in options(&serve) {
+        let this = arg.get_help_heading().unwrap_or("Options");
+        if heading != Some(this) {
+            writeln!(out, "\n# ── {this} ──")?;
+            heading = Some(this);
+        }
+        let key = arg.get_long().unwrap_or_default();
+        writeln!(out)?;
+        let help = arg
+            .get_long_help()
+            .or(arg.get_help())
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        for line in wrap(&help, 76) {
+            writeln!(out, "# {line}")?;
+        }
+        let defaults: Vec<String> = arg
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        let line = match (arg.get_action(), defaults.as_slice()) {
+            (ArgAction::SetTrue, _) => format!("{key} = false"),
+            (ArgAction::Append, _) => format!("{key} = []"),
+            (_, [one]) => format!("{key} = {}", toml_value(one)),
+            // Made at startup, or unset: the help says which.
+            _ => format!("{key} = …  (see above)"),
+        };
+        writeln!(out, "# {line}")?;
+    }
+    writeln!(
+        out,
+        "\n# ── Tenants ──\n\
+         \n\
+         # What a tenant leaves out. Without it, a tenant may hold half of each\n\
+         # server-wide budget (memory, disk, runs, connections), never below one.\n\
+         # [tenant-defaults]\n\
+         # max-connections = 64\n\
+         # max-runs = 16\n\
+         # max-loops = 32\n\
+         # memory-budget = \"8G\"\n\
+         # disk-budget = \"32G\"\n\
+         # max-run-memory = \"2G\"\n\
+         \n\
+         # One table per tenant: its name (in logs and metrics), its tokens (a\n\
+         # token-file, one a line, and/or the lowercase hex SHA-256 of each\n\
+         # token's bytes: `printf %s TOKEN | sha256sum`), and its quotas.\n\
+         # [[tenant]]\n\
+         # name = \"alice\"\n\
+         # token-file = \"alice.tokens\"\n\
+         # tokens = [\"sha256:…\"]\n\
+         # max-runs = 8"
+    )?;
+    Ok(())
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    for paragraph in text.lines() {
+        let mut line = String::new();
+        for word in paragraph.split_whitespace() {
+            if !line.is_empty() && line.len() + 1 + word.len() > width {
+                lines.push(std::mem::take(&mut line));
+            }
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+        lines.push(line);
+    }
+    lines
+}
+
+/// The effective value of every key, by key, as given (tokens hidden).
+pub fn effective(matches: &ArgMatches) -> BTreeMap<String, String> {
+    let serve = command();
+    let mut values = BTreeMap::new();
+    for arg in options(&serve) {
+        let key = arg.get_long().unwrap_or_default();
+        let id = arg.get_id().as_str();
+        let raw: Vec<String> = matches
+            .get_raw(id)
+            .map(|values| values.map(|v| v.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        let value = match arg.get_action() {
+            ArgAction::SetTrue => matches.get_flag(id).to_string(),
+            ArgAction::Append => {
+                let shown: Vec<String> = raw
+                    .iter()
+                    .map(|v| {
+                        if key == "token" {
+                            "\"<redacted>\"".to_owned()
+                        } else {
+                            toml::Value::String(v.clone()).to_string()
+                        }
+                    })
+                    .collect();
+                format!("[{}]", shown.join(", "))
+            }
+            _ => match raw.first() {
+                Some(one) => toml_value(one),
+                None => continue,
+            },
+        };
+        values.insert(key.to_owned(), value);
+    }
+    values
+}
+
+/// Prints the effective configuration: every key set, where it came from
+/// (`from_file`: the keys the file set).
+pub fn print_effective(
+    matches: &ArgMatches,
+    from_file: &[String],
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    let serve = command();
+    let values = effective(matches);
+    for arg in options(&serve) {
+        let key = arg.get_long().unwrap_or_default();
+        let source = match matches.value_source(arg.get_id().as_str()) {
+            _ if from_file.iter().any(|k| k == key) => "file",
+            Some(ValueSource::CommandLine) => "command line",
+            Some(ValueSource::EnvVariable) => "environment",
+            _ => "default",
+        };
+        match values.get(key) {
+            Some(value) => writeln!(out, "{key} = {value}  # {source}")?,
+            None => writeln!(out, "# {key} is not set")?,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_key_names_the_nearest() {
+        let fault = unknown("f.toml", "max-run", &["max-runs", "listen", "max-scopes"]);
+        assert_eq!(
+            fault,
+            "f.toml: unknown key \"max-run\"; the nearest valid key is \"max-runs\""
+        );
+    }
+
+    #[test]
+    fn every_option_but_the_file_s_own_is_a_key() {
+        let serve = command();
+        let keys = keys(&serve);
+        for key in [
+            "listen",
+            "max-runs",
+            "token-file",
+            "memory-budget",
+            "disk-budget",
+            "log-format",
+        ] {
+            assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
+        }
+        assert!(!keys.iter().any(|k| k == "config" || k == "check-config"));
+    }
+
+    #[test]
+    fn help_is_wrapped_at_spaces() {
+        assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
+    }
+}

@@ -1,0 +1,356 @@
+//! `runloop serve` and its run budget (issue 13, rows 8 and 11): a run's
+//! `memory` and `disk` over the per-run maximum, a run past `--max-runs`,
+//! past `--max-runs-per-identity`, or past the memory budget, each refused
+//! with an error response that names the limit and its value, while the
+//! runs within them are served; and a loop past `--max-loops-per-identity`,
+//! refused as a loop that did not run, with an error naming the limit.
+//!
+//! Row 8 as a load (one connection asking for 256 runs of an `exec` agent
+//! at the default budget; the processes and memory they take) is
+//! a figure of `benches/figures.rs`:
+//! `cargo bench -p runloop-cli --bench figures -- budget`.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::Serve;
+use futures_util::StreamExt;
+use runloop::client::{Client, Event, Run, RunError};
+use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
+use runloop::proto::run_loop::Outcome;
+
+const MIB: u64 = 1 << 20;
+
+/// A run of `image` asking for `memory` and `disk`.
+fn request(image: &str, memory: u64, disk: u64) -> RunRequest {
+    let image = Image::Server(ImageRef {
+        name: image.into(),
+        digest: format!("sha256:{}", "0".repeat(64)),
+    });
+    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
+    RunRequest::new(Container::new(image, memory, disk), agent)
+}
+
+/// The `error` member of a refusal, or a panic saying what came instead.
+fn refusal(started: Result<Run, RunError>) -> String {
+    match started {
+        Err(RunError::Refused(error)) => {
+            assert_eq!(error.0["kind"], "policy", "{error:?}");
+            error.0["error"]
+                .as_str()
+                .expect("an error string")
+                .to_owned()
+        }
+        Err(other) => panic!("refused otherwise: {other}"),
+        Ok(_) => panic!("the run started"),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().expect("a runtime")
+}
+
+#[test]
+fn a_run_over_the_largest_memory_or_disk_is_refused_naming_the_limit() {
+    let server = Serve::start("error", &["--max-run-disk", "1G", "--memory-budget", "8G"]);
+    runtime().block_on(async {
+        let client = Client::connect(&server.url, "").await.expect("connects");
+        for memory in [1 << 63, u64::MAX, (4 << 30) + 1] {
+            let why = refusal(client.start(request("demo", memory, 0)).await);
+            assert_eq!(
+                why,
+                format!(
+                    "memory {memory} is over this server's largest run memory \
+                     (max_run_memory 4294967296 bytes)"
+                )
+            );
+        }
+        let why = refusal(client.start(request("demo", MIB, (1 << 30) + 1)).await);
+        assert_eq!(
+            why,
+            "disk 1073741825 is over this server's largest run disk (max_run_disk 1073741824 bytes)"
+        );
+        // At the maximums, the run is served.
+        let run = client
+            .start(request("demo", 4 << 30, 1 << 30))
+            .await
+            .expect("a run at the maximums starts");
+        run.stop().await;
+        client.close().await;
+    });
+}
+
+#[test]
+fn runs_past_max_runs_or_the_memory_budget_are_refused_and_their_places_come_back() {
+    let server = Serve::start("error", &["--max-runs", "4", "--memory-budget", "1G"]);
+    runtime().block_on(async {
+        let client = Client::connect(&server.url, "").await.expect("connects");
+        let mut runs = Vec::new();
+        for _ in 0..4 {
+            runs.push(
+                client
+                    .start(request("demo", 256 * MIB, 0))
+                    .await
+                    .expect("within the limits"),
+            );
+        }
+        let why = refusal(client.start(request("demo", MIB, 0)).await);
+        assert_eq!(
+            why,
+            "this server holds as many runs as it may (max_runs 4); try again later"
+        );
+        runs.pop().expect("a run").stop().await;
+        let why = refusal(client.start(request("demo", 512 * MIB, 0)).await);
+        assert_eq!(
+            why,
+            "memory 536870912 does not fit this server's memory budget: runs hold 805306368 of \
+             memory_budget 1073741824 bytes; try again later"
+        );
+        // The stopped run's place and memory are back.
+        runs.push(
+            client
+                .start(request("demo", 256 * MIB, 0))
+                .await
+                .expect("its place is back"),
+        );
+        for run in runs {
+            run.stop().await;
+        }
+        client.close().await;
+    });
+}
+
+#[test]
+fn one_token_cannot_hold_every_run() {
+    let server = Serve::start(
+        "error",
+        &[
+            "--token",
+            "alice",
+            "--token",
+            "bob",
+            "--max-runs",
+            "4",
+            "--max-runs-per-identity",
+            "2",
+        ],
+    );
+    runtime().block_on(async {
+        let alice = Client::connect(&server.url, "alice")
+            .await
+            .expect("connects");
+        let bob = Client::connect(&server.url, "bob").await.expect("connects");
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            runs.push(alice.start(request("demo", MIB, 0)).await.expect("alice's"));
+        }
+        let why = refusal(alice.start(request("demo", MIB, 0)).await);
+        assert_eq!(
+            why,
+            "tenant token #1 holds as many runs as it may (max-runs 2); try again later"
+        );
+        // A second connection of the same token is the same identity.
+        let alice_again = Client::connect(&server.url, "alice")
+            .await
+            .expect("connects");
+        refusal(alice_again.start(request("demo", MIB, 0)).await);
+        let bobs = bob
+            .start(request("demo", MIB, 0))
+            .await
+            .expect("bob is still served");
+        bobs.stop().await;
+        for run in runs {
+            run.stop().await;
+        }
+    });
+}
+
+#[test]
+fn one_token_cannot_hold_every_loop() {
+    let server = Serve::start(
+        "error",
+        &[
+            "--token",
+            "alice",
+            "--token",
+            "bob",
+            "--max-loops-per-identity",
+            "2",
+        ],
+    );
+    runtime().block_on(async {
+        let alice = Client::connect(&server.url, "alice")
+            .await
+            .expect("connects");
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            runs.push(alice.start(request("demo", MIB, 0)).await.expect("alice's"));
+        }
+        // Two loops of two runs, each a few seconds long; a chunk of each
+        // shows that the server relays them.
+        let mut held = Vec::new();
+        for run in &runs[..2] {
+            let mut held_loop = run.run_loop("held demo:pace=250");
+            match held_loop.next().await {
+                Some(Event::Chunk { .. }) => {}
+                other => panic!("alice's loop is not relayed: {other:?}"),
+            }
+            held.push(held_loop);
+        }
+        let refused =
+            "tenant token #1 holds as many loops as it may (max-loops 2); try again later";
+        // A third, on the third run: no loop ran, and the error says why.
+        let events: Vec<Event> = runs[2].run_loop("a third").collect().await;
+        match &events[..] {
+            [Event::Error(error), Event::End(Outcome::NoLoop(_))] => {
+                assert_eq!(error.0["kind"], "policy", "{error:?}");
+                assert_eq!(error.0["error"], refused, "{error:?}");
+            }
+            other => panic!("the third loop: {other:?}"),
+        }
+        // A second connection of the same token is the same identity.
+        let alice_again = Client::connect(&server.url, "alice")
+            .await
+            .expect("connects");
+        let again = alice_again
+            .start(request("demo", MIB, 0))
+            .await
+            .expect("a run within the runs' limits");
+        let outcome = again.run_loop("again").outcome().await;
+        assert_eq!(
+            outcome.error().map(|error| error.0["error"].clone()),
+            Some(refused.into()),
+            "{outcome:?}"
+        );
+        // Another token is served meanwhile.
+        let bob = Client::connect(&server.url, "bob").await.expect("connects");
+        let bobs = bob.start(request("demo", MIB, 0)).await.expect("bob's");
+        let outcome = bobs.run_loop("bob's loop").outcome().await;
+        assert!(matches!(outcome, Outcome::Finished { .. }), "{outcome:?}");
+        // Alice's loops were not disturbed; once one has ended, her next
+        // loop is served.
+        let mut held = held.into_iter();
+        let (_, outcome) = held.next().expect("a loop").collect_chunks().await;
+        assert!(matches!(outcome, Outcome::Finished { .. }), "{outcome:?}");
+        let outcome = runs[2].run_loop("after one ended").outcome().await;
+        assert!(matches!(outcome, Outcome::Finished { .. }), "{outcome:?}");
+        let (_, outcome) = held.next().expect("a loop").collect_chunks().await;
+        assert!(matches!(outcome, Outcome::Finished { .. }), "{outcome:?}");
+        for run in runs.iter().chain([&again, &bobs]) {
+            run.stop().await;
+        }
+    });
+}
+
+/// Whether exec runs get cgroups here (root, memory and pids controllers).
+fn cgroups() -> bool {
+    runloop_testkit::needs(&[runloop_testkit::Part::Cgroups])
+}
+
+fn sse_agent() -> String {
+    format!(
+        "sse=exec:python3 {}/../runloop/tests/fixtures/sse_agent.py",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// Processes whose parent is `pid`, and theirs, all the way down.
+fn descendants(pid: u32) -> usize {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        if let Some(parent) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|ppid| ppid.parse().ok())
+        {
+            children.entry(parent).or_default().push(child);
+        }
+    }
+    let mut stack = vec![pid];
+    let mut count = 0;
+    while let Some(next) = stack.pop() {
+        for &child in children.get(&next).into_iter().flatten() {
+            count += 1;
+            stack.push(child);
+        }
+    }
+    count
+}
+
+/// One connection asks for `asked` runs of an exec agent, 256 MiB each, at
+/// once; how many start, how many are refused and why, and how many
+/// processes the server has while they run.
+fn exec_runs(args: &[&str], asked: usize) -> (usize, Vec<String>, usize) {
+    let agent = sse_agent();
+    let server = Serve::start(
+        "error",
+        &[&["--exec-disk", "unenforced", "--agent", &agent], args].concat(),
+    );
+    runtime().block_on(async {
+        let client = Client::connect(&server.url, "").await.expect("connects");
+        let started = futures_util::future::join_all(
+            (0..asked).map(|_| client.start(request("sse", 256 * MIB, 0))),
+        )
+        .await;
+        let mut runs = Vec::new();
+        let mut refused = Vec::new();
+        for start in started {
+            match start {
+                Ok(run) => runs.push(run),
+                Err(error) => refused.push(refusal(Err(error))),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let processes = descendants(server.pid());
+        for run in runs.iter() {
+            run.stop().await;
+        }
+        (runs.len(), refused, processes)
+    })
+}
+
+#[test]
+fn exec_runs_past_the_memory_budget_are_refused() {
+    if !cgroups() {
+        return;
+    }
+    let (served, refused, _) = exec_runs(&["--memory-budget", "1G"], 8);
+    assert_eq!(served, 4, "{refused:?}");
+    assert_eq!(refused.len(), 4);
+    for why in refused {
+        assert!(
+            why.starts_with("memory 268435456 does not fit this server's memory budget")
+                && why.contains("memory_budget 1073741824 bytes"),
+            "{why}"
+        );
+    }
+}
+
+/// One connection, 256 exec runs of 256 MiB, default limits.
+/// A figure of `benches/figures.rs` (not a test: a load).
+#[allow(dead_code)]
+pub fn exec_runs_at_the_default_budget() {
+    if !cgroups() {
+        return;
+    }
+    let (served, refused, processes) = exec_runs(&[], 256);
+    let budget: std::collections::BTreeSet<_> = refused
+        .iter()
+        .map(|why| why.split(':').next().unwrap_or_default().to_owned())
+        .collect();
+    println!(
+        "row 8: 256 exec runs of 256 MiB asked on one connection: {served} served, {} refused \
+         ({budget:?}), {processes} processes under the server, {} MiB claimed",
+        refused.len(),
+        served as u64 * 256
+    );
+    assert_eq!(served + refused.len(), 256);
+    assert!(!refused.is_empty(), "nothing past the budget was refused");
+}

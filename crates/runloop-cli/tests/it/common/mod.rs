@@ -1,0 +1,175 @@
+//! What the process tests share: the built binary, a bounded wait for a
+//! child, and `runloop serve` started on a loopback port.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a command that should end may take before the test fails:
+/// generous, for a shared machine; a hang takes forever.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The built `runloop`, or the binary `RUNLOOP_BIN` names (another build,
+/// measured against this one).
+pub fn runloop() -> Command {
+    Command::new(
+        std::env::var("RUNLOOP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_runloop").into()),
+    )
+}
+
+/// Reads the URL a `runloop serve` prints first on its stdout.
+pub fn url(child: &mut Child) -> String {
+    let mut url = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut url)
+        .expect("serve prints its URL");
+    assert!(url.starts_with("ws://"), "{url:?}");
+    url.trim().to_owned()
+}
+
+/// Waits for `child` to exit, for `PATIENCE` at most; past that it is
+/// killed and the test fails, naming `what`.
+pub fn exits(child: &mut Child, what: &str) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("the child can be waited for") {
+            return status;
+        }
+        if start.elapsed() > PATIENCE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not exit within {PATIENCE:?}: it hangs");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads all of a child's pipe on a thread, so the child never blocks on it.
+pub fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+/// A `runloop serve` on a loopback port, killed if the test ends first.
+pub struct Serve {
+    child: Child,
+    /// The URL it printed.
+    pub url: String,
+}
+
+impl Serve {
+    /// Starts `runloop serve --listen 127.0.0.1:0 ARGS…` at `RUST_LOG=level`,
+    /// its stderr a pipe the caller takes with [`Serve::stderr`].
+    pub fn start(level: &str, args: &[&str]) -> Serve {
+        let mut child = start(
+            level,
+            &[&["serve", "--listen", "127.0.0.1:0"], args].concat(),
+        );
+        let url = url(&mut child);
+        Serve { child, url }
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A size field of its `/proc/PID/status` (`VmRSS`, `VmHWM`…), bytes.
+    pub fn status(&self, field: &str) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("status");
+        let line = status
+            .lines()
+            .find(|line| line.starts_with(field))
+            .unwrap_or_else(|| panic!("{field} in {status}"));
+        let kib: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|kib| kib.parse().ok())
+            .expect("a size in kB");
+        kib * 1024
+    }
+
+    /// Kills it outright (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The read end of its stderr.
+    pub fn stderr(&mut self) -> ChildStderr {
+        self.child.stderr.take().expect("stderr, taken once")
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        exits(&mut self.child, "serve after SIGTERM")
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `runloop ARGS…` started at `RUST_LOG=level`, with no stdin, and its
+/// stdout and stderr pipes for the test to take.
+pub fn start(level: &str, args: &[&str]) -> Child {
+    runloop()
+        .args(args)
+        .env("RUST_LOG", level)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runloop starts")
+}
+
+/// Waits (bounded) for a `run` of the demo whose stdout is drained by
+/// `stdout`, and checks that it rendered its loop to the end and exited 0
+/// (the ending line is a note on stderr, which the caller may not read).
+pub fn finishes(mut child: Child, stdout: JoinHandle<String>, what: &str) {
+    let status = exits(&mut child, what);
+    let stdout = stdout.join().expect("stdout read");
+    assert_eq!(status.code(), Some(0), "{what}: {stdout}");
+    // The loop, to its last chunk and the line's end.
+    assert!(
+        stdout.len() > 1 && stdout.ends_with('\n'),
+        "{what}: {stdout}"
+    );
+}
+
+/// `runloop ARGS…` run to its end (bounded): exit status, stdout, stderr.
+pub fn run(args: &[&str]) -> (ExitStatus, String, String) {
+    let mut child = start("error", args);
+    let stdout = drain(child.stdout.take().expect("stdout"));
+    let stderr = drain(child.stderr.take().expect("stderr"));
+    let status = exits(&mut child, &format!("runloop {}", args.join(" ")));
+    (
+        status,
+        stdout.join().expect("stdout read"),
+        stderr.join().expect("stderr read"),
+    )
+}
+
+/// A run request for the demo agent, with room to spare.
+pub fn demo_request() -> runloop::proto::agents_run::RunRequest {
+    use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
+    let image = Image::Server(ImageRef {
+        name: "demo".into(),
+        digest: format!("sha256:{}", "0".repeat(64)),
+    });
+    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
+    RunRequest::new(Container::new(image, 1 << 30, 1 << 30), agent)
+}

@@ -1,0 +1,221 @@
+//! `runloop serve` with `exec:` agents, as a process: what a run's
+//! programs leave behind when the server ends (gracefully, or killed
+//! outright), and how much of their output reaches the server's log.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::time::{Duration, Instant};
+
+use common::Serve;
+
+use runloop::client::Client;
+use runloop::proto::Decode;
+use runloop::proto::agents_run::RunRequest;
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/../runloop/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// Whether exec runs get cgroups here (root, memory and pids controllers).
+fn cgroups() -> bool {
+    runloop_testkit::needs(&[runloop_testkit::Part::Cgroups])
+}
+
+/// `runloop serve --exec-disk unenforced --agent AGENT` at `RUST_LOG=info`.
+fn serve(agent: &str) -> Serve {
+    Serve::start("info", &["--exec-disk", "unenforced", "--agent", agent])
+}
+
+fn request(image: &str) -> RunRequest {
+    let json = format!(
+        r#"{{"image":{{"server":{{"name":"{image}","digest":"sha256:{}"}}}},"memory":268435456,"disk":0,"agent":{{}}}}"#,
+        "0".repeat(64)
+    );
+    RunRequest::decode(json.as_bytes()).expect("a request")
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+fn eventually_dead(pid: u32) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if !alive(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// A server with one open run of `escapes.py`; the pids of its program and
+/// of the program's child that left the session.
+fn server_with_an_escaping_run(
+    runtime: &tokio::runtime::Runtime,
+    pidfile: &std::path::Path,
+) -> (Serve, Client, (u32, u32)) {
+    let agent = format!(
+        "esc=exec:python3 {} {}",
+        fixture("escapes.py"),
+        pidfile.display()
+    );
+    let server = serve(&agent);
+    let client = runtime.block_on(async {
+        let client = Client::connect(&server.url, "").await.expect("connects");
+        let run = client.start(request("esc")).await.expect("the run starts");
+        // The run stays open: its handle goes, the connection stays.
+        std::mem::forget(run);
+        client
+    });
+    let text = std::fs::read_to_string(pidfile).expect("the pids");
+    let pids: Vec<u32> = text
+        .split_whitespace()
+        .map(|p| p.parse().expect("a pid"))
+        .collect();
+    (server, client, (pids[0], pids[1]))
+}
+
+#[test]
+fn nothing_of_a_run_outlives_the_server_s_exit() {
+    if !cgroups() {
+        return;
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let pidfile = dir.path().join("pids");
+    let (server, _client, (program, escaped)) = server_with_an_escaping_run(&runtime, &pidfile);
+    assert!(alive(program) && alive(escaped));
+    assert_eq!(server.terminate().code(), Some(0));
+    assert!(eventually_dead(program), "the program is gone");
+    assert!(
+        eventually_dead(escaped),
+        "its child that left the session is gone"
+    );
+}
+
+#[test]
+fn the_next_start_removes_what_a_killed_server_left() {
+    if !cgroups() {
+        return;
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let pidfile = dir.path().join("pids");
+    let (mut killed, _client, (program, escaped)) = server_with_an_escaping_run(&runtime, &pidfile);
+    let killed_pid = killed.pid();
+    killed.kill();
+    assert!(
+        eventually_dead(program),
+        "the program dies with the server (PR_SET_PDEATHSIG)"
+    );
+    assert!(
+        alive(escaped),
+        "what remains possible: a child that left the session outlives a killed server"
+    );
+    let left = std::fs::read_dir("/sys/fs/cgroup/memory/runloop-exec")
+        .map(|dirs| {
+            dirs.flatten().any(|d| {
+                d.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{killed_pid}."))
+            })
+        })
+        .unwrap_or(false)
+        || std::fs::read_dir("/sys/fs/cgroup/runloop-exec").is_ok_and(|dirs| {
+            dirs.flatten().any(|d| {
+                d.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{killed_pid}."))
+            })
+        });
+    assert!(left, "the killed server's cgroup is still there");
+
+    // The next server with an exec entry removes it before it serves.
+    let agent = format!("other=exec:python3 {}", fixture("sse_agent.py"));
+    let mut next = serve(&agent);
+    assert!(
+        eventually_dead(escaped),
+        "the next start killed what the killed server left"
+    );
+    let mut stderr = next.stderr();
+    assert_eq!(next.terminate().code(), Some(0));
+    let mut log = String::new();
+    stderr.read_to_string(&mut log).expect("the log");
+    assert!(
+        log.contains("removed the runs of an exec server that ended without stopping them"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_program_that_floods_its_output_fills_the_log_only_so_far() {
+    // 256 MiB by default; RUNLOOP_FLOOD=2G for the figure of issue 13.
+    let total = std::env::var("RUNLOOP_FLOOD")
+        .ok()
+        .map(|size| runloop_cli::serve::bytes(&size).expect("a size"))
+        .unwrap_or(256 << 20);
+    let agent = format!("flood=exec:python3 {} {total}", fixture("flood.py"));
+    let mut server = serve(&agent);
+    let url = server.url.clone();
+    let log = server.stderr();
+    let counted = std::thread::spawn(move || {
+        let mut reader = BufReader::new(log);
+        let (mut bytes, mut suppressed) = (0u64, Vec::new());
+        let mut line = Vec::new();
+        while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            bytes += line.len() as u64;
+            let text = String::from_utf8_lossy(&line);
+            if text.contains("of output suppressed") {
+                suppressed.push(text.into_owned());
+            }
+            line.clear();
+        }
+        (bytes, suppressed)
+    });
+    let start = Instant::now();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(async {
+        let client = Client::connect(&url, "").await.expect("connects");
+        let run = client
+            .start(request("flood"))
+            .await
+            .expect("the run starts");
+        let outcome = run.run_loop("after the flood").outcome().await;
+        assert_eq!(
+            outcome,
+            runloop::proto::run_loop::Outcome::Finished { fatal: false }
+        );
+        run.stop().await;
+        client.close().await;
+    });
+    let elapsed = start.elapsed();
+    assert_eq!(server.terminate().code(), Some(0));
+    let (bytes, suppressed) = counted.join().expect("the log read");
+    // Per 10 s window: 1 MiB of output, and 1000 lines of at most ~300
+    // bytes of log around them; plus the server's own lines.
+    let windows = elapsed.as_secs() / 10 + 1;
+    let bound = windows * ((1 << 20) + 1000 * 300) + (64 << 10);
+    println!(
+        "an agent program wrote {} MiB: the server's log grew {} KiB in {elapsed:?} (bound {} KiB)",
+        total >> 20,
+        bytes >> 10,
+        bound >> 10
+    );
+    assert!(bytes <= bound, "{bytes} bytes of log");
+    assert!(
+        !suppressed.is_empty()
+            && suppressed[0].contains("lines (")
+            && suppressed[0]
+                .contains("bytes) of output suppressed: over 1000 lines or 1048576 bytes per 10s"),
+        "{suppressed:?}"
+    );
+}

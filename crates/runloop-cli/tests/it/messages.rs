@@ -1,0 +1,445 @@
+//! The messages that point the right way (issue 17 §3), each as a user
+//! meets it: the built binary, real sockets, a real HTTP server.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use common::run;
+
+/// A port on loopback that nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[test]
+fn a_capture_that_cannot_be_written_says_so() {
+    let (status, stdout, stderr) = run(&["run", "--capture", "/nonexistent/dir/c.txt", "hi"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stdout, "");
+    assert_eq!(
+        stderr,
+        "runloop: cannot write the capture /nonexistent/dir/c.txt: No such file or directory (os error 2)\n"
+    );
+}
+
+#[test]
+fn a_refused_connection_is_said_once_with_a_hint() {
+    let url = format!("ws://127.0.0.1:{}", closed_port());
+    for args in [&["run", "--url", &url, "hi"][..], &["check", "--url", &url]] {
+        let (status, stdout, stderr) = run(args);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stdout, "");
+        assert_eq!(
+            stderr,
+            format!(
+                "runloop: cannot connect to {url}: Connection refused (os error 111): is a server listening there?\n"
+            ),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn a_url_that_is_not_a_websocket_url_gets_the_one_meant() {
+    for (url, meant) in [
+        ("http://127.0.0.1:7878", "ws://127.0.0.1:7878"),
+        ("https://provider.example", "wss://provider.example"),
+        ("127.0.0.1:7878", "ws://127.0.0.1:7878"),
+    ] {
+        for args in [&["run", "--url", url, "hi"][..], &["check", "--url", url]] {
+            let (status, stdout, stderr) = run(args);
+            assert_eq!(status.code(), Some(2), "{args:?}");
+            assert_eq!(stdout, "");
+            assert_eq!(
+                stderr,
+                format!(
+                    "runloop: \"{url}\" is not a WebSocket URL: write {meant} (wss:// for TLS)\n"
+                )
+            );
+        }
+    }
+}
+
+/// An HTTP server made with Python's `http.server`, which answers every GET
+/// — a WebSocket upgrade included — with 404, in HTTP `version`.
+struct HttpServer {
+    child: Child,
+    port: u16,
+}
+
+impl HttpServer {
+    fn start(version: &str) -> HttpServer {
+        let serve = format!(
+            "import http.server as h\n\
+             class Handler(h.BaseHTTPRequestHandler):\n\
+             \x20   protocol_version = 'HTTP/{version}'\n\
+             \x20   def do_GET(self):\n\
+             \x20       body = b'no such page'\n\
+             \x20       self.send_response(404)\n\
+             \x20       self.send_header('Content-Length', str(len(body)))\n\
+             \x20       self.end_headers()\n\
+             \x20       self.wfile.write(body)\n\
+             server = h.HTTPServer(('127.0.0.1', 0), Handler)\n\
+             print(server.server_address[1], flush=True)\n\
+             server.serve_forever()\n"
+        );
+        let mut child = Command::new("python3")
+            .args(["-c", &serve])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs (apt-get install python3)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("it says its port");
+        let port = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no port in {line:?}"));
+        HttpServer { child, port }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_http_server_that_is_not_a_runloop_server_is_named_as_such() {
+    let expected = [
+        (
+            "1.1",
+            "it answered the WebSocket upgrade with HTTP 404 Not Found",
+        ),
+        (
+            "1.0",
+            "its answer to the WebSocket upgrade is not one (WebSocket protocol error: HTTP \
+             version must be 1.1 or higher)",
+        ),
+    ];
+    for (version, why) in expected {
+        let server = HttpServer::start(version);
+        let url = format!("ws://127.0.0.1:{}", server.port);
+        for args in [&["run", "--url", &url, "hi"][..], &["check", "--url", &url]] {
+            let (status, stdout, stderr) = run(args);
+            assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+            assert_eq!(stdout, "");
+            assert_eq!(
+                stderr,
+                format!("runloop: {url} is not a runloop server: {why}\n"),
+                "HTTP/{version} {args:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_digest_that_is_not_sha256_states_the_rule() {
+    let md5 = format!("md5:{}", "0".repeat(32));
+    let rule = "sha256: followed by 64 lowercase hex digits";
+    let (status, stdout, stderr) = run(&["run", "--image", &format!("demo@{md5}"), "hi"]);
+    assert_eq!(status.code(), Some(2));
+    assert_eq!(stdout, "");
+    assert!(
+        stderr.contains(&format!(
+            "\"{md5}\" is not a digest runloop takes: a digest is {rule}"
+        )),
+        "{stderr}"
+    );
+    let short = "sha256:abc";
+    let (status, _, stderr) = run(&["check", "--image", &format!("demo@{short}")]);
+    assert_eq!(status.code(), Some(2));
+    assert!(stderr.contains(&format!("a digest is {rule}")), "{stderr}");
+    let (status, _, stderr) = run(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--agent",
+        &format!("demo@{md5}=builtin:demo"),
+    ]);
+    assert_eq!(status.code(), Some(2));
+    assert!(
+        stderr.contains(&format!("digest \"{md5}\" is not {rule}")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_demo_agent_counts_one_word_as_one_word() {
+    let (status, stdout, _) = run(&["run", "x"]);
+    assert_eq!(status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("The prompt has 1 word."), "{stdout}");
+    assert!(stdout.contains("1 word, 1 character"), "{stdout}");
+    assert!(
+        stdout.contains("That is 1 word and 1 character."),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("1 words") && !stdout.contains("1 characters"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeout() {
+    // `sleep` runs and never listens: the run waits --startup-timeout.
+    let server = common::Serve::start(
+        "error",
+        &[
+            "--agent",
+            "demo=exec:sleep 30",
+            "--exec-disk",
+            "unenforced",
+            "--startup-timeout",
+            "0.5",
+        ],
+    );
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(7), "a refused run: {stderr}");
+    assert!(
+        stderr.contains("the agent program did not listen on 127.0.0.1:")
+            && stderr.contains(" within 0.5 s: is it listening on $PORT ("),
+        "{stderr}"
+    );
+}
+
+/// An agent program whose stream is `EVENTS` (a Python list of bytes):
+/// each is written as one HTTP chunk of the /run body; then `AFTER` (a
+/// Python statement) runs before the body's end.
+const SCRIPTED_AGENT: &str = r#"
+import os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path == "/register":
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in EVENTS:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.flush()
+        exec(AFTER)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+"#;
+
+/// A server whose one image is an exec agent that sends `events` (Python
+/// bytes literals), in a scratch directory that lives as long as it.
+fn scripted_server(events: &[&str]) -> (common::Serve, tempfile::TempDir) {
+    scripted_server_then(events, "pass")
+}
+
+/// [`scripted_server`], whose agent runs the Python statement `after`
+/// once its events are written, before its body's end.
+fn scripted_server_then(events: &[&str], after: &str) -> (common::Serve, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let agent = dir.path().join("scripted_agent.py");
+    let program = format!(
+        "import os, time\nEVENTS = [{}]\nAFTER = {after:?}\n{SCRIPTED_AGENT}",
+        events.join(", ")
+    );
+    std::fs::write(&agent, program).expect("written");
+    let spec = format!("demo=exec:python3 {}", agent.display());
+    let server = common::Serve::start("error", &["--agent", &spec, "--exec-disk", "unenforced"]);
+    (server, dir)
+}
+
+#[test]
+fn a_payload_that_is_not_a_chunk_is_shown_with_how_a_loop_ends() {
+    let (server, _dir) = scripted_server(&[
+        r#"b'data: {"type":"assistant_text_content","text":"hi"}\n\n'"#,
+        r#"b"data: [DONE]\n\n""#,
+    ]);
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(5), "broken: {stdout}{stderr}");
+    assert_eq!(stdout, "hi\n");
+    assert!(
+        stderr.contains("agentic loop chunk did not parse: ")
+            && stderr.contains("; the payload was \"[DONE]\" (6 bytes)\n"),
+        "the parser's words, then the payload: {stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "each data event must be one chunk, a JSON object with a \"type\"; the end of \
+             the stream ends the loop"
+        ),
+        "{stderr}"
+    );
+}
+
+/// Issue 30 §3: a bad chunk followed by good ones. The quote is the first
+/// payload that did not parse — not the last that came — in `run`, in
+/// `decode` of its capture, and in `decode --render`.
+#[test]
+fn the_first_bad_payload_is_quoted_not_the_last_received() {
+    let (server, dir) = scripted_server(&[
+        r#"b"data: {this is not json\n\n""#,
+        r#"b'data: {"type": "assistant_text_content", "text": "one"}\n\n'"#,
+        r#"b'data: {"type": "assistant_text_content", "text": "two"}\n\n'"#,
+    ]);
+    let capture = dir.path().join("capture.txt");
+    let capture = capture.to_str().expect("a UTF-8 path");
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--capture", capture, "hi"]);
+    assert_eq!(status.code(), Some(5), "broken: {stdout}{stderr}");
+    let quote = "; the payload was \"{this is not json\" (17 bytes)";
+    assert!(stderr.contains(quote), "{stderr}");
+    assert!(
+        !stderr.contains("two"),
+        "the last chunk is not the one quoted: {stderr}"
+    );
+
+    let (status, stdout, stderr) = run(&["decode", capture]);
+    assert_eq!(status.code(), Some(5), "{stderr}");
+    let outcome = stdout
+        .lines()
+        .find(|line| line.contains("\"outcome\""))
+        .expect("an outcome line");
+    assert!(
+        outcome.ends_with(r#"; the payload was \"{this is not json\" (17 bytes)"}"#),
+        "{outcome}"
+    );
+    let (status, stdout, stderr) = run(&["decode", "--render", capture]);
+    assert_eq!(status.code(), Some(5), "{stderr}");
+    assert!(stdout.contains(quote), "{stdout}");
+}
+
+/// Issue 30 §7: an agent program that dies mid-loop is reported in the
+/// runtime's words, in the error value the caller gets, not the HTTP
+/// client's account of a broken chunked body.
+#[test]
+fn an_agent_that_dies_mid_loop_is_reported_with_its_exit_status() {
+    let (server, _dir) = scripted_server_then(
+        &[r#"b'data: {"type":"assistant_text_content","text":"partial"}\n\n'"#],
+        "os._exit(3)",
+    );
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--json", "hi"]);
+    assert_eq!(status.code(), Some(1), "unfinished: {stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            r#"{"error":{"kind":"agent","error":"the agent program exited (exit status 3) before its /run body ended"}}"#
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("chunk size line"), "{stdout}");
+    assert!(
+        stdout.ends_with("{\"outcome\":\"unfinished\"}\n"),
+        "{stdout}"
+    );
+}
+
+/// Issue 30 §6: a time limit that runs out keeps what came. A tool call's
+/// fragments (shown for a person only once its arguments stop growing)
+/// are shown before the ending line; `--json` ends with the limit. (The
+/// limit covers the run's start too: 3 s leave a loaded machine time to
+/// start Python.)
+#[test]
+fn an_idle_timeout_shows_what_came_then_says_which_limit() {
+    let (server, _dir) = scripted_server_then(
+        &[
+            r#"b'data: {"type":"assistant_text_content","text":"looking"}\n\n'"#,
+            r#"b'data: {"type":"assistant_tool_call","id":"c1","name":"grep","arguments":"{\\"pattern\\": "}\n\n'"#,
+            r#"b'data: {"type":"assistant_tool_call","id":"c1","name":"grep","arguments":"\\"todo\\"}"}\n\n'"#,
+        ],
+        "time.sleep(30)",
+    );
+    let (status, stdout, stderr) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--idle-timeout",
+        "3",
+        "--color",
+        "never",
+        "hi",
+    ]);
+    assert_eq!(status.code(), Some(8), "{stdout}{stderr}");
+    assert_eq!(
+        stdout, "looking\ntool call grep (c1): {\"pattern\": \"todo\"}\n",
+        "the call received is shown"
+    );
+    assert!(
+        stderr.ends_with("runloop: nothing came from the server within 3 s (--idle-timeout 3)\n"),
+        "{stderr}"
+    );
+    let (status, stdout, stderr) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--idle-timeout",
+        "3",
+        "--json",
+        "hi",
+    ]);
+    assert_eq!(status.code(), Some(8), "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "three chunks, then the outcome: {stdout}");
+    assert_eq!(
+        lines[3],
+        r#"{"outcome":"timeout","limit":"--idle-timeout","seconds":3.0}"#
+    );
+    let (status, stdout, _) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--idle-timeout",
+        "3",
+        "--transcript",
+        "hi",
+    ]);
+    assert_eq!(status.code(), Some(8));
+    let document: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(document["outcome"], "timeout");
+    assert_eq!(document["limit"], "--idle-timeout");
+    assert_eq!(
+        document["transcript"][1]["arguments"],
+        "{\"pattern\": \"todo\"}"
+    );
+}
+
+/// Issue 30 §8: an exec catalog under the default `--exec-disk refuse`
+/// says at startup that its runs will be refused, and a run that asks for
+/// no disk (`--disk 0`) goes ahead.
+#[test]
+fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
+    let exe = env!("CARGO_BIN_EXE_runloop");
+    let spec = format!("demo=exec:{exe} agent demo");
+    let mut server = common::Serve::start("warn", &["--agent", &spec]);
+    let log = common::drain(server.stderr());
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--disk", "0", "hi"]);
+    assert_eq!(status.code(), Some(0), "disk 0 runs: {stdout}{stderr}");
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(7), "disk 1G is refused: {stderr}");
+    assert!(stderr.contains("; disk 0 goes ahead"), "{stderr}");
+    server.terminate();
+    let log = log.join().expect("the log");
+    assert!(
+        log.contains(
+            "image \"demo\" cannot be served as configured: every run that asks for disk will \
+             be refused"
+        ),
+        "{log}"
+    );
+}

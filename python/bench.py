@@ -1,0 +1,201 @@
+"""Chunks per second of one loop: this package against a pure-Python client.
+
+    python bench.py [--chunks N] [--rounds R] [--mix MIX] [--runloop PATH]
+
+Both clients read the same loops from the same ``runloop serve``, which
+stands in front of the bench's synthetic proxy (``runloop
+__synthetic-proxy``: chunks as fast as their reader takes them, so the
+source is never what is measured). The pure-Python client speaks the same
+protocol on the ``websockets`` library, written as a competent engineer
+would: its asyncio API, the message limit raised, compression off, the
+9-byte header read with ``int.from_bytes``, the chunk JSON kept as bytes.
+A third side, the Rust client alone (in the extension, no Python per
+chunk), is the ceiling.
+
+Sides take turns, in an order that turns around every round; each figure
+is the median of its rounds, and the ratios are medians of per-round
+ratios. Measure release builds: ``cargo build --release -p runloop-cli``
+and ``maturin develop --release`` (a debug build prints a warning).
+"""
+
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import version
+import asyncio
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Awaitable, Callable, Optional
+
+from websockets.asyncio.client import connect as ws_connect
+
+import runloop
+from runloop import _native
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "runloop-python-bench"
+IMAGE = "bench"
+ANY_DIGEST = "sha256:" + "0" * 64
+HEADER = struct.Struct(">BII")
+
+
+def prompt(index: int, chunks: int) -> str:
+    """The synthetic proxy's loop: ``bench:INDEX:ROUND:CHUNKS:RATE`` (rate 0: unpaced)."""
+    return f"bench:{index}:0:{chunks}:0"
+
+
+async def package_loop(url: str, text: str, transcript: bool) -> tuple[int, float]:
+    """One loop through this package; (chunks, seconds of the loop)."""
+    async with runloop.connect(url, token=TOKEN) as client:
+        run = await client.start(IMAGE)
+        began = time.perf_counter()
+        chunks = 0
+        last: Optional[runloop.Event] = None
+        async with run.loop(text, transcript=transcript) as stream:
+            async for event in stream:
+                chunks += 1
+                last = event
+        took = time.perf_counter() - began
+        assert stream.outcome is not None and stream.outcome.kind == "finished", stream.outcome
+        assert last is not None
+        await run.stop()
+    return chunks, took
+
+
+async def pure_python_loop(url: str, text: str) -> tuple[int, float]:
+    """One loop through a pure-Python client of the same protocol on ``websockets``."""
+    async with ws_connect(url, max_size=None, compression=None, max_queue=None) as ws:
+        # Authorization (type 0, mode 0 = unbrokered), then a run on scope 1.
+        await ws.send(HEADER.pack(0, 0, 0) + b"\x00" + TOKEN.encode())
+        request = {
+            "image": {"server": {"name": IMAGE, "digest": ANY_DIGEST}},
+            "memory": 1 << 30,
+            "disk": 0,
+            "agent": {},
+        }
+        await ws.send(HEADER.pack(1, 1, 0) + b"\x00" + json.dumps(request).encode())
+        while True:
+            message = await ws.recv()
+            assert isinstance(message, bytes)
+            if message[0] == 2 and int.from_bytes(message[1:5], "big") == 1:
+                assert message[9] == 0, message
+                break
+        # The loop on channel 1 (tag 5: run-loop).
+        await ws.send(HEADER.pack(4, 1, 1) + b"\x05" + json.dumps({"prompt": text}).encode())
+        began = time.perf_counter()
+        chunks = 0
+        last = b""
+        finished = False
+        while True:
+            message = await ws.recv()
+            if not isinstance(message, bytes) or len(message) < 9:
+                continue
+            kind = message[0]
+            if int.from_bytes(message[1:5], "big") != 1:
+                continue
+            if kind == 5 and int.from_bytes(message[5:9], "big") == 1:
+                if message[9] == 0:
+                    chunks += 1
+                    last = message[10:]
+                else:
+                    break  # the error: the loop's last response
+            elif kind == 6 and int.from_bytes(message[5:9], "big") == 1:
+                finished = True
+                break
+            elif kind == 3:
+                break  # the run ended
+        took = time.perf_counter() - began
+        assert finished and last, "the loop did not finish"
+        # Stop (channel 2, tag 0), and wait for the scope's finish.
+        await ws.send(HEADER.pack(4, 1, 2) + b"\x00")
+        while True:
+            message = await ws.recv()
+            if isinstance(message, bytes) and message[0] == 3:
+                break
+    return chunks, took
+
+
+async def rust_loop(url: str, text: str) -> tuple[int, float]:
+    """One loop read by the Rust client alone, in the extension (the ceiling)."""
+    chunks, took, ending = await asyncio.to_thread(_native.rust_client_loop, url, TOKEN, IMAGE, text)
+    assert ending == "finished", ending
+    return chunks, took
+
+
+def spawn(command: list[str], env: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen[str], str]:
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout is not None
+    url = child.stdout.readline().strip()
+    if not url.startswith("ws://"):
+        child.kill()
+        raise SystemExit(f"{command[:2]} did not start: {url!r}")
+    return child, url
+
+
+async def measure(url: str, chunks: int, rounds: int) -> dict[str, list[float]]:
+    sides: dict[str, Callable[[str], Awaitable[tuple[int, float]]]] = {
+        "package": lambda text: package_loop(url, text, True),
+        "package, transcript=False": lambda text: package_loop(url, text, False),
+        "pure Python (websockets)": lambda text: pure_python_loop(url, text),
+        "Rust client": lambda text: rust_loop(url, text),
+    }
+    names = list(sides)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    # A warm-up loop on each side, not counted.
+    for name in names:
+        await sides[name](prompt(0, min(chunks, 2000)))
+    for index in range(rounds):
+        order = names if index % 2 == 0 else list(reversed(names))
+        for name in order:
+            got, took = await sides[name](prompt(index + 1, chunks))
+            assert got == chunks, f"{name}: {got} of {chunks} chunks"
+            rates[name].append(got / took)
+    return rates
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=200_000, help="chunks per loop")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (each side once a round)")
+    parser.add_argument("--mix", default="20-200:1", help="chunk sizes, as runloop bench --mix")
+    parser.add_argument("--runloop", default=None, help="the runloop binary (default: target/release)")
+    args = parser.parse_args()
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    binary = Path(args.runloop) if args.runloop else target / "release" / "runloop"
+    if not binary.exists():
+        print(f"{binary} is missing: cargo build --release -p runloop-cli", file=sys.stderr)
+        return 2
+    proxy, proxy_url = spawn([str(binary), "__synthetic-proxy", "--mix", args.mix])
+    server, url = spawn(
+        [str(binary), "serve", "--listen", "127.0.0.1:0", "--agent", f"{IMAGE}=proxy:{proxy_url}"],
+        env=dict(os.environ, RUNLOOP_TOKEN=TOKEN, RUST_LOG="warn"),
+    )
+    try:
+        rates = asyncio.run(measure(url, args.chunks, args.rounds))
+    finally:
+        for child in (server, proxy):
+            child.kill()
+            child.wait()
+    base = "pure Python (websockets)"
+    print(f"one loop of {args.chunks} chunks (sizes {args.mix}), {args.rounds} rounds, "
+          f"websockets {version('websockets')}, Python {sys.version.split()[0]}")
+    for name, figures in rates.items():
+        line = f"  {name:28} {statistics.median(figures):>12,.0f} chunks/s"
+        if name != base:
+            ratio = statistics.median(a / b for a, b in zip(figures, rates[base]))
+            line += f"   {ratio:5.2f}x pure Python"
+        print(line)
+    package = rates["package"]
+    to_rust = statistics.median(a / b for a, b in zip(package, rates["Rust client"]))
+    print(f"  the package reads at {to_rust:.2f}x the Rust client's rate")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+//! The exceptions the extension raises, made from the classes of
+//! `runloop/_errors.py`.
+//!
+//! The hierarchy is written in Python because one class,
+//! `ConnectTimeout`, has two bases (`ConnectError` and the builtin
+//! `TimeoutError`), which an exception made in Rust cannot have. A future
+//! reports why it failed as a [`Failure`], which needs no GIL; it becomes
+//! the exception when the result is handed to Python.
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use runloop::client::{ConnectError, RunError};
+
+use crate::value;
+
+/// Why a call failed, before it is a Python exception.
+#[derive(Debug)]
+pub enum Failure {
+    /// `ConnectError`: the server could not be reached, TLS failed, or the
+    /// credential was refused.
+    Connect(String),
+    /// `ConnectTimeout`: connecting took longer than allowed.
+    ConnectTimeout(f64),
+    /// `RunRefused`, with the server's error value.
+    Refused(String, runloop_proto::ErrorValue),
+    /// `RunNotServed`: a bare finish.
+    NotServed,
+    /// `RunloopError`, anything else.
+    Other(String),
+    /// `ValueError`: the arguments.
+    Value(String),
+}
+
+impl From<ConnectError> for Failure {
+    fn from(error: ConnectError) -> Self {
+        Failure::Connect(error.to_string())
+    }
+}
+
+impl From<RunError> for Failure {
+    fn from(error: RunError) -> Self {
+        let message = error.to_string();
+        match error {
+            RunError::Refused(value) => Failure::Refused(message, value),
+            RunError::NotServed => Failure::NotServed,
+            // Nothing came from the server before it closed: a refused
+            // credential (protocol §3), or a server that turned the
+            // connection away and said why. Either way, not connected.
+            RunError::ConnectionEnded {
+                answered_before: false,
+            }
+            | RunError::Closed { .. } => Failure::Connect(message),
+            RunError::Encode(_) => Failure::Value(message),
+            _ => Failure::Other(message),
+        }
+    }
+}
+
+impl Failure {
+    /// The exception.
+    pub fn into_pyerr(self, py: Python<'_>) -> PyErr {
+        let made = match self {
+            Failure::Connect(message) => make(py, "ConnectError", (message,)),
+            Failure::ConnectTimeout(seconds) => make(
+                py,
+                "ConnectTimeout",
+                (format!("connecting took longer than {seconds} s"),),
+            ),
+            Failure::Refused(message, error) => match value::to_python(py, &error.0) {
+                Ok(error) => make(py, "RunRefused", (message, error)),
+                Err(failed) => Err(failed),
+            },
+            Failure::NotServed => make(py, "RunNotServed", ("the server did not serve the run",)),
+            Failure::Other(message) => make(py, "RunloopError", (message,)),
+            Failure::Value(message) => return PyValueError::new_err(message),
+        };
+        made.unwrap_or_else(|error| error)
+    }
+
+    /// The exception, taking the GIL for it (in a future's last step).
+    pub fn raise(self) -> PyErr {
+        crate::runtime::attach(|py| self.into_pyerr(py))
+            .unwrap_or_else(|| PyRuntimeError::new_err("the interpreter is exiting"))
+    }
+}
+
+/// An instance of `runloop._errors.<class>` as the error to raise.
+fn make<'py, A>(py: Python<'py>, class: &str, args: A) -> PyResult<PyErr>
+where
+    A: pyo3::call::PyCallArgs<'py>,
+{
+    let class = py.import("runloop._errors")?.getattr(class)?;
+    Ok(PyErr::from_value(class.call1(args)?))
+}
+
+/// A `RunloopError` with `message`.
+pub fn plain(message: &str) -> PyErr {
+    Python::attach(|py| {
+        make(py, "RunloopError", (message,))
+            .unwrap_or_else(|_| PyRuntimeError::new_err(message.to_owned()))
+    })
+}
+
+/// A `UsedAfterFork`: a handle made in process `pid`, used in a child of it.
+pub fn forked(pid: u32) -> PyErr {
+    Python::attach(|py| {
+        make(
+            py,
+            "UsedAfterFork",
+            (format!(
+                "this handle belongs to process {pid}, and this is a child it forked \
+                 (pid {}): a connection cannot cross os.fork(), connect again in the child",
+                std::process::id()
+            ),),
+        )
+        .unwrap_or_else(|error| error)
+    })
+}
