@@ -33,7 +33,7 @@
 //! seconds  durations on the command line and in the configuration file
 //! size     byte counts on the command line and in the configuration file
 //! verbose  run -v: the frames as they pass, and a timing line
-//! unparsed run: a chunk that did not parse, shown as it came
+//! unparsed run: what a chunk that did not parse should have been
 //! notes    the command's own lines on stderr, from a bounded queue
 //! ```
 

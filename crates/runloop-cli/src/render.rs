@@ -300,6 +300,44 @@ impl<W: Write> Render<W> {
         notes.flush()
     }
 
+    /// A time limit of the command ran out before the loop's ending: what
+    /// came is shown (a tool call whose arguments were still growing, the
+    /// line under way), then JSON lines end with `{"outcome":"timeout",
+    /// "limit":OPTION,"seconds":N}` and a transcript with those members. The
+    /// ending line in words is the command's failure, on stderr.
+    pub fn timed_out(&mut self, option: &str, after: std::time::Duration) -> io::Result<()> {
+        let mut ending = serde_json::Map::new();
+        ending.insert("outcome".into(), "timeout".into());
+        ending.insert("limit".into(), option.into());
+        ending.insert("seconds".into(), after.as_secs_f64().into());
+        match self.format {
+            Format::Json => {
+                serde_json::to_writer(&mut self.out, &ending).map_err(io::Error::other)?;
+                self.out.write_all(b"\n")?;
+            }
+            Format::Transcript => {
+                let mut document = serde_json::Map::new();
+                let chunks = std::mem::take(&mut self.transcript).into_chunks();
+                let chunks = serde_json::to_value(chunks).map_err(io::Error::other)?;
+                document.insert("transcript".into(), chunks);
+                if let Some(error) = self.error.take() {
+                    let error = serde_json::to_value(error).map_err(io::Error::other)?;
+                    document.insert("error".into(), error);
+                }
+                document.extend(ending);
+                serde_json::to_writer(&mut self.out, &document).map_err(io::Error::other)?;
+                self.out.write_all(b"\n")?;
+            }
+            Format::Pretty => {
+                self.show_pending()?;
+                self.start_line()?;
+            }
+            Format::Text | Format::Quiet => self.start_line()?,
+        }
+        self.streaming = None;
+        self.out.flush()
+    }
+
     /// `--transcript`: the coalesced loop, its error and its outcome, as one
     /// JSON object on one line.
     fn transcript_document(&mut self, outcome: &Outcome) -> io::Result<()> {

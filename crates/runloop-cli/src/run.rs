@@ -7,7 +7,8 @@
 //! shown as it came, and the command exits 130. Three time limits bound
 //! the wait — for the connection, for the whole run, and between two
 //! things from the server — and each that runs out says which it was, with
-//! its value, and exits 8.
+//! its value, and exits 8, after what came has been shown (`--json` ends
+//! with `{"outcome":"timeout","limit":…,"seconds":…}`).
 
 use std::fs::File;
 use std::future::Future;
@@ -37,13 +38,11 @@ use crate::process::{block_on, client_tls, init_logs, shutdown_signal};
 use crate::render::{Format, Render};
 use crate::seconds;
 use crate::size::bytes;
-use crate::unparsed::LastChunk;
 use crate::verbose::Verbose;
 
 /// The digest sent when `--image` names none: any unpinned catalog entry
 /// accepts it.
-pub const ANY_DIGEST: &str =
-    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+pub const ANY_DIGEST: &str = runloop_proto::agents_run::UNPINNED;
 
 /// Arguments of `runloop run`.
 #[derive(Debug, clap::Args)]
@@ -303,9 +302,7 @@ impl Args {
         let verbose = self
             .verbose
             .then(|| Verbose::new(notes.note(), limits.started));
-        let last_chunk = Arc::new(LastChunk::default());
-        let mut taps = vec![last_chunk.tap()];
-        taps.extend(capture.as_ref().map(Capture::tap));
+        let mut taps: Vec<runloop::client::Tap> = capture.iter().map(Capture::tap).collect();
         if let Some(verbose) = &verbose {
             let verbose = Arc::clone(verbose);
             taps.push(Arc::new(move |sender, message: &[u8]| {
@@ -323,12 +320,17 @@ impl Args {
             (request, prompt),
             tap,
             &mut render,
-            (notes.note(), &last_chunk),
+            notes.note(),
         ));
         if let Some(verbose) = &verbose {
             notes
                 .note()
                 .line(format!("{}\n", verbose.timing()).into_bytes());
+        }
+        // A time limit ends the rendering too: what came is shown, JSON
+        // lines get their outcome record, then the failure says which limit.
+        if let Ok(Err(Failure::TimedOut { option, after, .. })) = &ending {
+            let _ = render.timed_out(option, *after);
         }
         notes.finish(DRAIN);
         let ending = ending??;
@@ -368,7 +370,7 @@ impl Args {
         (request, prompt): (RunRequest, String),
         tap: runloop::client::Tap,
         render: &mut Render<impl Write>,
-        notes: (Note, &LastChunk),
+        notes: Note,
     ) -> Result<Ending, Failure> {
         let embedded = match &self.url {
             Some(_) => None,
@@ -418,7 +420,7 @@ async fn run_on(
     limits: Limits,
     (request, prompt): (RunRequest, String),
     render: &mut Render<impl Write>,
-    (note, last_chunk): (Note, &LastChunk),
+    note: Note,
 ) -> Result<Ending, Failure> {
     let run = limits
         .next(client.start(request))
@@ -455,7 +457,7 @@ async fn run_on(
                 let mut notes = anstream::AutoStream::new(Vec::new(), choice);
                 let rendered = render.outcome(&outcome, Some(&mut notes));
                 note.line(notes.into_inner());
-                if let Some(unparsed) = last_chunk.note(&outcome) {
+                if let Some(unparsed) = crate::unparsed::note(&outcome) {
                     note.line(unparsed.into_bytes());
                 }
                 break rendered.map(|()| Some(outcome)).map_err(Failure::from);

@@ -36,6 +36,18 @@ pub enum Event {
     End(Outcome),
 }
 
+impl Event {
+    /// A chunk's JSON text as it came, as `&str` (`println!("{json}")`);
+    /// `None` for the error and the end. The client has checked it is
+    /// UTF-8 (a chunk that is not does not decode).
+    pub fn json_str(&self) -> Option<&str> {
+        match self {
+            Event::Chunk { json, .. } => std::str::from_utf8(json).ok(),
+            Event::Error(_) | Event::End(_) => None,
+        }
+    }
+}
+
 /// One loop of a run. Holds its run open while it lives.
 #[derive(Debug)]
 pub struct RunLoop {

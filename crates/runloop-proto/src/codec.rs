@@ -143,39 +143,60 @@ pub(crate) fn from_object<'a, T: serde::Deserialize<'a>>(
 /// and comparable (an [`Outcome`](crate::run_loop::Outcome), a client's
 /// error): it says what the error says, its source is the error's source,
 /// and two are equal when they say the same thing.
+///
+/// It may also quote the payload that did not decode ([`Quote`]): a parser's
+/// complaint (`key must be a string at line 1 column 2`) rarely says what
+/// came, and the bytes usually do (`[DONE]`, plain text, a stray prefix).
 #[derive(Debug)]
-pub struct Undecodable<E>(Arc<E>);
+pub struct Undecodable<E>(Arc<E>, Option<Arc<Quote>>);
 
 impl<E> Undecodable<E> {
     /// The decode error.
     pub fn error(&self) -> &E {
         &self.0
     }
+
+    /// The error with the start of the payload that caused it.
+    pub fn with_payload(error: E, payload: &[u8]) -> Self {
+        Undecodable(Arc::new(error), Some(Arc::new(Quote::of(payload))))
+    }
+
+    /// The quoted payload, when the error was made with one.
+    pub fn payload(&self) -> Option<&Quote> {
+        self.1.as_deref()
+    }
 }
 
 impl<E> From<E> for Undecodable<E> {
     fn from(error: E) -> Self {
-        Undecodable(Arc::new(error))
+        Undecodable(Arc::new(error), None)
     }
 }
 
 impl<E> Clone for Undecodable<E> {
     fn clone(&self) -> Self {
-        Undecodable(Arc::clone(&self.0))
+        Undecodable(Arc::clone(&self.0), self.1.clone())
     }
 }
 
 impl<E: fmt::Display> PartialEq for Undecodable<E> {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+        (Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string())
+            && self.1 == other.1
     }
 }
 
 impl<E: fmt::Display> Eq for Undecodable<E> {}
 
+/// The error's words, then the quote when there is one: `…: EOF while
+/// parsing an object at line 1 column 1; the payload was "{" (1 byte)`.
 impl<E: fmt::Display> fmt::Display for Undecodable<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        self.0.fmt(f)?;
+        if let Some(quote) = &self.1 {
+            write!(f, "; the payload was {quote}")?;
+        }
+        Ok(())
     }
 }
 
@@ -185,10 +206,96 @@ impl<E: StdError> StdError for Undecodable<E> {
     }
 }
 
+/// The start of a payload, kept to be shown: its first [`Quote::KEPT`]
+/// bytes and its whole length.
+///
+/// Shown escaped (ASCII, with `\n`, `\"` and `\xNN` for the rest), so a
+/// payload of any bytes prints on one line and cannot reach the terminal as
+/// control characters, then cut short with `…` and followed by the length:
+/// `"[DONE]" (6 bytes)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quote {
+    start: Vec<u8>,
+    length: usize,
+}
+
+impl Quote {
+    /// Bytes of a payload kept, at most.
+    pub const KEPT: usize = 64;
+
+    /// The quote of `payload`.
+    pub fn of(payload: &[u8]) -> Quote {
+        Quote {
+            start: payload[..payload.len().min(Self::KEPT)].to_vec(),
+            length: payload.len(),
+        }
+    }
+
+    /// The bytes kept: the payload's first [`Quote::KEPT`] at most.
+    pub fn start(&self) -> &[u8] {
+        &self.start
+    }
+
+    /// The payload's whole length in bytes.
+    pub fn len(&self) -> usize {
+        self.length
+    }
+
+    /// Whether the payload was empty.
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+
+    /// Whether bytes were left out.
+    pub fn is_cut(&self) -> bool {
+        self.length > self.start.len()
+    }
+}
+
+impl fmt::Display for Quote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cut = if self.is_cut() { "…" } else { "" };
+        let unit = if self.length == 1 { "byte" } else { "bytes" };
+        write!(
+            f,
+            "\"{}{cut}\" ({} {unit})",
+            self.start.escape_ascii(),
+            self.length
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write as _;
+
+    #[test]
+    fn a_quote_is_escaped_cut_short_and_measured() {
+        assert_eq!(Quote::of(b"[DONE]").to_string(), r#""[DONE]" (6 bytes)"#);
+        assert_eq!(Quote::of(b"").to_string(), r#""" (0 bytes)"#);
+        assert_eq!(Quote::of(b"{").to_string(), r#""{" (1 byte)"#);
+        let long = "\u{e9}\n\"".repeat(40);
+        let quote = Quote::of(long.as_bytes());
+        assert!(quote.is_cut());
+        let shown = quote.to_string();
+        assert!(shown.starts_with(r#""\xc3\xa9\n\"\xc3\xa9\n\""#), "{shown}");
+        assert!(shown.ends_with("…\" (160 bytes)"), "{shown}");
+        assert_eq!(quote.start().len(), Quote::KEPT);
+    }
+
+    #[test]
+    fn an_undecodable_says_its_error_then_its_payload() {
+        let plain: Undecodable<io::Error> = io::Error::other("bad").into();
+        assert_eq!(plain.to_string(), "bad");
+        assert!(plain.payload().is_none());
+        let quoted = Undecodable::with_payload(io::Error::other("bad"), b"x\x00");
+        assert_eq!(
+            quoted.to_string(),
+            r#"bad; the payload was "x\x00" (2 bytes)"#
+        );
+        assert_ne!(plain, quoted);
+    }
 
     #[test]
     fn from_object_refuses_arrays() {

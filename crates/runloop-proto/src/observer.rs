@@ -727,7 +727,7 @@ mod tests {
             observe(&undecodable),
             [
                 "request 1/1",
-                "outcome 1/1 broken: a response did not decode: unknown agentic loop frame tag 2",
+                r#"outcome 1/1 broken: a response did not decode: unknown agentic loop frame tag 2; the payload was "\x02" (1 byte)"#,
             ]
         );
     }

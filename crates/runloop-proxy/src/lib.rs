@@ -85,6 +85,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::StatusCode;
@@ -144,7 +145,14 @@ pub struct Proxy {
     config: ProxyConfig,
     shutdown: CancellationToken,
     metrics: Arc<ProxyMetrics>,
+    ended: Option<AgentEnd>,
 }
+
+/// How the agent program ended, in words (`exit status 3`), once it has:
+/// told by the runtime that started it, which alone can know. A loop whose
+/// body breaks says this instead of the HTTP client's words about a
+/// connection.
+pub type AgentEnd = watch::Receiver<Option<String>>;
 
 /// Controls a proxy from elsewhere: its address and its shutdown; an admin
 /// listener watches it too ([`Watched`](runloop_metrics::admin::Watched)).
@@ -170,7 +178,16 @@ impl Proxy {
             config: ProxyConfig::default(),
             shutdown: CancellationToken::new(),
             metrics: Arc::new(ProxyMetrics::new()),
+            ended: None,
         })
+    }
+
+    /// Watches the agent program's end: a loop cut short by its exit is
+    /// reported as `the agent program exited (exit status 3) before its
+    /// /run body ended`.
+    pub fn with_agent_end(mut self, ended: AgentEnd) -> Proxy {
+        self.ended = Some(ended);
+        self
     }
 
     /// Replaces the default bounds.
@@ -209,12 +226,14 @@ impl Proxy {
             config,
             shutdown,
             metrics,
+            ended,
         } = self;
         let shared = Arc::new(Shared {
             upstream: Upstream::new(agent, config.max_error_body)?,
             config,
             state: State::default(),
             metrics,
+            ended,
         });
         let tracker = TaskTracker::new();
         info!(listen = %addr, %agent, "proxy up");
@@ -260,6 +279,7 @@ struct Shared {
     config: ProxyConfig,
     state: State,
     metrics: Arc<ProxyMetrics>,
+    ended: Option<AgentEnd>,
 }
 
 impl runloop_metrics::admin::Watched for ProxyHandle {

@@ -28,6 +28,11 @@
 //! that the loop finished rather than crashed, so that end is a break too,
 //! with an error that says how to fix the agent program (protocol §10).
 //!
+//! A body that breaks because the agent program died is reported in the
+//! runtime's words when it watches the program ([`AgentEnd`](super::AgentEnd)):
+//! `the agent program exited (exit status 3) before its /run body ended`,
+//! not the HTTP client's account of a connection.
+//!
 //! The loop is claimed before the call and released as soon as the agent
 //! program's stream is over, before the close, so a server that asks for
 //! the next loop the moment it sees the close finds the proxy free.
@@ -169,7 +174,12 @@ async fn relay(
             }
             Some(Err(broke)) => {
                 metrics.agent_faults.inc(AgentFault::StreamBroke);
-                let error = cut_short(&broke, framing);
+                let error = match (&broke, exited(shared).await) {
+                    (sse::Broke::Transport(_), Some(status)) => {
+                        format!("the agent program exited ({status}) before its /run body ended")
+                    }
+                    _ => cut_short(&broke, framing),
+                };
                 if streaming.is_some() {
                     warn!(chunks, %error, "loop cut short mid-chunk; abandoning the path");
                     return End::Abandon;
@@ -231,6 +241,19 @@ fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
         ),
         _ => broke.to_string(),
     }
+}
+
+/// How long a loop whose body broke waits to learn that the agent program
+/// exited: the connection's end reaches the proxy before the runtime has
+/// reaped the program.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How the agent program ended, when the runtime says so within
+/// [`EXIT_WAIT`]; `None` when nobody watches it or it still runs.
+async fn exited(shared: &Shared) -> Option<String> {
+    let mut ended = shared.ended.clone()?;
+    let said = tokio::time::timeout(EXIT_WAIT, ended.wait_for(Option::is_some)).await;
+    said.ok()?.ok()?.clone()
 }
 
 /// What goes before an event's data, unread, to make it a chunk: `[0]`.

@@ -328,6 +328,14 @@ impl Catalog {
             .map(|(name, entry)| (name.as_str(), entry.digest.as_deref()))
     }
 
+    /// The images whose runtime, as configured, will refuse the runs
+    /// callers usually ask for, each with why ([`Runtime::caveat`]).
+    pub fn caveats(&self) -> impl Iterator<Item = (&str, String)> {
+        self.entries
+            .iter()
+            .filter_map(|(name, entry)| Some((name.as_str(), entry.runtime.caveat()?)))
+    }
+
     /// Whether no image is served.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()

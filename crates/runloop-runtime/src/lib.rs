@@ -106,6 +106,14 @@ pub trait Runtime: Send + Sync + fmt::Debug {
         &self,
         limits: ContainerLimits,
     ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>>;
+
+    /// What keeps this runtime, as configured, from serving the runs
+    /// callers usually ask for, in words for the operator; `None` when
+    /// nothing does. A server says it at startup, so that a catalog that
+    /// will refuse its runs does not start silently.
+    fn caveat(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One running container, as the server sees it.

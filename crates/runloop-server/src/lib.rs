@@ -184,6 +184,9 @@ impl Server {
             shared,
         } = self;
         info!(%addr, tls = shared.config.tls.is_some(), "serving");
+        for (image, why) in shared.config.catalog.caveats() {
+            warn!("image {image:?} cannot be served as configured: {why}");
+        }
         // One place per connection a TLS handshake is under way for, so
         // that handshakes too are bounded by the connection limit.
         let handshakes = Arc::new(Semaphore::new(

@@ -304,6 +304,20 @@ impl Run {
         };
         metrics.runs_ended.inc(end);
         info!(reason = %why, "run ending");
+        if matches!(end, RunEnd::Container) {
+            // A container that ended by itself leaves its loops' proxies up
+            // for a moment, and each says how its loop ended: the chunks the
+            // agent program sent before it died, then the error in the
+            // runtime's words. Cut at once, the loop would lose both to the
+            // run's reason.
+            // A stop or the connection's end cuts the wait short.
+            relays.close();
+            tokio::select! {
+                _ = tokio::time::timeout(CONTAINER_DRAIN, relays.wait()) => {}
+                () = self.stop.cancelled() => {}
+                () = self.ended.cancelled() => {}
+            }
+        }
         ending.send_replace(Some(why.clone()));
         relays.close();
         relays.wait().await;
@@ -312,6 +326,10 @@ impl Run {
         self.outbox.finish(&why);
     }
 }
+
+/// How long the loops of a container that ended by itself may take to end
+/// as its proxy tells them, before the run's end cuts them.
+const CONTAINER_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Where a run's image comes from, once policy allows it.
 enum Source<'a> {

@@ -82,6 +82,9 @@ pub enum TlsReason {
     Expired(Option<u64>),
     /// The certificate is not valid yet.
     NotValidYet,
+    /// The server's own certificate is a CA's (`openssl req -x509` makes
+    /// one): a CA may only sign, the server must serve a leaf.
+    CaAsLeaf,
     /// The certificate was not issued for the host dialled; the names it
     /// holds.
     WrongName(Vec<String>),
@@ -105,6 +108,9 @@ impl std::fmt::Display for TlsReason {
             }
             TlsReason::Expired(None) => f.write_str("its certificate has expired"),
             TlsReason::NotValidYet => f.write_str("its certificate is not valid yet"),
+            TlsReason::CaAsLeaf => f.write_str(
+                "a CA certificate was served as the server's own; serve a leaf signed by it",
+            ),
             TlsReason::WrongName(names) if names.is_empty() => {
                 f.write_str("its certificate was not issued for this host name")
             }
@@ -162,7 +168,15 @@ impl TlsReason {
                 CertificateError::NotValidForNameContext { presented, .. } => {
                     TlsReason::WrongName(presented.iter().map(|name| bare_name(name)).collect())
                 }
-                other => TlsReason::Other(format!("its certificate does not verify: {other:?}")),
+                CertificateError::Other(other)
+                    if matches!(
+                        other.0.downcast_ref::<webpki::Error>(),
+                        Some(webpki::Error::CaUsedAsEndEntity)
+                    ) =>
+                {
+                    TlsReason::CaAsLeaf
+                }
+                other => TlsReason::Other(format!("its certificate does not verify: {other}")),
             },
             Some(rustls::Error::InvalidMessage(_)) => TlsReason::NotTls,
             Some(rustls::Error::AlertReceived(alert)) => TlsReason::Alert(alert_name(*alert)),

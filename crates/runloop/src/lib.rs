@@ -43,6 +43,10 @@ pub use runloop_client as client;
 pub use runloop_metrics as metrics;
 #[doc(inline)]
 pub use runloop_metrics::admin;
+/// The protocol's types and rules, no I/O: the crate `runloop-proto`,
+/// documented here in full so that a caller needs one dependency
+/// (`runloop::proto::agents_run::RunRequest`,
+/// `runloop::proto::run_loop::Outcome`, …).
 #[doc(inline)]
 pub use runloop_proto as proto;
 #[doc(inline)]
@@ -58,3 +62,8 @@ pub use runloop_wire::{limits, tls, transport};
 #[doc = include_str!("../../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The Rust caller's guide (docs/rust.md), compiled and run as a doctest.
+#[doc = include_str!("../../../docs/rust.md")]
+#[cfg(doctest)]
+pub struct RustCallerDoctests;

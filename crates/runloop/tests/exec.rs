@@ -179,11 +179,9 @@ async fn a_child_that_dies_mid_loop_ends_the_loop_and_the_container() {
     assert_eq!(done.messages.len(), 3, "two chunks, then the error");
     let error = error_json(&done.messages[2]);
     assert_eq!(error["kind"], "agent");
-    assert!(
-        error["error"]
-            .as_str()
-            .is_some_and(|e| e.starts_with("the event stream broke")),
-        "{error}"
+    assert_eq!(
+        error["error"], "the agent program exited (exit status 3) before its /run body ended",
+        "the runtime's words, not the HTTP client's"
     );
     let (chunks, result) = outcome(&done);
     assert_eq!(chunks.len(), 2);
@@ -316,10 +314,26 @@ async fn a_run_s_disk_is_refused_unless_the_operator_accepts_it_unenforced() {
     assert_eq!(
         error.to_string(),
         "disk 67108864 bytes cannot be held for an exec agent program (a host process writes \
-         wherever its user may); this server refuses exec runs until its operator accepts that \
-         (runloop serve --exec-disk unenforced)"
+         wherever its user may); this server refuses exec runs that ask for disk until its \
+         operator accepts that (runloop serve --exec-disk unenforced); disk 0 goes ahead"
     );
+    assert!(
+        refusing
+            .caveat()
+            .is_some_and(|why| why.starts_with("every run that asks for disk will be refused")),
+        "said at startup"
+    );
+    // Disk 0 asks nothing that needs holding.
+    let nothing = refusing
+        .spawn(ContainerLimits {
+            memory: GIB,
+            disk: 0,
+        })
+        .await
+        .expect("disk 0 runs under --exec-disk refuse");
+    nothing.terminate().await;
     let accepting = refusing.with_disk(DiskPolicy::Unenforced);
+    assert_eq!(accepting.caveat(), None);
     let container = accepting
         .spawn(ContainerLimits {
             memory: GIB,

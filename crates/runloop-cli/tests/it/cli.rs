@@ -185,6 +185,32 @@ fn man_pages() {
     let run = page(&["man", "run"]);
     assert!(run.contains(".TH runloop-run 1"), "{run}");
     assert!(run.contains("\\-\\-capture"), "{run}");
+    // Issue 30 §10: every header field in its place (date, source,
+    // manual), and options in the SYNOPSIS with their values' names.
+    let header = run
+        .lines()
+        .find(|line| line.starts_with(".TH "))
+        .expect("a header");
+    let fields: Vec<&str> = header.split('"').collect();
+    assert_eq!(fields.len(), 7, "three quoted fields: {header}");
+    assert!(
+        fields[1].is_empty() || fields[1].len() == 10 && fields[1].as_bytes()[4] == b'-',
+        "the date field holds a date, not the version: {header}"
+    );
+    assert!(fields[3].starts_with("runloop 0."), "{header}");
+    let synopsis = run
+        .split(".SH SYNOPSIS\n")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .expect("a SYNOPSIS");
+    for shown in [
+        r"[\fB\-\-url\fR \fIURL\fR]",
+        r"[\fB\-\-ca\fR \fIFILE\fR]…",
+        r"[\fB\-v\fR|\fB\-\-verbose\fR]",
+        r"[\fIPROMPT\fR]",
+    ] {
+        assert!(synopsis.contains(shown), "{shown} in {synopsis}");
+    }
     runloop()
         .args(["man", "nope"])
         .assert()

@@ -565,11 +565,45 @@ fn payloads_mode_reports_bad_lines_and_broken_sequences() {
         .assert()
         .code(5)
         .stdout(
-            r#"{"outcome":"broken","reason":"a response did not decode: agentic loop chunk did not parse: EOF while parsing an object at line 1 column 1"}
+            r#"{"outcome":"broken","reason":"a response did not decode: agentic loop chunk did not parse: EOF while parsing an object at line 1 column 1; the payload was \"{\" (1 byte)"}
 {"line":2,"malformed":"bad hex digit 'z' at column 1"}
 {"line":5,"malformed":"a line after the channel response finish"}
 "#,
         );
+}
+
+/// Issue 30 §3: `decode --payloads` of `\x00[DONE]` quotes the payload,
+/// as JSON and rendered.
+#[test]
+fn payloads_mode_quotes_the_payload_that_did_not_parse() {
+    let done = "00 5b444f4e455d\nfinish\n";
+    runloop()
+        .args(["decode", "--payloads"])
+        .write_stdin(done)
+        .assert()
+        .code(5)
+        .stdout(predicates::str::ends_with(
+            "; the payload was \\\"[DONE]\\\" (6 bytes)\"}\n",
+        ));
+    runloop()
+        .args(["decode", "--payloads", "--render"])
+        .write_stdin(done)
+        .assert()
+        .code(5)
+        .stdout(predicates::str::ends_with(
+            "; the payload was \"[DONE]\" (6 bytes)\n",
+        ));
+    // A payload longer than what is kept is cut short, and its length said.
+    let long = format!("00 {}\n", "41".repeat(100));
+    runloop()
+        .args(["decode", "--payloads"])
+        .write_stdin(long)
+        .assert()
+        .code(5)
+        .stdout(predicates::str::contains(format!(
+            "the payload was \\\"{}…\\\" (100 bytes)",
+            "A".repeat(64)
+        )));
 }
 
 #[test]

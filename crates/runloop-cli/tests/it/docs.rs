@@ -1,8 +1,9 @@
 //! The documents that ship with the code, held to it: every protocol
 //! section cited anywhere exists in `docs/protocol.md`, the agent guide's
 //! listings are the example files, relative links resolve, the table of
-//! error kinds is `ErrorKind`, and the README's
-//! CLI section names the subcommands and flags `runloop --help` has.
+//! error kinds is `ErrorKind`, the CLI reference (docs/cli.md) names the
+//! subcommands and flags `runloop --help` has, the agent guide's exit
+//! codes and the Rust guide's dependencies are what the code does.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -206,15 +207,45 @@ fn the_operators_page_lists_the_example_configuration_as_the_file_has_it() {
     }
 }
 
+/// The README and every page of docs/.
+fn documents() -> Vec<String> {
+    let mut found = vec!["README.md".to_owned()];
+    let mut pages: Vec<String> = std::fs::read_dir(root().join("docs"))
+        .expect("docs/")
+        .filter_map(|entry| {
+            let name = entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            name.ends_with(".md").then(|| format!("docs/{name}"))
+        })
+        .collect();
+    pages.sort();
+    found.extend(pages);
+    found
+}
+
 #[test]
 fn relative_links_of_the_documents_resolve() {
     let mut checked = 0;
-    for doc in [
-        "README.md",
+    let documents = documents();
+    for page in [
         "docs/agents.md",
-        "docs/protocol.md",
+        "docs/cli.md",
+        "docs/containers.md",
+        "docs/limits.md",
+        "docs/metrics.md",
         "docs/operating.md",
+        "docs/protocol.md",
+        "docs/python.md",
+        "docs/rust.md",
+        "docs/tls.md",
+        "docs/troubleshooting.md",
     ] {
+        assert!(documents.iter().any(|d| d == page), "{page} is missing");
+    }
+    for doc in &documents {
         let text = read(doc);
         let dir = root().join(doc).parent().expect("a directory").to_owned();
         for (_, rest) in text.match_indices("](").map(|(i, _)| text.split_at(i + 2)) {
@@ -229,7 +260,39 @@ fn relative_links_of_the_documents_resolve() {
             );
         }
     }
-    assert!(checked >= 5, "only {checked} links checked");
+    assert!(checked >= 30, "only {checked} links checked");
+}
+
+/// Every README heading (`## Install` → `#install`), for the links that
+/// point into it.
+#[test]
+fn links_into_the_readme_name_its_headings() {
+    let readme = read("README.md");
+    let anchors: BTreeSet<String> = readme
+        .lines()
+        .filter_map(|line| line.strip_prefix("## "))
+        .map(|title| {
+            title
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect();
+    for doc in documents() {
+        let text = read(&doc);
+        for (_, rest) in text
+            .match_indices("README.md#")
+            .map(|(i, _)| text.split_at(i + 10))
+        {
+            let anchor: String = rest.chars().take_while(|c| *c != ')').collect();
+            assert!(
+                anchors.contains(&anchor),
+                "{doc}: README.md#{anchor} is no heading"
+            );
+        }
+    }
 }
 
 /// The help of `runloop ARGS… -h`: the short form, one line per option
@@ -299,17 +362,13 @@ fn commands_in_help(path: &[&str], found: &mut Vec<(String, BTreeSet<String>)>) 
     }
 }
 
-/// The README's CLI subsections that document commands: the commands each
+/// The CLI reference's sections (docs/cli.md) that document commands: the commands each
 /// heading names (`runloop proxy …` and `runloop agent demo …`) and every
 /// flag the subsection mentions.
 fn commands_in_readme() -> Vec<(Vec<String>, BTreeSet<String>)> {
-    let readme = read("README.md");
-    let (_, cli) = readme
-        .split_once("\n## CLI\n")
-        .expect("the README's CLI section");
-    let cli = cli.split("\n## ").next().unwrap_or(cli);
+    let cli = read("docs/cli.md");
     let mut found = Vec::new();
-    for part in cli.split("\n### ").skip(1) {
+    for part in cli.split("\n## ").skip(1) {
         let heading = part.lines().next().unwrap_or("");
         let named: Vec<String> = heading
             .split('`')
@@ -394,10 +453,176 @@ fn the_table_of_error_kinds_is_the_error_kind_enum() {
     );
 }
 
+/// The agent guide's table of how a loop ends: for each row the demo agent
+/// can play, `runloop run` against the embedded server exits with the code
+/// the table gives.
+#[test]
+fn the_guide_s_exit_codes_are_the_ones_run_exits_with() {
+    let guide = read("docs/agents.md");
+    let (_, table) = guide
+        .split_once("## How a loop ends\n")
+        .expect("the guide's table of endings");
+    let code_of = |row_start: &str| -> i32 {
+        let row = table
+            .lines()
+            .find(|line| line.starts_with(row_start))
+            .unwrap_or_else(|| panic!("no row {row_start:?} in docs/agents.md"));
+        row.trim_end_matches('|')
+            .rsplit('|')
+            .next()
+            .and_then(|code| code.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no exit code in {row:?}"))
+    };
+    let plays: [(&str, &[&str]); 5] = [
+        ("| `200`, chunks, then the body ends |", &["hi"]),
+        (
+            "| `200`, chunks, a fatal notification, then the body ends |",
+            &["hi demo:fatal"],
+        ),
+        ("| a non-`2xx` status on `/run` |", &["hi demo:refuse"]),
+        (
+            "| `200`, chunks, then it crashes or is killed (the body breaks) |",
+            &["hi demo:break"],
+        ),
+        (
+            "| a non-`2xx` status on `/register` |",
+            &["--agent-json", "\"demo:refuse\"", "hi"],
+        ),
+    ];
+    for (row, args) in plays {
+        let output = Command::new(env!("CARGO_BIN_EXE_runloop"))
+            .arg("run")
+            .args(args)
+            .output()
+            .expect("runloop runs");
+        assert_eq!(
+            output.status.code(),
+            Some(code_of(row)),
+            "{row}: runloop run {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// The `[dependencies]` of the Rust caller's guide: each crate its program
+/// names, at the major version the workspace builds it with, with the
+/// features the program needs; `runloop` by a path that ends at the crate.
+/// (The program itself is a doctest of the `runloop` crate.)
+#[test]
+fn the_rust_guide_s_dependencies_are_what_its_program_uses() {
+    let guide = read("docs/rust.md");
+    let (_, after) = guide
+        .split_once("<!-- dependencies: caller -->\n```toml\n")
+        .expect("the guide's dependencies block");
+    let (block, rest) = after.split_once("\n```\n").expect("the block ends");
+    let deps: Vec<(&str, &str)> = block
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.starts_with('['))
+        .filter_map(|line| line.split_once(" = "))
+        .collect();
+    let names: BTreeSet<&str> = deps.iter().map(|(name, _)| *name).collect();
+    let (_, program) = rest.split_once("```rust\n").expect("the guide's program");
+    let (program, _) = program.split_once("\n```\n").expect("the program ends");
+    let program: String = program
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#') || line.contains("#[tokio::main]"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let used: BTreeSet<&str> = ["runloop", "tokio", "futures_util"]
+        .into_iter()
+        .filter(|krate| program.contains(&format!("{krate}::")))
+        .collect();
+    assert_eq!(used.len(), 3, "the program uses the three: {program}");
+    for krate in &used {
+        assert!(
+            names.contains(krate.replace('_', "-").as_str()),
+            "docs/rust.md's [dependencies] lacks {krate}"
+        );
+    }
+    assert_eq!(
+        names.len(),
+        used.len(),
+        "no dependency the program does not use: {names:?}"
+    );
+    let spec = |name: &str| deps.iter().find(|(n, _)| *n == name).map(|(_, spec)| *spec);
+    let runloop = spec("runloop").unwrap_or_default();
+    assert!(
+        runloop.contains("path = \"") && runloop.contains("/crates/runloop\""),
+        "{runloop}"
+    );
+    let tokio = spec("tokio").unwrap_or_default();
+    for feature in ["\"macros\"", "\"rt-multi-thread\""] {
+        assert!(
+            tokio.contains(feature),
+            "#[tokio::main] needs {feature}: {tokio}"
+        );
+    }
+    let workspace = read("Cargo.toml");
+    for (name, major) in [("tokio", "\"1\""), ("futures-util", "\"0.3\"")] {
+        assert!(
+            spec(name).is_some_and(|spec| spec.contains(major)),
+            "{name} at {major} in docs/rust.md"
+        );
+        assert!(
+            workspace
+                .lines()
+                .any(|line| line.starts_with(&format!("{name} = ")) && line.contains(major)),
+            "the workspace builds {name} at {major}"
+        );
+    }
+}
+
+/// The README's requirements are scripts/install-system-deps's sets: each
+/// bullet names, in backticks before its first colon-free sentence ends,
+/// exactly the packages `--list SET` prints.
+#[test]
+fn the_readme_s_requirements_are_the_install_script_s_sets() {
+    let readme = read("README.md");
+    let (_, requirements) = readme
+        .split_once("\n## Requirements\n")
+        .expect("the README's requirements");
+    let requirements = requirements.split("\n## ").next().unwrap_or_default();
+    for (bullet, set) in [
+        ("- **To build**", "build"),
+        ("- **To run containers**", "containers"),
+        ("- **To run every test**", "tests"),
+    ] {
+        let (_, text) = requirements
+            .split_once(bullet)
+            .unwrap_or_else(|| panic!("no {bullet:?} in the README's requirements"));
+        let text = text.split("\n- ").next().unwrap_or_default();
+        let text = text.split("\n\n").next().unwrap_or_default();
+        // The packages: the backticked words before the first full stop.
+        let listed = text.split(". ").next().unwrap_or_default();
+        let named: BTreeSet<&str> = listed
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|word| !word.contains(' ') && !word.contains('='))
+            .collect();
+        let output = Command::new(root().join("scripts/install-system-deps"))
+            .args(["--list", set])
+            .output()
+            .expect("the script runs");
+        assert!(output.status.success(), "{output:?}");
+        let script = String::from_utf8(output.stdout).expect("UTF-8");
+        let packages: BTreeSet<&str> = script.lines().collect();
+        assert_eq!(
+            named, packages,
+            "README {bullet:?} (left) and the script's {set} set"
+        );
+    }
+    let ci = read(".ci/run");
+    assert!(
+        ci.contains("scripts/install-system-deps build containers tests"),
+        ".ci/run installs through the script"
+    );
+}
+
 #[test]
 fn the_tables_of_limits_are_made_from_the_one_table() {
     let table = runloop_cli::limit_table::markdown();
-    for doc in ["README.md", "docs/operating.md"] {
+    for doc in ["docs/limits.md", "docs/operating.md"] {
         let text = read(doc);
         let (_, rest) = text
             .split_once("<!-- limits: begin -->\n")

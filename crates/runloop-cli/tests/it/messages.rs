@@ -212,9 +212,10 @@ fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeo
     );
 }
 
-/// An agent program that ends its stream the way some APIs do: one chunk,
-/// then `data: [DONE]`.
-const DONE_AGENT: &str = r#"
+/// An agent program whose stream is `EVENTS` (a Python list of bytes):
+/// each is written as one HTTP chunk of the /run body; then `AFTER` (a
+/// Python statement) runs before the body's end.
+const SCRIPTED_AGENT: &str = r#"
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -232,8 +233,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for event in [b'data: {"type":"assistant_text_content","text":"hi"}\n\n', b"data: [DONE]\n\n"]:
+        for event in EVENTS:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.flush()
+        exec(AFTER)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
@@ -243,25 +246,200 @@ class Handler(BaseHTTPRequestHandler):
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
 "#;
 
-#[test]
-fn a_payload_that_is_not_a_chunk_is_shown_with_how_a_loop_ends() {
+/// A server whose one image is an exec agent that sends `events` (Python
+/// bytes literals), in a scratch directory that lives as long as it.
+fn scripted_server(events: &[&str]) -> (common::Serve, tempfile::TempDir) {
+    scripted_server_then(events, "pass")
+}
+
+/// [`scripted_server`], whose agent runs the Python statement `after`
+/// once its events are written, before its body's end.
+fn scripted_server_then(events: &[&str], after: &str) -> (common::Serve, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a scratch directory");
-    let agent = dir.path().join("done_agent.py");
-    std::fs::write(&agent, DONE_AGENT).expect("written");
+    let agent = dir.path().join("scripted_agent.py");
+    let program = format!(
+        "import os, time\nEVENTS = [{}]\nAFTER = {after:?}\n{SCRIPTED_AGENT}",
+        events.join(", ")
+    );
+    std::fs::write(&agent, program).expect("written");
     let spec = format!("demo=exec:python3 {}", agent.display());
     let server = common::Serve::start("error", &["--agent", &spec, "--exec-disk", "unenforced"]);
+    (server, dir)
+}
+
+#[test]
+fn a_payload_that_is_not_a_chunk_is_shown_with_how_a_loop_ends() {
+    let (server, _dir) = scripted_server(&[
+        r#"b'data: {"type":"assistant_text_content","text":"hi"}\n\n'"#,
+        r#"b"data: [DONE]\n\n""#,
+    ]);
     let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
     assert_eq!(status.code(), Some(5), "broken: {stdout}{stderr}");
     assert_eq!(stdout, "hi\n");
     assert!(
-        stderr.contains("agentic loop chunk did not parse: "),
-        "the parser's words stay: {stderr}"
+        stderr.contains("agentic loop chunk did not parse: ")
+            && stderr.contains("; the payload was \"[DONE]\" (6 bytes)\n"),
+        "the parser's words, then the payload: {stderr}"
     );
     assert!(
         stderr.contains(
-            "the chunk that did not parse was \"[DONE]\" (6 bytes): each data event must be \
-             one chunk, a JSON object with a \"type\"; the end of the stream ends the loop"
+            "each data event must be one chunk, a JSON object with a \"type\"; the end of \
+             the stream ends the loop"
         ),
         "{stderr}"
+    );
+}
+
+/// Issue 30 §3: a bad chunk followed by good ones. The quote is the first
+/// payload that did not parse — not the last that came — in `run`, in
+/// `decode` of its capture, and in `decode --render`.
+#[test]
+fn the_first_bad_payload_is_quoted_not_the_last_received() {
+    let (server, dir) = scripted_server(&[
+        r#"b"data: {this is not json\n\n""#,
+        r#"b'data: {"type": "assistant_text_content", "text": "one"}\n\n'"#,
+        r#"b'data: {"type": "assistant_text_content", "text": "two"}\n\n'"#,
+    ]);
+    let capture = dir.path().join("capture.txt");
+    let capture = capture.to_str().expect("a UTF-8 path");
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--capture", capture, "hi"]);
+    assert_eq!(status.code(), Some(5), "broken: {stdout}{stderr}");
+    let quote = "; the payload was \"{this is not json\" (17 bytes)";
+    assert!(stderr.contains(quote), "{stderr}");
+    assert!(
+        !stderr.contains("two"),
+        "the last chunk is not the one quoted: {stderr}"
+    );
+
+    let (status, stdout, stderr) = run(&["decode", capture]);
+    assert_eq!(status.code(), Some(5), "{stderr}");
+    let outcome = stdout
+        .lines()
+        .find(|line| line.contains("\"outcome\""))
+        .expect("an outcome line");
+    assert!(
+        outcome.ends_with(r#"; the payload was \"{this is not json\" (17 bytes)"}"#),
+        "{outcome}"
+    );
+    let (status, stdout, stderr) = run(&["decode", "--render", capture]);
+    assert_eq!(status.code(), Some(5), "{stderr}");
+    assert!(stdout.contains(quote), "{stdout}");
+}
+
+/// Issue 30 §7: an agent program that dies mid-loop is reported in the
+/// runtime's words, in the error value the caller gets, not the HTTP
+/// client's account of a broken chunked body.
+#[test]
+fn an_agent_that_dies_mid_loop_is_reported_with_its_exit_status() {
+    let (server, _dir) = scripted_server_then(
+        &[r#"b'data: {"type":"assistant_text_content","text":"partial"}\n\n'"#],
+        "os._exit(3)",
+    );
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--json", "hi"]);
+    assert_eq!(status.code(), Some(1), "unfinished: {stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            r#"{"error":{"kind":"agent","error":"the agent program exited (exit status 3) before its /run body ended"}}"#
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("chunk size line"), "{stdout}");
+    assert!(
+        stdout.ends_with("{\"outcome\":\"unfinished\"}\n"),
+        "{stdout}"
+    );
+}
+
+/// Issue 30 §6: a time limit that runs out keeps what came. A tool call's
+/// fragments (shown for a person only once its arguments stop growing)
+/// are shown before the ending line; `--json` ends with the limit. (The
+/// limit covers the run's start too: 3 s leave a loaded machine time to
+/// start Python.)
+#[test]
+fn an_idle_timeout_shows_what_came_then_says_which_limit() {
+    let (server, _dir) = scripted_server_then(
+        &[
+            r#"b'data: {"type":"assistant_text_content","text":"looking"}\n\n'"#,
+            r#"b'data: {"type":"assistant_tool_call","id":"c1","name":"grep","arguments":"{\\"pattern\\": "}\n\n'"#,
+            r#"b'data: {"type":"assistant_tool_call","id":"c1","name":"grep","arguments":"\\"todo\\"}"}\n\n'"#,
+        ],
+        "time.sleep(30)",
+    );
+    let (status, stdout, stderr) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--idle-timeout",
+        "3",
+        "--color",
+        "never",
+        "hi",
+    ]);
+    assert_eq!(status.code(), Some(8), "{stdout}{stderr}");
+    assert_eq!(
+        stdout, "looking\ntool call grep (c1): {\"pattern\": \"todo\"}\n",
+        "the call received is shown"
+    );
+    assert!(
+        stderr.ends_with("runloop: nothing came from the server within 3 s (--idle-timeout 3)\n"),
+        "{stderr}"
+    );
+    let (status, stdout, stderr) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--idle-timeout",
+        "3",
+        "--json",
+        "hi",
+    ]);
+    assert_eq!(status.code(), Some(8), "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "three chunks, then the outcome: {stdout}");
+    assert_eq!(
+        lines[3],
+        r#"{"outcome":"timeout","limit":"--idle-timeout","seconds":3.0}"#
+    );
+    let (status, stdout, _) = run(&[
+        "run",
+        "--url",
+        &server.url,
+        "--idle-timeout",
+        "3",
+        "--transcript",
+        "hi",
+    ]);
+    assert_eq!(status.code(), Some(8));
+    let document: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(document["outcome"], "timeout");
+    assert_eq!(document["limit"], "--idle-timeout");
+    assert_eq!(
+        document["transcript"][1]["arguments"],
+        "{\"pattern\": \"todo\"}"
+    );
+}
+
+/// Issue 30 §8: an exec catalog under the default `--exec-disk refuse`
+/// says at startup that its runs will be refused, and a run that asks for
+/// no disk (`--disk 0`) goes ahead.
+#[test]
+fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
+    let exe = env!("CARGO_BIN_EXE_runloop");
+    let spec = format!("demo=exec:{exe} agent demo");
+    let mut server = common::Serve::start("warn", &["--agent", &spec]);
+    let log = common::drain(server.stderr());
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--disk", "0", "hi"]);
+    assert_eq!(status.code(), Some(0), "disk 0 runs: {stdout}{stderr}");
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(7), "disk 1G is refused: {stderr}");
+    assert!(stderr.contains("; disk 0 goes ahead"), "{stderr}");
+    server.terminate();
+    let log = log.join().expect("the log");
+    assert!(
+        log.contains(
+            "image \"demo\" cannot be served as configured: every run that asks for disk will \
+             be refused"
+        ),
+        "{log}"
     );
 }

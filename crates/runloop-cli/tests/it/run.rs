@@ -306,8 +306,8 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
     assert!(
         String::from_utf8_lossy(&output.stderr).contains(
             "cannot be held for an exec agent program (a host process writes wherever its user \
-             may); this server refuses exec runs until its operator accepts that (runloop serve \
-             --exec-disk unenforced)"
+             may); this server refuses exec runs that ask for disk until its operator accepts \
+             that (runloop serve --exec-disk unenforced); disk 0 goes ahead"
         ),
         "{output:?}"
     );

@@ -83,7 +83,13 @@ fn timeout_bounds_the_whole_run() {
     );
     let stdout = text(&output.stdout);
     assert!(stdout.contains("{\"chunk\":"), "some chunks came: {stdout}");
-    assert!(!stdout.contains("\"outcome\""), "no ending: {stdout}");
+    // A script gets something to parse: the limit and its value, last.
+    let last = stdout.lines().last().expect("lines");
+    assert_eq!(
+        last,
+        r#"{"outcome":"timeout","limit":"--timeout","seconds":1.0}"#
+    );
+    assert_eq!(stdout.matches("\"outcome\"").count(), 1, "{stdout}");
 }
 
 #[test]

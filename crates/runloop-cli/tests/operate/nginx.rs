@@ -95,7 +95,7 @@ fn listening(child: &mut Child, addr: SocketAddr) -> bool {
 }
 
 /// The configuration: one worker, logs and temporary files in `dir`, and
-/// the README's WebSocket proxying. `least_conn` spreads the connections;
+/// docs/serving.md's WebSocket proxying. `least_conn` spreads the connections;
 /// a server that refuses connections (one draining) is passed over for
 /// the next one.
 fn config(dir: &Path, addr: SocketAddr, upstreams: &[SocketAddr], tls: Option<&Pair>) -> String {

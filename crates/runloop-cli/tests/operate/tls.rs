@@ -231,6 +231,125 @@ fn a_caller_silent_before_its_tls_handshake_is_closed_by_the_handshake_timeout()
     );
 }
 
+/// docs/tls.md's openssl recipe, run as the page has it in an empty
+/// directory: the leaf it makes is served, and a loop runs with its
+/// authority as `--ca`. The certificate `openssl req -x509` makes alone is
+/// refused with words that say what to do.
+#[test]
+fn the_openssl_recipe_of_the_tls_page_makes_a_certificate_that_serves() {
+    use runloop_testkit::{Part, needs};
+    if !needs(&[Part::program("openssl", "openssl")]) {
+        return;
+    }
+    let recipe = marked_block("docs/tls.md", "recipe: tls");
+    let dir = tempfile::tempdir().expect("scratch");
+    let made = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &recipe])
+        .current_dir(dir.path())
+        .output()
+        .expect("bash runs");
+    assert!(
+        made.status.success(),
+        "the recipe failed: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let file = |name: &str| path(&dir.path().join(name));
+    let server = Serve::start(
+        "warn",
+        &[
+            "--tls-cert",
+            &file("server.pem"),
+            "--tls-key",
+            &file("server.key"),
+        ],
+    );
+    let (code, stdout, stderr) = run_at(
+        &format!("wss://localhost:{}", server.port()),
+        &["--ca", &file("ca.pem")],
+    );
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    // The names the leaf holds: 127.0.0.1 too.
+    let (code, _, stderr) = run_at(
+        &format!("wss://127.0.0.1:{}", server.port()),
+        &["--ca", &file("ca.pem")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+
+    // The obvious first try: one self-signed certificate, which OpenSSL
+    // makes an authority's.
+    let selfsigned = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "self.key",
+            "-out",
+            "self.pem",
+            "-days",
+            "30",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .expect("openssl runs");
+    assert!(selfsigned.status.success(), "{selfsigned:?}");
+    let server = Serve::start(
+        "warn",
+        &[
+            "--tls-cert",
+            &file("self.pem"),
+            "--tls-key",
+            &file("self.key"),
+        ],
+    );
+    let url = format!("wss://localhost:{}", server.port());
+    let expected = runloop::transport::TlsReason::CaAsLeaf.to_string();
+    for ca in [&["--ca", &file("self.pem")][..], &[]] {
+        let (code, _, stderr) = run_at(&url, ca);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("TLS with localhost failed: {expected}")),
+            "{ca:?}: {stderr}"
+        );
+    }
+}
+
+/// The failure table of docs/tls.md has a row for each reason a caller
+/// can be given, in the words the code uses.
+#[test]
+fn the_tls_page_lists_each_failure_as_the_code_says_it() {
+    use runloop::transport::TlsReason;
+    let page = std::fs::read_to_string(workspace().join("docs/tls.md")).expect("docs/tls.md");
+    let rows: Vec<&str> = page
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .collect();
+    let reasons = [
+        TlsReason::CaAsLeaf,
+        TlsReason::UnknownAuthority,
+        TlsReason::Expired(Some(3 * 86_400)),
+        TlsReason::NotValidYet,
+        TlsReason::WrongName(vec!["localhost".into()]),
+        TlsReason::NotTls,
+    ];
+    for reason in reasons {
+        let said = format!("`TLS with HOST failed: {reason}`");
+        assert!(
+            rows.iter()
+                .any(|row| row.starts_with(&format!("| {said} |"))),
+            "docs/tls.md has no row for {said}"
+        );
+    }
+}
+
 /// The admin listener's `/metrics`.
 fn scrape(admin: std::net::SocketAddr) -> String {
     crate::http::get(admin, "/metrics").1
@@ -326,4 +445,31 @@ fn slow_handshakes_time_out_and_a_caller_turned_away_is_told_why() {
         0.0,
         "{metrics}"
     );
+}
+
+/// The root of the workspace.
+pub fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace's root")
+}
+
+/// The fenced block after `<!-- MARKER -->` in the document at `path`
+/// (relative to the workspace), without its fences.
+pub fn marked_block(path: &str, marker: &str) -> String {
+    let text = std::fs::read_to_string(workspace().join(path))
+        .unwrap_or_else(|error| panic!("{path}: {error}"));
+    let (_, after) = text
+        .split_once(&format!("<!-- {marker} -->\n"))
+        .unwrap_or_else(|| panic!("{path} has no <!-- {marker} --> block"));
+    let (fence, block) = after.split_once('\n').expect("a fence after the marker");
+    assert!(
+        fence.starts_with("```"),
+        "{path}: no code block after <!-- {marker} -->"
+    );
+    let (body, _) = block
+        .split_once("\n```\n")
+        .unwrap_or_else(|| panic!("{path}: the <!-- {marker} --> block does not end"));
+    format!("{body}\n")
 }

@@ -91,6 +91,13 @@ fn is_path_component(component: &str) -> bool {
     true
 }
 
+/// The digest a request sends when it pins none: `sha256:` and 64 zeros.
+/// The protocol requires a digest on every image; a catalog entry that
+/// pins none accepts any well-formed one, and an entry that pins one
+/// refuses this one by name.
+pub const UNPINNED: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
 /// The digests runloop takes, in the words its messages use.
 pub const DIGEST_RULE: &str = "sha256: followed by 64 lowercase hex digits";
 

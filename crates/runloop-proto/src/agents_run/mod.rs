@@ -18,7 +18,9 @@ mod mounts;
 mod request;
 mod response;
 
-pub use image::{DIGEST_RULE, Image, ImageRef, RegistryImage, is_valid_digest, is_valid_name};
+pub use image::{
+    DIGEST_RULE, Image, ImageRef, RegistryImage, UNPINNED, is_valid_digest, is_valid_name,
+};
 pub use mounts::{FuseMount, IdentityMount, PathRule, VolumeMount};
 pub use request::{Container, InvalidRequest, RunRequest, RunRequestError};
 pub use response::{RunResponse, RunResponseError};

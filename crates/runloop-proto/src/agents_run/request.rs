@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 
 #[cfg(doc)]
 use super::image::DIGEST_RULE;
-use super::image::{Image, ImageRef, is_valid_digest, is_valid_name};
+use super::image::{Image, ImageRef, RegistryImage, UNPINNED, is_valid_digest, is_valid_name};
 use super::mounts::{FuseMount, IdentityMount, PathRule, VolumeMount};
 use crate::codec::{Decode, Encode, Writer};
 
@@ -202,10 +202,79 @@ pub enum InvalidRequest {
     },
 }
 
+/// The memory and disk a request built by [`RunRequest::server`] or
+/// [`RunRequest::registry`] asks for until told otherwise: 1 GiB each, as
+/// `runloop run` does.
+pub const DEFAULT_LIMIT: u64 = 1 << 30;
+
 impl RunRequest {
     /// A request for `container` with `agent` as its registration value.
     pub fn new(container: Container, agent: Box<RawValue>) -> Self {
         RunRequest { container, agent }
+    }
+
+    /// A request for the server's catalog image `name`, unpinned
+    /// ([`UNPINNED`]), with [`DEFAULT_LIMIT`] memory and disk, no mounts
+    /// and `{}` as the agent's registration; the methods below change
+    /// each:
+    ///
+    /// ```
+    /// use runloop_proto::agents_run::{Image, RunRequest};
+    ///
+    /// let request = RunRequest::server("demo").memory(512 << 20).disk(0);
+    /// assert!(matches!(&request.container.image, Image::Server(image) if image.name == "demo"));
+    /// assert_eq!(request.container.memory, 512 << 20);
+    /// assert_eq!(request.validate(), Ok(()));
+    /// ```
+    pub fn server(name: impl Into<String>) -> Self {
+        let image = Image::Server(ImageRef {
+            name: name.into(),
+            digest: UNPINNED.to_owned(),
+        });
+        RunRequest::of(image)
+    }
+
+    /// A request for the registry image at `reference`
+    /// (`HOST[:PORT]/REPO[:TAG][@DIGEST]`, protocol §5), with the defaults
+    /// of [`RunRequest::server`].
+    pub fn registry(reference: impl Into<String>) -> Self {
+        RunRequest::of(Image::Registry(RegistryImage {
+            reference: reference.into(),
+        }))
+    }
+
+    fn of(image: Image) -> Self {
+        let agent = RawValue::from_string("{}".to_owned()).unwrap_or_else(|_| unreachable!());
+        RunRequest::new(Container::new(image, DEFAULT_LIMIT, DEFAULT_LIMIT), agent)
+    }
+
+    /// Pins a `server` or `client` image to `digest` (`sha256:…`, checked
+    /// by [`RunRequest::validate`] and by the server); a registry image
+    /// names its digest in its reference, so it is left as it is.
+    pub fn digest(mut self, digest: impl Into<String>) -> Self {
+        if let Image::Server(image) | Image::Client(image) = &mut self.container.image {
+            image.digest = digest.into();
+        }
+        self
+    }
+
+    /// The container's memory limit, in bytes.
+    pub fn memory(mut self, bytes: u64) -> Self {
+        self.container.memory = bytes;
+        self
+    }
+
+    /// The bytes the container may write; 0 asks for none.
+    pub fn disk(mut self, bytes: u64) -> Self {
+        self.container.disk = bytes;
+        self
+    }
+
+    /// The agent's registration value, as JSON text kept verbatim; fails
+    /// when `json` is not one JSON value.
+    pub fn agent(mut self, json: &str) -> Result<Self, serde_json::Error> {
+        self.agent = RawValue::from_string(json.to_owned())?;
+        Ok(self)
     }
 
     /// Checks every rule the JSON's shape does not express.
@@ -304,6 +373,41 @@ mod tests {
             r#"{{"image":{{"server":{{"name":"demo","digest":"{}"}}}},"memory":1048576,"disk":0{extra},"agent":{{"z":1, "a":[2.50]}}}}"#,
             sha()
         )
+    }
+
+    #[test]
+    fn the_builder_writes_the_request_a_server_reads() {
+        let request = RunRequest::server("agents/echo")
+            .digest(format!("sha256:{}", "a".repeat(64)))
+            .memory(1 << 20)
+            .disk(0)
+            .agent(r#"{"model": "x"}"#)
+            .expect("JSON");
+        assert_eq!(request.validate(), Ok(()));
+        let encoded = String::from_utf8(request.to_vec().expect("encodes")).expect("utf-8");
+        assert_eq!(
+            encoded,
+            format!(
+                r#"{{"image":{{"server":{{"name":"agents/echo","digest":"sha256:{}"}}}},"memory":1048576,"disk":0,"agent":{{"model": "x"}}}}"#,
+                "a".repeat(64)
+            )
+        );
+        let unpinned = RunRequest::server("demo");
+        assert_eq!(unpinned.container.memory, DEFAULT_LIMIT);
+        assert_eq!(unpinned.agent.get(), "{}");
+        assert!(
+            matches!(&unpinned.container.image, Image::Server(image) if image.digest == UNPINNED)
+        );
+        let registry = RunRequest::registry("127.0.0.1:5000/echo:1").digest("ignored");
+        assert!(matches!(
+            &registry.container.image,
+            Image::Registry(image) if image.reference == "127.0.0.1:5000/echo:1"
+        ));
+        assert!(RunRequest::server("demo").agent("{").is_err());
+        assert_eq!(
+            RunRequest::server("Demo").validate(),
+            Err(InvalidRequest::ImageName("Demo".into()))
+        );
     }
 
     #[test]

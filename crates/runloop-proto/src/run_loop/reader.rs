@@ -196,7 +196,10 @@ impl Reader {
                     };
                     Some(Step::Error(error))
                 }
-                Err(why) => Some(self.end(Outcome::Broken(Broken::Undecodable(why.into())))),
+                Err(why) => {
+                    let why = quoted(why, payload);
+                    Some(self.end(Outcome::Broken(Broken::Undecodable(why))))
+                }
             },
         }
     }
@@ -226,6 +229,19 @@ impl Reader {
     fn end(&mut self, outcome: Outcome) -> Step {
         self.state = State::Ended;
         Step::End(outcome)
+    }
+}
+
+/// A decode error with the payload that caused it: the JSON after the tag
+/// for a chunk or an error that did not parse (what the agent wrote), the
+/// whole payload for an unknown tag, nothing for an empty one.
+fn quoted(why: ResponseError, payload: &[u8]) -> Undecodable<ResponseError> {
+    match why {
+        ResponseError::Empty => why.into(),
+        ResponseError::UnknownTag(_) => Undecodable::with_payload(why, payload),
+        ResponseError::Chunk(_) | ResponseError::Error(_) => {
+            Undecodable::with_payload(why, payload.get(1..).unwrap_or_default())
+        }
     }
 }
 
@@ -368,6 +384,12 @@ mod tests {
                 .to_string()
                 .starts_with("a response did not decode: agentic loop chunk did not parse: "),
             "{broken}"
+        );
+        assert!(
+            broken
+                .to_string()
+                .ends_with(r#"; the payload was "{\"type\":7}" (10 bytes)"#),
+            "the JSON after the tag is quoted: {broken}"
         );
         let undecodable = std::error::Error::source(&broken).expect("the decode error");
         let json = undecodable.source().expect("serde_json's error beneath it");

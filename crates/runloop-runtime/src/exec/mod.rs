@@ -91,7 +91,8 @@ const PORT_ATTEMPTS: usize = 4;
 /// What the exec runtime does with a run's `disk`, which it cannot hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum DiskPolicy {
-    /// Refuse every run, saying why (the default).
+    /// Refuse every run that asks for disk, saying why (the default); a
+    /// run with `disk` 0 asks nothing that needs holding and goes ahead.
     #[default]
     Refuse,
     /// Run anyway: the operator accepted that `disk` is not enforced.
@@ -203,11 +204,11 @@ impl Exec {
     /// Starts one child and its proxy; resolves once both accept
     /// connections. [`Runtime::start`] is this, boxed.
     pub async fn spawn(&self, limits: ContainerLimits) -> Result<ExecContainer, StartError> {
-        if self.config.disk == DiskPolicy::Refuse {
+        if self.config.disk == DiskPolicy::Refuse && limits.disk > 0 {
             return Err(StartError::new(format!(
                 "disk {} bytes cannot be held for an exec agent program (a host process writes \
-                 wherever its user may); this server refuses exec runs until its operator accepts \
-                 that (runloop serve --exec-disk unenforced)",
+                 wherever its user may); this server refuses exec runs that ask for disk until its \
+                 operator accepts that (runloop serve --exec-disk unenforced); disk 0 goes ahead",
                 limits.disk
             )));
         }
@@ -290,7 +291,8 @@ impl Exec {
                 return Err(failed);
             }
         };
-        let (proxy_stop, proxy_task) = proxy.spawn();
+        let (died_tx, died) = watch::channel(None);
+        let (proxy_stop, proxy_task) = proxy.with_agent_end(died).spawn();
         let stop = CancellationToken::new();
         let (exited_tx, exited) = watch::channel(None);
         let cgroup = guard.hold.cgroup().cloned();
@@ -300,7 +302,7 @@ impl Exec {
             lease,
             stop.clone(),
             self.config.grace,
-            exited_tx,
+            (exited_tx, died_tx),
         ));
         info!(%program, pid, %url, "exec container ready");
         Ok(ExecContainer {
@@ -412,6 +414,16 @@ impl Runtime for Exec {
         Box::pin(async move {
             let container: Box<dyn Container> = Box::new(self.spawn(limits).await?);
             Ok(container)
+        })
+    }
+
+    fn caveat(&self) -> Option<String> {
+        (self.config.disk == DiskPolicy::Refuse).then(|| {
+            "every run that asks for disk will be refused, since nothing holds an exec \
+             program's writes (runloop serve --exec-disk refuse, the default); only runs with \
+             disk 0 go ahead. Accept unenforced disk with --exec-disk unenforced, or serve the \
+             agent as an oci: image"
+                .to_owned()
         })
     }
 }
@@ -581,19 +593,24 @@ impl Drop for Guard {
 }
 
 /// Owns the child until it is gone: reports its exit, or terminates it;
-/// either way, nothing of the run is left when `exited` is told.
+/// either way, nothing of the run is left when `exited` is told. An exit
+/// of its own is told to `died` at once, in words (`exit status 3`), for
+/// the proxy.
 async fn supervise(
     mut child: Child,
     mut guard: Guard,
     lease: Lease,
     stop: CancellationToken,
     grace: Duration,
-    exited: watch::Sender<Option<String>>,
+    (exited, died): (watch::Sender<Option<String>>, watch::Sender<Option<String>>),
 ) {
     let pid = child.id().unwrap_or_default();
     let reason = tokio::select! {
         status = child.wait() => {
-            let reason = format!("the agent program exited by itself: {}", guard.hold.describe_end(status));
+            let status = guard.hold.describe_end(status);
+            // The proxy says it to a loop the exit cut short.
+            died.send_replace(Some(status.clone()));
+            let reason = format!("the agent program exited by itself: {status}");
             warn!(pid, %reason, "agent program ended");
             reason
         }
