@@ -128,6 +128,9 @@ fn refused(entries: &[Entry<'_>], expected: &str) {
 
 #[test]
 fn dot_dot_entries_are_refused() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
     refused(
         &[Entry::File("../outside/planted", b"x")],
         "entry \"../outside/planted\" climbs out of the image root with `..`",
@@ -143,6 +146,9 @@ fn dot_dot_entries_are_refused() {
 
 #[test]
 fn a_write_through_an_absolute_symlink_does_not_leave_the_root() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
     let scratch = Scratch::new();
     let outside = scratch.outside().display().to_string();
     let before = scratch.outside_tree();
@@ -193,6 +199,9 @@ fn a_write_through_an_absolute_symlink_does_not_leave_the_root() {
 
 #[test]
 fn hard_links_out_of_the_root_are_refused() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
     let scratch = Scratch::new();
     let secret = scratch.outside().join("secret").display().to_string();
     refused(
@@ -229,6 +238,9 @@ fn hard_links_out_of_the_root_are_refused() {
 
 #[test]
 fn device_nodes_are_refused_and_fifos_kept() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
     refused(
         &[Entry::Char("dev/sda")],
         "entry \"dev/sda\" is a device node; images may not carry device nodes",
@@ -241,6 +253,9 @@ fn device_nodes_are_refused_and_fifos_kept() {
 
 #[test]
 fn whiteouts_remove_what_the_layers_below_put_there() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
     let scratch = Scratch::new();
     scratch
         .apply(&[
@@ -278,6 +293,9 @@ fn whiteouts_remove_what_the_layers_below_put_there() {
 
 #[test]
 fn later_layers_replace_files_directories_and_symlinks() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
     let scratch = Scratch::new();
     scratch
         .apply(&[
@@ -312,6 +330,9 @@ fn later_layers_replace_files_directories_and_symlinks() {
 
 #[test]
 fn budgets_bound_bytes_and_entries() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
     let scratch = Scratch::new();
     let big = vec![7u8; 4096];
     let mut budget = Budget::new(6000, 100);
@@ -333,6 +354,9 @@ fn budgets_bound_bytes_and_entries() {
 
 #[test]
 fn owners_are_shifted_into_the_containers_range_and_ids_past_it_refused() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
     use runloop_oci::user::{IdMapping, IdRange};
     let range = IdRange::checked(3_000_000, 1000).expect("range");
     let ids = IdMapping::both(range);

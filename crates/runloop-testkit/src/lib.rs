@@ -139,8 +139,8 @@ pub fn required() -> bool {
 }
 
 /// The parts every container test needs: root, runc, the tools that make
-/// a run's disk and network, and gcc with a static libc for the test
-/// images.
+/// a run's disk and network, and gcc with a static libc (and strip) for
+/// the test images.
 pub const CONTAINERS: &[Part] = &[
     Part::Root,
     Part::program("runc", "runc"),
@@ -148,6 +148,7 @@ pub const CONTAINERS: &[Part] = &[
     Part::program("ip", "iproute2"),
     Part::program("losetup", "mount"),
     Part::program("gcc", "gcc"),
+    Part::program("strip", "binutils"),
     Part::File {
         path: "/usr/lib/x86_64-linux-gnu/libc.a",
         from: "apt-get install libc6-dev",
@@ -190,6 +191,10 @@ pub fn run_figures(figures: &[Figure]) {
         }
     }
 }
+
+/// What a container test that pulls from a real registry needs besides
+/// [`CONTAINERS`]: Debian's `docker-registry`.
+pub const REGISTRY: Part = Part::program("docker-registry", "docker-registry");
 
 #[cfg(test)]
 mod tests {

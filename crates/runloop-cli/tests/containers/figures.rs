@@ -84,6 +84,9 @@ fn machine() -> [(&'static str, usize); 5] {
 #[test]
 #[ignore = "prints the closing note's figures; run by hand"]
 fn figures() {
+    if !super::ready_with_registry() {
+        return;
+    }
     let images = Images::get();
     let (layout, _) = images.agent_layout("figures");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
@@ -225,6 +228,9 @@ fn id_after(stderr: &str) -> Option<Duration> {
 #[test]
 #[ignore = "prints the closing note's start figure; run by hand"]
 fn start_as_a_caller_sees_it() {
+    if !super::ready() {
+        return;
+    }
     // RUNLOOP_FIGURE_SERVER: another build's `runloop` serves (the client
     // is this build's); the agent listens on 0.0.0.0:8080, which holds
     // its loopback, so that builds of before and after both serve it.
@@ -289,6 +295,9 @@ fn start_as_a_caller_sees_it() {
 #[test]
 #[ignore = "prints the start figure; run by hand"]
 fn start_p50() {
+    if !super::ready() {
+        return;
+    }
     let images = Images::get();
     let (layout, _) = images.agent_layout("start-p50");
     let runtime_name = super::oci_runtime();

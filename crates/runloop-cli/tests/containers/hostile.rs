@@ -260,6 +260,9 @@ fn server(hostile: &Hostile, extra: &[&str]) -> Server {
 
 #[test]
 fn registry_redirects_go_only_where_the_operator_said() {
+    if !super::ready() {
+        return;
+    }
     let images = Images::get();
     let image = images.agent_layout("hostile-redirects");
     let hostile = Hostile::start();
@@ -340,6 +343,9 @@ fn registry_redirects_go_only_where_the_operator_said() {
 
 #[test]
 fn an_endless_manifest_is_refused_at_its_cap_without_the_memory() {
+    if !super::ready() {
+        return;
+    }
     let hostile = Hostile::start();
     hostile.route("agents/endless", Behaviour::EndlessManifest, None);
     hostile.route(
@@ -384,6 +390,9 @@ fn an_endless_manifest_is_refused_at_its_cap_without_the_memory() {
 
 #[test]
 fn a_trickling_pull_ends_at_its_deadline() {
+    if !super::ready() {
+        return;
+    }
     let hostile = Hostile::start();
     hostile.route(
         "agents/trickle",
@@ -413,6 +422,9 @@ fn a_trickling_pull_ends_at_its_deadline() {
 
 #[test]
 fn a_gzip_bomb_is_refused_at_its_unpack_ratio() {
+    if !super::ready() {
+        return;
+    }
     use std::io::Write as _;
     let images = Images::get();
     // 256 MiB of zeros in one file: a few hundred KiB gzipped.
@@ -480,6 +492,9 @@ fn a_gzip_bomb_is_refused_at_its_unpack_ratio() {
 
 #[test]
 fn a_callers_reference_cannot_forge_a_server_log_line() {
+    if !super::ready() {
+        return;
+    }
     let hostile = Hostile::start();
     let server = server(&hostile, &[]);
     let forged = "2026-01-01T00:00:00.000000Z  WARN runloop::server: forged";
@@ -505,6 +520,9 @@ fn a_callers_reference_cannot_forge_a_server_log_line() {
 
 #[test]
 fn a_server_stopped_mid_unpack_leaves_no_partial_image() {
+    if !super::ready() {
+        return;
+    }
     use std::io::Write as _;
     use std::process::{Command, Stdio};
 

@@ -21,19 +21,6 @@ use serde_json::Value;
 use super::images::Images;
 use super::{Server, chunks, error_text, json_lines, leftovers};
 
-/// Whether this machine can run containers; says why not when it cannot
-/// (`skipped: needs …`, a failure under `RUNLOOP_REQUIRE_SYSTEM=1`).
-fn system_ready() -> bool {
-    use runloop_testkit::{Part, needs};
-    needs(&[
-        Part::Root,
-        Part::program("runc", "runc"),
-        Part::program("ip", "iproute2"),
-        Part::program("mkfs.ext4", "e2fsprogs"),
-        Part::program("gcc", "gcc"),
-    ])
-}
-
 /// `runloop run --json` with `agent` as the registration's JSON.
 fn run_as(url: &str, image: &str, agent: &str, prompt: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_runloop"))
@@ -80,7 +67,7 @@ fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn two_servers_on_one_host_with_many_runs_each_never_cross() {
-    if !system_ready() {
+    if !super::ready() {
         return;
     }
     // RUNLOOP_CROSSING_RUNS=200 for the figure; the default keeps
@@ -175,7 +162,7 @@ fn host_address() -> Option<String> {
 
 #[test]
 fn a_container_reaches_no_host_service_no_other_run_and_no_other_machine() {
-    if !system_ready() {
+    if !super::ready() {
         return;
     }
     let images = Images::get();
@@ -260,7 +247,7 @@ fn a_container_reaches_no_host_service_no_other_run_and_no_other_machine() {
 
 #[test]
 fn a_registration_to_a_container_gone_after_its_probe_fails_and_reaches_nothing() {
-    if !system_ready() {
+    if !super::ready() {
         return;
     }
     let images = Images::get();
@@ -333,7 +320,7 @@ fn signal(child: &Child, name: &str) {
 
 #[test]
 fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
-    if !system_ready() {
+    if !super::ready() {
         return;
     }
     let images = Images::get();

@@ -31,6 +31,20 @@ fn oci_runtime() -> String {
     std::env::var("RUNLOOP_TEST_OCI_RUNTIME").unwrap_or_else(|_| "runc".to_owned())
 }
 
+/// Whether this machine can run the container tests: root, runc and the
+/// tools that make a run's disk, network and images; says which part is
+/// missing (`skipped: needs …`) when it cannot, a failure under
+/// `RUNLOOP_REQUIRE_SYSTEM=1`.
+fn ready() -> bool {
+    runloop_testkit::needs(runloop_testkit::CONTAINERS)
+}
+
+/// [`ready`], and Debian's `docker-registry` for the tests that pull from
+/// a real registry.
+fn ready_with_registry() -> bool {
+    ready() && runloop_testkit::needs(&[runloop_testkit::REGISTRY])
+}
+
 /// A `runloop serve` with a store of its own, stopped with SIGKILL when
 /// dropped (its leftovers are then for the next server on the store). The
 /// store lives as long as this value, stopped or not.
@@ -275,6 +289,9 @@ fn chunks(lines: &[Value]) -> Vec<String> {
 
 #[test]
 fn a_loop_through_an_oci_image_is_the_builtin_loop_byte_for_byte() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (layout, digest) = images.agent_layout("demo");
     let server = Server::start(&[format!("agents/demo=oci:{}", layout.display())], &[]);
@@ -322,6 +339,9 @@ fn error_text(lines: &[Value]) -> String {
 
 #[test]
 fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
+    if !ready() {
+        return;
+    }
     if oci_runtime() == "runsc" {
         // runsc removes the sandbox's cgroup as it ends (it has no
         // --keep), so the OOM count is gone when the end is read: the
@@ -407,6 +427,9 @@ fn tree_size(dir: &Path) -> u64 {
 
 #[test]
 fn writing_past_disk_gets_enospc_and_nothing_outside_grows() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (hog, digest) = images.hog_layout("disk");
     let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
@@ -472,6 +495,9 @@ fn stubborn_processes() -> usize {
 
 #[test]
 fn an_agent_that_ignores_sigterm_and_forks_is_killed_after_the_grace() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (hog, digest) = images.hog_layout("stubborn");
     let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
@@ -500,6 +526,9 @@ fn an_agent_that_ignores_sigterm_and_forks_is_killed_after_the_grace() {
 
 #[test]
 fn twenty_runs_at_once_each_with_its_own_limits() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (hog, digest) = images.hog_layout("disk");
     let image = format!("hog@{digest}");
@@ -549,6 +578,9 @@ fn twenty_runs_at_once_each_with_its_own_limits() {
 
 #[test]
 fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (demo, digest) = images.agent_layout("crash");
     let image = format!("demo@{digest}");
@@ -636,6 +668,9 @@ fn builtin_chunks(prompt: &str) -> Vec<String> {
 
 #[test]
 fn a_registry_image_runs_and_two_runs_at_once_pull_it_once() {
+    if !ready_with_registry() {
+        return;
+    }
     let images = Images::get();
     let (path, digest) = images.agent_layout("registry");
     let registry = LocalRegistry::start();
@@ -704,6 +739,9 @@ fn refusal(output: &Output) -> String {
 
 #[test]
 fn registry_images_are_refused_before_anything_starts() {
+    if !ready_with_registry() {
+        return;
+    }
     let images = Images::get();
     let (path, digest) = images.agent_layout("refusals");
     let layout = Layout::open(&path).expect("layout");
@@ -800,6 +838,9 @@ fn registry_images_are_refused_before_anything_starts() {
 
 #[test]
 fn a_server_without_registries_refuses_registry_images() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (path, _) = images.agent_layout("no-registry");
     let server = Server::start(&[format!("demo=oci:{}", path.display())], &[]);
@@ -837,6 +878,9 @@ fn serve_refuses(prefix: &[&str], agent: &str, env_path: Option<&str>) -> String
 
 #[test]
 fn serve_refuses_at_startup_what_it_cannot_run() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (path, digest) = images.agent_layout("startup");
     let agent = format!("demo=oci:{}", path.display());
@@ -869,6 +913,9 @@ fn serve_refuses_at_startup_what_it_cannot_run() {
 
 #[test]
 fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (missing, missing_digest) = images.layout("missing-entrypoint", &[&images.hog], &["/nope"]);
     // Never listening at all.
@@ -1075,18 +1122,24 @@ fn a_hostile_image_is_held(runtime: &str) {
 
 #[test]
 fn a_hostile_image_finds_an_unprivileged_root_a_syscall_filter_and_masked_host_files() {
+    if !ready() {
+        return;
+    }
     a_hostile_image_is_held("runc");
 }
 
 #[test]
 fn a_hostile_image_under_runsc_finds_gvisors_kernel_and_the_same_controls() {
-    if runloop_testkit::needs(&[runloop_testkit::Part::program("runsc", "runsc")]) {
+    if ready() && runloop_testkit::needs(&[runloop_testkit::Part::program("runsc", "runsc")]) {
         a_hostile_image_is_held("runsc");
     }
 }
 
 #[test]
 fn serve_names_its_runc_and_warns_when_it_predates_the_2025_fixes() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (demo, _) = images.agent_layout("runc-version");
     let server = Server::start(
@@ -1142,6 +1195,9 @@ fn stop_time(layout: &Path, init: bool, grace: std::time::Duration) -> std::time
 
 #[test]
 fn an_agent_without_a_sigterm_handler_stops_at_once_under_the_init() {
+    if !ready() {
+        return;
+    }
     let images = Images::get();
     let (plain, _) = images.hog_layout("plain");
     let grace = std::time::Duration::from_secs(3);
