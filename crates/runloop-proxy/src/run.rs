@@ -174,8 +174,16 @@ async fn relay(
             }
             Some(Err(broke)) => {
                 metrics.agent_faults.inc(AgentFault::StreamBroke);
-                let error = match (&broke, exited(shared).await) {
-                    (sse::Broke::Transport(_), Some(status)) => {
+                let error = match (&broke, framing, exited(shared).await) {
+                    // A body cut short of its length says so first (what
+                    // the framing proves), then how the program ended.
+                    (sse::Broke::Transport(_), Framing::Length(_), Some(status)) => {
+                        format!(
+                            "{} (the agent program exited: {status})",
+                            cut_short(&broke, framing)
+                        )
+                    }
+                    (sse::Broke::Transport(_), _, Some(status)) => {
                         format!("the agent program exited ({status}) before its /run body ended")
                     }
                     _ => cut_short(&broke, framing),
