@@ -114,15 +114,9 @@ fn is_executable(path: &Path) -> bool {
 /// }
 /// ```
 pub fn needs(parts: &[Part]) -> bool {
-    let missing: Vec<String> = parts
-        .iter()
-        .filter(|part| !part.present())
-        .map(|part| part.describe())
-        .collect();
-    if missing.is_empty() {
+    let Some(missing) = missing(parts) else {
         return true;
-    }
-    let missing = missing.join(", ");
+    };
     let test = std::thread::current().name().unwrap_or("a test").to_owned();
     if required() {
         panic!("{test} needs {missing}, and {REQUIRE}=1 is set: install it");
@@ -131,6 +125,17 @@ pub fn needs(parts: &[Part]) -> bool {
     // passes or not. A closed stderr loses it, nothing more.
     let _ = writeln!(std::io::stderr(), "skipped: needs {missing}: {test}");
     false
+}
+
+/// What of `parts` is missing, described and joined (`runc (apt-get
+/// install runc), root`); `None` when all of it is here.
+pub fn missing(parts: &[Part]) -> Option<String> {
+    let missing: Vec<String> = parts
+        .iter()
+        .filter(|part| !part.present())
+        .map(|part| part.describe())
+        .collect();
+    (!missing.is_empty()).then(|| missing.join(", "))
 }
 
 /// Whether a missing part fails the test (`RUNLOOP_REQUIRE_SYSTEM=1`).
@@ -217,14 +222,23 @@ mod tests {
     }
 
     #[test]
-    fn needs_answers_for_what_is_here_and_what_is_not() {
+    fn what_is_missing_is_named_and_what_is_here_is_not() {
+        assert_eq!(missing(&[Part::program("sh", "dash")]), None);
         assert!(needs(&[Part::program("sh", "dash")]));
-        let missing = [Part::program("runloop-no-such-program", "runloop-nothing")];
-        if required() {
-            let panicked = std::panic::catch_unwind(|| needs(&missing));
-            assert!(panicked.is_err(), "under {REQUIRE}=1 a missing part fails");
-        } else {
-            assert!(!needs(&missing));
-        }
+        let parts = [
+            Part::program("sh", "dash"),
+            Part::program("runloop-no-such-program", "runloop-nothing"),
+            Part::File {
+                path: "/runloop-no-such-file",
+                from: "nothing",
+            },
+        ];
+        assert_eq!(
+            missing(&parts).as_deref(),
+            Some(
+                "runloop-no-such-program (apt-get install runloop-nothing), \
+                 /runloop-no-such-file (nothing)"
+            )
+        );
     }
 }

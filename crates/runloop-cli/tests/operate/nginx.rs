@@ -15,10 +15,7 @@ use crate::certs::Pair;
 const NGINX: &str = "/usr/sbin/nginx";
 
 /// nginx, as a test asks for it before it starts anything.
-pub const PART: Part = Part::File {
-    path: NGINX,
-    from: "apt-get install nginx",
-};
+pub const PART: Part = Part::program("nginx", "nginx");
 
 /// A running nginx, stopped when dropped.
 pub struct Nginx {
