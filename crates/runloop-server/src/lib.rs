@@ -74,6 +74,8 @@ mod proxy_path;
 mod read_ahead;
 mod refusal_log;
 mod relay;
+mod responses;
+mod run_end;
 mod scope;
 mod shared;
 

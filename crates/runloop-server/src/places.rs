@@ -123,6 +123,37 @@ impl Places {
     }
 }
 
+/// What a channel writing to the socket itself has written since it took
+/// it, against the bounds of its queue places.
+#[derive(Debug)]
+pub(crate) struct Share {
+    responses: usize,
+    bytes: usize,
+    max_responses: usize,
+    max_bytes: usize,
+}
+
+impl Share {
+    /// A channel's share of the socket under `limits`: as much as its
+    /// places would hold.
+    pub(crate) fn new(limits: &Limits) -> Share {
+        Share {
+            responses: 0,
+            bytes: 0,
+            max_responses: limits.max_queued_responses,
+            max_bytes: limits.max_queued_bytes,
+        }
+    }
+
+    /// Notes a response of `size` bytes written; whether the share is
+    /// spent.
+    pub(crate) fn spend(&mut self, size: usize) -> bool {
+        self.responses += 1;
+        self.bytes += size;
+        self.responses >= self.max_responses || self.bytes >= self.max_bytes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use futures_util::FutureExt;
@@ -189,6 +220,22 @@ mod tests {
         assert_eq!(connection.available_permits(), 256 << 10);
         drop(held);
         assert!(other.try_take(512 << 10).is_some());
+    }
+
+    #[test]
+    fn a_share_is_spent_at_either_bound() {
+        let limits = Limits {
+            max_queued_responses: 3,
+            max_queued_bytes: 1000,
+            ..Limits::default()
+        };
+        let mut by_count = Share::new(&limits);
+        assert!(!by_count.spend(10));
+        assert!(!by_count.spend(10));
+        assert!(by_count.spend(10), "the third response spends it");
+        let mut by_bytes = Share::new(&limits);
+        assert!(!by_bytes.spend(999));
+        assert!(by_bytes.spend(1), "the thousandth byte spends it");
     }
 
     #[tokio::test]

@@ -16,26 +16,17 @@
 //! it ([`proxy_path::close`]), so a proxy that is slow to close never
 //! delays the caller's end of the loop.
 //!
-//! While no other task is writing to the connection's socket and nothing
-//! is queued for it, the relay writes its frames to the socket itself
-//! ([`Direct`]), as a plain forwarder would: every message the proxy has
-//! ready, then one flush. Otherwise each forwarded frame is queued and
-//! holds its places in the connection's queue ([`places`](super::places):
-//! so many responses and bytes of the channel, so many bytes of the
-//! connection) until the writer takes it. Either way a caller that reads
-//! slowly makes this task stop reading the proxy (a full socket holds it,
-//! or its places run out), and TCP carries the pressure back to the agent
-//! program.
+//! How a response reaches the caller's socket — written to it directly, or
+//! queued behind the other channels' — is the channel's [`Responses`]; the
+//! run's end, which cuts any wait of the relay, is [`RunEnd`].
 
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
-use futures_util::{FutureExt, SinkExt, StreamExt};
-use runloop_proto::frame;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
 use runloop_proto::{ErrorKind, ErrorValue, Writer};
 use tokio::sync::watch;
@@ -46,10 +37,10 @@ use super::budget::LoopClaim;
 use super::identity::Identity;
 use super::outbox::ChannelOutbox;
 use super::proxy_path::{self, Path};
+use super::responses::Responses;
+use super::run_end::{RunEnd, ended};
 use super::shared::{Held, Shared, Stats};
 use runloop_metrics::{LoopOutcome, ProxyFault, ServerMetrics, TenantFigures, may_be_fatal};
-use runloop_wire::limits::Limits;
-use runloop_wire::writer::{Direct, FrameBytes};
 
 /// A proxy path the relay has opened, counted as held until it is closed.
 struct Open {
@@ -125,24 +116,25 @@ pub(crate) async fn serve(
     claim: LoopClaim,
 ) {
     let relaying = Held::new(&shared, |s: &Stats| &s.relays);
-    let mut last = Vec::new();
-    let mut open = None;
     let tenant = Arc::clone(&claim.identity.figures);
-    let mut forwarded = Forwarded {
-        tenant: Some(Arc::clone(&tenant)),
-        ..Forwarded::default()
+    let mut kept = Kept {
+        forwarded: Forwarded {
+            tenant: Some(Arc::clone(&tenant)),
+            ..Forwarded::default()
+        },
+        ..Kept::default()
     };
-    let finish = relay(
-        &shared,
-        &outbox,
+    let ask = Ask {
         request,
-        &proxy_url,
+        proxy_url: &proxy_url,
         ending,
-        &mut open,
-        &mut Writer::new(&mut last),
-        &mut forwarded,
-    )
-    .await;
+    };
+    let finish = relay(&shared, &outbox, ask, &mut kept).await;
+    let Kept {
+        open,
+        last,
+        mut forwarded,
+    } = kept;
     // Counted before the finish is queued: a caller that has seen the
     // finish finds the loop counted.
     forwarded.flush(&shared.metrics);
@@ -179,167 +171,102 @@ fn outcome_name(outcome: LoopOutcome) -> &'static str {
     runloop_metrics::Label::name(outcome)
 }
 
-/// The relay proper. Forwards chunks as they come, noting them in
-/// `forwarded`; writes the channel's last payload, if it has one, to
-/// `last`. A path that still needs its close handshake is left in `open`.
+/// What the relay is asked to do: send `request` to the proxy at
+/// `proxy_url` and relay its answer, until the run ends (`ending`).
+struct Ask<'a> {
+    request: Bytes,
+    proxy_url: &'a str,
+    ending: watch::Receiver<Option<ErrorValue>>,
+}
+
+/// What the relay leaves for [`serve`] once it returns: the path if it still
+/// needs its close handshake, the channel's last payload if it has one, and
+/// what it forwarded.
+#[derive(Default)]
+struct Kept {
+    open: Option<Open>,
+    last: Vec<u8>,
+    forwarded: Forwarded,
+}
+
+/// The relay proper: opens the path, sends the ask, then reads the proxy's
+/// next message, lets [`Relay::message`] say what it is, and pushes what it
+/// forwards to the channel's [`Responses`], flushing when nothing more is
+/// ready.
 ///
 /// Every wait is also a wait for the run's end ([`RunEnd::or`]): whatever
 /// the relay is waiting for, the run's end cuts the loop with its reason.
-#[allow(clippy::too_many_arguments)]
 async fn relay(
     shared: &Arc<Shared>,
     outbox: &ChannelOutbox,
-    request: Bytes,
-    proxy_url: &str,
-    ending: watch::Receiver<Option<ErrorValue>>,
-    open: &mut Option<Open>,
-    last: &mut Writer<'_>,
-    forwarded: &mut Forwarded,
+    ask: Ask<'_>,
+    kept: &mut Kept,
 ) -> Finish {
     let metrics = &shared.metrics;
-    let watch = ending.clone();
-    let quiet = watch.borrow().is_none();
-    let ended = pin!(ended(ending));
-    let mut run_end = RunEnd {
-        watch,
-        quiet,
-        ended,
-    };
-    let mut relay = Relay::new();
     let limits = shared.config.limits;
-    let dialled = match run_end
-        .or(proxy_path::open(proxy_url, "/agent/run", &limits))
-        .await
+    let last = &mut Writer::new(&mut kept.last);
+    let ended = pin!(ended(ask.ending.clone()));
+    let mut run_end = RunEnd::new(ask.ending, ended);
+    let mut relay = Relay::new();
+    let path = match open(
+        shared,
+        ask.request,
+        ask.proxy_url,
+        &mut kept.open,
+        &mut run_end,
+    )
+    .await
     {
-        Ok(dialled) => dialled,
-        Err(why) => return relay.cut(why, last),
-    };
-    let path = match dialled {
         Ok(path) => path,
-        Err(why) => {
-            metrics.proxy_faults.inc(ProxyFault::Unreachable);
-            let error = ErrorValue::kind(
-                ErrorKind::Proxy,
-                format!("cannot open the proxy's /agent/run: {why}"),
-            );
-            return relay.cut(error, last);
-        }
+        Err(Unsent::Cut(why)) => return relay.cut(why, last),
+        Err(Unsent::Broke(why)) => return relay.broke(&why, last),
     };
-    let Open { path, .. } = open.insert(Open {
-        path,
-        _held: Held::new(shared, |s: &Stats| &s.proxy_paths),
-    });
-    // A proxy that does not read can hold a large ask forever: the run's end
-    // must still reach the loop.
-    match run_end.or(path.send(Message::Binary(request))).await {
-        Ok(Ok(())) => {}
-        Ok(Err(why)) => {
-            metrics.proxy_faults.inc(ProxyFault::Send);
-            *open = None;
-            return relay.broke(&why.to_string(), last);
-        }
-        Err(why) => return relay.cut(why, last),
-    }
-    let places = outbox.places(&limits);
-    // Every response of the channel begins with these bytes.
-    let header = outbox.message(&[]);
-    // The relay writes to the connection's socket itself while no one else
-    // is, and otherwise queues; either way it takes every message its proxy
-    // has ready before it flushes, or queues them together: one flush, or
-    // one push and at most one wake-up of the writer, for all of them.
-    let mut socket: Option<Socket<'_>> = None;
-    let mut ready = Vec::new();
+    let mut responses = Responses::new(outbox, &limits);
     // When the messages being relayed came: read once per wait, since the
-    // messages that were ready after it came with it (one clock read a
-    // batch, not one a message).
+    // messages that were ready after it came with it.
     let mut relayed_at = Instant::now();
     loop {
-        let next = if socket.is_none() && ready.is_empty() {
+        let next = if responses.is_idle() {
             let next = run_end.or(next_message(path)).await;
             relayed_at = Instant::now();
             next
+        } else if let Some(next) = run_end.ready(next_message(path)) {
+            next
         } else {
-            match run_end.ready(next_message(path)) {
-                Some(next) => next,
-                None => {
-                    // Nothing more is ready: send what is.
-                    outbox.respond_all(std::mem::take(&mut ready));
-                    if let Some(mut held) = socket.take()
-                        && let Err(why) = run_end.or(held.direct.flush()).await
-                    {
-                        return relay.cut(why, last);
-                    }
-                    continue;
-                }
+            // Nothing more is ready: send what is.
+            if let Err(why) = responses.flush(&mut run_end).await {
+                return relay.cut(why, last);
             }
+            continue;
         };
         // Whatever ends the loop here is followed by its finish, which the
-        // writer queues and flushes after whatever was fed or queued here.
+        // writer queues and flushes after whatever was pushed here.
         let message = match next {
             Ok(Next::Message(message)) => message,
             // The proxy's close: answered by the handshake in `serve`.
-            Ok(Next::Closed) => {
-                outbox.respond_all(ready);
-                return relay.closed();
-            }
+            Ok(Next::Closed) => return relay.closed(),
             Ok(Next::Broke(why)) => {
-                outbox.respond_all(ready);
                 metrics.proxy_faults.inc(ProxyFault::AbruptEnd);
-                *open = None;
+                kept.open = None;
                 return relay.broke(&why, last);
             }
-            Err(why) => {
-                outbox.respond_all(ready);
-                return relay.cut(why, last);
-            }
+            Err(why) => return relay.cut(why, last),
         };
         match relay.message(message, last) {
             Relayed::Forward(next, message) => {
                 relay = next;
-                let size = message.len() + frame::HEADER_LEN;
-                if socket.is_none() && ready.is_empty() {
-                    socket = outbox.direct().map(Socket::new);
+                if let Err(why) = responses.push(&message, relayed_at, &mut run_end).await {
+                    return relay.cut(why, last);
                 }
-                if let Some(held) = &mut socket {
-                    let frame = held.frame(&header, &message);
-                    if let Err(why) = run_end.or(held.direct.feed(frame, relayed_at)).await {
-                        return relay.cut(why, last);
-                    }
-                    forwarded.note(message, metrics);
-                    if held.fed(size, &limits) {
-                        // Its share written: the others' turn.
-                        if let Some(mut held) = socket.take()
-                            && let Err(why) = run_end.or(held.direct.flush()).await
-                        {
-                            return relay.cut(why, last);
-                        }
-                    }
-                    continue;
-                }
-                let place = match places.try_take(size) {
-                    Some(place) => place,
-                    None => {
-                        // The places come back as the writer takes what is
-                        // queued: queue what is ready before waiting.
-                        outbox.respond_all(std::mem::take(&mut ready));
-                        match run_end.or(places.take(size)).await {
-                            Ok(place) => place,
-                            Err(why) => return relay.cut(why, last),
-                        }
-                    }
-                };
-                ready.push(outbox.response(&message, place, relayed_at));
-                forwarded.note(message, metrics);
+                kept.forwarded.note(message, metrics);
             }
+            // The proxy's error is the end (protocol §12): nothing after it
+            // is read, whether or not the proxy goes on to close.
             Relayed::Last(error, finish) => {
-                outbox.respond_all(ready);
-                // The proxy's error is the end (protocol §12): nothing after it
-                // is read, whether or not the proxy goes on to close.
                 last.extend_from_slice(&error);
                 return finish;
             }
             Relayed::Fault(finish) => {
-                outbox.respond_all(ready);
                 metrics.proxy_faults.inc(ProxyFault::Sequence);
                 debug!(
                     scope = outbox.scope(),
@@ -352,58 +279,53 @@ async fn relay(
     }
 }
 
-/// The connection's socket while the relay writes to it itself, what it
-/// has fed since it took it, and a buffer for the frames it feeds.
-struct Socket<'a> {
-    direct: Direct<'a>,
-    frames: usize,
-    bytes: usize,
-    /// Where this batch's frames are built. The WebSocket copies a frame
-    /// as it takes it and lets it go, so the next frame reuses the same
-    /// memory: one allocation a batch, not one a frame, and none held once
-    /// the batch is flushed.
-    scratch: BytesMut,
+/// Why a path was not opened, or its ask not sent.
+enum Unsent {
+    /// The run ended first, or the proxy could not be reached: the
+    /// server's error.
+    Cut(ErrorValue),
+    /// The path broke while the ask was sent.
+    Broke(String),
 }
 
-/// What a batch's buffer holds, so that a batch of small frames fits in
-/// one allocation; a larger frame is built on its own.
-const SCRATCH: usize = 16 << 10;
-
-impl<'a> Socket<'a> {
-    fn new(direct: Direct<'a>) -> Self {
-        Socket {
-            direct,
-            frames: 0,
-            bytes: 0,
-            scratch: BytesMut::new(),
+/// Opens the proxy's `/agent/run`, holding it in `open`, and sends it the
+/// ask. A proxy that does not read can hold a large ask forever: the run's
+/// end must still reach the loop.
+async fn open<'o, F: Future<Output = ErrorValue>>(
+    shared: &Arc<Shared>,
+    request: Bytes,
+    proxy_url: &str,
+    open: &'o mut Option<Open>,
+    run_end: &mut RunEnd<'_, F>,
+) -> Result<&'o mut Path, Unsent> {
+    let metrics = &shared.metrics;
+    let limits = shared.config.limits;
+    let dialled = run_end
+        .or(proxy_path::open(proxy_url, "/agent/run", &limits))
+        .await
+        .map_err(Unsent::Cut)?;
+    let path = dialled.map_err(|why| {
+        metrics.proxy_faults.inc(ProxyFault::Unreachable);
+        Unsent::Cut(ErrorValue::kind(
+            ErrorKind::Proxy,
+            format!("cannot open the proxy's /agent/run: {why}"),
+        ))
+    })?;
+    let held = Held::new(shared, |s: &Stats| &s.proxy_paths);
+    let Open { path, .. } = open.insert(Open { path, _held: held });
+    match run_end.or(path.send(Message::Binary(request))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => {
+            metrics.proxy_faults.inc(ProxyFault::Send);
+            *open = None;
+            return Err(Unsent::Broke(why.to_string()));
         }
+        Err(why) => return Err(Unsent::Cut(why)),
     }
-
-    /// The frame that carries `message`: `header`, then the message.
-    fn frame(&mut self, header: &[u8], message: &Bytes) -> FrameBytes {
-        let size = header.len() + message.len();
-        if size > SCRATCH {
-            // Not in the batch's buffer, where it would be held until the
-            // batch is flushed, which a caller who does not read can put
-            // off forever: its own small allocation, or, large, the
-            // message's own bytes, written in fragments.
-            return FrameBytes::of(header, message);
-        }
-        if self.scratch.capacity() < size {
-            self.scratch.reserve(SCRATCH);
-        }
-        self.scratch.extend_from_slice(header);
-        self.scratch.extend_from_slice(message);
-        FrameBytes::whole(self.scratch.split().freeze())
-    }
-
-    /// Notes a frame of `size` bytes fed; whether the relay has fed as much
-    /// as its channel may queue, so that it should let the others write.
-    fn fed(&mut self, size: usize, limits: &Limits) -> bool {
-        self.frames += 1;
-        self.bytes += size;
-        self.frames >= limits.max_queued_responses || self.bytes >= limits.max_queued_bytes
-    }
+    let Some(Open { path, .. }) = open else {
+        unreachable!("held above")
+    };
+    Ok(path)
 }
 
 /// What came next on the proxy's path.
@@ -437,67 +359,6 @@ async fn next_message(path: &mut Path) -> Next {
         }
     }
     Next::Broke("the connection closed without a close frame".to_owned())
-}
-
-/// The run's end, waited for beside whatever the relay waits for. One
-/// future for the whole relay: making a new one per message would register
-/// and drop a waiter each time.
-struct RunEnd<'a, F> {
-    /// The run's ending, only to see whether it has changed: an atomic
-    /// load, where polling `ended` takes its waiters' lock.
-    watch: watch::Receiver<Option<ErrorValue>>,
-    /// Whether the run had not ended when the relay began.
-    quiet: bool,
-    ended: Pin<&'a mut F>,
-}
-
-impl<F: Future<Output = ErrorValue>> RunEnd<'_, F> {
-    /// `work`'s output, or the run's end (why it ended) if that comes
-    /// first. The run's end wins a tie.
-    ///
-    /// While the run's ending has not changed, the work is polled first and
-    /// the end only when the work must wait (to be woken by either): most
-    /// of a busy loop's messages are already read when the relay asks for
-    /// them, and polling the end takes its waiters' lock. Each poll of the
-    /// relay polls the work once, so a wait costs one read of the socket.
-    async fn or<T>(&mut self, work: impl Future<Output = T>) -> Result<T, ErrorValue> {
-        let mut work = pin!(work);
-        std::future::poll_fn(|cx| {
-            let quiet = self.quiet && matches!(self.watch.has_changed(), Ok(false));
-            if !quiet && let Poll::Ready(why) = self.ended.as_mut().poll(cx) {
-                return Poll::Ready(Err(why));
-            }
-            if let Poll::Ready(output) = work.as_mut().poll(cx) {
-                return Poll::Ready(Ok(output));
-            }
-            if quiet && let Poll::Ready(why) = self.ended.as_mut().poll(cx) {
-                return Poll::Ready(Err(why));
-            }
-            Poll::Pending
-        })
-        .await
-    }
-
-    /// `work`'s output if it is ready now, or the run's end if that has
-    /// come; `None` if neither is.
-    fn ready<T>(&mut self, work: impl Future<Output = T>) -> Option<Result<T, ErrorValue>> {
-        if self.quiet && matches!(self.watch.has_changed(), Ok(false)) {
-            return work.now_or_never().map(Ok);
-        }
-        self.or(work).now_or_never()
-    }
-}
-
-/// Resolves with the run's ending reason once it is set.
-async fn ended(mut ending: watch::Receiver<Option<ErrorValue>>) -> ErrorValue {
-    loop {
-        if let Some(why) = ending.borrow_and_update().clone() {
-            return why;
-        }
-        if ending.changed().await.is_err() {
-            return ErrorValue::kind(ErrorKind::Server, "the run ended");
-        }
-    }
 }
 
 /// Ends a run-loop channel that is not relayed (its identity holds as many
