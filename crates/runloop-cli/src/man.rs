@@ -178,16 +178,7 @@ fn synopsis(page: &clap::Command) -> String {
         };
         let takes_value = arg.get_num_args().is_some_and(|n| n.takes_values());
         let value = if takes_value {
-            let names = arg
-                .get_value_names()
-                .map(|names| {
-                    names
-                        .iter()
-                        .map(|n| n.as_str().to_owned())
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_else(|| vec![arg.get_id().as_str().to_uppercase()]);
-            format!(" {}", italic(&names.join(" ")))
+            format!(" {}", italic(&value_names(arg)))
         } else {
             String::new()
         };
@@ -203,16 +194,7 @@ fn synopsis(page: &clap::Command) -> String {
         }
     }
     for arg in page.get_positionals().filter(|arg| !arg.is_hide_set()) {
-        let names = arg
-            .get_value_names()
-            .map(|names| {
-                names
-                    .iter()
-                    .map(|n| n.as_str().to_owned())
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_else(|| vec![arg.get_id().as_str().to_uppercase()]);
-        let value = italic(&names.join(" "));
+        let value = italic(&value_names(arg));
         if arg.is_required_set() {
             line.push_str(&format!(" {value}"));
         } else {
@@ -224,4 +206,17 @@ fn synopsis(page: &clap::Command) -> String {
     }
     line.push('\n');
     line
+}
+
+/// The names of what `arg` takes, as the synopsis shows them: its value
+/// names, or its id in capitals when it has none.
+fn value_names(arg: &clap::Arg) -> String {
+    match arg.get_value_names() {
+        Some(names) => names
+            .iter()
+            .map(|n| n.as_str())
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => arg.get_id().as_str().to_uppercase(),
+    }
 }

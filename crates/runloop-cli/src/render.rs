@@ -316,14 +316,7 @@ impl<W: Write> Render<W> {
                 self.out.write_all(b"\n")?;
             }
             Format::Transcript => {
-                let mut document = serde_json::Map::new();
-                let chunks = std::mem::take(&mut self.transcript).into_chunks();
-                let chunks = serde_json::to_value(chunks).map_err(io::Error::other)?;
-                document.insert("transcript".into(), chunks);
-                if let Some(error) = self.error.take() {
-                    let error = serde_json::to_value(error).map_err(io::Error::other)?;
-                    document.insert("error".into(), error);
-                }
+                let mut document = self.transcript_and_error()?;
                 document.extend(ending);
                 serde_json::to_writer(&mut self.out, &document).map_err(io::Error::other)?;
                 self.out.write_all(b"\n")?;
@@ -341,6 +334,19 @@ impl<W: Write> Render<W> {
     /// `--transcript`: the coalesced loop, its error and its outcome, as one
     /// JSON object on one line.
     fn transcript_document(&mut self, outcome: &Outcome) -> io::Result<()> {
+        let mut document = self.transcript_and_error()?;
+        let mut line = Vec::new();
+        json::outcome(&mut line, json::At::default(), outcome)?;
+        if let Ok(Value::Object(ending)) = serde_json::from_slice::<Value>(&line) {
+            document.extend(ending);
+        }
+        serde_json::to_writer(&mut self.out, &document).map_err(io::Error::other)?;
+        self.out.write_all(b"\n")
+    }
+
+    /// The `--transcript` document without its outcome: the coalesced loop
+    /// (taken) and its error, if one came.
+    fn transcript_and_error(&mut self) -> io::Result<serde_json::Map<String, Value>> {
         let mut document = serde_json::Map::new();
         let chunks = std::mem::take(&mut self.transcript).into_chunks();
         let chunks = serde_json::to_value(chunks).map_err(io::Error::other)?;
@@ -349,13 +355,7 @@ impl<W: Write> Render<W> {
             let error = serde_json::to_value(error).map_err(io::Error::other)?;
             document.insert("error".into(), error);
         }
-        let mut line = Vec::new();
-        json::outcome(&mut line, json::At::default(), outcome)?;
-        if let Ok(Value::Object(ending)) = serde_json::from_slice::<Value>(&line) {
-            document.extend(ending);
-        }
-        serde_json::to_writer(&mut self.out, &document).map_err(io::Error::other)?;
-        self.out.write_all(b"\n")
+        Ok(document)
     }
 
     /// Ends the line being written, if any.
