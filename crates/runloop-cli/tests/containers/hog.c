@@ -16,7 +16,8 @@
  *   reach A:P...  a loop tries to connect to each IPv4 address:port and
  *             answers "A:P connected" or "A:P <error>" for each
  *   escape    tries what a hostile image would (escape.c) and answers one
- *             chunk per probe, `NAME: WHAT HAPPENED`
+ *             chunk per probe, `NAME: WHAT HAPPENED`; a fork bomb too when
+ *             the prompt says "fork bomb"
  *   plain     answers one chunk and leaves every signal as it is (PID 1
  *             without an init then ignores SIGTERM)
  *
@@ -202,6 +203,7 @@ static void run_loop(int fd, const char *body) {
         send_event(fd, text);
     } else if (strcmp(mode, "escape") == 0) {
         escape(fd);
+        if (strstr(body, "fork bomb")) fork_bomb(fd);
     } else {
         send_event(fd, "still here");
     }

@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use images::Images;
 use registry::LocalRegistry;
 use runloop_oci::layout::Layout;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The OCI runtime the suite runs under: `RUNLOOP_TEST_OCI_RUNTIME`
 /// (`runc` unless set; `runsc` runs every test under gVisor).
@@ -1013,6 +1013,8 @@ fn a_hostile_image_is_held(runtime: &str) {
             "0.37",
             "--container-nofile",
             "512",
+            "--container-pids",
+            "64",
         ],
     );
     let (output, quotas) =
@@ -1113,6 +1115,31 @@ fn a_hostile_image_is_held(runtime: &str) {
     // Its root may still write its own root and /tmp.
     assert_eq!(said("write root"), "ok");
     assert_eq!(said("write tmp"), "ok");
+
+    // A fork bomb is held by the run's process bound (64 here). Under
+    // runc the bomb's fork fails with EAGAIN (the init, the hog and its
+    // children share the 64) and the run goes on. Under runsc every guest
+    // process is a host process of the sandbox (its ptrace platform), the
+    // bound holds the sandbox's, and the sandbox ends: the run is cut
+    // short. Either way the server serves the next run.
+    let bomb = server.run(&format!("hog@{digest}"), "64M", "4M", "fork bomb");
+    let lines = json_lines(&bomb);
+    let seen = probes(&lines);
+    match seen.get("fork bomb") {
+        Some(answer) => {
+            let (made, why) = answer.split_once(' ').expect("COUNT ERRNO");
+            let made: u32 = made.parse().expect("a count");
+            assert!((32..64).contains(&made), "{made} children: {seen:#?}");
+            assert_eq!(why, "EAGAIN", "{seen:#?}");
+            assert_eq!(bomb.status.code(), Some(0), "{bomb:?}");
+        }
+        None => {
+            assert!(sandbox, "runc let the bomb end the run: {bomb:?}");
+            assert_eq!(lines.last(), Some(&json!({"outcome": "unfinished"})));
+        }
+    }
+    let after = server.run(&format!("hog@{digest}"), "64M", "4M", "look around");
+    assert_eq!(after.status.code(), Some(0), "{after:?}");
 
     let keys = server.keys();
     let store = server.store.clone();
