@@ -16,7 +16,11 @@
 //!
 //! [`message`]: the bare messages of a proxy path (protocol §10), as the
 //! tests' scripted proxies send them.
+//!
+//! [`document`]: the blocks of the repository's pages that tests run or
+//! replay (recipes, transcripts).
 
+pub mod document;
 pub mod message;
 
 use std::io::Write;

@@ -11,6 +11,7 @@ mod figures;
 mod hostile;
 mod images;
 mod isolation;
+mod packaging;
 mod registry;
 
 use std::fs;
@@ -45,7 +46,8 @@ fn ready_with_registry() -> bool {
     ready() && runloop_testkit::needs(&[runloop_testkit::REGISTRY])
 }
 
-/// A `runloop serve` with a store of its own, stopped with SIGKILL when
+/// A `runloop serve` with a store of its own, run in its scratch directory
+/// (where relative paths of its arguments point), stopped with SIGKILL when
 /// dropped (its leftovers are then for the next server on the store). The
 /// store lives as long as this value, stopped or not.
 struct Server {
@@ -86,6 +88,7 @@ impl Server {
             .join(format!("serve-{}.log", runloop_oci::random_name()));
         let mut command = Command::new(binary);
         command
+            .current_dir(scratch.path())
             .args(["serve", "--listen", "127.0.0.1:0", "--store"])
             .arg(&store)
             .args(["--container-grace", "1"]);

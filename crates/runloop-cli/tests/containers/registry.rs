@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ pub struct LocalRegistry {
     pub host: String,
     log: PathBuf,
     storage: PathBuf,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl LocalRegistry {
@@ -38,11 +39,26 @@ impl LocalRegistry {
             ),
         )
         .expect("config");
-        // Its access log (one line per request) goes to stdout.
+        let mut command = Command::new("docker-registry");
+        command.arg("serve").arg(&config);
         let log = dir.path().join("access.log");
-        let mut child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
+        LocalRegistry::spawn(command, log, storage, Some(dir))
+    }
+
+    /// Runs `command`, which starts a registry storing in `storage` (a
+    /// shell script that ends in `docker-registry serve`, say), with its
+    /// access log in `log`; waits until it says where it listens. The
+    /// command runs in a process group of its own, all of which is
+    /// killed when this is dropped, and then `dir` is removed.
+    pub fn spawn(
+        mut command: Command,
+        log: PathBuf,
+        storage: PathBuf,
+        dir: Option<tempfile::TempDir>,
+    ) -> LocalRegistry {
+        // Its access log (one line per request) goes to stdout.
+        let mut child = command
+            .process_group(0)
             .stdout(fs::File::create(&log).expect("log"))
             .stderr(Stdio::piped())
             .spawn()
@@ -161,7 +177,11 @@ impl LocalRegistry {
 
 impl Drop for LocalRegistry {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        if let Ok(group) = i32::try_from(self.child.id()) {
+            // SAFETY: kill has no memory effects; the group is the one
+            // `spawn` made for this child, which is not reaped yet.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
         let _ = self.child.wait();
     }
 }

@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use runloop_testkit::{Part, needs};
+use runloop_testkit::{Part, document, needs};
 use serde_json::{Value, json};
 
 /// Where the guide's `runloop serve` listens (its default address).
@@ -82,25 +82,19 @@ struct Shown {
 }
 
 /// The transcript: the console block after the `<!-- transcript -->` marker.
-fn transcript(guide: &str) -> Vec<Shown> {
-    let (_, after) = guide
-        .split_once("<!-- transcript -->\n```console\n")
-        .expect("the guide's transcript marker and its console block");
-    let (block, _) = after.split_once("\n```\n").expect("the block's end");
-    let mut shown: Vec<Shown> = Vec::new();
-    for line in block.lines() {
-        if let Some(command) = line.strip_prefix("$ runloop run ") {
-            shown.push(Shown {
-                args: words(command),
-                output: String::new(),
-            });
-        } else {
-            let last = shown.last_mut().expect("output after a command");
-            last.output.push_str(line);
-            last.output.push('\n');
-        }
-    }
-    shown
+fn transcript() -> Vec<Shown> {
+    document::transcript(&document::marked_block("docs/agents.md", "transcript"))
+        .into_iter()
+        .map(|shown| Shown {
+            args: words(
+                shown
+                    .command
+                    .strip_prefix("runloop run ")
+                    .unwrap_or_else(|| panic!("not a `runloop run`: {}", shown.command)),
+            ),
+            output: shown.output,
+        })
+        .collect()
 }
 
 /// `runloop serve` on a loopback port with one agent; killed when dropped.
@@ -237,7 +231,7 @@ fn every_example_of_the_guide_runs_as_the_guide_says() {
         ],
         "the guide serves its three examples"
     );
-    let shown = transcript(&guide);
+    let shown = transcript();
     assert!(shown.len() >= 3, "the transcript shows the three endings");
 
     let usage = json!({"chunk": {"type": "usage", "prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}});

@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+use runloop_testkit::document::{marked_block, workspace};
+
 use crate::certs::Pki;
 use crate::common::run;
 use crate::serve::Serve;
@@ -445,31 +447,4 @@ fn slow_handshakes_time_out_and_a_caller_turned_away_is_told_why() {
         0.0,
         "{metrics}"
     );
-}
-
-/// The root of the workspace.
-pub fn workspace() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("the workspace's root")
-}
-
-/// The fenced block after `<!-- MARKER -->` in the document at `path`
-/// (relative to the workspace), without its fences.
-pub fn marked_block(path: &str, marker: &str) -> String {
-    let text = std::fs::read_to_string(workspace().join(path))
-        .unwrap_or_else(|error| panic!("{path}: {error}"));
-    let (_, after) = text
-        .split_once(&format!("<!-- {marker} -->\n"))
-        .unwrap_or_else(|| panic!("{path} has no <!-- {marker} --> block"));
-    let (fence, block) = after.split_once('\n').expect("a fence after the marker");
-    assert!(
-        fence.starts_with("```"),
-        "{path}: no code block after <!-- {marker} -->"
-    );
-    let (body, _) = block
-        .split_once("\n```\n")
-        .unwrap_or_else(|| panic!("{path}: the <!-- {marker} --> block does not end"));
-    format!("{body}\n")
 }
