@@ -163,7 +163,7 @@ fn the_packaging_recipes_make_an_image_that_runs_the_exec_agent_unchanged() {
     let log = server.log();
     let removed: Vec<&str> = log
         .lines()
-        .filter(|line| line.contains("oci container removed"))
+        .filter(|line| line.contains("container stopped agent=runloop-"))
         .collect();
     assert_eq!(removed.len(), 2, "{log}");
     for line in removed {
