@@ -40,7 +40,7 @@ use runloop::runtime::output::OutputLimit;
 use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
 use runloop::server::{
     Credentials, PerIdentity, RunBudget, Server, ServerConfig, ServerHandle, Tenants,
-    default_disk_budget,
+    default_disk_budget, default_store_max_size,
 };
 use runloop::tls::ServerTls;
 use runloop_oci::registry::{Pull, RegistryConfig};
@@ -238,6 +238,8 @@ impl Args {
         };
         config.runc = PathBuf::from(config.runtime.name());
         config.init = self.container_init;
+        config.store_max_size = Some(default_store_max_size(&config.store));
+        self.limits.apply_host(&mut config);
         Ok(config)
     }
 

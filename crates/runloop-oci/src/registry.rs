@@ -37,8 +37,9 @@
 //! (the caller went away) is dropped with it.
 //!
 //! Blobs are kept in the store's layout under their digests and shared by
-//! every image; a reference pinned by digest whose image is already there
-//! runs without asking the registry. Two runs that ask for the same
+//! every image, until a collection sheds the image ([`crate::gc`]: a pull
+//! holds the store busy until its run holds the image); a reference pinned
+//! by digest whose image is already there runs without asking the registry. Two runs that ask for the same
 //! reference at once fetch it once: the second waits for the first and
 //! finds the blobs in the store.
 
@@ -173,6 +174,12 @@ impl Pull {
             })
             .transpose()?;
         let store = self.host.store();
+        // No collection takes what this pull finds or fetches before its
+        // run holds the image.
+        let _busy = store
+            .busy()
+            .await
+            .map_err(|error| refused(ErrorKind::Registry, format!("image {text}: {error}")))?;
         // Pinned and already here: no need to ask the registry.
         if let Some(digest) = &pinned
             && let Ok(image) = Image::load(store.layout(), digest, None)

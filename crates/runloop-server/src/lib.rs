@@ -95,7 +95,7 @@ use tracing::{info, warn};
 pub use admission::Admission;
 pub use budget::{
     DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
-    RunBudget, default_disk_budget, default_memory_budget,
+    RunBudget, default_disk_budget, default_memory_budget, default_store_max_size,
 };
 pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
 pub use identity::Shares;
