@@ -431,6 +431,7 @@ impl Args {
                     memory_budget = shares.memory_budget,
                     disk_budget = shares.disk_budget,
                     max_run_memory = shares.max_run_memory,
+                    max_pulls = shares.max_pulls,
                     "tenant"
                 );
             }

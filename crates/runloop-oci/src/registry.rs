@@ -33,8 +33,12 @@
 //! mid-answer, fails the pull; so does a pull that has not finished within
 //! [`RegistryConfig::pull_timeout`], however steadily the bytes trickle.
 //! At most [`RegistryConfig::max_pulls`] pulls fetch at once; the others
-//! wait for a place within their own deadline. A pull whose run is given up
-//! (the caller went away) is dropped with it.
+//! wait for a place within their own deadline. A tenant has its share of
+//! them under way at most (half, unless its quota says otherwise: the
+//! server's reckoning, handed in as a [`Puller`]); one more of its pulls is
+//! refused at once, naming its limit, and other tenants still pull. A pull
+//! whose run is given up (the caller went away) is dropped with it: its
+//! connection closed, its partial blob removed.
 //!
 //! Blobs are kept in the store's layout under their digests and shared by
 //! every image, until a collection sheds the image ([`crate::gc`]: a pull
@@ -43,14 +47,15 @@
 //! reference at once fetch it once: the second waits for the first and
 //! finds the blobs in the store.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oci_client::Reference;
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
 use runloop_proto::ErrorKind;
-use runloop_runtime::{BoxFuture, Registry, RegistryError, Runtime};
+use runloop_runtime::{BoxFuture, Puller, Registry, RegistryError, Runtime};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 use tracing::info;
@@ -111,6 +116,8 @@ pub struct Pull {
     config: RegistryConfig,
     client: Distribution,
     places: Arc<Semaphore>,
+    /// Pulls under way, by tenant.
+    tenants: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl std::fmt::Debug for Pull {
@@ -142,11 +149,40 @@ impl Pull {
             config,
             client,
             places,
+            tenants: Arc::default(),
         })
     }
 
-    /// The runtime for `reference`, pulling what the store lacks.
-    pub async fn runtime(&self, text: &str) -> Result<OciRuntime, RegistryError> {
+    /// A place among the pulls `puller`'s tenant may have under way, or
+    /// the refusal naming its limit.
+    fn claim(&self, puller: &Puller) -> Result<TenantPull, RegistryError> {
+        let mut tenants = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let under_way = tenants.entry(puller.tenant.clone()).or_default();
+        if let Some(max) = puller.max_pulls
+            && *under_way >= max
+        {
+            return Err(refused(
+                ErrorKind::Policy,
+                format!(
+                    "tenant {} has as many registry pulls under way as it may (max-pulls {max}); \
+                     try again later",
+                    puller.tenant
+                ),
+            ));
+        }
+        *under_way += 1;
+        Ok(TenantPull {
+            tenants: Arc::clone(&self.tenants),
+            tenant: puller.tenant.clone(),
+        })
+    }
+
+    /// The runtime for `reference`, pulling what the store lacks for
+    /// `puller`.
+    pub async fn runtime(&self, text: &str, puller: &Puller) -> Result<OciRuntime, RegistryError> {
         let reference: Reference = text.parse().map_err(|error| {
             refused(
                 ErrorKind::Registry,
@@ -190,6 +226,7 @@ impl Pull {
         {
             return self.unpacked(text, &image).await;
         }
+        let _share = self.claim(puller)?;
         let timeout = self.config.pull_timeout;
         let pulled = tokio::time::timeout(timeout, async {
             let _flight = store.flights().lock(&format!("pull {text}")).await;
@@ -452,6 +489,27 @@ fn failed(whole: &str, what: &str, error: &FetchError) -> RegistryError {
     refused(ErrorKind::Registry, text)
 }
 
+/// One pull of a tenant under way: counted until dropped.
+struct TenantPull {
+    tenants: Arc<Mutex<HashMap<String, usize>>>,
+    tenant: String,
+}
+
+impl Drop for TenantPull {
+    fn drop(&mut self) {
+        let mut tenants = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(under_way) = tenants.get_mut(&self.tenant) {
+            *under_way -= 1;
+            if *under_way == 0 {
+                tenants.remove(&self.tenant);
+            }
+        }
+    }
+}
+
 /// A blob being written: removed unless kept.
 struct Partial(PathBuf);
 
@@ -471,11 +529,19 @@ impl Drop for Partial {
 }
 
 impl Registry for Pull {
-    fn resolve(&self, reference: &str) -> BoxFuture<'_, Result<Arc<dyn Runtime>, RegistryError>> {
+    fn resolve(
+        &self,
+        reference: &str,
+        puller: Puller,
+    ) -> BoxFuture<'_, Result<Arc<dyn Runtime>, RegistryError>> {
         let reference = reference.to_owned();
         Box::pin(async move {
-            let runtime: Arc<dyn Runtime> = Arc::new(self.runtime(&reference).await?);
+            let runtime: Arc<dyn Runtime> = Arc::new(self.runtime(&reference, &puller).await?);
             Ok(runtime)
         })
+    }
+
+    fn max_pulls(&self) -> usize {
+        self.config.max_pulls
     }
 }

@@ -133,6 +133,13 @@ impl Shares {
             max_run_memory: quota
                 .max_run_memory
                 .map_or(budget.max_run_memory, |v| v.min(budget.max_run_memory)),
+            max_pulls: {
+                let pulls = config
+                    .registry
+                    .as_ref()
+                    .map_or(1, |registry| registry.max_pulls());
+                quota.max_pulls.map_or(half(pulls), |v| v.min(pulls))
+            },
         }
     }
 }
@@ -469,6 +476,48 @@ mod tests {
         let again = LoopClaim::admit(shared.clone(), &alice).expect("alice's place is back");
         drop((second, again, bobs));
         assert!(shared.claimed().loops_held() == 0);
+    }
+
+    /// A registry that pulls nothing, `max_pulls` at once.
+    #[derive(Debug)]
+    struct Pulls(usize);
+
+    impl runloop_runtime::Registry for Pulls {
+        fn resolve(
+            &self,
+            reference: &str,
+            _: runloop_runtime::Puller,
+        ) -> runloop_runtime::BoxFuture<
+            '_,
+            Result<Arc<dyn runloop_runtime::Runtime>, runloop_runtime::RegistryError>,
+        > {
+            let message = format!("{reference} is not pulled here");
+            Box::pin(async move {
+                Err(runloop_runtime::RegistryError {
+                    kind: runloop_proto::ErrorKind::Registry,
+                    message,
+                })
+            })
+        }
+
+        fn max_pulls(&self) -> usize {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_tenants_pulls_are_half_the_servers_unless_its_quota_says() {
+        let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
+        config.registry = Some(Arc::new(Pulls(5)));
+        assert_eq!(Shares::of(&Quota::default(), &config).max_pulls, 2);
+        let quota = |max_pulls| Quota {
+            max_pulls: Some(max_pulls),
+            ..Quota::default()
+        };
+        assert_eq!(Shares::of(&quota(5), &config).max_pulls, 5);
+        assert_eq!(Shares::of(&quota(9), &config).max_pulls, 5);
+        config.registry = Some(Arc::new(Pulls(1)));
+        assert_eq!(Shares::of(&Quota::default(), &config).max_pulls, 1);
     }
 
     #[test]

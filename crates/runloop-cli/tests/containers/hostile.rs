@@ -33,12 +33,16 @@ pub enum Behaviour {
     DeclaredManifest(u64),
     /// A manifest sent one byte every this long.
     TrickleManifest(Duration),
+    /// The manifest served, and every blob sent one byte every this long.
+    TrickleBlobs(Duration),
 }
 
 #[derive(Default)]
 struct Routes {
     /// repository → (its behaviour, the layout and manifest digest it serves).
     repos: HashMap<String, (Behaviour, Option<(PathBuf, Digest)>)>,
+    /// Trickled blobs whose reader went away.
+    abandoned: usize,
 }
 
 /// The hostile registry and the host its redirects point at.
@@ -49,6 +53,7 @@ pub struct Hostile {
     pub elsewhere: String,
     routes: Arc<Mutex<Routes>>,
     elsewhere_hits: Arc<AtomicUsize>,
+    hits: Arc<AtomicUsize>,
 }
 
 impl Hostile {
@@ -60,8 +65,9 @@ impl Hostile {
         let host = registry.local_addr().expect("addr").to_string();
         let other = elsewhere.local_addr().expect("addr").to_string();
         let elsewhere_hits = Arc::new(AtomicUsize::new(0));
+        let registry_hits = Arc::new(AtomicUsize::new(0));
         for (listener, hits, plain) in [
-            (registry, Arc::new(AtomicUsize::new(0)), false),
+            (registry, Arc::clone(&registry_hits), false),
             (elsewhere, Arc::clone(&elsewhere_hits), true),
         ] {
             let routes = Arc::clone(&routes);
@@ -80,6 +86,7 @@ impl Hostile {
             elsewhere: other,
             routes,
             elsewhere_hits,
+            hits: registry_hits,
         }
     }
 
@@ -95,6 +102,16 @@ impl Hostile {
     /// Requests "elsewhere" got.
     pub fn elsewhere_hits(&self) -> usize {
         self.elsewhere_hits.load(Ordering::SeqCst)
+    }
+
+    /// Requests the registry got.
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    /// Trickled blobs whose reader closed the connection.
+    pub fn abandoned(&self) -> usize {
+        self.routes.lock().expect("routes").abandoned
     }
 }
 
@@ -215,6 +232,23 @@ fn answer(
                 ],
                 &manifest,
             )
+        }
+        ("blobs", Behaviour::TrickleBlobs(every)) => {
+            let bytes = name
+                .parse::<Digest>()
+                .ok()
+                .and_then(|digest| blob(&digest))
+                .expect("a blob of the image");
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", bytes.len());
+            let sent = tcp.write_all(head.as_bytes()).is_ok()
+                && bytes.iter().all(|byte| {
+                    std::thread::sleep(*every);
+                    tcp.write_all(&[*byte]).and_then(|()| tcp.flush()).is_ok()
+                });
+            if !sent {
+                routes.lock().expect("routes").abandoned += 1;
+            }
+            false
         }
         ("blobs", Behaviour::RedirectBlobs(to)) => respond(
             tcp,
@@ -648,4 +682,163 @@ fn a_server_stopped_mid_unpack_leaves_no_partial_image() {
     );
     assert_eq!(unpacking(), 0, "a partial unpack is left");
     assert_eq!(fs::read_dir(&images_dir).expect("images").count(), 0);
+}
+
+/// `runloop run --json` of a registry image, as the tenant of `token`.
+fn pull_as(url: &str, reference: &str, token: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_runloop"));
+    command
+        .args([
+            "run",
+            "--json",
+            "--url",
+            url,
+            "--registry-image",
+            reference,
+            "--memory",
+            "128M",
+            "--disk",
+            "8M",
+            "x",
+        ])
+        .env("RUNLOOP_TOKEN", token);
+    command
+}
+
+/// Waits (10 s at most) until `done`.
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_tenant_at_its_pull_cap_is_refused_and_another_still_pulls() {
+    if !super::ready() {
+        return;
+    }
+    let images = Images::get();
+    let hostile = Hostile::start();
+    hostile.route(
+        "agents/slow",
+        Behaviour::TrickleManifest(Duration::from_millis(500)),
+        None,
+    );
+    hostile.route(
+        "agents/demo",
+        Behaviour::Serve,
+        Some(images.agent_layout("tenant-pulls")),
+    );
+    let scratch = tempfile::tempdir().expect("temp");
+    let tokens = scratch.path().join("tokens");
+    fs::write(&tokens, "alice-secret\nbob-secret\n").expect("tokens");
+    // Two pulls server-wide: each tenant's share is one.
+    let server = server(
+        &hostile,
+        &[
+            "--token-file",
+            tokens.to_str().expect("UTF-8"),
+            "--max-pulls",
+            "2",
+        ],
+    );
+    let slow = format!("{}/agents/slow:1", hostile.host);
+    let demo = format!("{}/agents/demo:1", hostile.host);
+    let before = hostile.hits();
+    let mut held = pull_as(&server.url, &slow, "alice-secret")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run starts");
+    // Its place is taken before its first request.
+    until("the slow pull's first request", || hostile.hits() > before);
+    let second = pull_as(&server.url, &demo, "alice-secret")
+        .output()
+        .expect("run runs");
+    let said = refusal(&second);
+    assert!(
+        said.contains(
+            "tenant token #1 has as many registry pulls under way as it may (max-pulls 1); \
+             try again later"
+        ),
+        "{said}"
+    );
+    let other = pull_as(&server.url, &demo, "bob-secret")
+        .output()
+        .expect("run runs");
+    assert_eq!(other.status.code(), Some(0), "{other:?}\n{}", server.log());
+    let _ = held.kill();
+    let _ = held.wait();
+}
+
+#[test]
+fn a_pull_nobody_waits_for_stops_and_leaves_no_partial_blob() {
+    if !super::ready() {
+        return;
+    }
+    let images = Images::get();
+    let hostile = Hostile::start();
+    hostile.route(
+        "agents/trickle-blobs",
+        Behaviour::TrickleBlobs(Duration::from_millis(100)),
+        Some(images.agent_layout("abandoned-pull")),
+    );
+    let server = server(&hostile, &[]);
+    let blobs = server.store.join("layout/blobs/sha256");
+    let partials = || -> Vec<String> {
+        fs::read_dir(&blobs)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                    .filter(|name| name.starts_with(".partial-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut caller = pull_and_run_child(
+        &server.url,
+        &format!("{}/agents/trickle-blobs:1", hostile.host),
+    );
+    until("a partial blob", || !partials().is_empty());
+    std::thread::sleep(Duration::from_millis(300));
+    // The only caller waiting on the pull goes away.
+    let _ = caller.kill();
+    let _ = caller.wait();
+    let left = Instant::now();
+    until("the partial blob's removal", || partials().is_empty());
+    until("the registry's connection closed", || {
+        hostile.abandoned() > 0
+    });
+    println!(
+        "a pull whose only caller left: its partial blob removed and its connection closed within {:?}",
+        left.elapsed()
+    );
+}
+
+/// `runloop run` of a registry image, left running.
+fn pull_and_run_child(url: &str, reference: &str) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args([
+            "run",
+            "--json",
+            "--url",
+            url,
+            "--registry-image",
+            reference,
+            "--memory",
+            "128M",
+            "--disk",
+            "8M",
+            "x",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run starts")
 }
