@@ -94,7 +94,7 @@ pub enum Set {
 }
 
 /// Every limit of `serve`, in the order `--help` shows them.
-pub static LIMITS: [Row; 21] = [
+pub static LIMITS: [Row; 22] = [
     Row {
         key: "max-message-size",
         limit: Some(Limit::MaxMessageSize),
@@ -193,6 +193,15 @@ pub static LIMITS: [Row; 21] = [
         help: "Authorized connections of one tenant unless its quota says otherwise, and never over half of --max-connections; one more is closed with close code 1013 and a reason (without tokens every caller is one tenant, held by --max-connections alone)",
         live: true,
         set: Set::Server(|c, v| c.admission.max_connections_per_identity = v.count()),
+    },
+    Row {
+        key: "handshake-rate",
+        limit: None,
+        unit: Unit::Count,
+        default: Some("0"),
+        help: "New connections one IP address may open per second (a token bucket of as many, refilled evenly); one more is closed with close code 1013 and a reason; 0: no rate (callers behind one load balancer or NAT share its address)",
+        live: false,
+        set: Set::Server(|c, v| c.admission.handshake_rate = v.count()),
     },
     Row {
         key: "handshake-timeout",

@@ -14,11 +14,12 @@ use tokio_util::task::TaskTracker;
 use super::admission::{self, Admission, Gate, TurnedAway};
 use super::budget::{Claimed, Ledger, RunBudget};
 use super::config::ServerConfig;
+use super::handshake_rate::HandshakeRate;
 use super::identity::{
     ANONYMOUS, Credentials, Identity, Quota, Shares, TenantError, Tenants, TokenHash,
 };
 use super::refusal_log::RefusalLog;
-use runloop_metrics::{ServerMetrics, StatsSnapshot};
+use runloop_metrics::{ClosedAtAccept, ServerMetrics, StatsSnapshot};
 use runloop_wire::limits::LimitError;
 
 /// Live counts of what the server holds; every one returns to zero when
@@ -88,6 +89,8 @@ pub(crate) struct Shared {
     pub(crate) ids: Mutex<HashSet<String>>,
     /// Refusal lines, rate limited per address.
     pub(crate) refusals: RefusalLog,
+    /// New connections per address.
+    pub(crate) handshakes: HandshakeRate,
     /// What connections hold, by address and identity.
     admission: Mutex<admission::Held>,
     /// What the runs held claim of the run budget.
@@ -273,6 +276,7 @@ impl Shared {
         let per_identity = !matches!(config.credentials, Credentials::Any);
         let shutdown = CancellationToken::new();
         let table = Table::new(config.credentials.tenants(), &config);
+        let handshakes = HandshakeRate::new(config.admission.handshake_rate);
         let metrics = ServerMetrics::new();
         for name in table.shares.keys() {
             metrics.tenant(name);
@@ -286,6 +290,7 @@ impl Shared {
             claimed: Mutex::new(Claimed::default()),
             admission: Mutex::new(admission::Held::default()),
             refusals: RefusalLog::new(),
+            handshakes,
             per_identity,
             draining: shutdown.child_token(),
             shutdown,
@@ -307,6 +312,11 @@ impl Shared {
         why: TurnedAway,
     ) {
         self.stats.turned_away.fetch_add(1, Ordering::Relaxed);
+        self.metrics.closed_at_accept.inc(match why {
+            TurnedAway::Address => ClosedAtAccept::Address,
+            TurnedAway::Unauthorized => ClosedAtAccept::Unauthorized,
+            TurnedAway::Rate => ClosedAtAccept::Rate,
+        });
         if self.refusals.allows(address) {
             tracing::warn!(%peer, %why, "closed at once");
         }
@@ -417,6 +427,10 @@ impl Gate for Shared {
 
     fn held(&self) -> MutexGuard<'_, admission::Held> {
         Shared::admission(self)
+    }
+
+    fn handshake_rate(&self) -> &HandshakeRate {
+        &self.handshakes
     }
 
     fn connection_share(&self, identity: &Identity) -> Option<usize> {
