@@ -265,13 +265,28 @@ impl Args {
         if pulls {
             let registry = RegistryConfig {
                 mirrors: self.registry_mirrors.clone(),
+                proxy: self.registry_proxy.clone(),
                 max_image_size: self.max_image_size,
                 pull_timeout: self.pull_timeout,
                 max_pulls: self.max_pulls as usize,
                 max_unpack_ratio: self.max_unpack_ratio,
                 ..RegistryConfig::new(self.registries.clone(), self.insecure_registries.clone())
             };
-            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, mirrors = ?registry.mirrors, max_image_size = registry.max_image_size, "pulling registry images");
+            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, mirrors = ?registry.mirrors, proxy = ?registry.proxy, max_image_size = registry.max_image_size, "pulling registry images");
+            let environment = [
+                "HTTPS_PROXY",
+                "https_proxy",
+                "HTTP_PROXY",
+                "http_proxy",
+                "ALL_PROXY",
+                "all_proxy",
+            ]
+            .into_iter()
+            .filter(|name| std::env::var_os(name).is_some())
+            .collect::<Vec<_>>();
+            if registry.proxy.is_none() && !environment.is_empty() {
+                warn!(set = ?environment, "registry pulls do not use the environment's proxy; name one with --registry-proxy");
+            }
             let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
                 Failure::Argument(format!("cannot set up registry pulls: {error}"))
             })?;

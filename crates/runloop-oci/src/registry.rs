@@ -21,6 +21,9 @@
 //!   the registry itself or a mirror the operator listed
 //!   (`--registry-mirror`), and a mirror listed by name only at a public
 //!   address (the rules in full: [`crate::distribution`]);
+//! - no proxy but the operator's (`--registry-proxy`): the environment's
+//!   `HTTP(S)_PROXY` would resolve names where the address rules cannot
+//!   see;
 //! - a manifest is read through a cap ([`MAX_JSON`]): refused at once when
 //!   it declares more, and as soon as more arrives whatever it declared;
 //! - the image (manifest, configuration and compressed layers, as the
@@ -83,6 +86,9 @@ pub struct RegistryConfig {
     /// Hosts (`HOST[:PORT]`) a blob may be redirected to besides the
     /// registry itself: a registry's blob CDN.
     pub mirrors: Vec<String>,
+    /// The HTTP proxy every registry request goes through (a URL); the
+    /// environment's `HTTP(S)_PROXY` is never used.
+    pub proxy: Option<String>,
     /// The largest image, bytes: manifest, configuration and compressed layers.
     pub max_image_size: u64,
     /// How long one pull (manifests and blobs) may take, all told.
@@ -95,13 +101,14 @@ pub struct RegistryConfig {
 
 impl RegistryConfig {
     /// Pulls from `allowed` over HTTPS and `insecure` over HTTP, with the
-    /// defaults: no mirror, images up to 2 GiB, 10 minutes a pull, 4 pulls
+    /// defaults: no mirror, no proxy, images up to 2 GiB, 10 minutes a pull, 4 pulls
     /// at once, unpacked to at most 10 times their size.
     pub fn new(allowed: Vec<String>, insecure: Vec<String>) -> RegistryConfig {
         RegistryConfig {
             allowed,
             insecure,
             mirrors: Vec::new(),
+            proxy: None,
             max_image_size: 2 << 30,
             pull_timeout: Duration::from_secs(600),
             max_pulls: 4,
@@ -138,6 +145,7 @@ impl Pull {
         let client = Distribution::new(
             config.insecure.clone(),
             config.mirrors.clone(),
+            config.proxy.as_deref(),
             CONNECT_TIMEOUT,
             READ_TIMEOUT,
         )?;

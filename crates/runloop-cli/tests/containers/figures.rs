@@ -254,6 +254,7 @@ fn start_as_a_caller_sees_it() {
         store,
         &[format!("demo=oci:{}", demo.display())],
         &[],
+        &[],
     );
     let image = format!("demo@{digest}");
     let mut samples = Vec::new();

@@ -842,3 +842,190 @@ fn pull_and_run_child(url: &str, reference: &str) -> std::process::Child {
         .spawn()
         .expect("run starts")
 }
+
+/// An HTTP proxy of the test's own on loopback: it forwards plain-HTTP
+/// requests (absolute URIs), refuses `CONNECT`, and remembers the
+/// `HOST:PORT` of every request it was asked to carry.
+struct HttpProxy {
+    url: String,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl HttpProxy {
+    fn start() -> HttpProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binds");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let remembered = Arc::clone(&asked);
+        std::thread::spawn(move || {
+            for tcp in listener.incoming().map_while(Result::ok) {
+                let asked = Arc::clone(&remembered);
+                std::thread::spawn(move || carry(tcp, &asked));
+            }
+        });
+        HttpProxy { url, asked }
+    }
+
+    fn asked(&self) -> Vec<String> {
+        self.asked.lock().expect("asked").clone()
+    }
+}
+
+/// Carries the requests of one connection, each on a connection of its own
+/// to where it goes.
+fn carry(client: TcpStream, asked: &Mutex<Vec<String>>) {
+    let mut reader = BufReader::new(client.try_clone().expect("clone"));
+    let mut client = client;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut headers = Vec::new();
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            if header == "\r\n" {
+                break;
+            }
+            headers.push(header);
+        }
+        let mut words = line.split_whitespace();
+        let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        let Some(rest) = target.strip_prefix("http://") else {
+            asked.lock().expect("asked").push(target.to_owned());
+            let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n");
+            return;
+        };
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        asked.lock().expect("asked").push(authority.to_owned());
+        let Ok(mut upstream) = TcpStream::connect(authority) else {
+            let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n");
+            continue;
+        };
+        let mut request = format!(
+            "{method} {} HTTP/1.1\r\n",
+            if path.is_empty() { "/" } else { path }
+        );
+        for header in headers
+            .iter()
+            .filter(|h| !h.to_ascii_lowercase().starts_with("proxy-"))
+        {
+            request.push_str(header);
+        }
+        request.push_str("\r\n");
+        if upstream.write_all(request.as_bytes()).is_err() {
+            return;
+        }
+        // The answer: its head, then as many bytes as it declares.
+        let mut answer = BufReader::new(upstream);
+        let mut length = 0usize;
+        loop {
+            let mut header = String::new();
+            if answer.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap_or(0);
+            }
+            if client.write_all(header.as_bytes()).is_err() {
+                return;
+            }
+            if header == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0u8; length];
+        if std::io::Read::read_exact(&mut answer, &mut body).is_err()
+            || client.write_all(&body).is_err()
+        {
+            return;
+        }
+    }
+}
+
+#[test]
+fn the_environments_proxy_is_not_used_and_the_operators_keeps_the_address_rules() {
+    if !super::ready() {
+        return;
+    }
+    let images = Images::get();
+    let image = images.agent_layout("hostile-proxied");
+    let hostile = Hostile::start();
+    let port = hostile.elsewhere.rsplit(':').next().expect("a port");
+    let by_name = format!("localhost:{port}");
+    hostile.route(
+        "agents/by-name",
+        Behaviour::RedirectBlobs(by_name.clone()),
+        Some(image),
+    );
+    let proxy = HttpProxy::start();
+    let reference = format!("{}/agents/by-name:1", hostile.host);
+    let environment = [
+        ("HTTP_PROXY", proxy.url.as_str()),
+        ("HTTPS_PROXY", proxy.url.as_str()),
+        ("ALL_PROXY", proxy.url.as_str()),
+        ("http_proxy", proxy.url.as_str()),
+    ];
+
+    // The environment names a proxy: pulls do not use it (through it the
+    // mirror's name would be resolved where the rules cannot see), and the
+    // mirror listed by a loopback name is still never reached.
+    let server = Server::start_with_env(
+        &[],
+        &[
+            "--insecure-registry",
+            &hostile.host,
+            "--registry-mirror",
+            &by_name,
+        ],
+        &environment,
+    );
+    let said = refusal(&pull_and_run(&server.url, &reference, "x"));
+    assert!(
+        said.contains("localhost resolves to no public address"),
+        "{said}"
+    );
+    assert_eq!(
+        proxy.asked(),
+        Vec::<String>::new(),
+        "the proxy was not asked"
+    );
+    assert!(
+        server
+            .log()
+            .contains("registry pulls do not use the environment's proxy"),
+        "{}",
+        server.log()
+    );
+    drop(server);
+
+    // The operator's proxy carries the requests to the registry; the
+    // mirror's name is checked before the proxy is asked for it.
+    let server = self::server(
+        &hostile,
+        &[
+            "--registry-mirror",
+            &by_name,
+            "--registry-proxy",
+            &proxy.url,
+        ],
+    );
+    let said = refusal(&pull_and_run(&server.url, &reference, "x"));
+    assert!(
+        said.contains("localhost resolves to 127.0.0.1, which is not a public address")
+            || said.contains("localhost resolves to ::1, which is not a public address"),
+        "{said}"
+    );
+    let asked = proxy.asked();
+    assert!(asked.contains(&hostile.host), "{asked:?}");
+    assert!(
+        asked.iter().all(|host| *host == hostile.host),
+        "only the registry was asked for: {asked:?}"
+    );
+    assert_eq!(hostile.elsewhere_hits(), 0);
+}
