@@ -588,6 +588,20 @@ mod tests {
     }
 
     #[test]
+    fn a_quota_reads_every_key_max_pulls_included() {
+        let table: toml::Table =
+            toml::from_str("max-pulls = 3\nmax-runs = 2\nmax-loops = -1\n").expect("TOML");
+        let mut faults = Vec::new();
+        let quota = quota("[tenant-defaults]", &table, &mut faults);
+        assert_eq!((quota.max_pulls, quota.max_runs), (Some(3), Some(2)));
+        assert_eq!(
+            faults,
+            ["[tenant-defaults]: max-loops is a whole number, not -1"]
+        );
+        assert!(QUOTA_KEYS.contains(&"max-pulls"));
+    }
+
+    #[test]
     fn help_is_wrapped_at_spaces() {
         assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
     }

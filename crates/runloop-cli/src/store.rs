@@ -17,6 +17,7 @@ use runloop_oci::gc::{self, Counted};
 use runloop_oci::host::HostError;
 
 use crate::exit::{Exit, Failure};
+use crate::process::{LogFormat, init_logs_as};
 
 /// Arguments of `runloop store`.
 #[derive(Debug, clap::Args)]
@@ -68,6 +69,9 @@ impl GcArgs {
                 store.display()
             )));
         }
+        // The collection's own warning (held images keep the store over
+        // its bound) goes to stderr, as a server's log would have it.
+        let _logs = init_logs_as("warn", LogFormat::Text);
         let collection = gc::collect(&store, self.max_size, self.dry_run)
             .map_err(|error| Failure::Containers(HostError::Store(error)))?;
         let verb = if self.dry_run {

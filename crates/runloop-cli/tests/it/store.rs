@@ -116,6 +116,10 @@ fn store_gc_sheds_the_least_recently_used_and_never_a_held_image() {
         out.contains("over the bound: 1 image(s) left are held by runs"),
         "{out}"
     );
+    assert!(
+        err.contains("the store stays over its bound: the images left are held by runs"),
+        "{err}"
+    );
     assert!(held.join("rootfs/bin/agent").is_file() && !newest.exists());
 
     // Let go of, it goes with the default bound of 0.
