@@ -1029,3 +1029,71 @@ fn the_environments_proxy_is_not_used_and_the_operators_keeps_the_address_rules(
     );
     assert_eq!(hostile.elsewhere_hits(), 0);
 }
+
+#[test]
+fn a_bounded_store_sheds_the_image_no_run_holds_and_says_a_held_one_keeps_it_over() {
+    if !super::ready() {
+        return;
+    }
+    let images = Images::get();
+    let one = images.agent_layout("store-bound-one");
+    let two = images.layout_with_env(
+        "store-bound-two",
+        &[&images.runloop],
+        &["/runloop", "agent", "demo"],
+        &["IMAGE=two"],
+    );
+    let (first, second) = (one.1.clone(), two.1.clone());
+    assert_ne!(first, second);
+    let hostile = Hostile::start();
+    hostile.route("agents/one", Behaviour::Serve, Some(one));
+    hostile.route("agents/two", Behaviour::Serve, Some(two));
+    // Far below one image: every new image sheds all no run holds.
+    let server = server(&hostile, &["--store-max-size", "1K"]);
+    let output = pull_and_run(&server.url, &format!("{}/agents/one:1", hostile.host), "x");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    // The second image's run is slow, so that it holds its image while the
+    // collection its unpack started runs.
+    let output = pull_and_run(
+        &server.url,
+        &format!("{}/agents/two:1", hostile.host),
+        "demo:pace=200 held",
+    );
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let names = || -> Vec<String> {
+        fs::read_dir(server.store.join("images"))
+            .expect("images")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect()
+    };
+    until("the first image's removal", || {
+        names()
+            .iter()
+            .all(|name| !name.starts_with(&format!("sha256-{}", first.hex())))
+    });
+    assert!(
+        names()
+            .iter()
+            .any(|name| name.starts_with(&format!("sha256-{}", second.hex()))),
+        "{:?}",
+        names()
+    );
+    let layout = Layout::open(server.store.join("layout")).expect("layout");
+    assert!(!layout.has_blob(&first) && layout.has_blob(&second));
+    let log = server.log();
+    assert!(
+        log.contains("removed from the store, least recently used")
+            && log.contains(&first.to_string()),
+        "{log}"
+    );
+    assert!(
+        log.contains("the store stays over its bound: the images left are held by runs"),
+        "{log}"
+    );
+}
