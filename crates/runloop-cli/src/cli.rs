@@ -9,7 +9,7 @@ use std::io;
 use clap::CommandFactory;
 
 use crate::exit::{Exit, Failure};
-use crate::{agent, bench, check, completions, decode, man, proxy, run, schema, serve};
+use crate::{agent, bench, check, completions, decode, man, proxy, run, schema, serve, store};
 
 /// `runloop`: the run-loop channel of the Diverge Provider Protocol 2.3.0.
 #[derive(Debug, clap::Parser)]
@@ -40,6 +40,9 @@ pub enum Command {
     Run(run::Args),
     /// Serve runs: the provider server, with its catalog of agents.
     Serve(Box<serve::Args>),
+    /// The container store: `store gc` removes the least recently used
+    /// images no run holds.
+    Store(store::Args),
     /// The proxy on its own, for beside an agent program in a container.
     Proxy(proxy::Args),
     /// An agent program on its own, on $PORT.
@@ -76,6 +79,7 @@ impl Command {
         match self {
             Command::Run(_) => unreachable!("handled above"),
             Command::Serve(args) => args.execute(&mut out),
+            Command::Store(args) => args.execute(&mut out),
             Command::Proxy(args) => args.execute(&mut out),
             Command::Agent(args) => args.execute(&mut out),
             Command::Decode(args) => args.execute(&mut out),

@@ -17,6 +17,7 @@
 //!          each declared once
 //! descriptors  the server's RLIMIT_NOFILE, raised, and its limits checked against it
 //! token    credentials from a file or the environment, never needed on the command line
+//! store    the container store by hand: `store gc`
 //! proxy    the proxy on its own
 //! agent    the demo agent program on its own
 //! bench    the relay against a raw forwarder (and the hidden forwarder)
@@ -61,6 +62,7 @@ pub mod serve;
 pub mod serve_args;
 pub mod serve_file;
 pub mod size;
+pub mod store;
 pub mod token;
 pub mod unparsed;
 pub mod verbose;

@@ -17,6 +17,7 @@ use clap::builder::ValueParser;
 use clap::{Arg, ArgMatches};
 use runloop::limits::Limit;
 use runloop::server::ServerConfig;
+use runloop_oci::HostConfig;
 
 /// How a limit is written and read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,12 +79,22 @@ pub struct Row {
     pub help: &'static str,
     /// Whether SIGHUP applies a change to it (to what comes next).
     pub live: bool,
-    /// Puts a value where the server's configuration holds it.
-    pub set: fn(&mut ServerConfig, Value),
+    /// Where its value goes.
+    pub set: Set,
+}
+
+/// Where a limit's value goes: the server's configuration, or the
+/// container host's.
+#[derive(Clone, Copy)]
+pub enum Set {
+    /// A field of the [`ServerConfig`].
+    Server(fn(&mut ServerConfig, Value)),
+    /// A field of the [`HostConfig`] (containers' limits).
+    Host(fn(&mut HostConfig, Value)),
 }
 
 /// Every limit of `serve`, in the order `--help` shows them.
-pub static LIMITS: [Row; 20] = [
+pub static LIMITS: [Row; 22] = [
     Row {
         key: "max-message-size",
         limit: Some(Limit::MaxMessageSize),
@@ -91,7 +102,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("16M"),
         help: "The largest message a connection may send; a larger one ends the connection (close code 1009)",
         live: false,
-        set: |c, v| c.limits.max_message_size = v.count(),
+        set: Set::Server(|c, v| c.limits.max_message_size = v.count()),
     },
     Row {
         key: "max-scopes",
@@ -100,7 +111,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("256"),
         help: "Open scopes (runs) per connection; one more gets a bare finish",
         live: false,
-        set: |c, v| c.limits.max_scopes = v.count(),
+        set: Set::Server(|c, v| c.limits.max_scopes = v.count()),
     },
     Row {
         key: "max-channels",
@@ -109,7 +120,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("64"),
         help: "Open channels per scope; one more gets a bare channel finish",
         live: false,
-        set: |c, v| c.limits.max_channels = v.count(),
+        set: Set::Server(|c, v| c.limits.max_channels = v.count()),
     },
     Row {
         key: "max-queued-responses",
@@ -118,7 +129,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("256"),
         help: "Responses one loop may have queued for a slow caller before the server stops reading its proxy",
         live: false,
-        set: |c, v| c.limits.max_queued_responses = v.count(),
+        set: Set::Server(|c, v| c.limits.max_queued_responses = v.count()),
     },
     Row {
         key: "max-queued-bytes",
@@ -127,7 +138,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("256K"),
         help: "Bytes one loop may have queued for a slow caller before the server stops reading its proxy (a larger chunk still goes, alone)",
         live: false,
-        set: |c, v| c.limits.max_queued_bytes = v.count(),
+        set: Set::Server(|c, v| c.limits.max_queued_bytes = v.count()),
     },
     Row {
         key: "max-connection-queued-bytes",
@@ -136,7 +147,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("16M"),
         help: "Bytes all loops of one connection together may have queued for a slow caller",
         live: false,
-        set: |c, v| c.limits.max_connection_queued_bytes = v.count(),
+        set: Set::Server(|c, v| c.limits.max_connection_queued_bytes = v.count()),
     },
     Row {
         key: "authorization-grace",
@@ -145,7 +156,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("10s"),
         help: "How long a new connection may take to authorize (its WebSocket handshake included) before it is closed with no frame",
         live: false,
-        set: |c, v| c.authorization_grace = v.duration(),
+        set: Set::Server(|c, v| c.authorization_grace = v.duration()),
     },
     Row {
         key: "max-connections",
@@ -154,7 +165,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("1024"),
         help: "Connections served at once; one more is closed at once with close code 1013 (try again later) and a reason",
         live: false,
-        set: |c, v| c.max_connections = v.count(),
+        set: Set::Server(|c, v| c.max_connections = v.count()),
     },
     Row {
         key: "max-unauthorized",
@@ -163,7 +174,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("256"),
         help: "Connections not yet authorized, at once (those turned away with 1013 included); one more is closed at once, nothing of it read",
         live: false,
-        set: |c, v| c.admission.max_unauthorized = v.count(),
+        set: Set::Server(|c, v| c.admission.max_unauthorized = v.count()),
     },
     Row {
         key: "max-connections-per-address",
@@ -172,7 +183,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("64"),
         help: "Connections from one IP address, authorized or not; one more is closed at once, nothing of it read",
         live: false,
-        set: |c, v| c.admission.max_connections_per_address = v.count(),
+        set: Set::Server(|c, v| c.admission.max_connections_per_address = v.count()),
     },
     Row {
         key: "max-connections-per-identity",
@@ -181,7 +192,16 @@ pub static LIMITS: [Row; 20] = [
         default: Some("256"),
         help: "Authorized connections of one tenant unless its quota says otherwise, and never over half of --max-connections; one more is closed with close code 1013 and a reason (without tokens every caller is one tenant, held by --max-connections alone)",
         live: true,
-        set: |c, v| c.admission.max_connections_per_identity = v.count(),
+        set: Set::Server(|c, v| c.admission.max_connections_per_identity = v.count()),
+    },
+    Row {
+        key: "handshake-rate",
+        limit: None,
+        unit: Unit::Count,
+        default: Some("0"),
+        help: "New connections one IP address may open per second (a token bucket of as many, refilled evenly); one more is closed with close code 1013 and a reason; 0: no rate (callers behind one load balancer or NAT share its address)",
+        live: false,
+        set: Set::Server(|c, v| c.admission.handshake_rate = v.count()),
     },
     Row {
         key: "handshake-timeout",
@@ -190,7 +210,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("3s"),
         help: "How long a new connection may take for its TCP connection and WebSocket handshake",
         live: false,
-        set: |c, v| c.admission.handshake_timeout = v.duration(),
+        set: Set::Server(|c, v| c.admission.handshake_timeout = v.duration()),
     },
     Row {
         key: "max-authorization-size",
@@ -199,7 +219,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("64K"),
         help: "The largest message before authorization; a larger one closes the connection, never read whole",
         live: false,
-        set: |c, v| c.admission.max_authorization_size = v.count(),
+        set: Set::Server(|c, v| c.admission.max_authorization_size = v.count()),
     },
     Row {
         key: "max-runs",
@@ -208,7 +228,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("256"),
         help: "Runs held at once, server-wide; one more is refused with an error naming the limit",
         live: false,
-        set: |c, v| c.budget.max_runs = v.count(),
+        set: Set::Server(|c, v| c.budget.max_runs = v.count()),
     },
     Row {
         key: "max-runs-per-identity",
@@ -217,7 +237,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("64"),
         help: "Runs one tenant may hold at once unless its quota says otherwise, and never over half of --max-runs (without tokens every caller is one tenant, held by --max-runs alone)",
         live: true,
-        set: |c, v| c.budget.max_runs_per_identity = v.count(),
+        set: Set::Server(|c, v| c.budget.max_runs_per_identity = v.count()),
     },
     Row {
         key: "max-loops-per-identity",
@@ -226,7 +246,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("128"),
         help: "Loops (run-loop channels) one tenant may have served at once, over all its runs, unless its quota says otherwise; one more is answered with an error naming the limit (without tokens every caller is one tenant, held by --max-runs and --max-channels alone)",
         live: true,
-        set: |c, v| c.budget.max_loops_per_identity = v.count(),
+        set: Set::Server(|c, v| c.budget.max_loops_per_identity = v.count()),
     },
     Row {
         key: "max-run-memory",
@@ -235,7 +255,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("4G"),
         help: "The largest `memory` a run may ask for",
         live: false,
-        set: |c, v| c.budget.max_run_memory = v.bytes(),
+        set: Set::Server(|c, v| c.budget.max_run_memory = v.bytes()),
     },
     Row {
         key: "max-run-disk",
@@ -244,7 +264,7 @@ pub static LIMITS: [Row; 20] = [
         default: Some("16G"),
         help: "The largest `disk` a run may ask for",
         live: false,
-        set: |c, v| c.budget.max_run_disk = v.bytes(),
+        set: Set::Server(|c, v| c.budget.max_run_disk = v.bytes()),
     },
     Row {
         key: "memory-budget",
@@ -253,7 +273,7 @@ pub static LIMITS: [Row; 20] = [
         default: None,
         help: "The most the `memory` of all runs held may add up to; a tenant holds half at most unless its quota says otherwise [default: 3/4 of MemTotal in /proc/meminfo]",
         live: false,
-        set: |c, v| c.budget.memory_budget = v.bytes(),
+        set: Set::Server(|c, v| c.budget.memory_budget = v.bytes()),
     },
     Row {
         key: "disk-budget",
@@ -262,7 +282,16 @@ pub static LIMITS: [Row; 20] = [
         default: None,
         help: "The most the `disk` of all runs held may add up to; a tenant holds half at most unless its quota says otherwise [default: 3/4 of the filesystem of --store]",
         live: false,
-        set: |c, v| c.budget.disk_budget = v.bytes(),
+        set: Set::Server(|c, v| c.budget.disk_budget = v.bytes()),
+    },
+    Row {
+        key: "store-max-size",
+        limit: None,
+        unit: Unit::Bytes,
+        default: None,
+        help: "The most the container store's images (pulled blobs and unpacked roots) may take; after each new image, the least recently used ones no run holds are removed until they fit (`runloop store gc` does it by hand) [default: 1/4 of the filesystem of --store]",
+        live: false,
+        set: Set::Host(|c, v| c.store_max_size = Some(v.bytes())),
     },
 ];
 
@@ -369,11 +398,29 @@ impl LimitArgs {
             .map(|(_, value)| *value)
     }
 
-    /// Puts every value given (or defaulted) into `config`.
+    /// Puts every value given (or defaulted) of the server into `config`.
     pub fn apply(&self, config: &mut ServerConfig) {
         for (key, value) in &self.values {
-            if let Some(row) = row(key) {
-                (row.set)(config, *value);
+            if let Some(Row {
+                set: Set::Server(set),
+                ..
+            }) = row(key)
+            {
+                set(config, *value);
+            }
+        }
+    }
+
+    /// Puts every value given (or defaulted) of the container host into
+    /// `config`.
+    pub fn apply_host(&self, config: &mut HostConfig) {
+        for (key, value) in &self.values {
+            if let Some(Row {
+                set: Set::Host(set),
+                ..
+            }) = row(key)
+            {
+                set(config, *value);
             }
         }
     }
@@ -481,6 +528,25 @@ mod tests {
             library
         );
         assert_eq!(config.authorization_grace, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_container_limit_goes_to_the_host_and_only_there() {
+        let command = <LimitArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        let matches = command
+            .try_get_matches_from(["t", "--store-max-size", "3G"])
+            .expect("parses");
+        let args = <LimitArgs as clap::FromArgMatches>::from_arg_matches(&matches).expect("args");
+        let mut host = HostConfig::new("/store");
+        args.apply_host(&mut host);
+        assert_eq!(host.store_max_size, Some(3 << 30));
+        let mut config = ServerConfig::new(
+            runloop::server::Credentials::Any,
+            runloop::runtime::Catalog::new(),
+        );
+        let before = (config.limits, config.admission, config.budget);
+        args.apply(&mut config);
+        assert_eq!((config.limits, config.admission, config.budget), before);
     }
 
     #[test]

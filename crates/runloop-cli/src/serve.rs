@@ -40,7 +40,7 @@ use runloop::runtime::output::OutputLimit;
 use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
 use runloop::server::{
     Credentials, PerIdentity, RunBudget, Server, ServerConfig, ServerHandle, Tenants,
-    default_disk_budget,
+    default_disk_budget, default_store_max_size,
 };
 use runloop::tls::ServerTls;
 use runloop_oci::registry::{Pull, RegistryConfig};
@@ -238,6 +238,8 @@ impl Args {
         };
         config.runc = PathBuf::from(config.runtime.name());
         config.init = self.container_init;
+        config.store_max_size = Some(default_store_max_size(&config.store));
+        self.limits.apply_host(&mut config);
         Ok(config)
     }
 
@@ -263,13 +265,28 @@ impl Args {
         if pulls {
             let registry = RegistryConfig {
                 mirrors: self.registry_mirrors.clone(),
+                proxy: self.registry_proxy.clone(),
                 max_image_size: self.max_image_size,
                 pull_timeout: self.pull_timeout,
                 max_pulls: self.max_pulls as usize,
                 max_unpack_ratio: self.max_unpack_ratio,
                 ..RegistryConfig::new(self.registries.clone(), self.insecure_registries.clone())
             };
-            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, mirrors = ?registry.mirrors, max_image_size = registry.max_image_size, "pulling registry images");
+            info!(allowed = ?registry.allowed, insecure = ?registry.insecure, mirrors = ?registry.mirrors, proxy = ?registry.proxy, max_image_size = registry.max_image_size, "pulling registry images");
+            let environment = [
+                "HTTPS_PROXY",
+                "https_proxy",
+                "HTTP_PROXY",
+                "http_proxy",
+                "ALL_PROXY",
+                "all_proxy",
+            ]
+            .into_iter()
+            .filter(|name| std::env::var_os(name).is_some())
+            .collect::<Vec<_>>();
+            if registry.proxy.is_none() && !environment.is_empty() {
+                warn!(set = ?environment, "registry pulls do not use the environment's proxy; name one with --registry-proxy");
+            }
             let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
                 Failure::Argument(format!("cannot set up registry pulls: {error}"))
             })?;
@@ -429,6 +446,7 @@ impl Args {
                     memory_budget = shares.memory_budget,
                     disk_budget = shares.disk_budget,
                     max_run_memory = shares.max_run_memory,
+                    max_pulls = shares.max_pulls,
                     "tenant"
                 );
             }

@@ -106,6 +106,13 @@ pub struct Args {
         help_heading = "Runs and containers"
     )]
     pub registry_mirrors: Vec<String>,
+    /// An HTTP proxy every registry request goes through
+    /// (`http://HOST:PORT`). The environment's HTTP_PROXY, HTTPS_PROXY and
+    /// ALL_PROXY are not used for pulls: a proxy resolves names where the
+    /// server cannot hold mirrors and token realms to public addresses;
+    /// through this one, their names are checked here first.
+    #[arg(long, value_name = "URL", help_heading = "Runs and containers")]
+    pub registry_proxy: Option<String>,
     /// How long one registry pull (manifests and blobs) may take, all told
     /// (a duration: 30s, 2m, or seconds).
     #[arg(long, value_name = "DURATION", value_parser = crate::seconds::positive_duration, default_value = "10m", help_heading = "Runs and containers")]

@@ -37,13 +37,14 @@ const TABLES: [&str; 2] = ["tenant", "tenant-defaults"];
 /// The keys of a `[[tenant]]` table (the quotas are also those of
 /// `[tenant-defaults]`).
 const TENANT_KEYS: [&str; 3] = ["name", "token-file", "tokens"];
-const QUOTA_KEYS: [&str; 6] = [
+const QUOTA_KEYS: [&str; 7] = [
     "max-connections",
     "max-runs",
     "max-loops",
     "memory-budget",
     "disk-budget",
     "max-run-memory",
+    "max-pulls",
 ];
 
 /// The `serve` command as clap sees it: its options, defaults and help.
@@ -356,10 +357,11 @@ fn quota(place: &str, table: &toml::Table, faults: &mut Vec<String>) -> Quota {
             }
         }
     };
-    let (max_connections, max_runs, max_loops) = (
+    let (max_connections, max_runs, max_loops, max_pulls) = (
         count("max-connections"),
         count("max-runs"),
         count("max-loops"),
+        count("max-pulls"),
     );
     let mut size = |key: &str| -> Option<u64> {
         let value = table.get(key)?;
@@ -383,6 +385,7 @@ fn quota(place: &str, table: &toml::Table, faults: &mut Vec<String>) -> Quota {
         memory_budget: size("memory-budget"),
         disk_budget: size("disk-budget"),
         max_run_memory: size("max-run-memory"),
+        max_pulls,
     }
 }
 
@@ -451,7 +454,8 @@ pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
         "\n# ── Tenants ──\n\
          \n\
          # What a tenant leaves out. Without it, a tenant may hold half of each\n\
-         # server-wide budget (memory, disk, runs, connections), never below one.\n\
+         # server-wide budget (memory, disk, runs, connections, registry pulls),\n\
+         # never below one.\n\
          # [tenant-defaults]\n\
          # max-connections = 64\n\
          # max-runs = 16\n\
@@ -459,6 +463,7 @@ pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
          # memory-budget = \"8G\"\n\
          # disk-budget = \"32G\"\n\
          # max-run-memory = \"2G\"\n\
+         # max-pulls = 2\n\
          \n\
          # One table per tenant: its name (in logs and metrics), its tokens (a\n\
          # token-file, one a line, and/or the lowercase hex SHA-256 of each\n\
@@ -580,6 +585,20 @@ mod tests {
             assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
         }
         assert!(!keys.iter().any(|k| k == "config" || k == "check-config"));
+    }
+
+    #[test]
+    fn a_quota_reads_every_key_max_pulls_included() {
+        let table: toml::Table =
+            toml::from_str("max-pulls = 3\nmax-runs = 2\nmax-loops = -1\n").expect("TOML");
+        let mut faults = Vec::new();
+        let quota = quota("[tenant-defaults]", &table, &mut faults);
+        assert_eq!((quota.max_pulls, quota.max_runs), (Some(3), Some(2)));
+        assert_eq!(
+            faults,
+            ["[tenant-defaults]: max-loops is a whole number, not -1"]
+        );
+        assert!(QUOTA_KEYS.contains(&"max-pulls"));
     }
 
     #[test]

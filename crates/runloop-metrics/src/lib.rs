@@ -35,8 +35,8 @@ pub use runloop_wire::histogram::{Histogram, MS, S, US};
 
 pub use proxy::{AgentFault, ProxyLoop, ProxyMetrics, Registration};
 pub use server::{
-    AuthorizationRefusal, LoopOutcome, ProxyFault, Reload, RunEnd, RunRefusal, ServerMetrics,
-    StatsSnapshot, TenantFigures, TlsFailure,
+    AuthorizationRefusal, ClosedAtAccept, LoopOutcome, ProxyFault, Reload, RunEnd, RunRefusal,
+    ServerMetrics, StatsSnapshot, TenantFigures, TlsFailure,
 };
 
 /// The `Content-Type` of the exposition (the Prometheus text format 0.0.4).

@@ -57,6 +57,19 @@ label! {
 }
 
 label! {
+    /// Why a connection was turned away as it was accepted, before its
+    /// handshake.
+    pub enum ClosedAtAccept("reason") {
+        /// Its address held `--max-connections-per-address`.
+        Address = "address",
+        /// `--max-unauthorized` connections were authorizing.
+        Unauthorized = "unauthorized",
+        /// Its address had spent its `--handshake-rate`.
+        Rate = "rate",
+    }
+}
+
+label! {
     /// Why a TLS connection did not get as far as its WebSocket handshake.
     pub enum TlsFailure("reason") {
         /// The caller spoke plain HTTP to the TLS port.
@@ -240,6 +253,8 @@ pub struct ServerMetrics {
     pub connections: Counter,
     /// Connections closed at authorization, by reason.
     pub refused: Counts<AuthorizationRefusal>,
+    /// Connections turned away as they were accepted, by reason.
+    pub closed_at_accept: Counts<ClosedAtAccept>,
     /// TLS handshakes that failed, by reason.
     pub tls_failures: Counts<TlsFailure>,
     /// Certificate reloads, by result.
@@ -289,6 +304,12 @@ impl ServerMetrics {
             "connections_refused",
             "Connections closed at authorization, by reason",
             refused.clone(),
+        );
+        let closed_at_accept = Counts::new();
+        registry.register(
+            "connections_closed_at_accept",
+            "Connections turned away as they were accepted, before any handshake, by reason",
+            closed_at_accept.clone(),
         );
         let tls_failures = Counts::new();
         registry.register(
@@ -376,6 +397,7 @@ impl ServerMetrics {
             registry,
             connections,
             refused,
+            closed_at_accept,
             tls_failures,
             tls_reloads,
             runs_started,

@@ -56,6 +56,7 @@ use crate::bundle::{self, Bundle};
 use crate::cgroup;
 use crate::digest::Digest;
 use crate::disk;
+use crate::gc::Hold;
 use crate::host::{Host, HostError};
 use crate::image::Image;
 use crate::layout::Layout;
@@ -137,10 +138,13 @@ impl OciRuntime {
                 disk::MIN_DISK
             )));
         }
+        // The image is used now, and held until the run is torn down.
+        self.image.hold.touch();
         let run = Run {
             host: Arc::clone(&self.host),
             key: crate::random_name(),
             armed: true,
+            image: self.image.hold.clone(),
         };
         let made = self.make(&run, limits).await;
         let (netns, child) = match made {
@@ -264,6 +268,8 @@ struct Run {
     key: String,
     /// Whether the run's things may still be on the machine.
     armed: bool,
+    /// The image under the run's root: no collection removes it first.
+    image: Hold,
 }
 
 impl Run {
@@ -294,9 +300,16 @@ impl Drop for Run {
         };
         let host = Arc::clone(&self.host);
         let key = std::mem::take(&mut self.key);
+        let image = self.image.clone();
         warn!(%key, "a run's task was dropped; removing what it made");
         let tasks = host.tasks().clone();
-        tasks.spawn_on(async move { end_now(&host, &key).await }, &runtime);
+        tasks.spawn_on(
+            async move {
+                end_now(&host, &key).await;
+                drop(image);
+            },
+            &runtime,
+        );
     }
 }
 

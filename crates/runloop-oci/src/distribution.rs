@@ -21,6 +21,14 @@
 //!   `WWW-Authenticate: Bearer` challenge is asked over HTTPS (HTTP only for
 //!   a plain-HTTP registry), at a public address unless its host is the
 //!   registry or a listed mirror.
+//! - **No proxy but the operator's.** The environment's `HTTP_PROXY`,
+//!   `HTTPS_PROXY` and `ALL_PROXY` are not used: through a proxy, the proxy
+//!   resolves the names, and a mirror's or a realm's name would reach the
+//!   proxy's network unchecked. A proxy named by the operator
+//!   (`--registry-proxy`) carries every request; the names of mirrors and
+//!   realms that must be public are then resolved here first, and refused
+//!   unless every address they have is public (the proxy resolves them
+//!   again: its own rules are the last word).
 //! - **Every body read into memory is capped.** Manifests, token answers
 //!   and error answers are read through [`read_capped`]: refused at once when
 //!   their declared `Content-Length` is over the cap, and when the bytes
@@ -121,8 +129,19 @@ pub struct Distribution {
     public: Client,
     insecure: Vec<String>,
     mirrors: Vec<String>,
+    /// Whether requests go through the operator's proxy.
+    proxied: bool,
     /// The last token per registry and repository.
     tokens: Mutex<HashMap<(String, String), Arc<str>>>,
+}
+
+/// Which client a request to a host goes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// The registry: any address.
+    Registry,
+    /// A mirror or a realm: public addresses, unless listed by address.
+    Public,
 }
 
 impl fmt::Debug for Distribution {
@@ -130,6 +149,7 @@ impl fmt::Debug for Distribution {
         f.debug_struct("Distribution")
             .field("insecure", &self.insecure)
             .field("mirrors", &self.mirrors)
+            .field("proxied", &self.proxied)
             .finish()
     }
 }
@@ -137,19 +157,29 @@ impl fmt::Debug for Distribution {
 impl Distribution {
     /// Requests with these timeouts (to connect; between two reads), over
     /// plain HTTP to the `insecure` registries, with blob redirects allowed
-    /// to the `mirrors`.
+    /// to the `mirrors`, through `proxy` (a URL) when given and never
+    /// through the environment's.
     pub fn new(
         insecure: Vec<String>,
         mirrors: Vec<String>,
+        proxy: Option<&str>,
         connect_timeout: Duration,
         read_timeout: Duration,
     ) -> Result<Distribution, FetchError> {
+        let proxy = proxy
+            .map(reqwest::Proxy::all)
+            .transpose()
+            .map_err(FetchError::Http)?;
         let builder = || {
-            Client::builder()
+            let builder = Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .connect_timeout(connect_timeout)
                 .read_timeout(read_timeout)
-                .user_agent(concat!("runloop/", env!("CARGO_PKG_VERSION")))
+                .user_agent(concat!("runloop/", env!("CARGO_PKG_VERSION")));
+            match &proxy {
+                Some(proxy) => builder.proxy(proxy.clone()),
+                None => builder.no_proxy(),
+            }
         };
         let direct = builder().build().map_err(FetchError::Http)?;
         let public = builder()
@@ -161,8 +191,46 @@ impl Distribution {
             public,
             insecure,
             mirrors,
+            proxied: proxy.is_some(),
             tokens: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn client(&self, reach: Reach) -> &Client {
+        match reach {
+            Reach::Registry => &self.direct,
+            Reach::Public => &self.public,
+        }
+    }
+
+    /// Through the operator's proxy, which resolves names itself: whether
+    /// the name of `url`, which must be public, resolves here to public
+    /// addresses only. An address written as such was listed by the
+    /// operator (a mirror) or checked by the caller (a realm).
+    async fn screen(&self, url: &Url) -> Result<(), String> {
+        if !self.proxied {
+            return Ok(());
+        }
+        let Some(host) = url.host_str() else {
+            return Err("it names no host".to_owned());
+        };
+        if host.trim_matches(['[', ']']).parse::<IpAddr>().is_ok() {
+            return Ok(());
+        }
+        let port = url.port_or_known_default().unwrap_or(443);
+        let found: Vec<IpAddr> = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|error| format!("{host} does not resolve: {error}"))?
+            .map(|addr| addr.ip())
+            .collect();
+        match found.iter().find(|ip| !is_public(**ip)) {
+            _ if found.is_empty() => Err(format!("{host} resolves to no address")),
+            Some(ip) => Err(format!(
+                "{host} resolves to {ip}, which is not a public address (through --registry-proxy, \
+                 a mirror on a private address is listed by its address)"
+            )),
+            None => Ok(()),
+        }
     }
 
     fn base(&self, target: &Target) -> Result<Url, FetchError> {
@@ -233,10 +301,18 @@ impl Distribution {
                 .url()
                 .join(&sent)
                 .map_err(|error| refuse(format!("not a URL: {error}")))?;
-            let client = self
+            let reach = self
                 .redirect_client(target, response.url(), &next)
                 .map_err(refuse)?;
-            response = client.get(next).send().await.map_err(FetchError::Http)?;
+            if reach == Reach::Public {
+                self.screen(&next).await.map_err(refuse)?;
+            }
+            response = self
+                .client(reach)
+                .get(next)
+                .send()
+                .await
+                .map_err(FetchError::Http)?;
         }
         if !response.status().is_success() {
             return Err(failure(response).await);
@@ -246,7 +322,7 @@ impl Distribution {
 
     /// The client a blob redirect from `from` to `to` is fetched with, or
     /// why it is not followed.
-    fn redirect_client(&self, target: &Target, from: &Url, to: &Url) -> Result<&Client, String> {
+    fn redirect_client(&self, target: &Target, from: &Url, to: &Url) -> Result<Reach, String> {
         let host = authority(to).ok_or_else(|| "it names no host".to_owned())?;
         let is = |name: &String| name.eq_ignore_ascii_case(&host);
         let registry = is(&target.registry) || is(&target.endpoint);
@@ -261,7 +337,11 @@ impl Distribution {
             "http" if from.scheme() == "http" || self.insecure.iter().any(is) => {}
             other => return Err(format!("its scheme {other} is not https")),
         }
-        Ok(if registry { &self.direct } else { &self.public })
+        Ok(if registry {
+            Reach::Registry
+        } else {
+            Reach::Public
+        })
     }
 
     /// A `GET` of the registry, with its token; a `401` with a bearer
@@ -344,8 +424,20 @@ impl Distribution {
             }
             query.append_pair("scope", &challenge.scope);
         }
-        let client = if listed { &self.direct } else { &self.public };
-        let response = client.get(realm).send().await.map_err(FetchError::Http)?;
+        let reach = if listed {
+            Reach::Registry
+        } else {
+            self.screen(&realm)
+                .await
+                .map_err(|why| FetchError::Token(format!("realm {:?}: {why}", challenge.realm)))?;
+            Reach::Public
+        };
+        let response = self
+            .client(reach)
+            .get(realm)
+            .send()
+            .await
+            .map_err(FetchError::Http)?;
         let status = response.status();
         if !status.is_success() {
             return Err(FetchError::Token(format!("the realm answered {status}")));

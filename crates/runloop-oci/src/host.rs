@@ -60,6 +60,10 @@ pub struct HostConfig {
     pub pids: u32,
     /// What one image may unpack to.
     pub unpack: UnpackLimits,
+    /// The most the store's images (pulled blobs and unpacked roots) may
+    /// take, bytes; past it the least recently used ones no run holds are
+    /// removed ([`crate::gc`]). `None`: no bound.
+    pub store_max_size: Option<u64>,
     /// How much of a container's output is logged.
     pub output: runloop_runtime::output::OutputLimit,
     /// The host ids of the containers' ids (their user namespace).
@@ -85,7 +89,7 @@ pub const DEFAULT_NOFILE: u64 = 4096;
 impl HostConfig {
     /// Defaults around `store`: `runc` from `PATH`, a
     /// 5 s grace, 60 s to listen, 1024 processes, images up to 8 GiB and
-    /// a million entries unpacked, the default output budget, the ids of
+    /// a million entries unpacked, no bound on the store, the default output budget, the ids of
     /// [`IdMapping::default_for_host`], [`default_cpus`], [`DEFAULT_NOFILE`]
     /// open files, and the init.
     pub fn new(store: impl Into<PathBuf>) -> HostConfig {
@@ -100,6 +104,7 @@ impl HostConfig {
                 max_bytes: 8 << 30,
                 max_entries: 1_000_000,
             },
+            store_max_size: None,
             output: runloop_runtime::output::OutputLimit::default(),
             ids: IdMapping::default_for_host(),
             cpus: default_cpus(),
@@ -235,7 +240,9 @@ impl Host {
             ));
         }
         let cgroups = cgroup::detect().map_err(HostError::Missing)?;
-        let store = Store::open(&config.store, config.unpack)?.with_ids(config.ids)?;
+        let store = Store::open(&config.store, config.unpack)?
+            .with_ids(config.ids)?
+            .with_max_size(config.store_max_size);
         if !disk::overlay_safe(store.dir()) {
             return Err(HostError::Missing(format!(
                 "the store's path {} holds `,`, `:` or `\\`, which overlay mounts cannot name",
@@ -276,7 +283,7 @@ impl Host {
             _lock: lock,
         };
         host.sweep().await?;
-        info!(store = %host.store.dir().display(), runc = %version, cgroups = ?host.cgroups, uids = %host.config.ids.uids, gids = %host.config.ids.gids, cpus = host.config.cpus, init = host.init.is_some(), "container host ready");
+        info!(store = %host.store.dir().display(), runc = %version, cgroups = ?host.cgroups, uids = %host.config.ids.uids, gids = %host.config.ids.gids, cpus = host.config.cpus, init = host.init.is_some(), store_max_size = ?host.config.store_max_size, "container host ready");
         match crate::runc::parse_version(&version) {
             _ if host.config.runtime != crate::runc::Kind::Runc => {}
             Some(parsed) => {

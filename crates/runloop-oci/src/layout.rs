@@ -325,8 +325,31 @@ impl Layout {
         entry.set_annotations(Some([(REF_NAME.to_owned(), name.to_owned())].into()));
         manifests.push(entry);
         index.set_manifests(manifests);
+        self.write_index(&index, digest)
+    }
+
+    /// Removes every entry of `index.json` naming the manifest `digest`
+    /// (its blobs stay).
+    pub fn remove_manifests(&self, digest: &Digest) -> Result<(), LayoutError> {
+        let _held = self
+            .index
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut index = self.index()?;
+        let named = digest.to_string();
+        let kept: Vec<Descriptor> = index
+            .manifests()
+            .iter()
+            .filter(|entry| entry.digest().to_string() != named)
+            .cloned()
+            .collect();
+        index.set_manifests(kept);
+        self.write_index(&index, digest)
+    }
+
+    fn write_index(&self, index: &ImageIndex, digest: &Digest) -> Result<(), LayoutError> {
         let path = self.dir.join("index.json");
-        let bytes = serde_json::to_vec(&index).map_err(|source| LayoutError::Json {
+        let bytes = serde_json::to_vec(index).map_err(|source| LayoutError::Json {
             what: "index",
             digest: digest.clone(),
             source,

@@ -18,7 +18,7 @@
 //! ```
 //!
 //! The modules, in the order an image meets them: [`digest`], [`layout`],
-//! [`image`], [`unpack`], [`store`] — and for `registry` images
+//! [`image`], [`unpack`], [`store`] (bounded by [`gc`]) — and for `registry` images
 //! [`registry`] before them; then a run: [`host`] (what runs
 //! share, checked at startup), [`container`] (one container's life), and
 //! the parts it is made of — [`disk`], [`network`], [`user`], [`bundle`],
@@ -31,6 +31,7 @@ pub mod container;
 pub mod digest;
 pub mod disk;
 pub mod distribution;
+pub mod gc;
 pub mod host;
 pub mod image;
 pub mod init;

@@ -21,6 +21,9 @@
 //!   the registry itself or a mirror the operator listed
 //!   (`--registry-mirror`), and a mirror listed by name only at a public
 //!   address (the rules in full: [`crate::distribution`]);
+//! - no proxy but the operator's (`--registry-proxy`): the environment's
+//!   `HTTP(S)_PROXY` would resolve names where the address rules cannot
+//!   see;
 //! - a manifest is read through a cap ([`MAX_JSON`]): refused at once when
 //!   it declares more, and as soon as more arrives whatever it declared;
 //! - the image (manifest, configuration and compressed layers, as the
@@ -33,23 +36,29 @@
 //! mid-answer, fails the pull; so does a pull that has not finished within
 //! [`RegistryConfig::pull_timeout`], however steadily the bytes trickle.
 //! At most [`RegistryConfig::max_pulls`] pulls fetch at once; the others
-//! wait for a place within their own deadline. A pull whose run is given up
-//! (the caller went away) is dropped with it.
+//! wait for a place within their own deadline. A tenant has its share of
+//! them under way at most (half, unless its quota says otherwise: the
+//! server's reckoning, handed in as a [`Puller`]); one more of its pulls is
+//! refused at once, naming its limit, and other tenants still pull. A pull
+//! whose run is given up (the caller went away) is dropped with it: its
+//! connection closed, its partial blob removed.
 //!
 //! Blobs are kept in the store's layout under their digests and shared by
-//! every image; a reference pinned by digest whose image is already there
-//! runs without asking the registry. Two runs that ask for the same
+//! every image, until a collection sheds the image ([`crate::gc`]: a pull
+//! holds the store busy until its run holds the image); a reference pinned
+//! by digest whose image is already there runs without asking the registry. Two runs that ask for the same
 //! reference at once fetch it once: the second waits for the first and
 //! finds the blobs in the store.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oci_client::Reference;
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
 use runloop_proto::ErrorKind;
-use runloop_runtime::{BoxFuture, Registry, RegistryError, Runtime};
+use runloop_runtime::{BoxFuture, Puller, Registry, RegistryError, Runtime};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 use tracing::info;
@@ -77,6 +86,9 @@ pub struct RegistryConfig {
     /// Hosts (`HOST[:PORT]`) a blob may be redirected to besides the
     /// registry itself: a registry's blob CDN.
     pub mirrors: Vec<String>,
+    /// The HTTP proxy every registry request goes through (a URL); the
+    /// environment's `HTTP(S)_PROXY` is never used.
+    pub proxy: Option<String>,
     /// The largest image, bytes: manifest, configuration and compressed layers.
     pub max_image_size: u64,
     /// How long one pull (manifests and blobs) may take, all told.
@@ -89,13 +101,14 @@ pub struct RegistryConfig {
 
 impl RegistryConfig {
     /// Pulls from `allowed` over HTTPS and `insecure` over HTTP, with the
-    /// defaults: no mirror, images up to 2 GiB, 10 minutes a pull, 4 pulls
+    /// defaults: no mirror, no proxy, images up to 2 GiB, 10 minutes a pull, 4 pulls
     /// at once, unpacked to at most 10 times their size.
     pub fn new(allowed: Vec<String>, insecure: Vec<String>) -> RegistryConfig {
         RegistryConfig {
             allowed,
             insecure,
             mirrors: Vec::new(),
+            proxy: None,
             max_image_size: 2 << 30,
             pull_timeout: Duration::from_secs(600),
             max_pulls: 4,
@@ -110,6 +123,8 @@ pub struct Pull {
     config: RegistryConfig,
     client: Distribution,
     places: Arc<Semaphore>,
+    /// Pulls under way, by tenant.
+    tenants: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl std::fmt::Debug for Pull {
@@ -130,6 +145,7 @@ impl Pull {
         let client = Distribution::new(
             config.insecure.clone(),
             config.mirrors.clone(),
+            config.proxy.as_deref(),
             CONNECT_TIMEOUT,
             READ_TIMEOUT,
         )?;
@@ -141,11 +157,40 @@ impl Pull {
             config,
             client,
             places,
+            tenants: Arc::default(),
         })
     }
 
-    /// The runtime for `reference`, pulling what the store lacks.
-    pub async fn runtime(&self, text: &str) -> Result<OciRuntime, RegistryError> {
+    /// A place among the pulls `puller`'s tenant may have under way, or
+    /// the refusal naming its limit.
+    fn claim(&self, puller: &Puller) -> Result<TenantPull, RegistryError> {
+        let mut tenants = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let under_way = tenants.entry(puller.tenant.clone()).or_default();
+        if let Some(max) = puller.max_pulls
+            && *under_way >= max
+        {
+            return Err(refused(
+                ErrorKind::Policy,
+                format!(
+                    "tenant {} has as many registry pulls under way as it may (max-pulls {max}); \
+                     try again later",
+                    puller.tenant
+                ),
+            ));
+        }
+        *under_way += 1;
+        Ok(TenantPull {
+            tenants: Arc::clone(&self.tenants),
+            tenant: puller.tenant.clone(),
+        })
+    }
+
+    /// The runtime for `reference`, pulling what the store lacks for
+    /// `puller`.
+    pub async fn runtime(&self, text: &str, puller: &Puller) -> Result<OciRuntime, RegistryError> {
         let reference: Reference = text.parse().map_err(|error| {
             refused(
                 ErrorKind::Registry,
@@ -173,6 +218,12 @@ impl Pull {
             })
             .transpose()?;
         let store = self.host.store();
+        // No collection takes what this pull finds or fetches before its
+        // run holds the image.
+        let _busy = store
+            .busy()
+            .await
+            .map_err(|error| refused(ErrorKind::Registry, format!("image {text}: {error}")))?;
         // Pinned and already here: no need to ask the registry.
         if let Some(digest) = &pinned
             && let Ok(image) = Image::load(store.layout(), digest, None)
@@ -183,6 +234,7 @@ impl Pull {
         {
             return self.unpacked(text, &image).await;
         }
+        let _share = self.claim(puller)?;
         let timeout = self.config.pull_timeout;
         let pulled = tokio::time::timeout(timeout, async {
             let _flight = store.flights().lock(&format!("pull {text}")).await;
@@ -445,6 +497,27 @@ fn failed(whole: &str, what: &str, error: &FetchError) -> RegistryError {
     refused(ErrorKind::Registry, text)
 }
 
+/// One pull of a tenant under way: counted until dropped.
+struct TenantPull {
+    tenants: Arc<Mutex<HashMap<String, usize>>>,
+    tenant: String,
+}
+
+impl Drop for TenantPull {
+    fn drop(&mut self) {
+        let mut tenants = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(under_way) = tenants.get_mut(&self.tenant) {
+            *under_way -= 1;
+            if *under_way == 0 {
+                tenants.remove(&self.tenant);
+            }
+        }
+    }
+}
+
 /// A blob being written: removed unless kept.
 struct Partial(PathBuf);
 
@@ -464,11 +537,19 @@ impl Drop for Partial {
 }
 
 impl Registry for Pull {
-    fn resolve(&self, reference: &str) -> BoxFuture<'_, Result<Arc<dyn Runtime>, RegistryError>> {
+    fn resolve(
+        &self,
+        reference: &str,
+        puller: Puller,
+    ) -> BoxFuture<'_, Result<Arc<dyn Runtime>, RegistryError>> {
         let reference = reference.to_owned();
         Box::pin(async move {
-            let runtime: Arc<dyn Runtime> = Arc::new(self.runtime(&reference).await?);
+            let runtime: Arc<dyn Runtime> = Arc::new(self.runtime(&reference, &puller).await?);
             Ok(runtime)
         })
+    }
+
+    fn max_pulls(&self) -> usize {
+        self.config.max_pulls
     }
 }

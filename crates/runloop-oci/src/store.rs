@@ -6,8 +6,10 @@
 //!   layout/                    an OCI image layout: pulled blobs, pulled images in index.json
 //!   images/sha256-HEX/rootfs   one unpacked image per manifest digest (the overlay's lower layer)
 //!   images/sha256-HEX-ids-U+N-G+M/rootfs  the same, owners shifted into a container id range
+//!   images/…/used              locked (shared) by the image's holders; its mtime is its last use
 //!   runs/KEY/                  one run: disk.img, its mount, the overlay root, config.json
 //!   lock                       held (flock) by the one server using the store
+//!   gc.lock                    shared by pulls and unpacks, exclusive for a collection
 //! ```
 //!
 //! An unpacked image is made under a temporary name and renamed into place
@@ -25,6 +27,11 @@
 //! cannot map a mount's ids), under a name that says the range: a server
 //! started with another range unpacks the image again rather than run a
 //! container over files its root does not own.
+//!
+//! Every image handed out is held ([`Unpacked::hold`]) for as long as
+//! anything runs it; a store with a bound ([`Store::with_max_size`]) sheds
+//! the least recently used images no one holds after each image it adds
+//! ([`crate::gc`]).
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -32,17 +39,19 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, Once, Weak};
 
-use tracing::info;
+use tokio::sync::Notify;
+use tracing::{info, warn};
 
+use crate::gc::{self, Busy, Hold};
 use crate::image::{Compression, Image};
 use crate::layout::{Layout, LayoutError};
 use crate::unpack::{self, Budget, UnpackError};
 use crate::user::IdMapping;
 
 /// An image unpacked in the store, ready to be an overlay's lower layer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Unpacked {
     /// The image.
     pub image: Image,
@@ -51,6 +60,8 @@ pub struct Unpacked {
     /// Whether this call unpacked it (`false`: it was cached, or another
     /// caller unpacked it while this one waited).
     pub fresh: bool,
+    /// The hold that keeps a collection from removing it, and marks its use.
+    pub hold: Hold,
 }
 
 /// Bounds on what one image may unpack to.
@@ -144,6 +155,11 @@ pub struct Store {
     stopping: Arc<AtomicBool>,
     /// Held (read) by each unpack under way; [`Store::stop`] waits for the write.
     jobs: Arc<tokio::sync::RwLock<()>>,
+    /// The bound a collection after each new image holds the store to.
+    max_size: Option<u64>,
+    /// Wakes the collector; started with the first image added.
+    collector: Arc<Notify>,
+    collector_started: Once,
 }
 
 impl Store {
@@ -168,7 +184,57 @@ impl Store {
             ids: IdMapping::identity(),
             stopping: Arc::new(AtomicBool::new(false)),
             jobs: Arc::new(tokio::sync::RwLock::new(())),
+            max_size: None,
+            collector: Arc::new(Notify::new()),
+            collector_started: Once::new(),
         })
+    }
+
+    /// The store, holding itself to `max_size` bytes of images (`None`: no
+    /// bound): after each image it adds, the least recently used ones no
+    /// run holds are removed ([`gc::collect`]).
+    pub fn with_max_size(mut self, max_size: Option<u64>) -> Store {
+        self.max_size = max_size;
+        self
+    }
+
+    /// Waits until no collection runs; none starts until the guard drops.
+    /// A pull holds it from its first look at the store until its run
+    /// holds the image.
+    pub async fn busy(&self) -> Result<Busy, StoreError> {
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || Busy::wait(&dir))
+            .await
+            .map_err(|error| StoreError::Task(error.to_string()))?
+    }
+
+    /// Says the store has grown: with a bound, a collection runs (one at a
+    /// time, on a blocking thread) once the pulls and unpacks under way
+    /// are done.
+    pub fn grown(&self) {
+        let Some(max) = self.max_size else {
+            return;
+        };
+        self.collector_started.call_once(|| {
+            let dir = self.dir.clone();
+            let wake = Arc::clone(&self.collector);
+            let stopping = Arc::clone(&self.stopping);
+            tokio::spawn(async move {
+                loop {
+                    wake.notified().await;
+                    if stopping.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let dir = dir.clone();
+                    match tokio::task::spawn_blocking(move || gc::collect(&dir, max, false)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(error)) => warn!(%error, "the store's collection failed"),
+                        Err(error) => warn!(%error, "the store's collection task failed"),
+                    }
+                }
+            });
+        });
+        self.collector.notify_one();
     }
 
     /// The store, unpacking images with their owners shifted into `ids`.
@@ -197,6 +263,7 @@ impl Store {
     /// shutdown, so that a stop mid-unpack leaves nothing in `images/`.
     pub async fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        self.collector.notify_one();
         let _all = self.jobs.write().await;
         if let Err(error) = self.sweep() {
             tracing::warn!(%error, "cannot remove an interrupted unpack");
@@ -262,14 +329,15 @@ impl Store {
         max_bytes: u64,
     ) -> Result<Unpacked, StoreError> {
         let dir = self.image_dir(image);
+        let _busy = self.busy().await?;
         let _flight = self.flights.lock(&format!("unpack {}", image.digest)).await;
-        let mut unpacked = Unpacked {
-            image: image.clone(),
-            rootfs: dir.join("rootfs"),
-            fresh: false,
-        };
-        if unpacked.rootfs.is_dir() {
-            return Ok(unpacked);
+        if let Some(hold) = self.hold(&dir).await? {
+            return Ok(Unpacked {
+                image: image.clone(),
+                rootfs: dir.join("rootfs"),
+                fresh: false,
+                hold,
+            });
         }
         let running = Arc::clone(&self.jobs).read_owned().await;
         if self.stopping.load(Ordering::SeqCst) {
@@ -283,7 +351,7 @@ impl Store {
             source: Arc::clone(source),
             image: image.clone(),
             temporary,
-            dir,
+            dir: dir.clone(),
             limits: UnpackLimits {
                 max_bytes: self.limits.max_bytes.min(max_bytes),
                 ..self.limits
@@ -301,8 +369,25 @@ impl Store {
         .await
         .map_err(|error| StoreError::Task(error.to_string()))??;
         info!(image = %image.digest, layers = image.layers.len(), bytes = unpacked_bytes, "image unpacked");
-        unpacked.fresh = true;
-        Ok(unpacked)
+        let hold = self.hold(&dir).await?.ok_or_else(|| StoreError::Io {
+            path: dir.clone(),
+            source: io::Error::other("the image unpacked is not in place"),
+        })?;
+        self.grown();
+        Ok(Unpacked {
+            image: image.clone(),
+            rootfs: dir.join("rootfs"),
+            fresh: true,
+            hold,
+        })
+    }
+
+    /// A hold on the image at `dir`, if it is there.
+    async fn hold(&self, dir: &Path) -> Result<Option<Hold>, StoreError> {
+        let dir = dir.to_owned();
+        tokio::task::spawn_blocking(move || Hold::take(&dir))
+            .await
+            .map_err(|error| StoreError::Task(error.to_string()))?
     }
 
     fn image_dir(&self, image: &Image) -> PathBuf {
@@ -392,6 +477,8 @@ impl Job {
         if self.stopping.load(Ordering::SeqCst) {
             return Err(StoreError::Stopping);
         }
+        let used = self.temporary.join(gc::USED);
+        File::create(&used).map_err(io_at(&used))?;
         Ok(budget.bytes())
     }
 }

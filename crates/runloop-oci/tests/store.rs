@@ -238,3 +238,163 @@ fn manifests_and_indexes_are_checked_before_use() {
             .contains("is not an OCI image layout: cannot read its oci-layout file")
     );
 }
+
+/// The image directories of a store, by name.
+fn unpacked_names(store: &Store) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(store.dir().join("images"))
+        .expect("images")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn name_of(digest: &Digest) -> String {
+    format!("sha256-{}", digest.hex())
+}
+
+#[tokio::test]
+async fn a_store_over_its_bound_sheds_the_oldest_unheld_image_and_keeps_a_held_one() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
+    let scratch = tempfile::tempdir().expect("temp");
+    let store = Store::open(scratch.path().join("store"), LIMITS).expect("store");
+    // The oldest as a pull leaves it: its blobs in the store's own layout,
+    // named in its index; a blob no image names beside it.
+    let pulled = store.layout();
+    let oldest = image(
+        pulled,
+        "registry.example/old:1",
+        &[(TAR, tar_of(&[("old", &[1u8; 40_000][..])]))],
+        host_arch(),
+    );
+    let orphan = pulled.put(b"a blob a failed pull left").expect("orphan");
+    let outside = Arc::new(Layout::create(scratch.path().join("layout")).expect("layout"));
+    let held = image(
+        &outside,
+        "held",
+        &[(TAR, tar_of(&[("held", &[2u8; 40_000][..])]))],
+        host_arch(),
+    );
+    let newest = image(
+        &outside,
+        "new",
+        &[(TAR, tar_of(&[("new", &[3u8; 40_000][..])]))],
+        host_arch(),
+    );
+    let load = |layout: &Layout, digest: &Digest| Image::load(layout, digest, None).expect("image");
+    // Used in this order; file times are coarse, so a pause between.
+    let first = store
+        .unpack(pulled, &load(pulled, &oldest))
+        .await
+        .expect("oldest");
+    drop(first);
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let holder = store
+        .unpack(&outside, &load(&outside, &held))
+        .await
+        .expect("held");
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let last = store
+        .unpack(&outside, &load(&outside, &newest))
+        .await
+        .expect("newest");
+    drop(last);
+    let size = |digest: &Digest| {
+        runloop_oci::gc::du(&store.dir().join("images").join(name_of(digest))).expect("du")
+    };
+    let bound = size(&held) + size(&newest);
+
+    // Dry: the oldest (and the orphan) would go; nothing does.
+    let dry = runloop_oci::gc::collect(store.dir(), bound, true).expect("dry");
+    assert_eq!(
+        dry.removed
+            .iter()
+            .map(|c| c.digest.clone())
+            .collect::<Vec<_>>(),
+        [oldest.to_string()]
+    );
+    assert_eq!(dry.orphans.0, 1);
+    assert!(dry.within() && dry.held.is_empty(), "{dry:?}");
+    assert_eq!(unpacked_names(&store).len(), 3);
+    assert!(pulled.has_blob(&oldest) && pulled.has_blob(&orphan));
+
+    // Shed: the oldest goes, roots, blobs and index entry; the others stay.
+    let shed = runloop_oci::gc::collect(store.dir(), bound, false).expect("collect");
+    assert_eq!(shed.removed, dry.removed);
+    assert!(shed.within(), "{shed:?}");
+    assert!(shed.after < shed.before);
+    let mut kept = vec![name_of(&held), name_of(&newest)];
+    kept.sort();
+    assert_eq!(unpacked_names(&store), kept);
+    assert!(!pulled.has_blob(&oldest) && !pulled.has_blob(&orphan));
+    assert!(pulled.index().expect("index").manifests().is_empty());
+
+    // Nothing fits in 0 bytes, but a held image stays: the store stays
+    // over its bound, and says which image held it there.
+    let over = runloop_oci::gc::collect(store.dir(), 0, false).expect("collect");
+    assert_eq!(
+        over.removed
+            .iter()
+            .map(|c| c.digest.clone())
+            .collect::<Vec<_>>(),
+        [newest.to_string()]
+    );
+    assert_eq!(
+        over.held
+            .iter()
+            .map(|c| c.digest.clone())
+            .collect::<Vec<_>>(),
+        [held.to_string()]
+    );
+    assert!(!over.within());
+    assert_eq!(unpacked_names(&store), [name_of(&held)]);
+    assert!(holder.rootfs.join("held").is_file());
+
+    // Let go of, it goes too.
+    drop(holder);
+    let last = runloop_oci::gc::collect(store.dir(), 0, false).expect("collect");
+    assert!(last.within(), "{last:?}");
+    assert!(unpacked_names(&store).is_empty());
+}
+
+#[tokio::test]
+async fn a_bounded_store_sheds_what_no_run_holds_after_each_new_image() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
+    let scratch = tempfile::tempdir().expect("temp");
+    let store = Store::open(scratch.path().join("store"), LIMITS)
+        .expect("store")
+        .with_max_size(Some(0));
+    let layout = Arc::new(Layout::create(scratch.path().join("layout")).expect("layout"));
+    let one = image(
+        &layout,
+        "one",
+        &[(TAR, tar_of(&[("one", b"1")]))],
+        host_arch(),
+    );
+    let two = image(
+        &layout,
+        "two",
+        &[(TAR, tar_of(&[("two", b"2")]))],
+        host_arch(),
+    );
+    let load = |digest: &Digest| Image::load(&layout, digest, None).expect("image");
+    let first = store.unpack(&layout, &load(&one)).await.expect("one");
+    drop(first);
+    let second = store.unpack(&layout, &load(&two)).await.expect("two");
+    // The collection runs beside: it takes the first, and never the one held.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while unpacked_names(&store) != [name_of(&two)] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {:?}",
+            unpacked_names(&store)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(second.rootfs.join("two").is_file());
+    store.stop().await;
+}

@@ -92,12 +92,31 @@ pub struct RegistryError {
     pub message: String,
 }
 
+/// Who a pull is for: the tenant whose run asked, and how many pulls it may
+/// have under way at once (protocol §12, fair shares).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Puller {
+    /// The tenant's name.
+    pub tenant: String,
+    /// Its pulls under way at once; `None`: only the server-wide cap holds
+    /// it (a server without tokens, whose callers are one tenant).
+    pub max_pulls: Option<usize>,
+}
+
 /// Where `registry` images come from (protocol §5): pulls one, checked, and
 /// hands back a runtime that runs it. A server without one refuses
 /// `registry` images.
 pub trait Registry: Send + Sync + fmt::Debug {
-    /// The runtime for the image at `reference`, pulled if need be.
-    fn resolve(&self, reference: &str) -> BoxFuture<'_, Result<Arc<dyn Runtime>, RegistryError>>;
+    /// The runtime for the image at `reference`, pulled for `puller` if
+    /// need be.
+    fn resolve(
+        &self,
+        reference: &str,
+        puller: Puller,
+    ) -> BoxFuture<'_, Result<Arc<dyn Runtime>, RegistryError>>;
+
+    /// Pulls under way at once, server-wide: what a tenant's share is half of.
+    fn max_pulls(&self) -> usize;
 }
 
 /// Starts containers of one kind.

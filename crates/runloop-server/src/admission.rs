@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! accept ─▶ this address holds max_connections_per_address ─▶ closed at once (TCP)
-//!        ─▶ max_unauthorized connections not yet authorized ─▶ closed at once (TCP)
+//!        ─▶ max_unauthorized connections not yet authorized ─▶ 1013 with a reason, or closed
+//!        ─▶ this address's handshake_rate spent (if set) ─▶ 1013 with a reason, or closed
 //!        ─▶ handshake by handshake_timeout ─▶ authorization by the grace
 //!             at most max_authorization_size (+ the HTTP upgrade) read
 //!        ─▶ authorized: the tenant holds its max-connections
@@ -38,6 +39,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::handshake_rate::HandshakeRate;
 use super::identity::Identity;
 use runloop_wire::limits::{Limit, LimitError};
 
@@ -59,11 +61,17 @@ pub struct Admission {
     /// The largest message before authorization, bytes (protocol §12).
     /// At least [`Limit::MIN_MESSAGE_SIZE`].
     pub max_authorization_size: usize,
+    /// New connections one address may open per second, a token bucket of
+    /// as many refilled evenly; one more is turned away. 0: no rate
+    /// (the default: behind a load balancer or a NAT every caller shares
+    /// one address).
+    pub handshake_rate: usize,
 }
 
 impl Default for Admission {
     /// 256 connections not yet authorized, 64 per address, 256 per
-    /// identity, a 3 s handshake and 64 KiB before authorization.
+    /// identity, a 3 s handshake, 64 KiB before authorization and no
+    /// handshake rate.
     fn default() -> Self {
         Admission {
             max_unauthorized: 256,
@@ -71,6 +79,7 @@ impl Default for Admission {
             max_connections_per_identity: 256,
             handshake_timeout: Duration::from_secs(3),
             max_authorization_size: 64 << 10,
+            handshake_rate: 0,
         }
     }
 }
@@ -106,6 +115,8 @@ pub(crate) enum TurnedAway {
     Address,
     #[error("as many connections as may be are not authorized yet")]
     Unauthorized,
+    #[error("its address opens new connections faster than its handshake rate")]
+    Rate,
 }
 
 /// What the connections of the server hold, by address and by identity.
@@ -124,6 +135,8 @@ pub(crate) trait Gate: Send + Sync + 'static {
     fn admission(&self) -> &Admission;
     /// What the server's connections hold, locked.
     fn held(&self) -> std::sync::MutexGuard<'_, Held>;
+    /// The buckets of new connections per address.
+    fn handshake_rate(&self) -> &HandshakeRate;
     /// The most connections `identity` may hold authorized at once, when
     /// identities are counted (tokens); `None` with any credential.
     fn connection_share(&self, identity: &Identity) -> Option<usize>;
@@ -158,6 +171,13 @@ impl Admitted {
         }
         if held.unauthorized >= admission.max_unauthorized {
             return Err(TurnedAway::Unauthorized);
+        }
+        // Counted last: only a connection the counts would take spends
+        // its address's bucket.
+        if let Some(address) = address
+            && !gate.handshake_rate().allows(address)
+        {
+            return Err(TurnedAway::Rate);
         }
         held.unauthorized += 1;
         if let Some(address) = address {

@@ -130,6 +130,13 @@ pub fn default_disk_budget(path: &std::path::Path) -> u64 {
     filesystem_size(path).map_or(FALLBACK_DISK_BUDGET, |total| total / 4 * 3)
 }
 
+/// The quarter of the filesystem holding `path` that
+/// [`default_disk_budget`] leaves to the images: the bound of a container
+/// store unless configured otherwise (16 GiB where it cannot be read).
+pub fn default_store_max_size(path: &std::path::Path) -> u64 {
+    filesystem_size(path).map_or(FALLBACK_DISK_BUDGET / 4, |total| total / 4)
+}
+
 /// The size in bytes of the filesystem that holds `path` or its nearest
 /// existing ancestor.
 fn filesystem_size(path: &std::path::Path) -> Option<u64> {

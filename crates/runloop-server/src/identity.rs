@@ -104,6 +104,8 @@ pub struct Quota {
     pub disk_budget: Option<u64>,
     /// The largest `memory` one of its runs may ask for, bytes.
     pub max_run_memory: Option<u64>,
+    /// Registry pulls under way at once.
+    pub max_pulls: Option<usize>,
 }
 
 impl Quota {
@@ -116,6 +118,7 @@ impl Quota {
             memory_budget: self.memory_budget.or(defaults.memory_budget),
             disk_budget: self.disk_budget.or(defaults.disk_budget),
             max_run_memory: self.max_run_memory.or(defaults.max_run_memory),
+            max_pulls: self.max_pulls.or(defaults.max_pulls),
         }
     }
 }
@@ -242,6 +245,7 @@ fn check_quota(tenant: &str, quota: &Quota) -> Result<(), TenantError> {
         ),
         ("max-runs", quota.max_runs.map(|v| v as u64), 1),
         ("max-loops", quota.max_loops.map(|v| v as u64), 1),
+        ("max-pulls", quota.max_pulls.map(|v| v as u64), 1),
         ("memory-budget", quota.memory_budget, memory),
         ("max-run-memory", quota.max_run_memory, memory),
     ];
@@ -363,11 +367,13 @@ pub struct Shares {
     pub disk_budget: u64,
     /// The largest `memory` of one run, bytes.
     pub max_run_memory: u64,
+    /// Registry pulls under way at once.
+    pub max_pulls: usize,
 }
 
 impl Shares {
     /// Each share by its key, as a configuration file names it.
-    pub fn keyed(&self) -> [(&'static str, u64); 6] {
+    pub fn keyed(&self) -> [(&'static str, u64); 7] {
         [
             ("max-connections", self.max_connections as u64),
             ("max-runs", self.max_runs as u64),
@@ -375,6 +381,7 @@ impl Shares {
             ("memory-budget", self.memory_budget),
             ("disk-budget", self.disk_budget),
             ("max-run-memory", self.max_run_memory),
+            ("max-pulls", self.max_pulls as u64),
         ]
     }
 }

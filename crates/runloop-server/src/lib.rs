@@ -24,6 +24,7 @@
 //!                 to the table (runloop_proto::connection), disregarded
 //!                 frames counted; pings.rs its budget of control frames
 //! refusal_log.rs  refusal lines, rate limited per address
+//! handshake_rate.rs  new connections per address, a token bucket each
 //! mod.rs          the listener, the handle; config.rs and shared.rs what
 //!                 every connection shares; identity.rs who it is served as
 //! ```
@@ -65,6 +66,7 @@ mod admission;
 mod budget;
 mod config;
 mod connection;
+mod handshake_rate;
 mod identity;
 mod message_edges;
 mod outbox;
@@ -95,7 +97,7 @@ use tracing::{info, warn};
 pub use admission::Admission;
 pub use budget::{
     DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
-    RunBudget, default_disk_budget, default_memory_budget,
+    RunBudget, default_disk_budget, default_memory_budget, default_store_max_size,
 };
 pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
 pub use identity::Shares;
@@ -205,13 +207,23 @@ impl Server {
                     shared.closed_at_accept(peer, Some(peer.ip()), why);
                     // Dropped (closed at once, nothing of it read), unless
                     // it was turned away for others' sake (as many
-                    // connections authorizing as may be) and a refusal place
-                    // is free: that caller is told why. One over its own
-                    // address's limit is not given a handshake more.
-                    if why == TurnedAway::Unauthorized
+                    // connections authorizing as may be) or for its
+                    // address's rate, and a refusal place is free: that
+                    // caller is told why. One over its own address's limit
+                    // is not given a handshake more.
+                    let reason = match why {
+                        TurnedAway::Unauthorized => {
+                            Some("too many connections are authorizing; try again later")
+                        }
+                        TurnedAway::Rate => Some(
+                            "this address opens new connections faster than the server's \
+                             handshake-rate; try again later",
+                        ),
+                        TurnedAway::Address => None,
+                    };
+                    if let Some(reason) = reason
                         && let Ok(place) = Arc::clone(&refusals).try_acquire_owned()
                     {
-                        let reason = "too many connections are authorizing; try again later";
                         let acceptor = shared.config.tls.as_ref().map(|tls| tls.acceptor());
                         shared.tasks.spawn(refuse(
                             (tcp, peer),
@@ -406,6 +418,7 @@ async fn sweep_refusals(shared: &Shared) {
     loop {
         ticks.tick().await;
         shared.refusals.sweep();
+        shared.handshakes.sweep();
     }
 }
 
@@ -593,6 +606,7 @@ mod tests {
             max_connections_per_identity: 1,
             handshake_timeout: Limit::MIN_AUTHORIZATION_GRACE,
             max_authorization_size: Limit::MIN_MESSAGE_SIZE,
+            handshake_rate: 1,
         };
         least.budget = RunBudget {
             max_runs: 1,

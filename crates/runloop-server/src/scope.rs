@@ -32,13 +32,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span};
 
-use super::budget::{Claim, LoopClaim};
+use super::budget::{self, Claim, LoopClaim};
 use super::identity::Identity;
 use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
 use super::{proxy_path, relay};
 use runloop_metrics::{RunEnd, RunRefusal, TenantFigures};
-use runloop_runtime::{Container, ContainerLimits, Registry};
+use runloop_runtime::{Container, ContainerLimits, Puller, Registry};
 
 /// What a run is served with: the server's shared state, the connection's
 /// end, who it is served as, its outbox, and its stop.
@@ -160,8 +160,13 @@ impl Run {
             }
             Source::Registry(reference, registry) => {
                 info!(%reference, "pulling the image");
+                let puller = Puller {
+                    tenant: self.identity.name().to_owned(),
+                    max_pulls: budget::Ledger::shares(&**shared, &self.identity)
+                        .map(|shares| shares.max_pulls),
+                };
                 let pulled = self
-                    .unless_ended(registry.resolve(reference))
+                    .unless_ended(registry.resolve(reference, puller))
                     .await
                     .map_err(refused(RunRefusal::Abandoned))?;
                 let runtime = pulled

@@ -14,11 +14,12 @@ use tokio_util::task::TaskTracker;
 use super::admission::{self, Admission, Gate, TurnedAway};
 use super::budget::{Claimed, Ledger, RunBudget};
 use super::config::ServerConfig;
+use super::handshake_rate::HandshakeRate;
 use super::identity::{
     ANONYMOUS, Credentials, Identity, Quota, Shares, TenantError, Tenants, TokenHash,
 };
 use super::refusal_log::RefusalLog;
-use runloop_metrics::{ServerMetrics, StatsSnapshot};
+use runloop_metrics::{ClosedAtAccept, ServerMetrics, StatsSnapshot};
 use runloop_wire::limits::LimitError;
 
 /// Live counts of what the server holds; every one returns to zero when
@@ -88,6 +89,8 @@ pub(crate) struct Shared {
     pub(crate) ids: Mutex<HashSet<String>>,
     /// Refusal lines, rate limited per address.
     pub(crate) refusals: RefusalLog,
+    /// New connections per address.
+    pub(crate) handshakes: HandshakeRate,
     /// What connections hold, by address and identity.
     admission: Mutex<admission::Held>,
     /// What the runs held claim of the run budget.
@@ -133,6 +136,13 @@ impl Shares {
             max_run_memory: quota
                 .max_run_memory
                 .map_or(budget.max_run_memory, |v| v.min(budget.max_run_memory)),
+            max_pulls: {
+                let pulls = config
+                    .registry
+                    .as_ref()
+                    .map_or(1, |registry| registry.max_pulls());
+                quota.max_pulls.map_or(half(pulls), |v| v.min(pulls))
+            },
         }
     }
 }
@@ -266,6 +276,7 @@ impl Shared {
         let per_identity = !matches!(config.credentials, Credentials::Any);
         let shutdown = CancellationToken::new();
         let table = Table::new(config.credentials.tenants(), &config);
+        let handshakes = HandshakeRate::new(config.admission.handshake_rate);
         let metrics = ServerMetrics::new();
         for name in table.shares.keys() {
             metrics.tenant(name);
@@ -279,6 +290,7 @@ impl Shared {
             claimed: Mutex::new(Claimed::default()),
             admission: Mutex::new(admission::Held::default()),
             refusals: RefusalLog::new(),
+            handshakes,
             per_identity,
             draining: shutdown.child_token(),
             shutdown,
@@ -300,6 +312,11 @@ impl Shared {
         why: TurnedAway,
     ) {
         self.stats.turned_away.fetch_add(1, Ordering::Relaxed);
+        self.metrics.closed_at_accept.inc(match why {
+            TurnedAway::Address => ClosedAtAccept::Address,
+            TurnedAway::Unauthorized => ClosedAtAccept::Unauthorized,
+            TurnedAway::Rate => ClosedAtAccept::Rate,
+        });
         if self.refusals.allows(address) {
             tracing::warn!(%peer, %why, "closed at once");
         }
@@ -412,6 +429,10 @@ impl Gate for Shared {
         Shared::admission(self)
     }
 
+    fn handshake_rate(&self) -> &HandshakeRate {
+        &self.handshakes
+    }
+
     fn connection_share(&self, identity: &Identity) -> Option<usize> {
         self.per_identity
             .then(|| self.shares(identity).max_connections)
@@ -469,6 +490,48 @@ mod tests {
         let again = LoopClaim::admit(shared.clone(), &alice).expect("alice's place is back");
         drop((second, again, bobs));
         assert!(shared.claimed().loops_held() == 0);
+    }
+
+    /// A registry that pulls nothing, `max_pulls` at once.
+    #[derive(Debug)]
+    struct Pulls(usize);
+
+    impl runloop_runtime::Registry for Pulls {
+        fn resolve(
+            &self,
+            reference: &str,
+            _: runloop_runtime::Puller,
+        ) -> runloop_runtime::BoxFuture<
+            '_,
+            Result<Arc<dyn runloop_runtime::Runtime>, runloop_runtime::RegistryError>,
+        > {
+            let message = format!("{reference} is not pulled here");
+            Box::pin(async move {
+                Err(runloop_runtime::RegistryError {
+                    kind: runloop_proto::ErrorKind::Registry,
+                    message,
+                })
+            })
+        }
+
+        fn max_pulls(&self) -> usize {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_tenants_pulls_are_half_the_servers_unless_its_quota_says() {
+        let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
+        config.registry = Some(Arc::new(Pulls(5)));
+        assert_eq!(Shares::of(&Quota::default(), &config).max_pulls, 2);
+        let quota = |max_pulls| Quota {
+            max_pulls: Some(max_pulls),
+            ..Quota::default()
+        };
+        assert_eq!(Shares::of(&quota(5), &config).max_pulls, 5);
+        assert_eq!(Shares::of(&quota(9), &config).max_pulls, 5);
+        config.registry = Some(Arc::new(Pulls(1)));
+        assert_eq!(Shares::of(&Quota::default(), &config).max_pulls, 1);
     }
 
     #[test]

@@ -157,7 +157,11 @@ fn figures() {
             )
             .expect("pull");
             let started = Instant::now();
-            let oci = pull.runtime(&reference).await.expect("pulled");
+            let puller = runloop::runtime::Puller {
+                tenant: "figures".to_owned(),
+                max_pulls: None,
+            };
+            let oci = pull.runtime(&reference, &puller).await.expect("pulled");
             pulls.push(started.elapsed());
             // The unpack alone: the same blobs into a second store.
             let again = runloop_oci::store::Store::open(
@@ -249,6 +253,7 @@ fn start_as_a_caller_sees_it() {
         scratch,
         store,
         &[format!("demo=oci:{}", demo.display())],
+        &[],
         &[],
     );
     let image = format!("demo@{digest}");

@@ -33,12 +33,16 @@ pub enum Behaviour {
     DeclaredManifest(u64),
     /// A manifest sent one byte every this long.
     TrickleManifest(Duration),
+    /// The manifest served, and every blob sent one byte every this long.
+    TrickleBlobs(Duration),
 }
 
 #[derive(Default)]
 struct Routes {
     /// repository → (its behaviour, the layout and manifest digest it serves).
     repos: HashMap<String, (Behaviour, Option<(PathBuf, Digest)>)>,
+    /// Trickled blobs whose reader went away.
+    abandoned: usize,
 }
 
 /// The hostile registry and the host its redirects point at.
@@ -49,6 +53,7 @@ pub struct Hostile {
     pub elsewhere: String,
     routes: Arc<Mutex<Routes>>,
     elsewhere_hits: Arc<AtomicUsize>,
+    hits: Arc<AtomicUsize>,
 }
 
 impl Hostile {
@@ -60,8 +65,9 @@ impl Hostile {
         let host = registry.local_addr().expect("addr").to_string();
         let other = elsewhere.local_addr().expect("addr").to_string();
         let elsewhere_hits = Arc::new(AtomicUsize::new(0));
+        let registry_hits = Arc::new(AtomicUsize::new(0));
         for (listener, hits, plain) in [
-            (registry, Arc::new(AtomicUsize::new(0)), false),
+            (registry, Arc::clone(&registry_hits), false),
             (elsewhere, Arc::clone(&elsewhere_hits), true),
         ] {
             let routes = Arc::clone(&routes);
@@ -80,6 +86,7 @@ impl Hostile {
             elsewhere: other,
             routes,
             elsewhere_hits,
+            hits: registry_hits,
         }
     }
 
@@ -95,6 +102,16 @@ impl Hostile {
     /// Requests "elsewhere" got.
     pub fn elsewhere_hits(&self) -> usize {
         self.elsewhere_hits.load(Ordering::SeqCst)
+    }
+
+    /// Requests the registry got.
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    /// Trickled blobs whose reader closed the connection.
+    pub fn abandoned(&self) -> usize {
+        self.routes.lock().expect("routes").abandoned
     }
 }
 
@@ -215,6 +232,23 @@ fn answer(
                 ],
                 &manifest,
             )
+        }
+        ("blobs", Behaviour::TrickleBlobs(every)) => {
+            let bytes = name
+                .parse::<Digest>()
+                .ok()
+                .and_then(|digest| blob(&digest))
+                .expect("a blob of the image");
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", bytes.len());
+            let sent = tcp.write_all(head.as_bytes()).is_ok()
+                && bytes.iter().all(|byte| {
+                    std::thread::sleep(*every);
+                    tcp.write_all(&[*byte]).and_then(|()| tcp.flush()).is_ok()
+                });
+            if !sent {
+                routes.lock().expect("routes").abandoned += 1;
+            }
+            false
         }
         ("blobs", Behaviour::RedirectBlobs(to)) => respond(
             tcp,
@@ -648,4 +682,418 @@ fn a_server_stopped_mid_unpack_leaves_no_partial_image() {
     );
     assert_eq!(unpacking(), 0, "a partial unpack is left");
     assert_eq!(fs::read_dir(&images_dir).expect("images").count(), 0);
+}
+
+/// `runloop run --json` of a registry image, as the tenant of `token`.
+fn pull_as(url: &str, reference: &str, token: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_runloop"));
+    command
+        .args([
+            "run",
+            "--json",
+            "--url",
+            url,
+            "--registry-image",
+            reference,
+            "--memory",
+            "128M",
+            "--disk",
+            "8M",
+            "x",
+        ])
+        .env("RUNLOOP_TOKEN", token);
+    command
+}
+
+/// Waits (10 s at most) until `done`.
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_tenant_at_its_pull_cap_is_refused_and_another_still_pulls() {
+    if !super::ready() {
+        return;
+    }
+    let images = Images::get();
+    let hostile = Hostile::start();
+    hostile.route(
+        "agents/slow",
+        Behaviour::TrickleManifest(Duration::from_millis(500)),
+        None,
+    );
+    hostile.route(
+        "agents/demo",
+        Behaviour::Serve,
+        Some(images.agent_layout("tenant-pulls")),
+    );
+    let scratch = tempfile::tempdir().expect("temp");
+    let tokens = scratch.path().join("tokens");
+    fs::write(&tokens, "alice-secret\nbob-secret\n").expect("tokens");
+    // Two pulls server-wide: each tenant's share is one.
+    let server = server(
+        &hostile,
+        &[
+            "--token-file",
+            tokens.to_str().expect("UTF-8"),
+            "--max-pulls",
+            "2",
+        ],
+    );
+    let slow = format!("{}/agents/slow:1", hostile.host);
+    let demo = format!("{}/agents/demo:1", hostile.host);
+    let before = hostile.hits();
+    let mut held = pull_as(&server.url, &slow, "alice-secret")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run starts");
+    // Its place is taken before its first request.
+    until("the slow pull's first request", || hostile.hits() > before);
+    let second = pull_as(&server.url, &demo, "alice-secret")
+        .output()
+        .expect("run runs");
+    let said = refusal(&second);
+    assert!(
+        said.contains(
+            "tenant token #1 has as many registry pulls under way as it may (max-pulls 1); \
+             try again later"
+        ),
+        "{said}"
+    );
+    let other = pull_as(&server.url, &demo, "bob-secret")
+        .output()
+        .expect("run runs");
+    assert_eq!(other.status.code(), Some(0), "{other:?}\n{}", server.log());
+    let _ = held.kill();
+    let _ = held.wait();
+}
+
+#[test]
+fn a_pull_nobody_waits_for_stops_and_leaves_no_partial_blob() {
+    if !super::ready() {
+        return;
+    }
+    let images = Images::get();
+    let hostile = Hostile::start();
+    hostile.route(
+        "agents/trickle-blobs",
+        Behaviour::TrickleBlobs(Duration::from_millis(100)),
+        Some(images.agent_layout("abandoned-pull")),
+    );
+    let server = server(&hostile, &[]);
+    let blobs = server.store.join("layout/blobs/sha256");
+    let partials = || -> Vec<String> {
+        fs::read_dir(&blobs)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                    .filter(|name| name.starts_with(".partial-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut caller = pull_and_run_child(
+        &server.url,
+        &format!("{}/agents/trickle-blobs:1", hostile.host),
+    );
+    until("a partial blob", || !partials().is_empty());
+    std::thread::sleep(Duration::from_millis(300));
+    // The only caller waiting on the pull goes away.
+    let _ = caller.kill();
+    let _ = caller.wait();
+    let left = Instant::now();
+    until("the partial blob's removal", || partials().is_empty());
+    until("the registry's connection closed", || {
+        hostile.abandoned() > 0
+    });
+    println!(
+        "a pull whose only caller left: its partial blob removed and its connection closed within {:?}",
+        left.elapsed()
+    );
+}
+
+/// `runloop run` of a registry image, left running.
+fn pull_and_run_child(url: &str, reference: &str) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args([
+            "run",
+            "--json",
+            "--url",
+            url,
+            "--registry-image",
+            reference,
+            "--memory",
+            "128M",
+            "--disk",
+            "8M",
+            "x",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run starts")
+}
+
+/// An HTTP proxy of the test's own on loopback: it forwards plain-HTTP
+/// requests (absolute URIs), refuses `CONNECT`, and remembers the
+/// `HOST:PORT` of every request it was asked to carry.
+struct HttpProxy {
+    url: String,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl HttpProxy {
+    fn start() -> HttpProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binds");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let remembered = Arc::clone(&asked);
+        std::thread::spawn(move || {
+            for tcp in listener.incoming().map_while(Result::ok) {
+                let asked = Arc::clone(&remembered);
+                std::thread::spawn(move || carry(tcp, &asked));
+            }
+        });
+        HttpProxy { url, asked }
+    }
+
+    fn asked(&self) -> Vec<String> {
+        self.asked.lock().expect("asked").clone()
+    }
+}
+
+/// Carries the requests of one connection, each on a connection of its own
+/// to where it goes.
+fn carry(client: TcpStream, asked: &Mutex<Vec<String>>) {
+    let mut reader = BufReader::new(client.try_clone().expect("clone"));
+    let mut client = client;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut headers = Vec::new();
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            if header == "\r\n" {
+                break;
+            }
+            headers.push(header);
+        }
+        let mut words = line.split_whitespace();
+        let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        let Some(rest) = target.strip_prefix("http://") else {
+            asked.lock().expect("asked").push(target.to_owned());
+            let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n");
+            return;
+        };
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        asked.lock().expect("asked").push(authority.to_owned());
+        let Ok(mut upstream) = TcpStream::connect(authority) else {
+            let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n");
+            continue;
+        };
+        let mut request = format!(
+            "{method} {} HTTP/1.1\r\n",
+            if path.is_empty() { "/" } else { path }
+        );
+        for header in headers
+            .iter()
+            .filter(|h| !h.to_ascii_lowercase().starts_with("proxy-"))
+        {
+            request.push_str(header);
+        }
+        request.push_str("\r\n");
+        if upstream.write_all(request.as_bytes()).is_err() {
+            return;
+        }
+        // The answer: its head, then as many bytes as it declares.
+        let mut answer = BufReader::new(upstream);
+        let mut length = 0usize;
+        loop {
+            let mut header = String::new();
+            if answer.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap_or(0);
+            }
+            if client.write_all(header.as_bytes()).is_err() {
+                return;
+            }
+            if header == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0u8; length];
+        if std::io::Read::read_exact(&mut answer, &mut body).is_err()
+            || client.write_all(&body).is_err()
+        {
+            return;
+        }
+    }
+}
+
+#[test]
+fn the_environments_proxy_is_not_used_and_the_operators_keeps_the_address_rules() {
+    if !super::ready() {
+        return;
+    }
+    let images = Images::get();
+    let image = images.agent_layout("hostile-proxied");
+    let hostile = Hostile::start();
+    let port = hostile.elsewhere.rsplit(':').next().expect("a port");
+    let by_name = format!("localhost:{port}");
+    hostile.route(
+        "agents/by-name",
+        Behaviour::RedirectBlobs(by_name.clone()),
+        Some(image),
+    );
+    let proxy = HttpProxy::start();
+    let reference = format!("{}/agents/by-name:1", hostile.host);
+    let environment = [
+        ("HTTP_PROXY", proxy.url.as_str()),
+        ("HTTPS_PROXY", proxy.url.as_str()),
+        ("ALL_PROXY", proxy.url.as_str()),
+        ("http_proxy", proxy.url.as_str()),
+    ];
+
+    // The environment names a proxy: pulls do not use it (through it the
+    // mirror's name would be resolved where the rules cannot see), and the
+    // mirror listed by a loopback name is still never reached.
+    let server = Server::start_with_env(
+        &[],
+        &[
+            "--insecure-registry",
+            &hostile.host,
+            "--registry-mirror",
+            &by_name,
+        ],
+        &environment,
+    );
+    let said = refusal(&pull_and_run(&server.url, &reference, "x"));
+    assert!(
+        said.contains("localhost resolves to no public address"),
+        "{said}"
+    );
+    assert_eq!(
+        proxy.asked(),
+        Vec::<String>::new(),
+        "the proxy was not asked"
+    );
+    assert!(
+        server
+            .log()
+            .contains("registry pulls do not use the environment's proxy"),
+        "{}",
+        server.log()
+    );
+    drop(server);
+
+    // The operator's proxy carries the requests to the registry; the
+    // mirror's name is checked before the proxy is asked for it.
+    let server = self::server(
+        &hostile,
+        &[
+            "--registry-mirror",
+            &by_name,
+            "--registry-proxy",
+            &proxy.url,
+        ],
+    );
+    let said = refusal(&pull_and_run(&server.url, &reference, "x"));
+    assert!(
+        said.contains("localhost resolves to 127.0.0.1, which is not a public address")
+            || said.contains("localhost resolves to ::1, which is not a public address"),
+        "{said}"
+    );
+    let asked = proxy.asked();
+    assert!(asked.contains(&hostile.host), "{asked:?}");
+    assert!(
+        asked.iter().all(|host| *host == hostile.host),
+        "only the registry was asked for: {asked:?}"
+    );
+    assert_eq!(hostile.elsewhere_hits(), 0);
+}
+
+#[test]
+fn a_bounded_store_sheds_the_image_no_run_holds_and_says_a_held_one_keeps_it_over() {
+    if !super::ready() {
+        return;
+    }
+    let images = Images::get();
+    let one = images.agent_layout("store-bound-one");
+    let two = images.layout_with_env(
+        "store-bound-two",
+        &[&images.runloop],
+        &["/runloop", "agent", "demo"],
+        &["IMAGE=two"],
+    );
+    let (first, second) = (one.1.clone(), two.1.clone());
+    assert_ne!(first, second);
+    let hostile = Hostile::start();
+    hostile.route("agents/one", Behaviour::Serve, Some(one));
+    hostile.route("agents/two", Behaviour::Serve, Some(two));
+    // Far below one image: every new image sheds all no run holds.
+    let server = server(&hostile, &["--store-max-size", "1K"]);
+    let output = pull_and_run(&server.url, &format!("{}/agents/one:1", hostile.host), "x");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    // The second image's run is slow, so that it holds its image while the
+    // collection its unpack started runs.
+    let output = pull_and_run(
+        &server.url,
+        &format!("{}/agents/two:1", hostile.host),
+        "demo:pace=200 held",
+    );
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let names = || -> Vec<String> {
+        fs::read_dir(server.store.join("images"))
+            .expect("images")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect()
+    };
+    until("the first image's removal", || {
+        names()
+            .iter()
+            .all(|name| !name.starts_with(&format!("sha256-{}", first.hex())))
+    });
+    assert!(
+        names()
+            .iter()
+            .any(|name| name.starts_with(&format!("sha256-{}", second.hex()))),
+        "{:?}",
+        names()
+    );
+    let layout = Layout::open(server.store.join("layout")).expect("layout");
+    assert!(!layout.has_blob(&first) && layout.has_blob(&second));
+    let log = server.log();
+    assert!(
+        log.contains("removed from the store, least recently used")
+            && log.contains(&first.to_string()),
+        "{log}"
+    );
+    assert!(
+        log.contains("the store stays over its bound: the images left are held by runs"),
+        "{log}"
+    );
 }

@@ -71,17 +71,39 @@ impl Server {
         agents: &[String],
         extra: &[&str],
     ) -> Server {
-        Server::start_binary(env!("CARGO_BIN_EXE_runloop"), scratch, store, agents, extra)
+        Server::start_binary(
+            env!("CARGO_BIN_EXE_runloop"),
+            scratch,
+            store,
+            agents,
+            extra,
+            &[],
+        )
+    }
+
+    /// [`Server::start`] with `env` in its environment.
+    fn start_with_env(agents: &[String], extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let scratch = tempfile::tempdir().expect("temp");
+        let store = scratch.path().join("store");
+        Server::start_binary(
+            env!("CARGO_BIN_EXE_runloop"),
+            scratch,
+            store,
+            agents,
+            extra,
+            env,
+        )
     }
 
     /// [`Server::start_on`] with another `runloop` binary (another build,
-    /// for a figure measured before and after a change).
+    /// for a figure measured before and after a change), and `env`.
     fn start_binary(
         binary: &str,
         scratch: tempfile::TempDir,
         store: PathBuf,
         agents: &[String],
         extra: &[&str],
+        env: &[(&str, &str)],
     ) -> Server {
         let log = scratch
             .path()
@@ -100,6 +122,7 @@ impl Server {
         }
         let mut child = command
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(fs::File::create(&log).expect("log file"))
             .spawn()

@@ -488,3 +488,93 @@ fn refusal_lines_are_rate_limited_per_address_with_a_summary() {
         "{log}"
     );
 }
+
+/// After the WebSocket handshake on `tcp`, the close frame the server
+/// sends: its code and reason.
+async fn close_frame(tcp: &mut TcpStream) -> std::io::Result<(u16, String)> {
+    let mut head = [0u8; 2];
+    tcp.read_exact(&mut head).await?;
+    if head[0] != 0x88 || head[1] > 125 {
+        return Err(std::io::Error::other(format!(
+            "not a close frame: {head:?}"
+        )));
+    }
+    let mut payload = vec![0u8; usize::from(head[1])];
+    tcp.read_exact(&mut payload).await?;
+    let code = u16::from_be_bytes([payload[0], payload[1]]);
+    Ok((code, String::from_utf8_lossy(&payload[2..]).into_owned()))
+}
+
+#[test]
+fn an_address_past_its_handshake_rate_is_told_why_and_another_is_served() {
+    use std::io::{BufRead, BufReader};
+    let mut child = common::start(
+        "warn",
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--handshake-rate",
+            "1",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+    );
+    let _log = common::drain(child.stderr.take().expect("stderr"));
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("the URL");
+    let url = line.trim().to_owned();
+    line.clear();
+    stdout.read_line(&mut line).expect("the admin URL");
+    let admin: SocketAddr = line
+        .trim()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("an admin address");
+    let to: SocketAddr = url.trim_start_matches("ws://").parse().expect("an address");
+    let (refusal, served_elsewhere, metrics) = runtime().block_on(async {
+        // One a second from the attacker: its first connection is taken,
+        // and one of the next few, made at once, is told why it is not.
+        let mut first = connect_from(ATTACKER, to).await.expect("connects");
+        upgrade(&mut first).await.expect("the first is taken");
+        let mut refusal = None;
+        for _ in 0..5 {
+            let mut tcp = connect_from(ATTACKER, to).await.expect("connects");
+            if upgrade(&mut tcp).await.is_ok()
+                && let Ok(frame) =
+                    tokio::time::timeout(Duration::from_secs(5), close_frame(&mut tcp)).await
+            {
+                refusal = frame.ok();
+                break;
+            }
+        }
+        drop(first);
+        // Another address has its own bucket.
+        let served_elsewhere = served(&url, "").await;
+        let mut http = TcpStream::connect(admin).await.expect("the admin listener");
+        http.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .expect("asked");
+        let mut metrics = String::new();
+        http.read_to_string(&mut metrics).await.expect("read");
+        (refusal, served_elsewhere, metrics)
+    });
+    let (code, reason) = refusal.expect("a connection past the rate was refused");
+    assert_eq!(code, 1013);
+    assert_eq!(
+        reason,
+        "this address opens new connections faster than the server's handshake-rate; try again later"
+    );
+    assert_eq!(served_elsewhere, Ok(()));
+    let counted = metrics
+        .lines()
+        .find(|line| {
+            line.starts_with("runloop_connections_closed_at_accept_total{reason=\"rate\"}")
+        })
+        .and_then(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .expect("the rate's series");
+    assert!(counted >= 1, "{metrics}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

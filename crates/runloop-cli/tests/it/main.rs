@@ -25,5 +25,6 @@ mod outgoing;
 mod pipes;
 mod run;
 mod run_options;
+mod store;
 mod tenants;
 mod tokens;
