@@ -8,11 +8,17 @@
 //!         netns gone, overlay and disk unmounted (loop detached), run dir removed
 //! ```
 //!
-//! A supervisor task owns the `runc run` child from the start on. It
+//! The `runc run` child is a supervised agent
+//! ([`runloop_runtime::supervised`]), as an exec runtime's program is: the
+//! same readiness loop, the same words for its end, the same policy. It
 //! reports the end as soon as it knows it (so the run's loops end with the
-//! reason), then tears everything down; [`Container::stop`] resolves once
-//! the teardown is done. A container dropped without `stop` is still
-//! stopped and torn down by its supervisor.
+//! reason, and a loop the agent's death cut short says so in words: `the
+//! agent program exited (exit status 3) before its /run body ended`), then
+//! tears everything down; [`Container::stop`] resolves once the teardown
+//! is done. A container dropped without `stop` is still stopped and torn
+//! down by its supervisor. What is this runtime's own is in [`Agent`]'s
+//! implementation here: the probe made in the run's network namespace,
+//! runc's signals and exit codes, the cgroup's OOM count, the teardown.
 //!
 //! Nothing is left behind, whatever ends a run and when. A start runs on
 //! a task of the host's tracker; the caller's future only waits for its
@@ -32,21 +38,18 @@
 //! `127.0.0.1:$PORT`, as under exec.
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use runloop_proxy::Proxy;
-use runloop_runtime::output::log_output;
+use runloop_runtime::supervised::{Agent, NotReady, Supervised, Supervisor};
 use runloop_runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use tokio::process::Child;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::bundle::{self, Bundle};
@@ -155,7 +158,6 @@ impl OciRuntime {
         };
         let started = Started {
             run,
-            child,
             netns,
             port: bundle::port(&self.image.image.process),
             stop_signal: self
@@ -166,7 +168,7 @@ impl OciRuntime {
                 .clone()
                 .unwrap_or_else(|| "SIGTERM".to_owned()),
         };
-        started.ready(&abandoned).await
+        started.ready(child, &abandoned).await
     }
 
     /// Makes the run's files, mounts, network and configuration, and starts
@@ -311,10 +313,10 @@ async fn end_now(host: &Host, key: &str) {
     host.teardown(key).await;
 }
 
-/// A container whose runc has started, not yet known to listen.
+/// A container whose runc has started: the oci runtime's side of a
+/// supervised agent.
 struct Started {
     run: Run,
-    child: Child,
     netns: Netns,
     port: u16,
     stop_signal: String,
@@ -322,85 +324,134 @@ struct Started {
 
 impl Started {
     /// Waits for the agent to accept TCP, then puts the link and the proxy
-    /// in front of it and hands the child to its supervisor.
-    async fn ready(mut self, abandoned: &CancellationToken) -> Result<OciContainer, StartError> {
+    /// in front of it and hands runc's child to its supervisor.
+    async fn ready(
+        self,
+        child: Child,
+        abandoned: &CancellationToken,
+    ) -> Result<OciContainer, StartError> {
         let host = Arc::clone(&self.run.host);
         let key = self.run.key.clone();
-        let pid = self.child.id().unwrap_or_default();
-        let program: Arc<str> = Arc::from(runc::id(&key));
-        log_output(&mut self.child, program, pid, host.config().output);
-        let timeout = host.config().startup_timeout;
-        let (exited_tx, exited) = watch::channel(None);
+        // The host's close stops every container.
+        let mut supervisor = Supervisor::new(
+            child,
+            Arc::from(runc::id(&key)),
+            host.config().output,
+            host.closing().child_token(),
+            host.config().grace,
+        );
         let watch = Arc::new(Memory {
             host: Arc::clone(&host),
             id: runc::id(&key),
-            ended: CancellationToken::new(),
-            exited: exited.clone(),
+            ended: supervisor.end_now().clone(),
+            exited: supervisor.ends(),
         });
-        // The host's close stops every container.
-        let stop = host.closing().child_token();
         let dir = self.run.dir();
         let agent = link::Agent {
             netns: self.netns.clone(),
             port: self.port,
         };
-        let serving = async {
+        let timeout = host.config().startup_timeout;
+        let linked = async {
             tokio::select! {
-                listened = listening(&mut self.child, &self.netns, self.port, timeout) => listened,
+                listened = supervisor.listening(&self, self.port, timeout) => listened.map_err(NotReady::words),
                 () = abandoned.cancelled() => Err(GIVEN_UP.to_owned()),
             }
             .map_err(|why| match runc::last_error(&dir) {
                 Some(runc) => format!("{why} ({runc})"),
                 None => why,
             })?;
-            let link = link::bind(agent, watch.clone(), stop.clone())
+            link::bind(agent, watch, supervisor.stop().clone())
                 .await
-                .map_err(|error| format!("cannot bind the agent link: {error}"))?;
-            let proxy = Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), link.0)
-                .await
-                .map_err(|error| format!("cannot bind the proxy: {error}"))?;
-            let url = format!("ws://{}", proxy.local_addr());
-            Ok::<_, String>((link.1, proxy, url))
+                .map_err(|error| format!("cannot bind the agent link: {error}"))
         };
-        let (link, proxy, url) = match serving.await {
-            Ok(serving) => serving,
+        let served = match linked.await {
+            Ok((link, task)) => supervisor.serve(self, link, vec![task], ()).await,
             Err(why) => {
-                stop.cancel();
-                warn!(%key, %why, "container did not become ready");
-                let Started { run, mut child, .. } = self;
-                let runc = host.runc().clone();
-                let _ = runc.kill(&runc::id(&key), "SIGKILL", true).await;
-                // runc itself too: a container still being made cannot be
-                // signalled yet, and `runc run` would wait for it. What it
-                // leaves, `runc delete --force` in the teardown ends.
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                run.remove().await;
-                return Err(StartError::new(why));
+                supervisor.give_up(self).await;
+                Err(why)
             }
         };
-        let (proxy_handle, proxy) = proxy.spawn();
-        let proxy_stop = stop.clone();
-        let supervisor = host
-            .tasks()
-            .spawn(supervise(self, watch, stop.clone(), exited_tx));
-        info!(%key, %url, "oci container ready");
-        Ok(OciContainer {
-            key,
-            url,
-            stop,
-            supervisor: Some(supervisor),
-            tasks: vec![
-                link,
-                // The proxy ends with the container.
-                tokio::spawn(async move {
-                    proxy_stop.cancelled().await;
-                    proxy_handle.shutdown();
-                    drop(proxy.await)
-                }),
-            ],
-            exited,
-        })
+        match served {
+            Ok(container) => {
+                info!(%key, url = container.proxy_url(), "oci container ready");
+                Ok(container)
+            }
+            Err(why) => {
+                warn!(%key, %why, "container did not become ready");
+                Err(StartError::new(why))
+            }
+        }
+    }
+}
+
+impl Agent for Started {
+    const WHAT: &'static str = "the container";
+
+    /// A socket made in the run's network namespace, connected to
+    /// `127.0.0.1:PORT` there.
+    async fn probe(&self) -> Result<bool, NotReady> {
+        match self.netns.connect(self.port).await {
+            Ok(_) => Ok(true),
+            // Nothing listens yet (or no longer).
+            Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => Ok(false),
+            Err(error) => Err(NotReady::Failed(format!(
+                "cannot dial the agent program in the run's network namespace {}: {error}",
+                self.netns.name()
+            ))),
+        }
+    }
+
+    /// runc's exit status in words (runc exits with 128+N for a container
+    /// killed by signal N).
+    fn describe(&self, status: io::Result<ExitStatus>) -> String {
+        match status {
+            Ok(status) => match status.code() {
+                Some(code) if code > 128 => format!("killed by signal {}", code - 128),
+                Some(code) => format!("exit status {code}"),
+                None => status.to_string(),
+            },
+            Err(error) => format!("its status could not be read: {error}"),
+        }
+    }
+
+    fn oom_kills(&self) -> Option<u64> {
+        cgroup::Cgroup::new(self.run.host.cgroups(), &runc::id(&self.run.key)).oom_kills()
+    }
+
+    async fn signal_stop(&self) {
+        let id = runc::id(&self.run.key);
+        if let Err(error) = self
+            .run
+            .host
+            .runc()
+            .kill(&id, &self.stop_signal, false)
+            .await
+        {
+            warn!(%id, %error, "cannot signal the container");
+        }
+    }
+
+    async fn kill(&self) {
+        let id = runc::id(&self.run.key);
+        // "does not exist": runc had not made it yet, or it is gone already.
+        if let Err(error) = self.run.host.runc().kill(&id, "SIGKILL", true).await
+            && !error.says("does not exist")
+            && !error.says("not running")
+        {
+            warn!(%id, %error, "cannot kill the container");
+        }
+    }
+
+    /// The container's teardown: nothing of the run is left.
+    async fn release(mut self) {
+        self.run.armed = false;
+        self.run.host.teardown(&self.run.key).await;
+    }
+
+    /// The host's close waits for its supervisors.
+    fn tracker(&self) -> Option<TaskTracker> {
+        Some(self.run.host.tasks().clone())
     }
 }
 
@@ -438,182 +489,8 @@ impl Watch for Memory {
     }
 }
 
-/// Waits until the agent accepts TCP on `127.0.0.1:port` inside `netns`,
-/// runc exits, or time runs out.
-async fn listening(
-    child: &mut Child,
-    netns: &Netns,
-    port: u16,
-    timeout: Duration,
-) -> Result<(), String> {
-    let deadline = Instant::now() + timeout;
-    let mut pause = Duration::from_millis(2);
-    loop {
-        match netns.connect(port).await {
-            Ok(_) => return Ok(()),
-            // Nothing listens yet (or no longer).
-            Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {}
-            Err(error) => {
-                return Err(format!(
-                    "cannot dial the agent program in the run's network namespace {}: {error}",
-                    netns.name()
-                ));
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "the agent program did not listen on 127.0.0.1:{port} within {timeout:?} \
-                 (it must listen on $PORT on the container's loopback)"
-            ));
-        }
-        tokio::select! {
-            status = child.wait() => {
-                return Err(format!(
-                    "the container exited before its agent program listened on 127.0.0.1:{port}: {}",
-                    describe(status)
-                ));
-            }
-            () = tokio::time::sleep(pause) => {}
-        }
-        pause = (pause * 2).min(Duration::from_millis(50));
-    }
-}
-
-/// Owns the container until it is gone: reports its end, then tears it down.
-async fn supervise(
-    mut started: Started,
-    memory: Arc<Memory>,
-    stop: CancellationToken,
-    exited: watch::Sender<Option<String>>,
-) {
-    let host = Arc::clone(&started.run.host);
-    let id = runc::id(&started.run.key);
-    let runc = host.runc().clone();
-    let grace = host.config().grace;
-    let reason = tokio::select! {
-        status = started.child.wait() => {
-            let reason = ended_by_itself(&host, &id, status);
-            warn!(%id, %reason, "container ended");
-            reason
-        }
-        () = memory.ended.cancelled() => {
-            if let Err(error) = runc.kill(&id, "SIGKILL", true).await {
-                warn!(%id, %error, "cannot kill the container");
-            }
-            let status = started.child.wait().await;
-            let reason = ended_by_itself(&host, &id, status);
-            warn!(%id, %reason, "container ended");
-            reason
-        }
-        () = stop.cancelled() => {
-            if let Err(error) = runc.kill(&id, &started.stop_signal, false).await {
-                warn!(%id, %error, "cannot signal the container");
-            }
-            let status = match tokio::time::timeout(grace, started.child.wait()).await {
-                Ok(status) => status,
-                Err(_) => {
-                    warn!(%id, ?grace, "the container ignored its stop signal; killing every process in it");
-                    if let Err(error) = runc.kill(&id, "SIGKILL", true).await {
-                        warn!(%id, %error, "cannot kill the container");
-                    }
-                    started.child.wait().await
-                }
-            };
-            format!("the container was stopped: {}", describe(status))
-        }
-    };
-    exited.send_replace(Some(reason));
-    // The link and the proxy stay until the server stops the run: a loop
-    // held open by the link must end with the reason just reported.
-    started.run.armed = false;
-    host.teardown(&started.run.key).await;
-}
-
-/// Why a container that ended by itself ended, OOM kills first.
-fn ended_by_itself(host: &Host, id: &str, status: io::Result<ExitStatus>) -> String {
-    match cgroup::Cgroup::new(host.cgroups(), id).oom_kills() {
-        Some(kills) if kills > 0 => format!(
-            "the container ran out of memory: the kernel killed {kills} of its processes at its memory limit ({})",
-            describe(status)
-        ),
-        _ => format!("the container exited: {}", describe(status)),
-    }
-}
-
-/// runc's exit status in words (runc exits with 128+N for a container
-/// killed by signal N).
-fn describe(status: io::Result<ExitStatus>) -> String {
-    match status {
-        Ok(status) => match status.code() {
-            Some(code) if code > 128 => format!("killed by signal {}", code - 128),
-            Some(code) => format!("exit status {code}"),
-            None => status.to_string(),
-        },
-        Err(error) => format!("its status could not be read: {error}"),
-    }
-}
-
-/// One running container, as the server sees it.
-#[derive(Debug)]
-pub struct OciContainer {
-    key: String,
-    url: String,
-    stop: CancellationToken,
-    supervisor: Option<JoinHandle<()>>,
-    tasks: Vec<JoinHandle<()>>,
-    exited: watch::Receiver<Option<String>>,
-}
-
-impl OciContainer {
-    /// Stops the container, tears it down, and says how it ended.
-    pub async fn terminate(mut self) -> String {
-        self.stop.cancel();
-        if let Some(supervisor) = self.supervisor.take()
-            && let Err(error) = supervisor.await
-        {
-            warn!(key = %self.key, %error, "the supervisor task failed");
-        }
-        for task in std::mem::take(&mut self.tasks) {
-            let _ = task.await;
-        }
-        let reason = self
-            .exited
-            .borrow()
-            .clone()
-            .unwrap_or_else(|| "the container's supervisor ended without a word".to_owned());
-        info!(key = %self.key, %reason, "oci container removed");
-        reason
-    }
-}
-
-impl Container for OciContainer {
-    fn proxy_url(&self) -> &str {
-        &self.url
-    }
-
-    fn ended(&mut self) -> BoxFuture<'_, String> {
-        Box::pin(async move {
-            match self.exited.wait_for(Option::is_some).await {
-                Ok(reason) => reason.clone().unwrap_or_default(),
-                Err(_) => "the container's supervisor is gone".to_owned(),
-            }
-        })
-    }
-
-    fn stop(self: Box<Self>) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            (*self).terminate().await;
-        })
-    }
-}
-
-impl Drop for OciContainer {
-    /// Dropped without `stop`, the container is still stopped and torn
-    /// down by its supervisor.
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
+/// One running container, as the server sees it ([`Supervised`]).
+pub type OciContainer = Supervised<()>;
 
 // A runtime for an image layout belongs with the runtime it makes: the
 // host (below the container) knows nothing of OciRuntime.

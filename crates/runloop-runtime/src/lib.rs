@@ -18,6 +18,7 @@ mod catalog;
 pub mod cgroup;
 pub mod exec;
 pub mod output;
+pub mod supervised;
 
 use std::fmt;
 use std::future::Future;
@@ -29,7 +30,7 @@ use runloop_proto::ErrorKind;
 pub use attach::Attach;
 pub use builtin::Builtin;
 pub use catalog::{AgentSpec, Catalog, CatalogError, RuntimeSpec, SpecError};
-pub use exec::{Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer};
+pub use exec::{Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer, ExecProcess};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -275,7 +275,7 @@ fn a_registration_to_a_container_gone_after_its_probe_fails_and_reaches_nothing(
         assert!(said.contains(r#""kind":"agent""#), "{said}");
         // The container's end, once its supervisor has seen it (within a
         // second); on a machine too loaded for that, the refused dial.
-        let ended = "the run's container has ended (the container exited: exit status 0)";
+        let ended = "the run's container has ended (the container exited by itself: exit status 0)";
         let refused = format!(
             "cannot reach the agent program on 127.0.0.1:{port} in the run's network namespace"
         );

@@ -946,7 +946,7 @@ fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
         said.contains("the agent program did not listen on"),
         "{said}"
     );
-    assert!(said.contains(":8080 within 1s"), "{said}");
+    assert!(said.contains(":8080 within 1 s"), "{said}");
     let keys = server.keys();
     assert_eq!(server.terminate(), Some(0));
     assert_eq!(keys.len(), 2, "two containers were made, then removed");

@@ -19,18 +19,18 @@
 //!    server even if the server is killed outright). stdin is closed;
 //!    stdout and stderr go to the server's log within a budget
 //!    ([`output`](super::output)).
-//! 3. **Ready.** Once the program accepts TCP on its port, every socket
-//!    listening there must be the run's own (`port::listener`). A port
-//!    someone else listens on is given up: the child is killed and the
+//! 3. **Ready.** Once the program accepts TCP on `127.0.0.1:$PORT`, every
+//!    socket listening there must be the run's own (`port::listener`). A
+//!    port someone else listens on is given up: the child is killed and the
 //!    start tried again on another port (a few times). If the program
 //!    exits first, the start fails with its exit status; if it neither
 //!    listens nor exits within the startup timeout, it is killed and the
 //!    start fails.
 //! 4. **Running.** A supervisor task owns the child. If the child exits by
-//!    itself, every process left in its cgroup (or group) is killed and
-//!    [`Container::ended`] resolves with its status (and says so when the
-//!    memory limit killed it); the proxy's loop in progress sees its event
-//!    stream break and reports it.
+//!    itself, [`Container::ended`] resolves with its status (and says so
+//!    when the memory limit killed it), the proxy's loop in progress ends
+//!    with an error in the same words, and every process left in its
+//!    cgroup (or group) is killed.
 //! 5. **Stop.** `SIGTERM` to every process of the run, a grace period,
 //!    then `SIGKILL` to all of them (a cgroup's processes cannot escape
 //!    it, whatever they do with sessions); the child is reaped and the
@@ -38,6 +38,10 @@
 //!    `stop` still ends its child (the supervisor sees the drop), and if
 //!    the supervisor itself is dropped (the runtime shuts down) its guard
 //!    kills the run's processes.
+//!
+//! Steps 3 to 5 are the supervised agent's ([`supervised`](super::supervised)),
+//! the same under every runtime; this runtime says how its program is
+//! reached, signalled and released ([`Agent`]).
 //!
 //! # Why `RLIMIT_DATA` where there are no cgroups
 //!
@@ -65,25 +69,22 @@ mod port;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{ExitStatus, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio::time::Instant;
+use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 pub use confine::{Confinement, PARENT};
 
 use super::cgroup::{Bounds, Cgroup, Joiner};
-use super::output::{OutputLimit, log_output};
+use super::output::OutputLimit;
+use super::supervised::{Agent, NotReady, Supervised, Supervisor};
 use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use port::{Lease, Listener};
-use runloop_proxy::{Proxy, ProxyHandle};
 
 /// Ports tried before a start gives up on finding one nobody else takes.
 const PORT_ATTEMPTS: usize = 4;
@@ -240,7 +241,7 @@ impl Exec {
         let port = lease.port();
         let (cgroup, setup) = self.hold(limits)?;
         let spawned = self.command(port, setup).spawn();
-        let mut child = match spawned {
+        let child = match spawned {
             Ok(child) => child,
             Err(error) => {
                 if let Some(cgroup) = cgroup {
@@ -255,68 +256,57 @@ impl Exec {
         // `id` is `None` only once the child has been reaped; it was just spawned.
         let pid = child.id().unwrap_or_default();
         // A start given up on (its future dropped) still ends the run.
-        let mut guard = Guard {
-            hold: match cgroup {
-                Some(cgroup) => Hold::Cgroup(cgroup),
-                None => Hold::Group(pid),
+        let program = Program {
+            guard: Guard {
+                hold: match cgroup {
+                    Some(cgroup) => Hold::Cgroup(cgroup),
+                    None => Hold::Group(pid),
+                },
+                armed: true,
             },
-            armed: true,
-        };
-        let program: Arc<str> = Arc::from(self.program.as_str());
-        info!(%program, pid, port, memory = limits.memory, cgroup = guard.hold.cgroup().map(Cgroup::path), "agent program started");
-        let logs = log_output(&mut child, Arc::clone(&program), pid, self.config.output);
-
-        let agent = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let ready = async {
-            self.listening(&mut child, &guard.hold, port).await?;
-            let proxy = Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), agent)
-                .await
-                .map_err(|error| Failed::Start(format!("cannot bind the proxy: {error}")))?;
-            let url = format!("ws://{}", proxy.local_addr());
-            Ok::<_, Failed>((proxy, url))
-        };
-        let (proxy, url) = match ready.await {
-            Ok(ready) => ready,
-            Err(failed) => {
-                if let Failed::Start(why) = &failed {
-                    warn!(%program, pid, %why, "agent program did not start");
-                }
-                guard.hold.end().await;
-                guard.armed = false;
-                let status = child.wait().await;
-                debug!(pid, status = %describe(status), "reaped");
-                for log in logs {
-                    log.abort();
-                }
-                return Err(failed);
-            }
-        };
-        let (died_tx, died) = watch::channel(None);
-        let (proxy_stop, proxy_task) = proxy.with_agent_end(died).spawn();
-        let stop = CancellationToken::new();
-        let (exited_tx, exited) = watch::channel(None);
-        let cgroup = guard.hold.cgroup().cloned();
-        let supervisor = tokio::spawn(supervise(
-            child,
-            guard,
             lease,
-            stop.clone(),
+        };
+        let name: Arc<str> = Arc::from(self.program.as_str());
+        info!(program = %name, pid, port, memory = limits.memory, cgroup = program.guard.hold.cgroup().map(Cgroup::path), "agent program started");
+        let mut supervisor = Supervisor::new(
+            child,
+            Arc::clone(&name),
+            self.config.output,
+            CancellationToken::new(),
             self.config.grace,
-            (exited_tx, died_tx),
-        ));
-        info!(%program, pid, %url, "exec container ready");
-        Ok(ExecContainer {
-            url,
+        );
+        let listened = supervisor
+            .listening(&program, port, self.config.startup_timeout)
+            .await;
+        if let Err(not_ready) = listened {
+            let failed = match not_ready {
+                NotReady::Taken => Failed::PortTaken(port),
+                // A program that could not bind exits: was it beaten to its port?
+                NotReady::Exited(_)
+                    if program.guard.hold.listener(port).await == Listener::Other =>
+                {
+                    Failed::PortTaken(port)
+                }
+                not_ready => {
+                    let why = not_ready.words();
+                    warn!(program = %name, pid, %why, "agent program did not start");
+                    Failed::Start(why)
+                }
+            };
+            supervisor.give_up(program).await;
+            return Err(failed);
+        }
+        let process = ExecProcess {
             pid,
-            cgroup,
-            grace: self.config.grace,
-            stop,
-            proxy_stop,
-            supervisor: Some(supervisor),
-            proxy: Some(proxy_task),
-            logs,
-            exited,
-        })
+            cgroup: program.guard.hold.cgroup().cloned(),
+        };
+        let agent = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let container = supervisor
+            .serve(program, agent, Vec::new(), process)
+            .await
+            .map_err(Failed::Start)?;
+        info!(program = %name, pid, url = container.proxy_url(), "exec container ready");
+        Ok(container)
     }
 
     /// The run's cgroup, made, and what the child does to join it; or,
@@ -363,46 +353,6 @@ impl Exec {
             command.pre_exec(move || child_setup(parent, &setup));
         }
         command
-    }
-
-    /// Waits until the program accepts TCP on `port` and every listener
-    /// there is the run's, the program exits, or time runs out.
-    async fn listening(&self, child: &mut Child, run: &Hold, port: u16) -> Result<(), Failed> {
-        let agent = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let timeout = self.config.startup_timeout;
-        let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_millis(5);
-        loop {
-            if TcpStream::connect(agent).await.is_ok() {
-                match run.listener(port).await {
-                    Listener::Run => return Ok(()),
-                    Listener::Other => return Err(Failed::PortTaken(port)),
-                    // It stopped listening since; wait and see.
-                    Listener::Nobody => {}
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(Failed::Start(format!(
-                    "the agent program did not listen on {agent} within {} s: \
-                     is it listening on $PORT ({port})?",
-                    timeout.as_secs_f64()
-                )));
-            }
-            tokio::select! {
-                status = child.wait() => {
-                    // A program that could not bind exits: was it beaten to its port?
-                    if run.listener(port).await == Listener::Other {
-                        return Err(Failed::PortTaken(port));
-                    }
-                    return Err(Failed::Start(format!(
-                        "the agent program exited before it listened on {agent}: {}",
-                        run.describe_end(status)
-                    )));
-                }
-                () = tokio::time::sleep(pause) => {}
-            }
-            pause = (pause * 2).min(Duration::from_millis(100));
-        }
     }
 }
 
@@ -549,18 +499,6 @@ impl Hold {
         let hold = self.clone();
         let _ = tokio::task::spawn_blocking(move || hold.end_now()).await;
     }
-
-    /// How the child ended, saying so when the memory limit killed it.
-    fn describe_end(&self, status: io::Result<ExitStatus>) -> String {
-        let status = describe(status);
-        match self.cgroup().and_then(Cgroup::oom_kills) {
-            Some(kills) if kills > 0 => format!(
-                "{status}; it ran out of memory: the kernel killed {kills} of its processes at \
-                 the run's memory limit"
-            ),
-            _ => status,
-        }
-    }
 }
 
 /// Sends `signal` to the process group `pgid`.
@@ -592,151 +530,73 @@ impl Drop for Guard {
     }
 }
 
-/// Owns the child until it is gone: reports its exit, or terminates it;
-/// either way, nothing of the run is left when `exited` is told. An exit
-/// of its own is told to `died` at once, in words (`exit status 3`), for
-/// the proxy.
-async fn supervise(
-    mut child: Child,
-    mut guard: Guard,
+/// The exec runtime's side of a supervised agent program: its processes,
+/// held by the run's cgroup or process group, and its port.
+struct Program {
+    guard: Guard,
     lease: Lease,
-    stop: CancellationToken,
-    grace: Duration,
-    (exited, died): (watch::Sender<Option<String>>, watch::Sender<Option<String>>),
-) {
-    let pid = child.id().unwrap_or_default();
-    let reason = tokio::select! {
-        status = child.wait() => {
-            let status = guard.hold.describe_end(status);
-            // The proxy says it to a loop the exit cut short.
-            died.send_replace(Some(status.clone()));
-            let reason = format!("the agent program exited by itself: {status}");
-            warn!(pid, %reason, "agent program ended");
-            reason
-        }
-        () = stop.cancelled() => {
-            guard.hold.signal(libc::SIGTERM);
-            let status = match tokio::time::timeout(grace, child.wait()).await {
-                Ok(status) => status,
-                Err(_) => {
-                    warn!(pid, ?grace, "agent program ignored SIGTERM; killing every process of the run");
-                    guard.hold.end().await;
-                    child.wait().await
-                }
-            };
-            let reason = format!("the agent program was stopped: {}", describe(status));
-            info!(pid, %reason, "agent program ended");
-            reason
-        }
-    };
-    // Whatever it left behind goes with it.
-    guard.hold.end().await;
-    guard.armed = false;
-    drop(lease);
-    exited.send_replace(Some(reason));
 }
 
-/// An exit status in words.
-fn describe(status: io::Result<ExitStatus>) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match status {
-        Ok(status) => match (status.code(), status.signal()) {
-            (Some(code), _) => format!("exit status {code}"),
-            (None, Some(signal)) => format!("killed by signal {signal}"),
-            (None, None) => status.to_string(),
-        },
-        Err(error) => format!("its status could not be read: {error}"),
+impl Agent for Program {
+    const WHAT: &'static str = "the agent program";
+
+    /// A connection to `127.0.0.1:PORT`, and every socket listening there
+    /// the run's own.
+    async fn probe(&self) -> Result<bool, NotReady> {
+        let port = self.lease.port();
+        if TcpStream::connect((Ipv4Addr::LOCALHOST, port))
+            .await
+            .is_err()
+        {
+            return Ok(false);
+        }
+        match self.guard.hold.listener(port).await {
+            Listener::Run => Ok(true),
+            Listener::Other => Err(NotReady::Taken),
+            // It stopped listening since; wait and see.
+            Listener::Nobody => Ok(false),
+        }
+    }
+
+    fn oom_kills(&self) -> Option<u64> {
+        self.guard.hold.cgroup().and_then(Cgroup::oom_kills)
+    }
+
+    async fn signal_stop(&self) {
+        self.guard.hold.signal(libc::SIGTERM);
+    }
+
+    async fn kill(&self) {
+        self.guard.hold.signal(libc::SIGKILL);
+    }
+
+    /// Whatever the program left behind goes with it, then its port.
+    async fn release(mut self) {
+        self.guard.hold.end().await;
+        self.guard.armed = false;
     }
 }
 
-/// One exec container: the child's pid, its proxy, and the tasks that
-/// watch them.
+/// What the exec runtime says of a container: its child's pid and its
+/// cgroup.
 #[derive(Debug)]
-pub struct ExecContainer {
-    url: String,
+pub struct ExecProcess {
     pid: u32,
     cgroup: Option<Cgroup>,
-    grace: Duration,
-    stop: CancellationToken,
-    proxy_stop: ProxyHandle,
-    supervisor: Option<JoinHandle<()>>,
-    proxy: Option<JoinHandle<io::Result<()>>>,
-    logs: Vec<JoinHandle<()>>,
-    exited: watch::Receiver<Option<String>>,
 }
 
-impl ExecContainer {
+/// One exec container: the child, its proxy, and the tasks that watch
+/// them ([`Supervised`]).
+pub type ExecContainer = Supervised<ExecProcess>;
+
+impl Supervised<ExecProcess> {
     /// The child's process id (and process group id).
     pub fn pid(&self) -> u32 {
-        self.pid
+        self.runtime().pid
     }
 
     /// The run's cgroup, where there are cgroups.
     pub fn cgroup(&self) -> Option<&Cgroup> {
-        self.cgroup.as_ref()
-    }
-
-    /// Stops the proxy and the child (`SIGTERM` to every process of the
-    /// run, the grace, `SIGKILL`), reaps it, removes its cgroup, and says
-    /// how it ended.
-    pub async fn terminate(mut self) -> String {
-        self.proxy_stop.shutdown();
-        self.stop.cancel();
-        if let Some(supervisor) = self.supervisor.take()
-            && let Err(error) = supervisor.await
-        {
-            warn!(pid = self.pid, %error, "the supervisor task failed");
-        }
-        let reason =
-            self.exited.borrow().clone().unwrap_or_else(|| {
-                "the agent program's supervisor ended without a word".to_owned()
-            });
-        if let Some(proxy) = self.proxy.take() {
-            match proxy.await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => warn!(pid = self.pid, %error, "the proxy failed"),
-                Err(error) => warn!(pid = self.pid, %error, "the proxy task failed"),
-            }
-        }
-        // The pipes end with the run's processes; without a cgroup a
-        // descendant that left the group may hold them open, so its output
-        // is not waited for past the grace.
-        for mut log in std::mem::take(&mut self.logs) {
-            if tokio::time::timeout(self.grace, &mut log).await.is_err() {
-                log.abort();
-            }
-        }
-        info!(pid = self.pid, %reason, "exec container stopped");
-        reason
-    }
-}
-
-impl Container for ExecContainer {
-    fn proxy_url(&self) -> &str {
-        &self.url
-    }
-
-    fn ended(&mut self) -> BoxFuture<'_, String> {
-        Box::pin(async move {
-            match self.exited.wait_for(Option::is_some).await {
-                Ok(reason) => reason.clone().unwrap_or_default(),
-                Err(_) => "the agent program's supervisor is gone".to_owned(),
-            }
-        })
-    }
-
-    fn stop(self: Box<Self>) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            (*self).terminate().await;
-        })
-    }
-}
-
-impl Drop for ExecContainer {
-    /// Dropped without `stop`, the container still ends: the supervisor
-    /// terminates and reaps the child, the proxy shuts down.
-    fn drop(&mut self) {
-        self.proxy_stop.shutdown();
-        self.stop.cancel();
+        self.runtime().cgroup.as_ref()
     }
 }

@@ -1,0 +1,482 @@
+//! The supervised agent: one agent program's process, from its spawn to its
+//! last release, held the same way whichever runtime started it.
+//!
+//! ```text
+//! spawned ─▶ Supervisor::listening (probe, back off, until ready, exited or late)
+//!              │ not ready: Supervisor::give_up (kill all, reap, release)
+//!              ▼
+//!            Supervisor::serve ─▶ proxy in front ─▶ Supervised (a Container)
+//!              supervisor task: exit by itself │ end now (kill) │ stop (signal, grace, kill)
+//!                               └──▶ how it ended, in words ──▶ the proxy (AgentEnd), `ended`
+//!                                    then release
+//! ```
+//!
+//! Why one module: the exec and oci runtimes differ in how a process
+//! starts, how it is signalled and how a socket to it is made (exec dials
+//! 127.0.0.1 and checks who owns the port; oci makes the socket inside the
+//! run's network namespace), and in nothing else. What a caller and an
+//! operator see of an agent's life is written here once, so it reads the
+//! same under both: the readiness loop and its two failures (`the agent
+//! program did not listen on 127.0.0.1:PORT within 60 s …`, `… exited
+//! before it listened …`), the crash-recovery policy, and the words of an
+//! end (`exited by itself: exit status 3`, memory named when the kernel's
+//! OOM killer was in it, `was stopped: …`). A runtime says only what is its
+//! own, as an [`Agent`].
+//!
+//! The crash-recovery policy: an agent program that ends by itself is
+//! over. How it ended is said at once — to the proxy, so a loop its death
+//! cut short says so in words (`the agent program exited (exit status 3)
+//! before its /run body ended`), and to [`Container::ended`], so the server
+//! ends the run — and then every process of the run is killed and what it
+//! held released. Nothing is restarted: a run's agent holds the state of
+//! its registration, and another process would not.
+
+use std::future::Future;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use runloop_proxy::Proxy;
+use tokio::process::Child;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use super::output::{OutputLimit, log_output};
+use super::{BoxFuture, Container};
+
+/// The first pause between two readiness probes; each pause doubles, up
+/// to [`LAST_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(2);
+const LAST_PAUSE: Duration = Duration::from_millis(50);
+
+/// What a runtime says of its agent program: how to reach it, signal it,
+/// kill it and release what it held. The process itself (the [`Child`]
+/// whose exit is the agent's end) is the [`Supervisor`]'s.
+pub trait Agent: Send + Sync + 'static {
+    /// What the agent is called in the words of its end (`the agent
+    /// program`, `the container`).
+    const WHAT: &'static str;
+
+    /// One readiness probe: `Ok(true)` once the agent program accepts a
+    /// connection made the runtime's way and it is the run's own,
+    /// `Ok(false)` while nothing listens.
+    fn probe(&self) -> impl Future<Output = Result<bool, NotReady>> + Send;
+
+    /// The process's exit status in words (`exit status 3`, `killed by
+    /// signal 9`).
+    fn describe(&self, status: io::Result<ExitStatus>) -> String {
+        describe(status)
+    }
+
+    /// How many of the run's processes the kernel killed at its memory
+    /// limit; `None` where that cannot be read.
+    fn oom_kills(&self) -> Option<u64>;
+
+    /// Asks every process of the run to stop.
+    fn signal_stop(&self) -> impl Future<Output = ()> + Send;
+
+    /// Kills every process of the run.
+    fn kill(&self) -> impl Future<Output = ()> + Send;
+
+    /// Releases what the run held, once its process has been reaped.
+    fn release(self) -> impl Future<Output = ()> + Send;
+
+    /// Where the supervisor task runs: on the runtime (`None`, the
+    /// default), or on the tracker of a runtime that waits for its
+    /// supervisors before it exits.
+    fn tracker(&self) -> Option<TaskTracker> {
+        None
+    }
+}
+
+/// Why an agent did not become ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotReady {
+    /// Another process listens where the agent program should: a runtime
+    /// that can tries another place.
+    Taken,
+    /// Its process exited first; the words say how.
+    Exited(String),
+    /// Time ran out, or a probe could not be made; the words say which.
+    Failed(String),
+}
+
+impl NotReady {
+    /// What the caller is told.
+    pub fn words(self) -> String {
+        match self {
+            NotReady::Taken => "another process listens on the agent program's port".to_owned(),
+            NotReady::Exited(why) | NotReady::Failed(why) => why,
+        }
+    }
+}
+
+/// An agent program's process from its spawn until it serves (or is given
+/// up on): its output logged, the watches its end will be told on.
+#[derive(Debug)]
+pub struct Supervisor {
+    name: Arc<str>,
+    child: Child,
+    logs: Vec<JoinHandle<()>>,
+    grace: Duration,
+    stop: CancellationToken,
+    end_now: CancellationToken,
+    exited: watch::Sender<Option<String>>,
+}
+
+impl Supervisor {
+    /// Takes `child` (called `name` in the log, whose output is logged
+    /// within `output`); `stop` stops it once it serves, and a stopped
+    /// agent has `grace` between its stop signal and the kill.
+    pub fn new(
+        mut child: Child,
+        name: Arc<str>,
+        output: OutputLimit,
+        stop: CancellationToken,
+        grace: Duration,
+    ) -> Supervisor {
+        let pid = child.id().unwrap_or_default();
+        let logs = log_output(&mut child, Arc::clone(&name), pid, output);
+        Supervisor {
+            name,
+            child,
+            logs,
+            grace,
+            stop,
+            end_now: CancellationToken::new(),
+            exited: watch::channel(None).0,
+        }
+    }
+
+    /// The process's id (`0` once it has been reaped).
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or_default()
+    }
+
+    /// What stops the agent (and its proxy, and whatever else watches it).
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    /// Cancelled, it kills the agent at once, and its end is reported as
+    /// an end by itself (the oci link does, when the kernel's OOM killer
+    /// was in the run).
+    pub fn end_now(&self) -> &CancellationToken {
+        &self.end_now
+    }
+
+    /// The words of the agent's end once it has ended, as
+    /// [`Container::ended`] says them.
+    pub fn ends(&self) -> watch::Receiver<Option<String>> {
+        self.exited.subscribe()
+    }
+
+    /// Waits until `agent` is ready (probed at growing intervals), its
+    /// process exits, or `timeout` has passed; `port` is where it must
+    /// listen, `127.0.0.1:$PORT` in every runtime.
+    pub async fn listening<A: Agent>(
+        &mut self,
+        agent: &A,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<(), NotReady> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = FIRST_PAUSE;
+        loop {
+            if agent.probe().await? {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(NotReady::Failed(format!(
+                    "the agent program did not listen on 127.0.0.1:{port} within {} s: it must \
+                     listen on 127.0.0.1:$PORT (here {port})",
+                    timeout.as_secs_f64()
+                )));
+            }
+            tokio::select! {
+                status = self.child.wait() => {
+                    return Err(NotReady::Exited(format!(
+                        "the agent program exited before it listened on 127.0.0.1:{port}: {}",
+                        how(agent, status)
+                    )));
+                }
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(LAST_PAUSE);
+        }
+    }
+
+    /// Ends an agent that will not serve: kills every process of the run,
+    /// reaps the process, releases what the run held.
+    pub async fn give_up<A: Agent>(mut self, agent: A) {
+        self.stop.cancel();
+        agent.kill().await;
+        // The process itself too, should it be outside what `kill` reaches
+        // (runc, while it still makes the container).
+        let _ = self.child.start_kill();
+        let status = self.child.wait().await;
+        debug!(agent = %self.name, status = %agent.describe(status), "reaped");
+        agent.release().await;
+        for log in self.logs {
+            log.abort();
+        }
+    }
+
+    /// Puts a proxy in front of the agent, which it reaches at `target`,
+    /// and hands the process to its supervisor task: the agent serves, as
+    /// a [`Supervised`] that also waits for `tasks` when it stops and
+    /// carries `runtime`, what its runtime says of it. A proxy that cannot
+    /// be bound gives the agent up.
+    pub async fn serve<A: Agent, T>(
+        self,
+        agent: A,
+        target: SocketAddr,
+        tasks: Vec<JoinHandle<()>>,
+        runtime: T,
+    ) -> Result<Supervised<T>, String> {
+        let proxy = match Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), target).await {
+            Ok(proxy) => proxy,
+            Err(error) => {
+                self.give_up(agent).await;
+                return Err(format!("cannot bind the proxy: {error}"));
+            }
+        };
+        let url = format!("ws://{}", proxy.local_addr());
+        let Supervisor {
+            name,
+            child,
+            logs,
+            grace,
+            stop,
+            end_now,
+            exited,
+        } = self;
+        let (died, agent_end) = watch::channel(None);
+        let (handle, serving) = proxy.with_agent_end(agent_end).spawn();
+        let mut tasks = tasks;
+        // The proxy ends with the agent.
+        let proxy_stop = stop.clone();
+        let proxy_name = Arc::clone(&name);
+        tasks.push(tokio::spawn(async move {
+            proxy_stop.cancelled().await;
+            handle.shutdown();
+            match serving.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => warn!(agent = %proxy_name, %error, "the proxy failed"),
+                Err(error) => warn!(agent = %proxy_name, %error, "the proxy task failed"),
+            }
+        }));
+        let ends = exited.subscribe();
+        let watched = Watched {
+            name: Arc::clone(&name),
+            child,
+            grace,
+            stop: stop.clone(),
+            end_now,
+            exited,
+            died,
+        };
+        let supervisor = match agent.tracker() {
+            Some(tracker) => tracker.spawn(watched.supervise(agent)),
+            None => tokio::spawn(watched.supervise(agent)),
+        };
+        Ok(Supervised {
+            name,
+            what: A::WHAT,
+            url,
+            grace,
+            stop,
+            supervisor: Some(supervisor),
+            tasks,
+            logs,
+            exited: ends,
+            runtime,
+        })
+    }
+}
+
+/// What the supervisor task owns.
+struct Watched {
+    name: Arc<str>,
+    child: Child,
+    grace: Duration,
+    stop: CancellationToken,
+    end_now: CancellationToken,
+    exited: watch::Sender<Option<String>>,
+    /// How it ended, for the proxy.
+    died: watch::Sender<Option<String>>,
+}
+
+impl Watched {
+    /// Owns the process until it is gone: says how it ended as soon as it
+    /// knows, then releases everything of the run.
+    async fn supervise<A: Agent>(mut self, agent: A) {
+        let name = &self.name;
+        let what = A::WHAT;
+        let reason = tokio::select! {
+            status = self.child.wait() => self.by_itself(&agent, status),
+            () = self.end_now.cancelled() => {
+                agent.kill().await;
+                let status = self.child.wait().await;
+                self.by_itself(&agent, status)
+            }
+            () = self.stop.cancelled() => {
+                agent.signal_stop().await;
+                let status = match tokio::time::timeout(self.grace, self.child.wait()).await {
+                    Ok(status) => status,
+                    Err(_) => {
+                        warn!(agent = %name, grace = ?self.grace, "{what} ignored its stop signal; killing every process in it");
+                        agent.kill().await;
+                        self.child.wait().await
+                    }
+                };
+                let reason = format!("{what} was stopped: {}", agent.describe(status));
+                info!(agent = %name, %reason, "agent ended");
+                reason
+            }
+        };
+        self.exited.send_replace(Some(reason));
+        // The proxy stays until the server stops the run: a loop in
+        // progress must end with the words just told.
+        agent.release().await;
+    }
+
+    /// The words of an end by itself, told to the proxy at once.
+    fn by_itself<A: Agent>(&self, agent: &A, status: io::Result<ExitStatus>) -> String {
+        let how = how(agent, status);
+        self.died.send_replace(Some(how.clone()));
+        let reason = format!("{} exited by itself: {how}", A::WHAT);
+        warn!(agent = %self.name, %reason, "agent ended");
+        reason
+    }
+}
+
+/// How an agent's process ended, saying so when the memory limit killed
+/// some of the run.
+fn how<A: Agent>(agent: &A, status: io::Result<ExitStatus>) -> String {
+    let status = agent.describe(status);
+    match agent.oom_kills() {
+        Some(kills) if kills > 0 => format!(
+            "{status}; it ran out of memory: the kernel killed {kills} of its processes at the \
+             run's memory limit"
+        ),
+        _ => status,
+    }
+}
+
+/// An exit status in words.
+pub fn describe(status: io::Result<ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => format!("exit status {code}"),
+            (None, Some(signal)) => format!("killed by signal {signal}"),
+            (None, None) => status.to_string(),
+        },
+        Err(error) => format!("its status could not be read: {error}"),
+    }
+}
+
+/// A supervised agent that serves, as the server sees it: its proxy's URL,
+/// its end, its stop; and `T`, what its runtime says of it.
+#[derive(Debug)]
+pub struct Supervised<T> {
+    name: Arc<str>,
+    what: &'static str,
+    url: String,
+    grace: Duration,
+    stop: CancellationToken,
+    supervisor: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+    logs: Vec<JoinHandle<()>>,
+    exited: watch::Receiver<Option<String>>,
+    runtime: T,
+}
+
+impl<T> Supervised<T> {
+    /// What its runtime says of it.
+    pub fn runtime(&self) -> &T {
+        &self.runtime
+    }
+
+    /// Stops the agent (its stop signal, the grace, then a kill of every
+    /// process of the run), waits until all it held is released and its
+    /// proxy is down, and says how it ended.
+    pub async fn terminate(mut self) -> String {
+        self.stop.cancel();
+        if let Some(supervisor) = self.supervisor.take()
+            && let Err(error) = supervisor.await
+        {
+            warn!(agent = %self.name, %error, "the supervisor task failed");
+        }
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+        // The pipes end with the run's processes; a descendant that left
+        // the run (no cgroups) may hold them open, so its output is not
+        // waited for past the grace.
+        for mut log in std::mem::take(&mut self.logs) {
+            if tokio::time::timeout(self.grace, &mut log).await.is_err() {
+                log.abort();
+            }
+        }
+        let reason = self
+            .exited
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| format!("{}'s supervisor ended without a word", self.what));
+        info!(agent = %self.name, %reason, "container stopped");
+        reason
+    }
+}
+
+impl<T: Send + std::fmt::Debug + 'static> Container for Supervised<T> {
+    fn proxy_url(&self) -> &str {
+        &self.url
+    }
+
+    fn ended(&mut self) -> BoxFuture<'_, String> {
+        Box::pin(async move {
+            match self.exited.wait_for(Option::is_some).await {
+                Ok(reason) => reason.clone().unwrap_or_default(),
+                Err(_) => format!("{}'s supervisor is gone", self.what),
+            }
+        })
+    }
+
+    fn stop(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            (*self).terminate().await;
+        })
+    }
+}
+
+impl<T> Drop for Supervised<T> {
+    /// Dropped without `stop`, the agent still ends: its supervisor stops
+    /// it and releases what it held, its proxy shuts down.
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn a_status_reads_as_its_code_or_its_signal() {
+        assert_eq!(describe(Ok(ExitStatus::from_raw(3 << 8))), "exit status 3");
+        assert_eq!(describe(Ok(ExitStatus::from_raw(9))), "killed by signal 9");
+        assert_eq!(
+            describe(Err(io::Error::other("gone"))),
+            "its status could not be read: gone"
+        );
+    }
+}
