@@ -8,6 +8,7 @@
  *   stubborn  ignores SIGTERM, forks children that ignore it too (one in a
  *             session of its own), and answers one chunk
  *   once      exits right after its first connection (the readiness probe)
+ *   dies      one chunk, then exits with status 3 in the middle of its loop
  *   silent    never listens
  *   tenant MS registers once only (a second registration is refused and
  *             says "crossing"); a loop waits MS milliseconds, then answers
@@ -182,6 +183,10 @@ static void run_loop(int fd, const char *body) {
         send_event(fd, text);
         send_str(fd, "0\r\n\r\n");
         return;
+    }
+    if (strcmp(mode, "dies") == 0) {
+        send_event(fd, "dying");
+        exit(3);
     }
     if (strcmp(mode, "memory") == 0) {
         send_event(fd, "allocating");

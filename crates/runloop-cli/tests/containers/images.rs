@@ -6,8 +6,8 @@
 //!   `127.0.0.1:$PORT`, the loopback of the run's own network namespace,
 //!   exactly as under exec;
 //! - `hog MODE`: a small static C program (`hog.c`) that misbehaves as
-//!   asked: `memory`, `disk`, `stubborn`, `once`, `silent`, `tenant`,
-//!   `reach`.
+//!   asked: `memory`, `disk`, `stubborn`, `once`, `dies`, `silent`,
+//!   `tenant`, `reach`.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -389,6 +389,40 @@ fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
     assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
 
+#[test]
+fn an_agent_that_dies_mid_loop_is_reported_to_the_caller_in_words() {
+    if !ready() {
+        return;
+    }
+    let images = Images::get();
+    let (dies, digest) = images.hog_layout("dies");
+    let server = Server::start(&[format!("dies=oci:{}", dies.display())], &[]);
+    let output = server.run(&format!("dies@{digest}"), "64M", "4M", "x");
+    let lines = json_lines(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{output:?}\n{}",
+        server.log()
+    );
+    let chunks = chunks(&lines);
+    assert_eq!(chunks.len(), 1, "{lines:?}");
+    assert!(chunks[0].contains("dying"), "{chunks:?}");
+    // The runtime's words, not the HTTP client's account of a connection.
+    let error = error_text(&lines);
+    assert!(
+        error.contains("the agent program exited (exit status 3) before its /run body ended"),
+        "{error}\n{}",
+        server.log()
+    );
+    assert_eq!(lines.last().expect("outcome")["outcome"], "unfinished");
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(keys.len(), 1, "one container ran");
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
 /// The numbers the disk hog reports: (memory limit, tmp error, tmp bytes,
 /// root error, root bytes).
 fn disk_report(lines: &[Value]) -> (i64, String, u64, String, u64) {
