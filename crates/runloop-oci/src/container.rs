@@ -44,7 +44,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use runloop_runtime::supervised::{Agent, NotReady, Supervised, Supervisor};
+use runloop_runtime::supervised::{self, Agent, NotReady, Supervised, Supervisor};
 use runloop_runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use tokio::process::Child;
 use tokio::sync::watch;
@@ -250,10 +250,7 @@ impl Runtime for OciRuntime {
         &self,
         limits: ContainerLimits,
     ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
-        Box::pin(async move {
-            let container: Box<dyn Container> = Box::new(self.spawn(limits).await?);
-            Ok(container)
-        })
+        supervised::boxed(self.spawn(limits))
     }
 }
 

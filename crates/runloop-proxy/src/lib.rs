@@ -64,13 +64,15 @@
 //!               each event's data whole or, past 64 KiB, in pieces
 //! run.rs        the /agent/run path: the loop, one [0] message per event,
 //!               fragmented when the event came in pieces
+//! handshake.rs  the upgrade that picks the path, or a 503 with the reason
 //! path.rs       one exchange on a path: the ask, the server leaving, the
 //!               frames of a message, the end
 //! register.rs   the /agent/register path: one [0] or [1][error]
 //! state.rs      the claims: one registration per life, one loop at a time
-//! mod.rs        the listener: each connection's handshake picks its path
+//! lib.rs        the listener: each connection to its path
 //! ```
 
+mod handshake;
 mod path;
 mod register;
 mod run;
@@ -87,13 +89,11 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
-use tokio_tungstenite::tungstenite::http::StatusCode;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info};
 
+use self::handshake::Path;
 use self::state::State;
 use self::upstream::Upstream;
 use runloop_metrics::ProxyMetrics;
@@ -117,7 +117,9 @@ pub struct ProxyConfig {
     pub max_event: usize,
     /// The most of a non-2xx body that is kept for the error.
     pub max_error_body: usize,
-    /// How long a connection may take to finish its WebSocket handshake.
+    /// How long a connection may wait for its request's first byte (then
+    /// it is answered `503`), and then take to finish its WebSocket
+    /// handshake.
     pub handshake_timeout: Duration,
     /// How long the end of an answer (its last message and the close
     /// handshake) may take, even while the proxy shuts down.
@@ -308,55 +310,14 @@ impl Drop for PathOpen<'_> {
     }
 }
 
-/// The two paths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Path {
-    Register,
-    Run,
-}
-
 /// One connection: the handshake picks the path, the path's task serves it.
 async fn connection(stream: TcpStream, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let mut path = None;
-    // The error type is tungstenite's handshake response, not ours to shrink.
-    #[allow(clippy::result_large_err)]
-    let pick = |request: &Request, response: Response| match request.uri().path() {
-        "/agent/register" => {
-            path = Some(Path::Register);
-            Ok(response)
-        }
-        "/agent/run" => {
-            path = Some(Path::Run);
-            Ok(response)
-        }
-        other => {
-            let mut refusal = ErrorResponse::new(Some(format!("no such path: {other}\n")));
-            *refusal.status_mut() = StatusCode::NOT_FOUND;
-            Err(refusal)
-        }
-    };
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(shared.config.max_ask))
-        .max_frame_size(Some(shared.config.max_ask));
-    let handshake = tokio_tungstenite::accept_hdr_async_with_config(stream, pick, Some(config));
-    let ws = tokio::select! {
-        () = shutdown.cancelled() => return,
-        done = tokio::time::timeout(shared.config.handshake_timeout, handshake) => match done {
-            Ok(Ok(ws)) => ws,
-            Ok(Err(error)) => {
-                debug!(%error, "handshake refused or failed");
-                return;
-            }
-            Err(_) => {
-                debug!("handshake timed out");
-                return;
-            }
-        },
+    let Some((ws, path)) = handshake::accept(stream, &shared.config, &shutdown).await else {
+        return;
     };
     let _open = PathOpen::new(&shared.metrics);
     match path {
-        Some(Path::Register) => register::serve(ws, &shared, &shutdown).await,
-        Some(Path::Run) => run::serve(ws, &shared, &shutdown).await,
-        None => debug!("handshake accepted without a path"),
+        Path::Register => register::serve(ws, &shared, &shutdown).await,
+        Path::Run => run::serve(ws, &shared, &shutdown).await,
     }
 }

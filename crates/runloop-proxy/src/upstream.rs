@@ -19,6 +19,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 
 use bytes::{Bytes, BytesMut};
 use reqwest::header::{
@@ -100,6 +101,35 @@ impl Framing {
     }
 }
 
+/// The HTTP client every proxy of this process calls its agent program
+/// with, built on first use.
+///
+/// Why one: building a client is not free where the process links a TLS
+/// backend (a server with containers does, for registries): it loads the
+/// system's CA bundle, about 50 ms of CPU, on the async runtime's thread.
+/// Built per proxy, 400 container starts at once held the runtime's
+/// threads for 20 s, long enough for the server's own dial of a proxy to
+/// wait out the proxy's handshake timeout. The proxy speaks plain HTTP to
+/// loopback and never needs those roots.
+///
+/// It keeps no idle connection (`pool_max_idle_per_host(0)`): a connection
+/// lives as long as its one request, so no connection made for one run is
+/// ever offered to another.
+fn client() -> io::Result<reqwest::Client> {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    if let Some(client) = CLIENT.get() {
+        return Ok(client.clone());
+    }
+    let client = reqwest::Client::builder()
+        // The agent program is on the container's loopback: a proxy from
+        // the environment would be wrong.
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .map_err(io::Error::other)?;
+    Ok(CLIENT.get_or_init(|| client).clone())
+}
+
 /// An HTTP client bound to one agent program.
 #[derive(Debug, Clone)]
 pub(super) struct Upstream {
@@ -112,14 +142,8 @@ pub(super) struct Upstream {
 impl Upstream {
     /// A client for the agent program at `agent`.
     pub(super) fn new(agent: SocketAddr, max_error_body: usize) -> io::Result<Upstream> {
-        let client = reqwest::Client::builder()
-            // The agent program is on the container's loopback: a proxy from
-            // the environment would be wrong.
-            .no_proxy()
-            .build()
-            .map_err(io::Error::other)?;
         Ok(Upstream {
-            client,
+            client: client()?,
             register_url: format!("http://{agent}/register"),
             run_url: format!("http://{agent}/run"),
             max_error_body,

@@ -48,7 +48,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::output::{OutputLimit, log_output};
-use super::{BoxFuture, Container};
+use super::{BoxFuture, Container, StartError};
 
 /// The first pause between two readiness probes; each pause doubles, up
 /// to [`LAST_PAUSE`].
@@ -152,11 +152,6 @@ impl Supervisor {
             end_now: CancellationToken::new(),
             exited: watch::channel(None).0,
         }
-    }
-
-    /// The process's id (`0` once it has been reaped).
-    pub fn pid(&self) -> u32 {
-        self.child.id().unwrap_or_default()
     }
 
     /// What stops the agent (and its proxy, and whatever else watches it).
@@ -436,6 +431,19 @@ impl<T> Supervised<T> {
     }
 }
 
+/// A runtime's start of a supervised agent, boxed as [`Runtime::start`]
+/// returns it.
+///
+/// [`Runtime::start`]: super::Runtime::start
+pub fn boxed<'a, T: Send + std::fmt::Debug + 'static>(
+    start: impl Future<Output = Result<Supervised<T>, StartError>> + Send + 'a,
+) -> BoxFuture<'a, Result<Box<dyn Container>, StartError>> {
+    Box::pin(async move {
+        let container: Box<dyn Container> = Box::new(start.await?);
+        Ok(container)
+    })
+}
+
 impl<T: Send + std::fmt::Debug + 'static> Container for Supervised<T> {
     fn proxy_url(&self) -> &str {
         &self.url
@@ -469,6 +477,143 @@ impl<T> Drop for Supervised<T> {
 mod tests {
     use super::*;
     use std::os::unix::process::ExitStatusExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// An agent of a test's own: a shell, ready or never, released into a
+    /// flag.
+    struct Fake {
+        pid: u32,
+        ready: bool,
+        released: Arc<AtomicBool>,
+    }
+
+    impl Fake {
+        fn signal(&self, signal: libc::c_int) {
+            // SAFETY: a system call on integers, to the test's own child.
+            unsafe {
+                libc::kill(self.pid as libc::pid_t, signal);
+            }
+        }
+    }
+
+    impl Agent for Fake {
+        const WHAT: &'static str = "the fake";
+
+        async fn probe(&self) -> Result<bool, NotReady> {
+            Ok(self.ready)
+        }
+
+        fn oom_kills(&self) -> Option<u64> {
+            None
+        }
+
+        async fn signal_stop(&self) {
+            self.signal(libc::SIGTERM);
+        }
+
+        async fn kill(&self) {
+            self.signal(libc::SIGKILL);
+        }
+
+        async fn release(self) {
+            self.released.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// `sh -c script` under a supervisor, and its agent.
+    fn shell(script: &str, ready: bool) -> (Supervisor, Fake) {
+        let child = tokio::process::Command::new("sh")
+            .args(["-c", script])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("sh starts");
+        let fake = Fake {
+            pid: child.id().expect("a pid"),
+            ready,
+            released: Arc::default(),
+        };
+        let supervisor = Supervisor::new(
+            child,
+            Arc::from("sh"),
+            OutputLimit::default(),
+            CancellationToken::new(),
+            Duration::from_secs(5),
+        );
+        (supervisor, fake)
+    }
+
+    /// `sh -c script`, ready at once and serving (its proxy's agent is a
+    /// loopback address nothing listens on), and the flag of its release.
+    async fn serving(script: &str) -> (Supervised<()>, Arc<AtomicBool>) {
+        let (mut supervisor, fake) = shell(script, true);
+        let released = Arc::clone(&fake.released);
+        supervisor
+            .listening(&fake, 9, Duration::from_secs(30))
+            .await
+            .expect("ready");
+        let nowhere = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|listener| listener.local_addr())
+            .expect("an address");
+        let container = supervisor
+            .serve(fake, nowhere, Vec::new(), ())
+            .await
+            .expect("serves");
+        (container, released)
+    }
+
+    #[tokio::test]
+    async fn a_start_that_is_late_or_exits_first_says_so_in_one_message_each() {
+        let (mut supervisor, fake) = shell("exec sleep 30", false);
+        let late = supervisor
+            .listening(&fake, 9, Duration::from_millis(50))
+            .await;
+        assert_eq!(
+            late,
+            Err(NotReady::Failed(
+                "the agent program did not listen on 127.0.0.1:9 within 0.05 s: it must listen \
+                 on 127.0.0.1:$PORT (here 9)"
+                    .to_owned()
+            ))
+        );
+        let released = Arc::clone(&fake.released);
+        supervisor.give_up(fake).await;
+        assert!(released.load(Ordering::SeqCst), "given up, it is released");
+
+        let (mut supervisor, fake) = shell("exit 3", false);
+        let exited = supervisor
+            .listening(&fake, 9, Duration::from_secs(30))
+            .await;
+        assert_eq!(
+            exited,
+            Err(NotReady::Exited(
+                "the agent program exited before it listened on 127.0.0.1:9: exit status 3"
+                    .to_owned()
+            ))
+        );
+        supervisor.give_up(fake).await;
+    }
+
+    #[tokio::test]
+    async fn an_end_by_itself_is_said_at_once_then_the_run_is_released() {
+        let (mut container, released) = serving("exit 3").await;
+        assert!(container.proxy_url().starts_with("ws://127.0.0.1:"));
+        let reason = container.ended().await;
+        assert_eq!(reason, "the fake exited by itself: exit status 3");
+        assert_eq!(container.terminate().await, reason);
+        assert!(released.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_stop_signals_and_says_how_it_ended() {
+        let (container, released) = serving("exec sleep 30").await;
+        assert_eq!(
+            container.terminate().await,
+            "the fake was stopped: killed by signal 15"
+        );
+        assert!(released.load(Ordering::SeqCst));
+    }
 
     #[test]
     fn a_status_reads_as_its_code_or_its_signal() {

@@ -12,6 +12,7 @@
 //! to log a healthy exchange as a broken one. A proxy that does not finish
 //! the handshake within [`CLOSE_GRACE`] has its socket dropped.
 
+use std::fmt;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -21,7 +22,8 @@ use runloop_proto::{Decode, Encode, ErrorKind};
 use serde_json::value::RawValue;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::error::UrlError;
+use tokio_tungstenite::tungstenite::error::{ProtocolError, UrlError};
+use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async_with_config};
 use tracing::debug;
@@ -42,14 +44,75 @@ pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// larger pieces, below the WebSocket ([`ReadAhead`]).
 pub(crate) const READ_BUFFER: usize = 4 << 10;
 
+/// How many times a path is dialled while the proxy says, before the path
+/// opened, that it cannot take it now.
+const OPEN_ATTEMPTS: u32 = 3;
+
+/// The pause before the second dial; the third waits twice as long.
+const OPEN_PAUSE: Duration = Duration::from_millis(50);
+
 /// Opens `path` (`/agent/run`, …) on the proxy at `base` (`ws://host:port`),
 /// Nagle off.
+///
+/// A proxy that refused the path before it opened (`503`, or its side
+/// closed or reset before it answered) is dialled again, up to
+/// [`OPEN_ATTEMPTS`] times: nothing of the path reached the agent program
+/// yet, so a second dial is safe, and a busy moment (the proxy's handshake
+/// timeout ran out while this process was too busy to send its request)
+/// does not fail a start that can be served.
 ///
 /// The dial and the handshake are a large future (several KiB), boxed so
 /// that it is held only while it runs: the relay that awaits it lives as
 /// long as its loop, and a server holds one per loop.
-pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path, WsError> {
-    Box::pin(dial(format!("{base}{path}"), limits)).await
+pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path, Unopened> {
+    let url = format!("{base}{path}");
+    let mut attempt = 1;
+    loop {
+        match Box::pin(dial(url.clone(), limits)).await {
+            Err(error) if attempt < OPEN_ATTEMPTS && refused_before_open(&error) => {
+                debug!(%error, attempt, %url, "the proxy did not open the path; dialling again");
+                tokio::time::sleep(OPEN_PAUSE * attempt).await;
+                attempt += 1;
+            }
+            dialled => return dialled.map_err(Unopened),
+        }
+    }
+}
+
+/// Whether the proxy turned the dial away before the path opened: a `503`,
+/// or its side of the connection ended before it answered.
+fn refused_before_open(error: &WsError) -> bool {
+    match error {
+        WsError::Http(response) => response.status() == StatusCode::SERVICE_UNAVAILABLE,
+        WsError::Protocol(ProtocolError::HandshakeIncomplete) => true,
+        WsError::Io(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+        _ => false,
+    }
+}
+
+/// Why a proxy path did not open: the WebSocket's error, with the body of
+/// the proxy's answer when it refused the upgrade (which says why).
+#[derive(Debug)]
+pub(crate) struct Unopened(WsError);
+
+impl fmt::Display for Unopened {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let WsError::Http(response) = &self.0 else {
+            return self.0.fmt(f);
+        };
+        write!(f, "the proxy answered HTTP {}", response.status())?;
+        let body = response.body().as_deref().map(String::from_utf8_lossy);
+        match body.as_deref().map(str::trim) {
+            Some(body) if !body.is_empty() => write!(f, ": {body}"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for Unopened {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
 }
 
 async fn dial(url: String, limits: &Limits) -> Result<Path, WsError> {
@@ -135,5 +198,78 @@ pub(crate) async fn close(mut path: Path) {
         Err(_) => {
             debug!(grace = ?CLOSE_GRACE, "the proxy did not finish the close in time; dropping the socket")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// Reads a dial's request and answers it `503` with a reason.
+    async fn turn_away(listener: &TcpListener) {
+        let (mut dial, _) = listener.accept().await.expect("a dial");
+        let mut request = [0u8; 4096];
+        let _ = dial.read(&mut request).await;
+        dial.write_all(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\nConnection: close\r\n\r\nbusy\n",
+        )
+        .await
+        .expect("answers");
+    }
+
+    fn agent() -> Box<RawValue> {
+        RawValue::from_string("{}".to_owned()).expect("JSON")
+    }
+
+    #[tokio::test]
+    async fn a_proxy_that_turned_a_dial_away_with_503_is_dialled_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let base = format!("ws://{}", listener.local_addr().expect("address"));
+        let proxy = tokio::spawn(async move {
+            turn_away(&listener).await;
+            let (dial, _) = listener.accept().await.expect("a second dial");
+            let mut ws = tokio_tungstenite::accept_async(dial)
+                .await
+                .expect("upgrades");
+            let ask = ws.next().await.expect("an ask").expect("read");
+            assert!(matches!(ask, Message::Binary(_)), "{ask:?}");
+            ws.send(Message::Binary(vec![0].into()))
+                .await
+                .expect("answers");
+            while let Some(Ok(_)) = ws.next().await {}
+        });
+        register(&base, &agent(), &Limits::default())
+            .await
+            .expect("registered on the second dial");
+        proxy.await.expect("the proxy's task");
+    }
+
+    #[tokio::test]
+    async fn a_proxy_that_keeps_turning_dials_away_is_reported_with_its_reason() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let base = format!("ws://{}", listener.local_addr().expect("address"));
+        let proxy = tokio::spawn(async move {
+            for _ in 0..OPEN_ATTEMPTS {
+                turn_away(&listener).await;
+            }
+            listener
+        });
+        let error = register(&base, &agent(), &Limits::default())
+            .await
+            .expect_err("refused every time");
+        assert_eq!(
+            error,
+            ErrorValue::kind(
+                ErrorKind::Proxy,
+                "cannot open the proxy's /agent/register: the proxy answered HTTP 503 Service \
+                 Unavailable: busy"
+            )
+        );
+        let listener = proxy.await.expect("the proxy's task");
+        // No dial after the last.
+        let more = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+        assert!(more.is_err(), "dialled more than {OPEN_ATTEMPTS} times");
     }
 }

@@ -39,7 +39,7 @@
 //!    the supervisor itself is dropped (the runtime shuts down) its guard
 //!    kills the run's processes.
 //!
-//! Steps 3 to 5 are the supervised agent's ([`supervised`](super::supervised)),
+//! Steps 3 to 5 are the supervised agent's ([`supervised`]),
 //! the same under every runtime; this runtime says how its program is
 //! reached, signalled and released ([`Agent`]).
 //!
@@ -82,7 +82,7 @@ pub use confine::{Confinement, PARENT};
 
 use super::cgroup::{Bounds, Cgroup, Joiner};
 use super::output::OutputLimit;
-use super::supervised::{Agent, NotReady, Supervised, Supervisor};
+use super::supervised::{self, Agent, NotReady, Supervised, Supervisor};
 use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use port::{Lease, Listener};
 
@@ -361,10 +361,7 @@ impl Runtime for Exec {
         &self,
         limits: ContainerLimits,
     ) -> BoxFuture<'_, Result<Box<dyn Container>, StartError>> {
-        Box::pin(async move {
-            let container: Box<dyn Container> = Box::new(self.spawn(limits).await?);
-            Ok(container)
-        })
+        supervised::boxed(self.spawn(limits))
     }
 
     fn caveat(&self) -> Option<String> {

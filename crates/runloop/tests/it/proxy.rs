@@ -617,3 +617,51 @@ async fn a_body_that_breaks_mid_way_through_a_large_event_abandons_the_path() {
     );
     assert_eq!(done.messages, [chunk(small)], "the first chunk only");
 }
+
+/// A dialler held up past the handshake timeout before it wrote its
+/// request (the server's own task, in a process too busy to run it): the
+/// proxy answers `503` with the reason, and reads the late request, so the
+/// dialler reads why instead of "Handshake not finished".
+#[tokio::test]
+async fn a_dialler_silent_past_the_handshake_timeout_reads_a_503_with_the_reason() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let config = runloop::proxy::ProxyConfig {
+        handshake_timeout: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let proxy = runloop::proxy::Proxy::bind(
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        nobody().await,
+    )
+    .await
+    .expect("binds")
+    .with_config(config);
+    let (handle, _task) = proxy.spawn();
+    let mut dialler = tokio::net::TcpStream::connect(handle.local_addr())
+        .await
+        .expect("connects");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let request = format!(
+        "GET /agent/register HTTP/1.1\r\nHost: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        handle.local_addr()
+    );
+    // The request may meet a socket the proxy has closed (the old code did).
+    let _ = dialler.write_all(request.as_bytes()).await;
+    let mut answer = Vec::new();
+    let read = dialler.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{read:?}: {answer:?}"
+    );
+    assert!(
+        answer.ends_with(
+            "\r\n\r\nno WebSocket request came within 0.2 s of the connection; dial again\n"
+        ),
+        "{answer:?}"
+    );
+    handle.shutdown();
+}
