@@ -1,7 +1,7 @@
 //! One container's life: made, started, watched, stopped and removed.
 //!
 //! ```text
-//! start:  run dir ─▶ disk (ext4, loop) ─▶ overlay root ─▶ netns (lo only) ─▶ config.json
+//! start:  run dir ─▶ disk (ext4, loop) ─▶ overlay root ─▶ netns (lo; egress veth if on) ─▶ config.json
 //!         ─▶ runc run --keep ─▶ agent accepts TCP on 127.0.0.1:PORT in the netns ─▶ link ─▶ proxy
 //!         (any failure, or the start given up on: teardown)
 //! end:    by itself (exit, OOM) or stop: signal, grace, SIGKILL to all, runc delete,
@@ -197,6 +197,7 @@ impl OciRuntime {
         let netns = network::create(key)
             .await
             .map_err(|error| format!("cannot make the run's network: {error}"))?;
+        self.egress(key, &dir).await?;
         let user = user::resolve(&self.image.rootfs, process.user.as_deref())?;
         if user.uid >= ids.uids.count || user.gid >= ids.gids.count {
             return Err(format!(
@@ -236,6 +237,21 @@ impl OciRuntime {
             .map_err(|error| format!("cannot start runc: {error}"))?;
         info!(%key, image = %self.image.image.digest, memory = limits.memory, disk = limits.disk, "container starting");
         Ok((netns, child))
+    }
+}
+
+impl OciRuntime {
+    /// Gives the run its way out, when the host has egress on.
+    async fn egress(&self, key: &str, dir: &Path) -> Result<(), String> {
+        let Some(egress) = self.host.egress() else {
+            return Ok(());
+        };
+        let link = egress
+            .attach(key, dir)
+            .await
+            .map_err(|error| format!("cannot give the run its egress link: {error}"))?;
+        info!(%key, link = %link.name, address = %link.run, gateway = %link.host, "container egress");
+        Ok(())
     }
 }
 

@@ -21,7 +21,7 @@
 //! [`image`], [`unpack`], [`store`] — and for `registry` images
 //! [`registry`] before them; then a run: [`host`] (what runs
 //! share, checked at startup), [`container`] (one container's life), and
-//! the parts it is made of — [`disk`], [`network`], [`user`], [`bundle`],
+//! the parts it is made of — [`disk`], [`network`], [`egress`], [`user`], [`bundle`],
 //! [`runc`], [`cgroup`], [`link`], [`command`].
 
 pub mod bundle;
@@ -31,6 +31,7 @@ pub mod container;
 pub mod digest;
 pub mod disk;
 pub mod distribution;
+pub mod egress;
 pub mod host;
 pub mod image;
 pub mod init;
