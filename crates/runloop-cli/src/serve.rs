@@ -238,6 +238,9 @@ impl Args {
         };
         config.runc = PathBuf::from(config.runtime.name());
         config.init = self.container_init;
+        config.egress = self
+            .container_egress
+            .then_some(self.container_egress_network);
         Ok(config)
     }
 

@@ -13,12 +13,17 @@
  *             says "crossing"); a loop waits MS milliseconds, then answers
  *             one chunk with the letters and digits of its registration and
  *             of its run request: a run can check the agent is its own
- *   reach A:P...  a loop tries to connect to each IPv4 address:port and
+ *   reach A:P...  a loop tries to connect to each IPv4 address:port of
+ *             its arguments, then of its run request (the prompt), and
  *             answers "A:P connected" or "A:P <error>" for each
  *   escape    tries what a hostile image would (escape.c) and answers one
  *             chunk per probe, `NAME: WHAT HAPPENED`
  *   plain     answers one chunk and leaves every signal as it is (PID 1
  *             without an init then ignores SIGTERM)
+ *
+ * With LISTEN_ANY=1 in its environment it listens on every address of
+ * its network namespace (0.0.0.0:$PORT), not only on the loopback: a run
+ * another run must not reach even where it listens.
  *
  * Built static by the tests (gcc -static), so the image needs no libraries.
  */
@@ -171,9 +176,28 @@ static void run_loop(int fd, const char *body) {
     }
     if (strcmp(mode, "reach") == 0) {
         char text[900] = "";
-        for (int i = 2; i < arg_count; i++) {
+        char targets[32][64];
+        int count = 0;
+        for (int i = 2; i < arg_count && count < 32; i++) {
+            snprintf(targets[count++], sizeof targets[0], "%s", args[i]);
+        }
+        /* A:P in the request: a run of digits, dots and a colon. */
+        for (const char *at = body; *at && count < 32;) {
+            size_t len = strspn(at, "0123456789.:");
+            int dots = 0, colons = 0;
+            for (size_t k = 0; k < len; k++) {
+                dots += at[k] == '.';
+                colons += at[k] == ':';
+            }
+            if (len > 0 && len < sizeof targets[0] && dots == 3 && colons == 1) {
+                memcpy(targets[count], at, len);
+                targets[count++][len] = 0;
+            }
+            at += len ? len : 1;
+        }
+        for (int i = 0; i < count; i++) {
             char one[160];
-            reach(args[i], one, sizeof one);
+            reach(targets[i], one, sizeof one);
             if (strlen(text) + strlen(one) + 3 < sizeof text) {
                 if (text[0]) strcat(text, "; ");
                 strcat(text, one);
@@ -288,7 +312,8 @@ int main(int argc, char **argv) {
     struct sockaddr_in addr = {0};
     addr.sin_family = AF_INET;
     addr.sin_port = htons((unsigned short)port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const char *any = getenv("LISTEN_ANY");
+    addr.sin_addr.s_addr = htonl(any && strcmp(any, "1") == 0 ? INADDR_ANY : INADDR_LOOPBACK);
     if (bind(server, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(server, 16) < 0) {
         perror("listen");
         return 1;

@@ -5,8 +5,10 @@
 //! Every test starts its own server on its own store (runs have no address
 //! on the host, so servers need nothing else apart), and checks afterwards
 //! that nothing of its runs is left on the machine: no runc container,
-//! cgroup, network namespace, veth, mount, loop device or run directory.
+//! cgroup, network namespace, veth, nft table, mount, loop device or run
+//! directory.
 
+mod egress;
 mod figures;
 mod hostile;
 mod images;
@@ -269,6 +271,9 @@ fn leftovers(store: &Path, keys: &[String]) -> Vec<String> {
         if line.contains(&store_text) {
             found.push(format!("loop device {line}"));
         }
+    }
+    if egress::table_exists(store) {
+        found.push(format!("nft table {}", runloop_oci::egress::table(store)));
     }
     if let Ok(runs) = fs::read_dir(store.join("runs")) {
         for run in runs.flatten() {
