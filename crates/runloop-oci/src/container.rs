@@ -197,7 +197,7 @@ impl OciRuntime {
         let netns = network::create(key)
             .await
             .map_err(|error| format!("cannot make the run's network: {error}"))?;
-        self.egress(key, &dir).await?;
+        let resolv_conf = self.egress(key, &dir).await?;
         let user = user::resolve(&self.image.rootfs, process.user.as_deref())?;
         if user.uid >= ids.uids.count || user.gid >= ids.gids.count {
             return Err(format!(
@@ -222,6 +222,7 @@ impl OciRuntime {
             init: self.host.init().map(|source| bundle::InitMount {
                 source: source.to_owned(),
             }),
+            resolv_conf,
             sandbox: self.host.runc().kind() == runc::Kind::Runsc,
         }
         .spec()
@@ -241,17 +242,18 @@ impl OciRuntime {
 }
 
 impl OciRuntime {
-    /// Gives the run its way out, when the host has egress on.
-    async fn egress(&self, key: &str, dir: &Path) -> Result<(), String> {
+    /// Gives the run its way out, when the host has egress on; the
+    /// resolver configuration to bind into it, if any.
+    async fn egress(&self, key: &str, dir: &Path) -> Result<Option<PathBuf>, String> {
         let Some(egress) = self.host.egress() else {
-            return Ok(());
+            return Ok(None);
         };
         let link = egress
             .attach(key, dir)
             .await
             .map_err(|error| format!("cannot give the run its egress link: {error}"))?;
         info!(%key, link = %link.name, address = %link.run, gateway = %link.host, "container egress");
-        Ok(())
+        Ok(egress.resolv_conf(dir))
     }
 }
 

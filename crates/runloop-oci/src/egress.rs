@@ -49,7 +49,9 @@
 //!
 //! What is left, a run's own connections out, is masqueraded to the
 //! address of the interface it leaves by. IPv4 forwarding must be on for
-//! that; [`Egress::open`] turns it on if it is off, and says so.
+//! that; [`Egress::open`] turns it on if it is off, and says so. A run
+//! gets the host's name servers it can reach as its `/etc/resolv.conf`
+//! (bound read-only), so that it can look up the APIs it calls.
 //!
 //! **Nothing is left.** A run's directory holds a marker (written before
 //! the claim) and its teardown deletes the run's end of the veth from
@@ -89,6 +91,12 @@ const MARKER: &str = "egress";
 
 /// IPv4 forwarding, host-wide.
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// The host's resolver configuration, which runs with egress get a copy of.
+const RESOLV_CONF: &str = "/etc/resolv.conf";
+
+/// The copy in a run's directory, bound read-only at `/etc/resolv.conf`.
+const RUN_RESOLV_CONF: &str = "resolv.conf";
 
 fn ip() -> &'static OsStr {
     OsStr::new("ip")
@@ -173,6 +181,35 @@ pub struct Link {
     pub host: Ipv4Addr,
     /// The run's address.
     pub run: Ipv4Addr,
+}
+
+/// The resolver configuration a run with egress gets: the host's, less
+/// the name servers a run cannot reach (loopback — the run's own, not the
+/// host's —, link-local and IPv6, which the rules refuse); `None` when
+/// no name server is left, and then the image keeps its own.
+fn resolver(host: &str) -> Option<String> {
+    let mut kept = String::new();
+    let mut servers = 0;
+    for line in host.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => {
+                let reachable = words
+                    .next()
+                    .and_then(|address| address.parse::<Ipv4Addr>().ok())
+                    .is_some_and(|address| !address.is_loopback() && !address.is_link_local());
+                if !reachable {
+                    continue;
+                }
+                servers += 1;
+            }
+            Some("search" | "domain" | "options" | "sortlist") => {}
+            _ => continue,
+        }
+        kept.push_str(line.trim());
+        kept.push('\n');
+    }
+    (servers > 0).then_some(kept)
 }
 
 /// Why egress could not be set up, for the host or for a run.
@@ -267,6 +304,8 @@ pub struct Egress {
     network: EgressNetwork,
     store: PathBuf,
     table: String,
+    /// What runs get as `/etc/resolv.conf`, if anything.
+    resolver: Option<String>,
     /// The slot the next claim tries first: starting at a random one and
     /// moving on keeps two servers from trying the same names in step,
     /// and a run's address from going at once to the next run.
@@ -290,6 +329,12 @@ impl Egress {
                 "turned IPv4 forwarding on for container egress (the host now routes between its interfaces; runs' traffic is held by the nft table)"
             );
         }
+        let resolver = resolver(&std::fs::read_to_string(RESOLV_CONF).unwrap_or_default());
+        if resolver.is_none() {
+            warn!(
+                "{RESOLV_CONF} names no name server a run can reach (loopback, link-local and IPv6 ones are not): runs with egress keep their image's own"
+            );
+        }
         let mut seed = [0u8; 4];
         let _ = getrandom::fill(&mut seed);
         info!(%network, %table, runs = network.slots(), "container egress on");
@@ -297,6 +342,7 @@ impl Egress {
             network,
             store: store.to_owned(),
             table,
+            resolver,
             cursor: AtomicU32::new(u32::from_ne_bytes(seed) % network.slots()),
         })
     }
@@ -311,10 +357,21 @@ impl Egress {
         &self.table
     }
 
+    /// The resolver configuration of the run whose directory is `run`,
+    /// written by [`Egress::attach`], to bind at `/etc/resolv.conf`; `None`
+    /// when runs keep their image's own.
+    pub fn resolv_conf(&self, run: &Path) -> Option<PathBuf> {
+        self.resolver.as_ref().map(|_| run.join(RUN_RESOLV_CONF))
+    }
+
     /// Gives the run `key` (whose directory is `run`, whose namespace is
-    /// made) a /30 and a veth out, its default route through the host.
+    /// made) a /30 and a veth out, its default route through the host, and
+    /// its [`Egress::resolv_conf`].
     pub async fn attach(&self, key: &str, run: &Path) -> Result<Link, EgressError> {
         write(run.join(MARKER), "")?;
+        if let Some(resolver) = &self.resolver {
+            write(run.join(RUN_RESOLV_CONF), resolver)?;
+        }
         let netns = network::namespace(key);
         let slots = self.network.slots();
         let start = self.cursor.fetch_add(1, Ordering::Relaxed) % slots;
@@ -412,6 +469,22 @@ mod tests {
         let one: EgressNetwork = "192.168.7.4/30".parse().expect("parses");
         assert_eq!(one.slots(), 1);
         assert_eq!(one.link(0).name, "rlxc0a80704");
+    }
+
+    #[test]
+    fn runs_get_the_name_servers_they_can_reach() {
+        let host = "# made by hand\nnameserver 127.0.0.53\nnameserver 10.0.0.2\n\
+                    nameserver ::1\nnameserver 169.254.169.253\nnameserver 2001:db8::1\n\
+                    search example.com\noptions edns0 trust-ad\n";
+        assert_eq!(
+            resolver(host).as_deref(),
+            Some("nameserver 10.0.0.2\nsearch example.com\noptions edns0 trust-ad\n")
+        );
+        assert_eq!(
+            resolver("nameserver 127.0.0.53\nsearch example.com\n"),
+            None
+        );
+        assert_eq!(resolver(""), None);
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //!   host service on every address (at the host's address or the run's
 //!   gateway), not another run's agent listening on every address of its
 //!   own, not 169.254.169.254;
+//! - a run with egress gets the host's name servers it can reach as its
+//!   `/etc/resolv.conf`; a run without keeps its image's own;
 //! - a server killed with runs that have egress: a server on another store
 //!   runs beside its veth and nft table untouched, and the next server on
 //!   its store removes them (egress on or off).
@@ -314,10 +316,17 @@ fn a_killed_servers_egress_is_swept_by_the_next_on_its_store_and_disturbs_no_oth
         &["/hog", "reach", &internet.target],
         &["PORT=9090"],
     );
+    let (resolv, resolv_digest) = images.layout(
+        "egress-resolv",
+        &[&images.hog],
+        &["/hog", "cat", "/etc/resolv.conf"],
+    );
     let agents = [
         format!("tenant=oci:{}", tenant.display()),
         format!("reach=oci:{}", reach.display()),
+        format!("resolv=oci:{}", resolv.display()),
     ];
+    let resolv = format!("resolv@{resolv_digest}");
     let egress = ["--container-egress"];
     let scratch = tempfile::tempdir().expect("temp");
     let store: PathBuf = scratch.path().join("store");
@@ -368,8 +377,27 @@ fn a_killed_servers_egress_is_swept_by_the_next_on_its_store_and_disturbs_no_oth
     assert_eq!(output.status.code(), Some(0), "{output:?}\n{}", other.log());
     let report = first_text(&json_lines(&output));
     assert_eq!(report, format!("{} connected", internet.target));
+    // Its resolver configuration: the host's name servers it can reach.
+    let output = run_as(&other.url, &resolv, "{}", "x");
+    assert_eq!(output.status.code(), Some(0), "{output:?}\n{}", other.log());
+    let resolver = first_text(&json_lines(&output));
+    let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    for server in host
+        .lines()
+        .filter_map(|line| line.strip_prefix("nameserver "))
+    {
+        let reachable = server
+            .trim()
+            .parse::<Ipv4Addr>()
+            .is_ok_and(|a| !a.is_loopback() && !a.is_link_local());
+        assert_eq!(
+            resolver.contains(&format!("nameserver {}\n", server.trim())),
+            reachable,
+            "{server}: {resolver:?}"
+        );
+    }
     let theirs = links(&other.log());
-    assert_eq!(theirs.len(), 1);
+    assert_eq!(theirs.len(), 2);
     assert_ne!(theirs[0].address, logged[0].address);
     assert!(link_exists(&logged[0].link) && table_exists(&store));
 
@@ -396,6 +424,12 @@ fn a_killed_servers_egress_is_swept_by_the_next_on_its_store_and_disturbs_no_oth
         format!("{} Network is unreachable", internet.target)
     );
     assert!(links(&next.log()).is_empty());
+    // And keeps its image's resolver configuration (the hog has none).
+    let output = run_as(&next.url, &resolv, "{}", "x");
+    assert_eq!(
+        first_text(&json_lines(&output)),
+        "/etc/resolv.conf: No such file or directory"
+    );
 
     let other_keys = other.keys();
     assert_eq!(other.terminate(), Some(0));
