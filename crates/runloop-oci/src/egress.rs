@@ -382,21 +382,20 @@ impl Egress {
             if Path::new("/sys/class/net").join(&link.name).exists() {
                 continue;
             }
-            let claim = [
-                "link", "add", &link.name, "type", "veth", "peer", "name", INSIDE, "netns", &netns,
-            ];
-            match command::run(ip(), claim, None).await {
+            // The claim, then the host end's address: `ip -batch` stops at
+            // the first failure, and only the claim can find its name held.
+            let claim = format!(
+                "link add {name} up type veth peer name {INSIDE} netns {netns}\n\
+                 addr add {}/30 dev {name}\n",
+                link.host,
+                name = link.name
+            );
+            match command::run(ip(), ["-batch", "-"], Some(&claim)).await {
                 Ok(_) => {}
                 Err(error) if error.says("File exists") => continue,
                 Err(error) => return Err(error.into()),
             }
             self.cursor.store(index + 1, Ordering::Relaxed);
-            let host = format!(
-                "addr add {}/30 dev {name}\nlink set {name} up\n",
-                link.host,
-                name = link.name
-            );
-            command::run(ip(), ["-batch", "-"], Some(&host)).await?;
             let inside = format!(
                 "addr add {}/30 dev {INSIDE}\nlink set {INSIDE} up\nroute add default via {}\n",
                 link.run, link.host
