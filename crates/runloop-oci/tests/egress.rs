@@ -44,10 +44,12 @@ fn inside<T: Send + 'static>(path: &Path, work: impl FnOnce() -> T + Send + 'sta
     .expect("the thread inside")
 }
 
-/// A connection to `target` (2 s at most): what came of it.
+/// A connection to `target` (4 s at most: the kernel rate-limits the
+/// ICMP refusals, so one may come only with the SYN sent again after a
+/// second): what came of it.
 fn dial(target: SocketAddr) -> Result<String, ErrorKind> {
     let mut stream =
-        TcpStream::connect_timeout(&target, Duration::from_secs(2)).map_err(|e| e.kind())?;
+        TcpStream::connect_timeout(&target, Duration::from_secs(4)).map_err(|e| e.kind())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(2)))
         .expect("timeout");

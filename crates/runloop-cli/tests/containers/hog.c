@@ -64,7 +64,9 @@ static void alnum(const char *text, char *out, size_t size) {
     out[n] = 0;
 }
 
-/* reach: tries A:P (connect, 2 s at most); writes the outcome to OUT. */
+/* reach: tries A:P (connect, 4 s at most: a refusal the host sends as
+ * ICMP is rate-limited, and may come with the SYN sent again after 1 s);
+ * writes the outcome to OUT. */
 static void reach(const char *target, char *out, size_t size) {
     char host[64];
     const char *colon = strrchr(target, ':');
@@ -82,7 +84,7 @@ static void reach(const char *target, char *out, size_t size) {
         return;
     }
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct timeval timeout = {2, 0};
+    struct timeval timeout = {4, 0};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
         snprintf(out, size, "%s connected", target);
