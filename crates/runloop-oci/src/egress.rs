@@ -54,10 +54,12 @@
 //! (bound read-only), so that it can look up the APIs it calls.
 //!
 //! **Nothing is left.** A run's directory holds a marker (written before
-//! the claim) and its teardown deletes the run's end of the veth from
-//! inside its namespace ([`detach`]), which deletes the pair, the host
-//! end's name and its route — never another run's, whatever became of
-//! the name. A killed server's runs are swept by the next server on its
+//! the claim, with the run's address after it) and its teardown deletes
+//! the run's end of the veth from inside its namespace ([`detach`]), which
+//! deletes the pair, the host end's name and its route — never another
+//! run's, whatever became of the name — and then the kernel's
+//! connection-tracking entries of the run's address, so that a later run
+//! given the same /30 is sent nothing of this one's connections. A killed server's runs are swept by the next server on its
 //! store the same way, and their veths die with their namespaces anyway.
 //! The store holds a marker while a server's table may exist; the server
 //! deletes its table when it closes, and the next one on the store
@@ -74,6 +76,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use tracing::{info, warn};
 
 use crate::command::{self, CommandError};
+use crate::conntrack;
 use crate::digest::Digest;
 use crate::network;
 
@@ -223,6 +226,15 @@ pub enum EgressError {
     Write {
         /// The file.
         path: PathBuf,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel would not forget a run's connections.
+    #[error("cannot delete the connection-tracking entries of {address}: {source}")]
+    Conntrack {
+        /// The run's address.
+        address: Ipv4Addr,
         /// What failed.
         #[source]
         source: io::Error,
@@ -396,6 +408,8 @@ impl Egress {
                 Err(error) => return Err(error.into()),
             }
             self.cursor.store(index + 1, Ordering::Relaxed);
+            // The run's address, for the teardown to forget its connections.
+            write(run.join(MARKER), &link.run.to_string())?;
             let inside = format!(
                 "addr add {}/30 dev {INSIDE}\nlink set {INSIDE} up\nroute add default via {}\n",
                 link.run, link.host
@@ -435,16 +449,27 @@ pub async fn sweep(store: &Path) {
 
 /// Deletes the veth of the run `key` (directory `run`), if it has one:
 /// its end inside the run's namespace, which takes the host end, its name
-/// and its route with it.
-pub async fn detach(key: &str, run: &Path) -> Result<(), CommandError> {
-    if !run.join(MARKER).exists() || !network::namespace_path(key).exists() {
+/// and its route with it; then has the kernel forget the connections of
+/// its address ([`conntrack::forget`]) — only when the link was there to
+/// delete: until then the address was the run's, afterwards it may be
+/// another's.
+pub async fn detach(key: &str, run: &Path) -> Result<(), EgressError> {
+    let Ok(marker) = std::fs::read_to_string(run.join(MARKER)) else {
+        return Ok(());
+    };
+    if !network::namespace_path(key).exists() {
         return Ok(());
     }
     let netns = network::namespace(key);
     match command::run(ip(), ["-n", &netns, "link", "del", INSIDE], None).await {
-        Err(error) if !error.says("Cannot find device") => Err(error),
-        _ => Ok(()),
+        Err(error) if error.says("Cannot find device") => return Ok(()),
+        Err(error) => return Err(error.into()),
+        Ok(_) => {}
     }
+    if let Ok(address) = marker.trim().parse::<Ipv4Addr>() {
+        conntrack::forget(address).map_err(|source| EgressError::Conntrack { address, source })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

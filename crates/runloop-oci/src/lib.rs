@@ -28,6 +28,7 @@
 pub mod bundle;
 pub mod cgroup;
 pub mod command;
+pub mod conntrack;
 pub mod container;
 pub mod digest;
 pub mod disk;

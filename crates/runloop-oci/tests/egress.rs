@@ -2,7 +2,8 @@
 //! servers' runs (each server its own store and table) get distinct /30s
 //! claimed host-wide, reach a fake internet through NAT, and reach
 //! nothing else — not the host, not each other, not 169.254.169.254, and
-//! nothing reaches them; a killed server's link and table are removed by
+//! nothing reaches them; their tracked connections go with their links; a
+//! killed server's link and table are removed by
 //! the next server on its store, and never by a server on another. Needs
 //! root, `ip` and `nft`.
 
@@ -190,6 +191,13 @@ fn table_exists(table: &str) -> bool {
         .success()
 }
 
+/// How many connection-tracking entries have `address` as their source.
+fn tracked(address: Ipv4Addr) -> usize {
+    let table = std::fs::read_to_string("/proc/net/nf_conntrack").expect("nf_conntrack");
+    let source = format!(" src={address} ");
+    table.lines().filter(|line| line.contains(&source)).count()
+}
+
 /// The host's first global IPv4 address, if it has one.
 fn host_address() -> Option<Ipv4Addr> {
     let output = Command::new("ip")
@@ -311,12 +319,25 @@ async fn two_servers_runs_reach_the_internet_by_nat_and_nothing_else() {
         "a run reached the host's service"
     );
 
-    let links: Vec<String> = runs.iter().map(|run| run.link.name.clone()).collect();
-    for run in runs {
-        run.end().await;
+    // The kernel tracks each run's connections out; the teardown has it
+    // forget them, so that a later run given the /30 is sent nothing of them.
+    let addresses: Vec<Ipv4Addr> = runs.iter().map(|run| run.link.run).collect();
+    for address in &addresses {
+        assert!(tracked(*address) > 0, "{address}: nothing tracked");
     }
-    for link in &links {
-        assert!(!link_exists(link), "{link} is left");
+    // One run's teardown forgets its own, and no other run's.
+    let links: Vec<String> = runs.iter().map(|run| run.link.name.clone()).collect();
+    for (i, run) in runs.into_iter().enumerate() {
+        run.end().await;
+        assert!(!link_exists(&links[i]), "{} is left", links[i]);
+        assert_eq!(tracked(addresses[i]), 0, "{}: still tracked", addresses[i]);
+        for later in &addresses[i + 1..] {
+            assert!(
+                tracked(*later) > 0,
+                "{later}: forgotten with {}",
+                addresses[i]
+            );
+        }
     }
     a.close().await;
     b.close().await;

@@ -299,6 +299,11 @@ fn a_run_with_egress_reaches_the_internet_and_no_host_service_no_other_run() {
         !table_exists(&server.store),
         "the server's nft table is left"
     );
+    let log = server.log();
+    assert!(
+        !log.contains("cannot remove the container's egress link"),
+        "{log}"
+    );
 }
 
 #[test]
