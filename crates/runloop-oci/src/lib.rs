@@ -22,7 +22,8 @@
 //! [`image`], [`unpack`], [`store`] — and for `registry` images
 //! [`registry`] before them; then a run: [`host`] (what runs
 //! share, checked at startup), [`container`] (one container's life), and
-//! the parts it is made of — [`disk`], [`network`], [`egress`], [`user`], [`bundle`],
+//! the parts it is made of — [`disk`], [`network`], [`egress`] (with
+//! [`conntrack`]), [`user`], [`bundle`],
 //! [`runc`], [`cgroup`], [`link`], [`command`].
 
 pub mod bundle;
