@@ -19,7 +19,7 @@
 //! teardown of a start given up on, and then sweeps the store's runs
 //! once more, all before the process exits. Runs have no address on the
 //! host (module [`network`](crate::network)), or, with egress, one the
-//! kernel holds for them alone (module [`egress`](crate::egress)), so the
+//! kernel holds for them alone (module [`egress`]), so the
 //! leftovers of a killed server are never in another server's way,
 //! whichever store it uses. With egress, the server's nft table goes
 //! last, and a killed server's is removed by the next one on its store.
