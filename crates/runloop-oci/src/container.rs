@@ -433,10 +433,11 @@ struct Memory {
 
 impl Watch for Memory {
     fn out_of_memory(&self) -> bool {
-        cgroup::Cgroup::new(self.host.cgroups(), &self.id)
-            .oom_kills()
-            .unwrap_or(0)
-            > 0
+        match cgroup::Cgroup::new(self.host.cgroups(), &self.id).oom_kills() {
+            Some(kills) => kills > 0,
+            // Gone with a runsc sandbox the kernel killed: its log says.
+            None => cgroup::oom_logged(&self.id),
+        }
     }
 
     fn end_for_memory(&self) {
@@ -552,6 +553,11 @@ fn ended_by_itself(host: &Host, id: &str, status: io::Result<ExitStatus>) -> Str
     match cgroup::Cgroup::new(host.cgroups(), id).oom_kills() {
         Some(kills) if kills > 0 => format!(
             "the container ran out of memory: the kernel killed {kills} of its processes at its memory limit ({})",
+            describe(status)
+        ),
+        // runsc: the cgroup, and its count, went with the sandbox.
+        _ if cgroup::oom_logged(id) => format!(
+            "the container ran out of memory: the kernel killed it at its memory limit ({})",
             describe(status)
         ),
         _ => format!("the container exited: {}", describe(status)),

@@ -347,13 +347,6 @@ fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
     if !ready() {
         return;
     }
-    if oci_runtime() == "runsc" {
-        // runsc removes the sandbox's cgroup as it ends (it has no
-        // --keep), so the OOM count is gone when the end is read: the
-        // run ends "killed by signal 9", not "ran out of memory".
-        println!("skipped: under runsc the OOM kill is not named (a known gap)");
-        return;
-    }
     let images = Images::get();
     let (hog, hog_digest) = images.hog_layout("memory");
     let (demo, demo_digest) = images.agent_layout("after-memory");
