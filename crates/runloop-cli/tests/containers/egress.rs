@@ -28,9 +28,13 @@ use super::images::Images;
 use super::isolation::{first_text, host_address, run_as, wait_until};
 use super::{Server, json_lines, leftovers};
 
-/// Whether the machine has `nft` for egress (`skipped: needs …`).
+/// Whether the machine has `nft` for egress, and `nsenter` for the fake
+/// internet (`skipped: needs …`).
 pub fn ready() -> bool {
-    runloop_testkit::needs(&[runloop_testkit::Part::program("nft", "nftables")])
+    runloop_testkit::needs(&[
+        runloop_testkit::Part::program("nft", "nftables"),
+        runloop_testkit::Part::program("nsenter", "util-linux"),
+    ])
 }
 
 /// A `container egress` line of a server's log.
@@ -142,8 +146,13 @@ impl Internet {
         ]);
         ip(&["-n", &name, "link", "set", "eth0", "up"]);
         let port = 8000 + u16::from(slot);
-        let service = Command::new("ip")
-            .args(["netns", "exec", &name])
+        // nsenter, not `ip netns exec`: that makes a mount namespace too,
+        // a private copy of every mount of the moment — other tests' run
+        // disks among them, which it would then hold busy as long as the
+        // service lives.
+        let netns = format!("--net=/run/netns/{name}");
+        let service = Command::new("nsenter")
+            .arg(&netns)
             .arg(hog)
             .args(["tenant", "0"])
             .env("PORT", port.to_string())
@@ -161,8 +170,8 @@ impl Internet {
         let listening = format!("00000000:{port:04X} 00000000:0000 0A");
         assert!(
             wait_until(Duration::from_secs(10), || {
-                Command::new("ip")
-                    .args(["netns", "exec", &internet.name, "cat", "/proc/net/tcp"])
+                Command::new("nsenter")
+                    .args([&netns, "cat", "/proc/net/tcp"])
                     .output()
                     .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&listening))
             }),
@@ -412,7 +421,12 @@ fn a_killed_servers_egress_is_swept_by_the_next_on_its_store_and_disturbs_no_oth
     let next = Server::start_on(scratch, store.clone(), &agents, &[]);
     assert!(!link_exists(&logged[0].link), "{}", next.log());
     assert!(!table_exists(&store), "{}", next.log());
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+    assert_eq!(
+        leftovers(&store, &keys),
+        Vec::<String>::new(),
+        "{}",
+        next.log()
+    );
     assert!(table_exists(&other.store), "the other server's table");
     assert!(
         next.log()
