@@ -376,6 +376,31 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     if !super::ready() {
         return;
     }
+    stopped_servers_leave_nothing(&[]);
+}
+
+#[test]
+fn a_server_with_egress_stopped_while_a_container_starts_or_runs_leaves_nothing() {
+    if !super::ready() || !super::egress::ready() {
+        return;
+    }
+    stopped_servers_leave_nothing(&["--container-egress"]);
+}
+
+/// What of the runs `keys` of `server` is left, egress links included.
+fn left_of(server: &Server, keys: &[String]) -> Vec<String> {
+    let mut left = leftovers(&server.store, keys);
+    for link in super::egress::links(&server.log()) {
+        if super::egress::link_exists(&link.link) {
+            left.push(format!("egress link {link:?}"));
+        }
+    }
+    left
+}
+
+/// A server (with `flags`) stopped while a run starts, runs, or is given
+/// up on, in each way: nothing of its runs is left once it has exited.
+fn stopped_servers_leave_nothing(flags: &[&str]) {
     let images = Images::get();
     let (silent, silent_digest) = images.hog_layout("silent");
     let (demo, demo_digest) = images.agent_layout("stopped-mid-run");
@@ -383,7 +408,8 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
         format!("silent=oci:{}", silent.display()),
         format!("demo=oci:{}", demo.display()),
     ];
-    let extra = ["--container-startup-timeout", "120", "--drain-timeout", "1"];
+    let mut extra = vec!["--container-startup-timeout", "120", "--drain-timeout", "1"];
+    extra.extend_from_slice(flags);
     let silent = format!("silent@{silent_digest}");
     let demo = format!("demo@{demo_digest}");
 
@@ -410,7 +436,7 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     let keys = server.keys();
     assert_eq!(keys.len(), 1, "{}", server.log());
     assert_eq!(
-        leftovers(&server.store, &keys),
+        left_of(&server, &keys),
         Vec::<String>::new(),
         "{}",
         server.log()
@@ -439,7 +465,7 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     );
     let keys = server.keys();
     assert_eq!(
-        leftovers(&server.store, &keys),
+        left_of(&server, &keys),
         Vec::<String>::new(),
         "{}",
         server.log()
@@ -459,11 +485,17 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     run.kill().expect("the caller leaves");
     let _ = run.wait();
     let left = server.keys();
+    // The server still runs: its nft table is its own, not the run's.
+    let of_the_run = || -> Vec<String> {
+        left_of(&server, &left)
+            .into_iter()
+            .filter(|thing| !thing.starts_with("nft table"))
+            .collect()
+    };
     assert!(
-        wait_until(Duration::from_secs(20), || leftovers(&server.store, &left)
-            .is_empty()),
+        wait_until(Duration::from_secs(20), || of_the_run().is_empty()),
         "{:?}\n{}",
-        leftovers(&server.store, &left),
+        of_the_run(),
         server.log()
     );
     let mut run = caller(&server.url, &demo, "slow demo:pace=400 a b c d e f g h i j");
@@ -483,10 +515,15 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     let keys = server.keys();
     assert_eq!(keys.len(), 2);
     assert_eq!(
-        leftovers(&server.store, &keys),
+        left_of(&server, &keys),
         Vec::<String>::new(),
         "{}",
         server.log()
     );
+    // With egress, both runs had a link (the one given up on once it
+    // listened, the one stopped mid-loop).
+    if flags.contains(&"--container-egress") {
+        assert_eq!(super::egress::links(&server.log()).len(), 2);
+    }
     let _ = run.wait();
 }
