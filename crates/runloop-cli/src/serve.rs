@@ -240,6 +240,9 @@ impl Args {
         config.init = self.container_init;
         config.store_max_size = Some(default_store_max_size(&config.store));
         self.limits.apply_host(&mut config);
+        config.egress = self
+            .container_egress
+            .then_some(self.container_egress_network);
         Ok(config)
     }
 

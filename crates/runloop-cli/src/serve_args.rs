@@ -11,6 +11,7 @@ use std::time::Duration;
 use runloop::runtime::AgentSpec;
 use runloop::runtime::output::OutputLimit;
 use runloop::server::Tenants;
+use runloop_oci::egress::EgressNetwork;
 use runloop_oci::user::IdRange;
 
 use crate::limit_table::LimitArgs;
@@ -160,6 +161,20 @@ pub struct Args {
     /// ignores a SIGTERM it has no handler for).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set, help_heading = "Runs and containers")]
     pub container_init: bool,
+    /// Containers: give each run a way out, NAT'd to the host's uplink
+    /// (agents that call model APIs need it): a veth and a /30 of
+    /// --container-egress-network per run, its address claimed host-wide.
+    /// Never to the host's own services, another run or 169.254.0.0/16,
+    /// and never a way in: the agent is still reached on its loopback.
+    /// Off: a run reaches nothing beyond itself. Needs nft; turns
+    /// net.ipv4.ip_forward on.
+    #[arg(long, help_heading = "Runs and containers")]
+    pub container_egress: bool,
+    /// Containers with --container-egress: the IPv4 network their
+    /// addresses come from, a /30 a run (a /16 is 16384 runs); one the
+    /// host does not otherwise use.
+    #[arg(long, value_name = "CIDR", default_value_t = runloop_oci::egress::DEFAULT_NETWORK, help_heading = "Runs and containers")]
+    pub container_egress_network: EgressNetwork,
     /// `exec:` entries: what to do with a run's `disk`, which a host process
     /// cannot be held to. `refuse`: every exec run is refused, saying so;
     /// `unenforced`: runs go ahead, and `disk` is not held.

@@ -17,6 +17,8 @@
 //! - the syscall filter ([`crate::seccomp`]);
 //! - the root: the run's overlay, writable (writes go to the run's disk);
 //!   `/tmp` bound from the run's disk;
+//! - with egress, the run's resolver configuration bound read-only at
+//!   `/etc/resolv.conf`;
 //! - `/sys`: the host's, bound read-only (a user namespace may not mount a
 //!   sysfs for a network namespace it does not own), with the parts that
 //!   name the host's devices and interfaces masked ([`MASKED`]: other
@@ -118,6 +120,9 @@ pub struct Bundle<'a> {
     pub nofile: u64,
     /// Where the init is bound into the container, when it runs one.
     pub init: Option<InitMount>,
+    /// A resolver configuration bound read-only at `/etc/resolv.conf`
+    /// (runs with egress, [`crate::egress`]).
+    pub resolv_conf: Option<PathBuf>,
     /// Whether the runtime is a sandbox with its own kernel (runsc): then
     /// no user namespace (the sandbox takes no id mapping here) and a
     /// sysfs of its own rather than the host's bound.
@@ -228,6 +233,20 @@ impl Bundle<'_> {
                     .typ("bind")
                     .source(&init.source)
                     .options(["bind", "ro", "nosuid", "nodev"].map(String::from).to_vec())
+                    .build()?,
+            );
+        }
+        if let Some(resolv_conf) = &self.resolv_conf {
+            mounts.push(
+                MountBuilder::default()
+                    .destination("/etc/resolv.conf")
+                    .typ("bind")
+                    .source(resolv_conf)
+                    .options(
+                        ["bind", "ro", "nosuid", "nodev", "noexec"]
+                            .map(String::from)
+                            .to_vec(),
+                    )
                     .build()?,
             );
         }
@@ -350,6 +369,7 @@ mod tests {
             init: Some(InitMount {
                 source: PathBuf::from("/store/init"),
             }),
+            resolv_conf: Some(PathBuf::from("/store/runs/k/resolv.conf")),
             sandbox: false,
         };
         let spec = serde_json::to_value(bundle.spec().expect("spec")).expect("json");
@@ -391,6 +411,17 @@ mod tests {
         assert_eq!(sys["type"], "bind");
         assert!(
             sys["options"]
+                .as_array()
+                .expect("options")
+                .contains(&serde_json::json!("ro"))
+        );
+        let resolv_conf = mounts
+            .iter()
+            .find(|mount| mount["destination"] == "/etc/resolv.conf")
+            .expect("/etc/resolv.conf");
+        assert_eq!(resolv_conf["source"], "/store/runs/k/resolv.conf");
+        assert!(
+            resolv_conf["options"]
                 .as_array()
                 .expect("options")
                 .contains(&serde_json::json!("ro"))

@@ -1,7 +1,7 @@
 //! One container's life: made, started, watched, stopped and removed.
 //!
 //! ```text
-//! start:  run dir ─▶ disk (ext4, loop) ─▶ overlay root ─▶ netns (lo only) ─▶ config.json
+//! start:  run dir ─▶ disk (ext4, loop) ─▶ overlay root ─▶ netns (lo; egress veth if on) ─▶ config.json
 //!         ─▶ runc run --keep ─▶ agent accepts TCP on 127.0.0.1:PORT in the netns ─▶ link ─▶ proxy
 //!         (any failure, or the start given up on: teardown)
 //! end:    by itself (exit, OOM) or stop: signal, grace, SIGKILL to all, runc delete,
@@ -203,6 +203,7 @@ impl OciRuntime {
         let netns = network::create(key)
             .await
             .map_err(|error| format!("cannot make the run's network: {error}"))?;
+        let resolv_conf = self.egress(key, &dir).await?;
         let user = user::resolve(&self.image.rootfs, process.user.as_deref())?;
         if user.uid >= ids.uids.count || user.gid >= ids.gids.count {
             return Err(format!(
@@ -227,6 +228,7 @@ impl OciRuntime {
             init: self.host.init().map(|source| bundle::InitMount {
                 source: source.to_owned(),
             }),
+            resolv_conf,
             sandbox: self.host.runc().kind() == runc::Kind::Runsc,
         }
         .spec()
@@ -242,6 +244,22 @@ impl OciRuntime {
             .map_err(|error| format!("cannot start runc: {error}"))?;
         info!(%key, image = %self.image.image.digest, memory = limits.memory, disk = limits.disk, "container starting");
         Ok((netns, child))
+    }
+}
+
+impl OciRuntime {
+    /// Gives the run its way out, when the host has egress on; the
+    /// resolver configuration to bind into it, if any.
+    async fn egress(&self, key: &str, dir: &Path) -> Result<Option<PathBuf>, String> {
+        let Some(egress) = self.host.egress() else {
+            return Ok(None);
+        };
+        let link = egress
+            .attach(key, dir)
+            .await
+            .map_err(|error| format!("cannot give the run its egress link: {error}"))?;
+        info!(%key, link = %link.name, address = %link.run, gateway = %link.host, "container egress");
+        Ok(egress.resolv_conf(dir))
     }
 }
 
@@ -425,8 +443,16 @@ impl Agent for Started {
         }
     }
 
+    /// The container cgroup's count; under runsc, whose cgroup (and its
+    /// count) goes with the sandbox the kernel killed, the kernel's log
+    /// says instead, and the sandbox is the one process it killed.
     fn oom_kills(&self) -> Option<u64> {
-        cgroup::Cgroup::new(self.run.host.cgroups(), &runc::id(&self.run.key)).oom_kills()
+        let id = runc::id(&self.run.key);
+        match cgroup::Cgroup::new(self.run.host.cgroups(), &id).oom_kills() {
+            Some(kills) if kills > 0 => Some(kills),
+            _ if cgroup::oom_logged(&id) => Some(1),
+            counted => counted,
+        }
     }
 
     async fn signal_stop(&self) {
@@ -476,10 +502,11 @@ struct Memory {
 
 impl Watch for Memory {
     fn out_of_memory(&self) -> bool {
-        cgroup::Cgroup::new(self.host.cgroups(), &self.id)
-            .oom_kills()
-            .unwrap_or(0)
-            > 0
+        match cgroup::Cgroup::new(self.host.cgroups(), &self.id).oom_kills() {
+            Some(kills) => kills > 0,
+            // Gone with a runsc sandbox the kernel killed: its log says.
+            None => cgroup::oom_logged(&self.id),
+        }
     }
 
     fn end_for_memory(&self) {

@@ -18,9 +18,11 @@
 //! every container still running, waits for every supervisor and every
 //! teardown of a start given up on, and then sweeps the store's runs
 //! once more, all before the process exits. Runs have no address on the
-//! host (module [`network`](crate::network)), so the leftovers of a
-//! killed server are never in another server's way, whichever store it
-//! uses.
+//! host (module [`network`](crate::network)), or, with egress, one the
+//! kernel holds for them alone (module [`egress`]), so the
+//! leftovers of a killed server are never in another server's way,
+//! whichever store it uses. With egress, the server's nft table goes
+//! last, and a killed server's is removed by the next one on its store.
 
 use std::ffi::OsStr;
 use std::fs::{self, File};
@@ -37,6 +39,7 @@ use crate::cgroup;
 use crate::command;
 use crate::digest::{Digest, DigestError};
 use crate::disk;
+use crate::egress::{self, Egress, EgressNetwork};
 use crate::image::ImageError;
 use crate::runc::Runc;
 use crate::store::{Store, StoreError, UnpackLimits};
@@ -74,6 +77,9 @@ pub struct HostConfig {
     pub nofile: u64,
     /// Whether containers run the init as PID 1 ([`crate::init`]).
     pub init: bool,
+    /// The network runs' egress addresses come from, when they have a
+    /// way out ([`crate::egress`]); `None`: loopback only.
+    pub egress: Option<EgressNetwork>,
 }
 
 /// The CPU limit of a container unless told otherwise: half the
@@ -91,7 +97,7 @@ impl HostConfig {
     /// 5 s grace, 60 s to listen, 1024 processes, images up to 8 GiB and
     /// a million entries unpacked, no bound on the store, the default output budget, the ids of
     /// [`IdMapping::default_for_host`], [`default_cpus`], [`DEFAULT_NOFILE`]
-    /// open files, and the init.
+    /// open files, the init, and no egress.
     pub fn new(store: impl Into<PathBuf>) -> HostConfig {
         HostConfig {
             store: store.into(),
@@ -110,6 +116,7 @@ impl HostConfig {
             cpus: default_cpus(),
             nofile: DEFAULT_NOFILE,
             init: true,
+            egress: None,
         }
     }
 
@@ -189,6 +196,8 @@ pub struct Host {
     /// Fires on [`Host::close`]: every container stops.
     closing: CancellationToken,
     init: Option<PathBuf>,
+    /// Runs' way out, when the operator turned it on.
+    egress: Option<Egress>,
     _lock: File,
 }
 
@@ -218,7 +227,11 @@ impl Host {
             ("mount", "--version", "mount"),
             ("losetup", "--version", "mount"),
             ("ip", "-V", "iproute2"),
-        ] {
+            ("nft", "--version", "nftables"),
+        ]
+        .into_iter()
+        .filter(|(tool, ..)| *tool != "nft" || config.egress.is_some())
+        {
             command::run(OsStr::new(tool), [flag], None)
                 .await
                 .map_err(|error| {
@@ -280,9 +293,18 @@ impl Host {
             tasks: TaskTracker::new(),
             closing: CancellationToken::new(),
             init,
+            egress: None,
             _lock: lock,
         };
+        let mut host = host;
         host.sweep().await?;
+        if let Some(network) = host.config.egress {
+            host.egress = Some(
+                Egress::open(network, host.store.dir())
+                    .await
+                    .map_err(|error| HostError::Missing(format!("container egress: {error}")))?,
+            );
+        }
         info!(store = %host.store.dir().display(), runc = %version, cgroups = ?host.cgroups, uids = %host.config.ids.uids, gids = %host.config.ids.gids, cpus = host.config.cpus, init = host.init.is_some(), store_max_size = ?host.config.store_max_size, "container host ready");
         match crate::runc::parse_version(&version) {
             _ if host.config.runtime != crate::runc::Kind::Runc => {}
@@ -311,6 +333,7 @@ impl Host {
             warn!(%key, "removing the leftovers of a run of an earlier server");
             self.teardown(&key).await;
         }
+        egress::sweep(self.store.dir()).await;
         self.store.sweep()?;
         Ok(())
     }
@@ -325,13 +348,13 @@ impl Host {
         self.tasks.close();
         self.tasks.wait().await;
         let runs = self.store.runs();
-        let Ok(entries) = fs::read_dir(&runs) else {
-            return;
-        };
-        for entry in entries.flatten() {
+        for entry in fs::read_dir(&runs).into_iter().flatten().flatten() {
             let key = entry.file_name().to_string_lossy().into_owned();
             warn!(%key, "a run was still on the machine at shutdown; removing it");
             self.teardown(&key).await;
+        }
+        if let Some(egress) = &self.egress {
+            egress.close().await;
         }
     }
 
@@ -363,6 +386,11 @@ impl Host {
     /// The cgroup hierarchy.
     pub fn cgroups(&self) -> cgroup::Version {
         self.cgroups
+    }
+
+    /// Runs' way out, if they have one.
+    pub fn egress(&self) -> Option<&Egress> {
+        self.egress.as_ref()
     }
 
     /// The init binary containers run as PID 1, if they run one.

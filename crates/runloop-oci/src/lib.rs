@@ -13,7 +13,8 @@
 //!                                            │ overlay: image (lower) + run's ext4 (upper, /tmp)
 //!                                            ▼
 //! server ──ws──▶ proxy (host) ──▶ link ──socket made in the run's netns──▶ agent program on 127.0.0.1:$PORT
-//!                                      (runc: pid, mount, ipc, uts, net namespaces — the net one has lo only;
+//!                                      (runc: pid, mount, ipc, uts, net namespaces — the net one has lo only,
+//!                                       and a NAT'd veth out with `--container-egress`;
 //!                                       memory and pids cgroup limits)
 //! ```
 //!
@@ -21,16 +22,19 @@
 //! [`image`], [`unpack`], [`store`] (bounded by [`gc`]) — and for `registry` images
 //! [`registry`] before them; then a run: [`host`] (what runs
 //! share, checked at startup), [`container`] (one container's life), and
-//! the parts it is made of — [`disk`], [`network`], [`user`], [`bundle`],
+//! the parts it is made of — [`disk`], [`network`], [`egress`] (with
+//! [`conntrack`]), [`user`], [`bundle`],
 //! [`runc`], [`cgroup`], [`link`], [`command`].
 
 pub mod bundle;
 pub mod cgroup;
 pub mod command;
+pub mod conntrack;
 pub mod container;
 pub mod digest;
 pub mod disk;
 pub mod distribution;
+pub mod egress;
 pub mod gc;
 pub mod host;
 pub mod image;

@@ -24,7 +24,9 @@
 //! So the agent program listens on `127.0.0.1:$PORT` under this runtime as
 //! under exec (protocol §10), and the container reaches nothing beyond
 //! itself: no other run, no service of the host, no other machine. Egress
-//! (agents that call model APIs need it) is not available yet.
+//! (agents that call model APIs need it) is the operator's opt-in, a veth
+//! added to this namespace by module [`egress`](crate::egress): a way out,
+//! never the way in — the host still dials through sockets made here.
 //!
 //! The namespace is made before runc starts (runc joins it by path) and is
 //! opened at once; the host dials through that descriptor, never through

@@ -1,6 +1,6 @@
 //! A run's teardown: everything of one run removed by its key alone —
 //! its runc container, the processes runc did not know of, its cgroup,
-//! its network namespace, its mounts, loop device and files.
+//! its network namespace and egress link, its mounts, loop device and files.
 //!
 //! By key alone because it serves three callers that know different
 //! amounts of the run: a container's own supervisor at its end, a start
@@ -15,6 +15,7 @@ use tracing::warn;
 
 use crate::cgroup;
 use crate::disk;
+use crate::egress;
 use crate::network;
 use crate::runc::{self, Runc};
 
@@ -38,10 +39,13 @@ pub async fn teardown(runc: &Runc, cgroups: cgroup::Version, runs: &Path, key: &
             warn!(%id, dir = %dir.display(), %error, "cannot remove the container's cgroup");
         }
     }
+    let run = runs.join(key);
+    if let Err(error) = egress::detach(key, &run).await {
+        warn!(%id, %error, "cannot remove the container's egress link");
+    }
     if let Err(error) = network::remove(key).await {
         warn!(%id, %error, "cannot remove the container's network");
     }
-    let run = runs.join(key);
     if let Err(error) = disk::remove(&run).await {
         warn!(%id, %error, "cannot remove the run's disk and files");
     }

@@ -292,7 +292,8 @@ fn start_as_a_caller_sees_it() {
 
 /// Container start with the image cached (spawn until the agent accepts
 /// TCP and its proxy listens), p50 and p90 of 40, under the runtime of
-/// `RUNLOOP_TEST_OCI_RUNTIME` (runc unless set):
+/// `RUNLOOP_TEST_OCI_RUNTIME` (runc unless set), with egress when
+/// `RUNLOOP_FIGURE_EGRESS=1`:
 ///
 /// ```text
 /// cargo test -p runloop-cli --test containers -- --ignored --nocapture start_p50
@@ -314,6 +315,10 @@ fn start_p50() {
             config.runtime = runloop_oci::runc::Kind::Runsc;
             config.runc = "runsc".into();
         }
+        let egress = std::env::var("RUNLOOP_FIGURE_EGRESS").is_ok_and(|v| v == "1");
+        if egress {
+            config.egress = Some(runloop_oci::egress::DEFAULT_NETWORK);
+        }
         let host = Host::open(config).await.expect("host");
         let (_, oci) = host.layout(&layout, None).await.expect("layout");
         // One start to warm the caches, not counted.
@@ -327,8 +332,9 @@ fn start_p50() {
         }
         starts.sort();
         println!(
-            "container start under {runtime_name}, image cached, of 40: p50 {:?}, p90 {:?}",
+            "container start under {runtime_name}, egress {egress}, image cached, of 40: p50 {:?}, p90 {:?}",
             starts[20], starts[36]
         );
+        host.close().await;
     });
 }

@@ -14,13 +14,20 @@
  *             says "crossing"); a loop waits MS milliseconds, then answers
  *             one chunk with the letters and digits of its registration and
  *             of its run request: a run can check the agent is its own
- *   reach A:P...  a loop tries to connect to each IPv4 address:port and
+ *   reach A:P...  a loop tries to connect to each IPv4 address:port of
+ *             its arguments, then of its run request (the prompt), and
  *             answers "A:P connected" or "A:P <error>" for each
+ *   cat PATH  answers one chunk with the text of the file PATH, or the
+ *             error that opening it gave
  *   escape    tries what a hostile image would (escape.c) and answers one
  *             chunk per probe, `NAME: WHAT HAPPENED`; a fork bomb too when
  *             the prompt says "fork bomb"
  *   plain     answers one chunk and leaves every signal as it is (PID 1
  *             without an init then ignores SIGTERM)
+ *
+ * With LISTEN_ANY=1 in its environment it listens on every address of
+ * its network namespace (0.0.0.0:$PORT), not only on the loopback: a run
+ * another run must not reach even where it listens.
  *
  * Built static by the tests (gcc -static), so the image needs no libraries.
  */
@@ -59,7 +66,9 @@ static void alnum(const char *text, char *out, size_t size) {
     out[n] = 0;
 }
 
-/* reach: tries A:P (connect, 2 s at most); writes the outcome to OUT. */
+/* reach: tries A:P (connect, 4 s at most: a refusal the host sends as
+ * ICMP is rate-limited, and may come with the SYN sent again after 1 s);
+ * writes the outcome to OUT. */
 static void reach(const char *target, char *out, size_t size) {
     char host[64];
     const char *colon = strrchr(target, ':');
@@ -77,7 +86,7 @@ static void reach(const char *target, char *out, size_t size) {
         return;
     }
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct timeval timeout = {2, 0};
+    struct timeval timeout = {4, 0};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
         snprintf(out, size, "%s connected", target);
@@ -173,9 +182,28 @@ static void run_loop(int fd, const char *body) {
     }
     if (strcmp(mode, "reach") == 0) {
         char text[900] = "";
-        for (int i = 2; i < arg_count; i++) {
+        char targets[32][64];
+        int count = 0;
+        for (int i = 2; i < arg_count && count < 32; i++) {
+            snprintf(targets[count++], sizeof targets[0], "%s", args[i]);
+        }
+        /* A:P in the request: a run of digits, dots and a colon. */
+        for (const char *at = body; *at && count < 32;) {
+            size_t len = strspn(at, "0123456789.:");
+            int dots = 0, colons = 0;
+            for (size_t k = 0; k < len; k++) {
+                dots += at[k] == '.';
+                colons += at[k] == ':';
+            }
+            if (len > 0 && len < sizeof targets[0] && dots == 3 && colons == 1) {
+                memcpy(targets[count], at, len);
+                targets[count++][len] = 0;
+            }
+            at += len ? len : 1;
+        }
+        for (int i = 0; i < count; i++) {
             char one[160];
-            reach(args[i], one, sizeof one);
+            reach(targets[i], one, sizeof one);
             if (strlen(text) + strlen(one) + 3 < sizeof text) {
                 if (text[0]) strcat(text, "; ");
                 strcat(text, one);
@@ -188,6 +216,34 @@ static void run_loop(int fd, const char *body) {
     if (strcmp(mode, "dies") == 0) {
         send_event(fd, "dying");
         exit(3);
+    }
+    if (strcmp(mode, "cat") == 0) {
+        const char *path = arg_count > 2 ? args[2] : "";
+        char text[700] = "";
+        FILE *file = fopen(path, "r");
+        if (!file) {
+            snprintf(text, sizeof text, "%s: %s", path, strerror(errno));
+        } else {
+            /* JSON-escaped: the text goes into a JSON string as it is. */
+            size_t n = 0;
+            int c;
+            while ((c = fgetc(file)) != EOF && n + 3 < sizeof text) {
+                if (c == '\n') {
+                    text[n++] = '\\';
+                    text[n++] = 'n';
+                } else if (c == '"' || c == '\\') {
+                    text[n++] = '\\';
+                    text[n++] = (char)c;
+                } else if (c >= 32) {
+                    text[n++] = (char)c;
+                }
+            }
+            text[n] = 0;
+            fclose(file);
+        }
+        send_event(fd, text);
+        send_str(fd, "0\r\n\r\n");
+        return;
     }
     if (strcmp(mode, "memory") == 0) {
         send_event(fd, "allocating");
@@ -295,7 +351,8 @@ int main(int argc, char **argv) {
     struct sockaddr_in addr = {0};
     addr.sin_family = AF_INET;
     addr.sin_port = htons((unsigned short)port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const char *any = getenv("LISTEN_ANY");
+    addr.sin_addr.s_addr = htonl(any && strcmp(any, "1") == 0 ? INADDR_ANY : INADDR_LOOPBACK);
     if (bind(server, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(server, 16) < 0) {
         perror("listen");
         return 1;

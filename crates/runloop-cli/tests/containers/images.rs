@@ -161,6 +161,11 @@ impl Images {
         Images { dir, runloop, hog }
     }
 
+    /// The static `hog` binary itself, to run on the host.
+    pub fn hog_binary(&self) -> PathBuf {
+        self.dir.join("hog")
+    }
+
     /// A layout of its own (`name`) holding one image.
     pub fn layout(&self, name: &str, layers: &[&Layer], args: &[&str]) -> (PathBuf, Digest) {
         let path = self.dir.join(format!("layout-{name}"));

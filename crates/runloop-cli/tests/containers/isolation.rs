@@ -2,7 +2,8 @@
 //! with real servers, real runc and hostile images:
 //!
 //! - two servers on one host (separate stores), many runs at once each:
-//!   every agent is reached by its own run only (0 crossings);
+//!   every agent is reached by its own run only (0 crossings), with
+//!   egress too, where no two runs ever hold one address;
 //! - from inside a run: no host service, no other run, no other machine;
 //! - a container gone after its readiness probe: the registration fails
 //!   naming it, and reaches nothing (not even a listener on the host's own
@@ -22,7 +23,7 @@ use super::images::Images;
 use super::{Server, chunks, error_text, json_lines, leftovers};
 
 /// `runloop run --json` with `agent` as the registration's JSON.
-fn run_as(url: &str, image: &str, agent: &str, prompt: &str) -> Output {
+pub(super) fn run_as(url: &str, image: &str, agent: &str, prompt: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_runloop"))
         .args([
             "run",
@@ -44,7 +45,7 @@ fn run_as(url: &str, image: &str, agent: &str, prompt: &str) -> Output {
 }
 
 /// The text of the first text chunk of a `run --json` output.
-fn first_text(lines: &[Value]) -> String {
+pub(super) fn first_text(lines: &[Value]) -> String {
     lines
         .iter()
         .filter_map(|line| line.get("chunk"))
@@ -54,7 +55,7 @@ fn first_text(lines: &[Value]) -> String {
 }
 
 /// Waits until `done` holds, for `limit` at most.
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+pub(super) fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let started = Instant::now();
     while started.elapsed() < limit {
         if done() {
@@ -72,10 +73,32 @@ fn two_servers_on_one_host_with_many_runs_each_never_cross() {
     }
     // RUNLOOP_CROSSING_RUNS=200 for the figure; the default keeps
     // a shared 2-core machine responsive.
-    let runs: usize = std::env::var("RUNLOOP_CROSSING_RUNS")
+    two_servers_never_cross(crossing_runs(24), &[]);
+}
+
+#[test]
+fn two_servers_with_egress_on_one_host_never_cross_nor_share_an_address() {
+    if !super::ready() || !super::egress::ready() {
+        return;
+    }
+    let shared = two_servers_never_cross(crossing_runs(12), &["--container-egress"]);
+    println!("at most {shared} runs of the two servers had egress addresses at once");
+    assert!(shared >= 2, "the runs' addresses were never seen at once");
+}
+
+/// `RUNLOOP_CROSSING_RUNS`, or `default`.
+fn crossing_runs(default: usize) -> usize {
+    std::env::var("RUNLOOP_CROSSING_RUNS")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(24);
+        .unwrap_or(default)
+}
+
+/// Two servers (`extra` flags each), `runs` runs each at once: every
+/// agent is reached by its own run only. With egress, the runs' addresses
+/// are sampled as they run (the run's end of each veth, in its namespace):
+/// no address is in two namespaces at once; returns the most seen at once.
+fn two_servers_never_cross(runs: usize, extra: &[&str]) -> usize {
     let images = Images::get();
     // Each loop holds its container for 1.5 s, so the runs of both servers
     // are up at once.
@@ -83,7 +106,7 @@ fn two_servers_on_one_host_with_many_runs_each_never_cross() {
     let image = format!("tenant@{digest}");
     let agents = [format!("tenant=oci:{}", tenant.display())];
     let limits = runs.max(64).to_string();
-    let extra = [
+    let mut flags = vec![
         "--max-runs",
         &limits,
         "--max-runs-per-identity",
@@ -95,11 +118,33 @@ fn two_servers_on_one_host_with_many_runs_each_never_cross() {
         "--container-startup-timeout",
         "300",
     ];
+    flags.extend_from_slice(extra);
     let servers = [
-        Server::start(&agents, &extra),
-        Server::start(&agents, &extra),
+        Server::start(&agents, &flags),
+        Server::start(&agents, &flags),
     ];
-    let outputs: Vec<(String, Output)> = std::thread::scope(|scope| {
+    let egress = extra.contains(&"--container-egress");
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (outputs, most): (Vec<(String, Output)>, usize) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut most = 0;
+            while egress && !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let ours: Vec<String> = servers.iter().flat_map(Server::keys).collect();
+                let seen = super::egress::run_addresses(&ours);
+                let mut addresses: Vec<&String> = seen.values().collect();
+                addresses.sort_unstable();
+                let count = addresses.len();
+                addresses.dedup();
+                assert_eq!(
+                    addresses.len(),
+                    count,
+                    "two runs share an address: {seen:?}"
+                );
+                most = most.max(count);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            most
+        });
         let handles: Vec<_> = (0..runs)
             .flat_map(|i| [(0usize, i), (1usize, i)])
             .map(|(s, i)| {
@@ -112,10 +157,12 @@ fn two_servers_on_one_host_with_many_runs_each_never_cross() {
                 })
             })
             .collect();
-        handles
+        let outputs = handles
             .into_iter()
             .map(|h| h.join().expect("joined"))
-            .collect()
+            .collect();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (outputs, sampler.join().expect("sampler"))
     });
     let mut crossings = Vec::new();
     let mut failures = Vec::new();
@@ -140,13 +187,19 @@ fn two_servers_on_one_host_with_many_runs_each_never_cross() {
     for server in &servers {
         let keys = server.keys();
         assert_eq!(keys.len(), runs);
+        let links = super::egress::links(&server.log());
+        assert_eq!(links.len(), if egress { runs } else { 0 });
         assert_eq!(server.terminate(), Some(0));
         assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
+        for link in links {
+            assert!(!super::egress::link_exists(&link.link), "{link:?} is left");
+        }
     }
+    most
 }
 
 /// The host's first global IPv4 address, if it has one.
-fn host_address() -> Option<String> {
+pub(super) fn host_address() -> Option<String> {
     let output = Command::new("ip")
         .args(["-4", "-o", "addr", "show", "scope", "global"])
         .output()
@@ -323,6 +376,31 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     if !super::ready() {
         return;
     }
+    stopped_servers_leave_nothing(&[]);
+}
+
+#[test]
+fn a_server_with_egress_stopped_while_a_container_starts_or_runs_leaves_nothing() {
+    if !super::ready() || !super::egress::ready() {
+        return;
+    }
+    stopped_servers_leave_nothing(&["--container-egress"]);
+}
+
+/// What of the runs `keys` of `server` is left, egress links included.
+fn left_of(server: &Server, keys: &[String]) -> Vec<String> {
+    let mut left = leftovers(&server.store, keys);
+    for link in super::egress::links(&server.log()) {
+        if super::egress::link_exists(&link.link) {
+            left.push(format!("egress link {link:?}"));
+        }
+    }
+    left
+}
+
+/// A server (with `flags`) stopped while a run starts, runs, or is given
+/// up on, in each way: nothing of its runs is left once it has exited.
+fn stopped_servers_leave_nothing(flags: &[&str]) {
     let images = Images::get();
     let (silent, silent_digest) = images.hog_layout("silent");
     let (demo, demo_digest) = images.agent_layout("stopped-mid-run");
@@ -330,7 +408,8 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
         format!("silent=oci:{}", silent.display()),
         format!("demo=oci:{}", demo.display()),
     ];
-    let extra = ["--container-startup-timeout", "120", "--drain-timeout", "1"];
+    let mut extra = vec!["--container-startup-timeout", "120", "--drain-timeout", "1"];
+    extra.extend_from_slice(flags);
     let silent = format!("silent@{silent_digest}");
     let demo = format!("demo@{demo_digest}");
 
@@ -357,7 +436,7 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     let keys = server.keys();
     assert_eq!(keys.len(), 1, "{}", server.log());
     assert_eq!(
-        leftovers(&server.store, &keys),
+        left_of(&server, &keys),
         Vec::<String>::new(),
         "{}",
         server.log()
@@ -386,7 +465,7 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     );
     let keys = server.keys();
     assert_eq!(
-        leftovers(&server.store, &keys),
+        left_of(&server, &keys),
         Vec::<String>::new(),
         "{}",
         server.log()
@@ -406,11 +485,17 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     run.kill().expect("the caller leaves");
     let _ = run.wait();
     let left = server.keys();
+    // The server still runs: its nft table is its own, not the run's.
+    let of_the_run = || -> Vec<String> {
+        left_of(&server, &left)
+            .into_iter()
+            .filter(|thing| !thing.starts_with("nft table"))
+            .collect()
+    };
     assert!(
-        wait_until(Duration::from_secs(20), || leftovers(&server.store, &left)
-            .is_empty()),
+        wait_until(Duration::from_secs(20), || of_the_run().is_empty()),
         "{:?}\n{}",
-        leftovers(&server.store, &left),
+        of_the_run(),
         server.log()
     );
     let mut run = caller(&server.url, &demo, "slow demo:pace=400 a b c d e f g h i j");
@@ -430,10 +515,15 @@ fn a_server_stopped_while_a_container_starts_or_runs_leaves_nothing() {
     let keys = server.keys();
     assert_eq!(keys.len(), 2);
     assert_eq!(
-        leftovers(&server.store, &keys),
+        left_of(&server, &keys),
         Vec::<String>::new(),
         "{}",
         server.log()
     );
+    // With egress, both runs had a link (the one given up on once it
+    // listened, the one stopped mid-loop).
+    if flags.contains(&"--container-egress") {
+        assert_eq!(super::egress::links(&server.log()).len(), 2);
+    }
     let _ = run.wait();
 }
