@@ -158,6 +158,13 @@ impl Runc {
         // runsc has no --keep: its cgroup goes with the container.
         if self.kind == Kind::Runc {
             command.arg("--keep");
+            // No session keyring of its own: the kernel counts keys per
+            // host user (200 by default, kernel.keys.maxkeys), every
+            // container of a server is the same host user, so a keyring
+            // each capped the host near 200 containers, and one tenant's
+            // runs could take the rest's. The container has no use for
+            // one: its filter refuses keyctl, add_key and request_key.
+            command.arg("--no-new-keyring");
         }
         command
             .arg("--bundle")

@@ -10,7 +10,9 @@
 //!   loopback at the agent's port);
 //! - a server stopped while a run starts, runs, or is given up on — by
 //!   SIGTERM and the drain's end, a second signal, or the caller leaving —
-//!   leaves nothing once it has exited.
+//!   leaves nothing once it has exited;
+//! - a container holds no kernel key of its host user (a keyring each
+//!   capped a host near 200 containers).
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, TcpListener};
@@ -526,4 +528,53 @@ fn stopped_servers_leave_nothing(flags: &[&str]) {
         assert_eq!(super::egress::links(&server.log()).len(), 2);
     }
     let _ = run.wait();
+}
+
+/// The keys the kernel holds for the host user `uid` (`/proc/key-users`:
+/// `UID: USAGE NKEYS/NIKEYS …`), 0 when it holds none.
+fn kernel_keys(uid: u32) -> u32 {
+    let users = std::fs::read_to_string("/proc/key-users").expect("/proc/key-users");
+    users
+        .lines()
+        .find_map(|line| {
+            let (user, rest) = line.split_once(':')?;
+            (user.trim().parse::<u32>().ok()? == uid).then(|| {
+                let keys = rest.split_whitespace().nth(1)?;
+                keys.split('/').next()?.parse().ok()
+            })?
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_container_takes_no_kernel_key_of_its_host_user() {
+    // Every container of a server runs as the same host ids, and the
+    // kernel allows a user 200 keys (kernel.keys.maxkeys): a session
+    // keyring per container capped the host at about 200 containers,
+    // and one tenant's runs could take every other's.
+    if !super::ready() {
+        return;
+    }
+    let images = Images::get();
+    let (held, digest) = images.layout("keys-held", &[&images.hog], &["/hog", "tenant", "4000"]);
+    let server = Server::start(
+        &[format!("held=oci:{}", held.display())],
+        &["--container-uid-range", "2300000000:65536"],
+    );
+    let run = caller(&server.url, &format!("held@{digest}"), "x");
+    assert!(
+        wait_until(Duration::from_secs(60), || server
+            .log()
+            .contains("runloop_server::scope: running")),
+        "{}",
+        server.log()
+    );
+    let keys = kernel_keys(2_300_000_000);
+    let output = run.wait_with_output().expect("the run ends");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(keys, 0, "the container's root held kernel keys");
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
