@@ -443,3 +443,82 @@ fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
         "{log}"
     );
 }
+
+/// An agent program whose `/run` handler runs `ON_RUN` (a Python
+/// statement) before it answers: a statement that raises makes Python's
+/// `http.server` close the connection with no status line, as a typo in a
+/// handler does.
+const FAILING_AGENT: &str = r#"
+import os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path == "/run":
+            exec(ON_RUN)
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+"#;
+
+/// A server whose one image runs [`FAILING_AGENT`] with `on_run`, and the
+/// scratch directory that holds the program.
+fn failing_server(on_run: &str, level: &str) -> (common::Serve, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let agent = dir.path().join("failing_agent.py");
+    std::fs::write(&agent, format!("ON_RUN = {on_run:?}\n{FAILING_AGENT}")).expect("written");
+    let spec = format!("demo=exec:python3 {}", agent.display());
+    let server = common::Serve::start(level, &["--agent", &spec, "--exec-disk", "unenforced"]);
+    (server, dir)
+}
+
+/// Newcomer G7: a handler that raises is said as the agent program's
+/// fault, with where its traceback went — not as the HTTP client's `error
+/// sending request for url (http://127.0.0.1:PORT/run) … connection
+/// closed before message completed`.
+#[test]
+fn an_agent_that_raises_in_its_handler_is_said_to_have_closed_the_connection() {
+    let (mut server, _dir) = failing_server("raise KeyError('promt')", "info");
+    let log = common::drain(server.stderr());
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(3), "no loop ran: {stdout}{stderr}");
+    assert_eq!(stdout, "");
+    assert_eq!(
+        stderr,
+        "no loop ran: {\"kind\":\"agent\",\"error\":\"the agent program closed the connection \
+         without answering POST /run: it failed while handling the request, or exited (its \
+         output is in the server's log)\"}\n"
+    );
+    server.terminate();
+    let log = log.join().expect("the log");
+    assert!(
+        log.contains("runloop::agent_program") && log.contains("KeyError: 'promt'"),
+        "the traceback is where the message says: {log}"
+    );
+}
+
+/// Newcomer G8: an exec agent program the kernel kills at the run's memory
+/// limit while it handles `/run` is said to have run out of memory, in
+/// the loop's error the caller gets.
+#[test]
+fn an_agent_killed_at_its_memory_limit_before_it_answers_says_so() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Cgroups]) {
+        return;
+    }
+    let (server, _dir) = failing_server("hog = b'x' * (256 << 20)", "error");
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--memory", "64M", "hi"]);
+    assert_eq!(status.code(), Some(3), "no loop ran: {stdout}{stderr}");
+    assert!(
+        stderr.starts_with(
+            "no loop ran: {\"kind\":\"agent\",\"error\":\"the agent program exited (killed by \
+             signal 9; it ran out of memory: the kernel killed 1 of its processes at the run's \
+             memory limit) before it answered POST /run\"}"
+        ),
+        "{stderr}"
+    );
+}
