@@ -522,3 +522,30 @@ fn an_agent_killed_at_its_memory_limit_before_it_answers_says_so() {
         "{stderr}"
     );
 }
+
+/// Newcomer G11 and G17: a pinned image asked for by name alone is
+/// answered with the reference to ask for (not the all-zero digest the
+/// caller never typed), and a name the catalog lacks with the names it has.
+#[test]
+fn a_catalog_refusal_says_what_would_be_served() {
+    let pinned = format!("sha256:{}", "a".repeat(64));
+    let server = common::Serve::start("error", &["--agent", &format!("rev@{pinned}=builtin:demo")]);
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "--image", "rev", "hi"]);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "runloop: the run was refused: {{\"kind\":\"policy\",\"error\":\"image \\\"rev\\\" is \
+             pinned to {pinned}: ask for it by its digest, rev@{pinned}\"}}\n"
+        )
+    );
+    assert!(!stderr.contains(&"0".repeat(64)), "{stderr}");
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "--image", "reverse", "hi"]);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    assert!(
+        stderr.contains(
+            "image \\\"reverse\\\" is not in this server's catalog, which serves \\\"rev\\\"\"}"
+        ),
+        "{stderr}"
+    );
+}
