@@ -210,7 +210,8 @@ pub fn image(text: &str) -> Result<ImageRef, String> {
     let (name, digest) = text.split_once('@').unwrap_or((text, ANY_DIGEST));
     if !is_valid_name(name) {
         return Err(format!(
-            "{name:?} is not an image name (a repository path without a host)"
+            "{name:?} is not an image name (a repository path without a host){}",
+            registry_hint(name)
         ));
     }
     if !is_valid_digest(digest) {
@@ -222,6 +223,19 @@ pub fn image(text: &str) -> Result<ImageRef, String> {
         name: name.to_owned(),
         digest: digest.to_owned(),
     })
+}
+
+/// A hint for a registry reference given as a catalog name: a first
+/// component that is a host (`127.0.0.1:5000/…`, `registry.example/…`,
+/// `localhost/…`) or a `:TAG`.
+fn registry_hint(name: &str) -> &'static str {
+    let first = name.split('/').next().unwrap_or_default();
+    let host = name.contains('/') && (first.contains(['.', ':']) || first == "localhost");
+    if host || name.contains(':') {
+        "; a registry image is asked for with runloop run --registry-image HOST/REPO[:TAG][@DIGEST]"
+    } else {
+        ""
+    }
 }
 
 impl Args {

@@ -549,3 +549,29 @@ fn a_catalog_refusal_says_what_would_be_served() {
         "{stderr}"
     );
 }
+
+/// Newcomer G12: a registry reference given to `--image` points to
+/// `--registry-image`; a name that is merely malformed does not.
+#[test]
+fn a_registry_reference_given_as_an_image_name_points_to_registry_image() {
+    let hint = "; a registry image is asked for with runloop run --registry-image \
+                HOST/REPO[:TAG][@DIGEST]";
+    for reference in [
+        "127.0.0.1:5000/agents/rev:1",
+        "registry.example/agents/rev",
+        "localhost/agents/rev",
+        "agents/rev:1",
+    ] {
+        let (status, _, stderr) = run(&["run", "--image", reference, "hi"]);
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "{reference:?} is not an image name (a repository path without a host){hint}"
+            )),
+            "{stderr}"
+        );
+    }
+    let (status, _, stderr) = run(&["run", "--image", "Agents/Rev", "hi"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains("--registry-image"), "{stderr}");
+}
