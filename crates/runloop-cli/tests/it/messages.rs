@@ -575,3 +575,34 @@ fn a_registry_reference_given_as_an_image_name_points_to_registry_image() {
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(!stderr.contains("--registry-image"), "{stderr}");
 }
+
+/// Newcomer G13: a server that wants a credential and got none is told
+/// apart from one that refused the credential sent (protocol §3 gives
+/// both no frame; the client knows which it sent).
+#[test]
+fn no_credential_is_told_apart_from_a_wrong_one() {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "right\n").expect("written");
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "wrong\n").expect("written");
+    let server = common::Serve::start("error", &["--token-file", tokens.to_str().expect("UTF-8")]);
+    let none = common::runloop()
+        .args(["run", "--url", &server.url, "hi"])
+        .env_remove("RUNLOOP_TOKEN")
+        .output()
+        .expect("runs");
+    assert_eq!(none.status.code(), Some(7), "{none:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&none.stderr),
+        "runloop: the server closed the connection without answering: it wants a credential, \
+         and none was sent (pass it with --token-file FILE or RUNLOOP_TOKEN)\n"
+    );
+    let wrong = wrong.to_str().expect("UTF-8");
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "--token-file", wrong, "hi"]);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    assert_eq!(
+        stderr,
+        "runloop: the server closed the connection without answering (is the credential right?)\n"
+    );
+}
