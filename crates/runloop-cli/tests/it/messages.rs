@@ -606,3 +606,41 @@ fn no_credential_is_told_apart_from_a_wrong_one() {
         "runloop: the server closed the connection without answering (is the credential right?)\n"
     );
 }
+
+/// Newcomer G14: `serve` says at startup when an `exec:` entry's program,
+/// or the script it is given, is not there — not only at the first run.
+#[test]
+fn serve_warns_at_startup_of_an_exec_program_that_is_not_there() {
+    let mut server = common::Serve::start(
+        "warn",
+        &[
+            "--exec-disk",
+            "unenforced",
+            "--agent",
+            "nowhere=exec:agent-that-is-nowhere.py",
+            "--agent",
+            "typo=exec:python3 agnet.py",
+            "--agent",
+            "fine=exec:python3 -m http.server",
+        ],
+    );
+    let log = common::drain(server.stderr());
+    server.terminate();
+    let log = log.join().expect("the log");
+    assert!(
+        log.contains(
+            "image \"nowhere\" cannot be served as configured: every run will fail: the agent \
+             program \"agent-that-is-nowhere.py\" is not on the server's PATH (write a path, such \
+             as ./agent-that-is-nowhere.py, or name its interpreter)"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "image \"typo\" cannot be served as configured: every run will fail: python3's \
+             argument \"agnet.py\" names no file (relative to the server's directory)"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("image \"fine\""), "{log}");
+}
