@@ -801,6 +801,11 @@ fn registry_images_are_refused_before_anything_starts() {
         "x",
     ));
     assert!(said.contains("not found"), "{said}");
+    // Newcomer G16: not the dangling "its manifest of …".
+    assert!(
+        said.contains(&format!("the manifest of {host}/agents/absent:1: ")),
+        "{said}"
+    );
 
     let wrong = format!("sha256:{}", "0".repeat(64));
     let said = refusal(&pull_and_run(
@@ -946,6 +951,18 @@ fn serve_refuses_at_startup_what_it_cannot_run() {
 
     let said = serve_refuses(&[], "demo=oci:/nonexistent/layout", None);
     assert!(said.contains("is not an OCI image layout"), "{said}");
+    assert!(!said.contains(":TAG"), "{said}");
+
+    // Newcomer G15: skopeo's oci:DIR:TAG, where DIR is a layout.
+    let said = serve_refuses(&[], &format!("demo=oci:{}:1", path.display()), None);
+    assert!(
+        said.contains(&format!(
+            "; oci:DIR names the layout's directory alone, with no :TAG (oci:{} serves the one \
+             image it holds)",
+            path.display()
+        )),
+        "{said}"
+    );
 }
 
 #[test]
