@@ -644,3 +644,32 @@ fn serve_warns_at_startup_of_an_exec_program_that_is_not_there() {
     );
     assert!(!log.contains("image \"fine\""), "{log}");
 }
+
+/// Newcomer G10: a program that exits before it listens is refused with
+/// where its output went (under exec and oci alike: the words are the
+/// supervised module's).
+#[test]
+fn a_program_that_exits_before_it_listens_says_where_its_output_is() {
+    let mut server = common::Serve::start(
+        "info",
+        &[
+            "--exec-disk",
+            "unenforced",
+            "--agent",
+            "demo=exec:python3 -c raise(SystemExit('a-typo-in-the-agent'))",
+        ],
+    );
+    let log = common::drain(server.stderr());
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    assert!(
+        stderr.contains(": exit status 1 (its output is in the server's log)\"}"),
+        "{stderr}"
+    );
+    server.terminate();
+    let log = log.join().expect("the log");
+    assert!(
+        log.contains("runloop::agent_program") && log.contains("a-typo-in-the-agent"),
+        "{log}"
+    );
+}
