@@ -207,7 +207,7 @@ fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeo
     assert_eq!(status.code(), Some(7), "a refused run: {stderr}");
     assert!(
         stderr.contains("the agent program did not listen on 127.0.0.1:")
-            && stderr.contains(" within 0.5 s: is it listening on $PORT ("),
+            && stderr.contains(" within 0.5 s: it must listen on 127.0.0.1:$PORT (here "),
         "{stderr}"
     );
 }
