@@ -241,8 +241,7 @@ pub enum CatalogError {
     UnknownImage {
         /// The requested name.
         name: String,
-        /// The first names the catalog serves, in order ([`NAMES_LISTED`]
-        /// at most).
+        /// The first names the catalog serves, in order (four at most).
         serves: Vec<String>,
         /// How many more it serves.
         more: usize,
