@@ -60,8 +60,9 @@ pub struct Args {
     /// A file holding the credential (one line).
     #[arg(long, value_name = "FILE", conflicts_with = "token")]
     pub token_file: Option<std::path::PathBuf>,
-    /// The server image to run: NAME or NAME@DIGEST. Without a digest,
-    /// sha256:0…0 is sent, which unpinned catalog entries accept.
+    /// The server image to run, from its catalog: NAME or NAME@DIGEST (a
+    /// pinned entry, as every oci: one is, wants its digest). Without a
+    /// digest, sha256:0…0 is sent, which unpinned catalog entries accept.
     #[arg(long, default_value = "demo", value_parser = image)]
     pub image: ImageRef,
     /// Run a registry image instead: `HOST[:PORT]/REPO[:TAG][@DIGEST]`
@@ -74,7 +75,8 @@ pub struct Args {
     /// The container's memory limit (K/M/G suffixes).
     #[arg(long, default_value = "1G", value_parser = bytes)]
     pub memory: u64,
-    /// Bytes the container may write (K/M/G suffixes).
+    /// Bytes the container may write (K/M/G suffixes). A container (oci:
+    /// or registry) needs 1M at least; 0 is for demo and exec: images.
     #[arg(long, default_value = "1G", value_parser = bytes)]
     pub disk: u64,
     /// One JSON object per line: {"chunk":…}, {"error":…}, then {"outcome":…}.
