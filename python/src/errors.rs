@@ -44,11 +44,13 @@ impl From<RunError> for Failure {
             RunError::Refused(value) => Failure::Refused(message, value),
             RunError::NotServed => Failure::NotServed,
             // Nothing came from the server before it closed: a refused
-            // credential (protocol §3), or a server that turned the
-            // connection away and said why. Either way, not connected.
+            // credential (protocol §3), none where one was wanted, or a
+            // server that turned the connection away and said why. Either
+            // way, not connected.
             RunError::ConnectionEnded {
                 answered_before: false,
             }
+            | RunError::NoCredential
             | RunError::Closed { .. } => Failure::Connect(message),
             RunError::Encode(_) => Failure::Value(message),
             _ => Failure::Other(message),

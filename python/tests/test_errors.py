@@ -21,6 +21,13 @@ async def test_a_refused_credential_is_a_connect_error(server: Server) -> None:
     await client.close()
 
 
+async def test_no_credential_where_one_is_wanted_says_so(server: Server) -> None:
+    client = await runloop.connect(server.url, token="")
+    with pytest.raises(runloop.ConnectError, match="it wants a credential, and none was sent"):
+        await client.start("demo", memory="64M")
+    await client.close()
+
+
 async def test_an_unknown_image_is_refused_with_the_servers_error(server: Server) -> None:
     async with runloop.connect(server.url, token=server.token) as client:
         with pytest.raises(runloop.RunRefused) as refused:

@@ -162,7 +162,7 @@ impl DialError {
         match error {
             transport::DialError::Url { why, .. } => DialError::Url { url, why },
             transport::DialError::Tcp { source, .. } => DialError::Network { url, source },
-            transport::DialError::WebSocket(error) => DialError::websocket(&url, error),
+            transport::DialError::WebSocket { source, .. } => DialError::websocket(&url, source),
             source => DialError::Tls {
                 url,
                 source: Box::new(source),

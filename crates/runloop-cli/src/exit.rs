@@ -116,7 +116,7 @@ pub enum Failure {
     #[error("{0}")]
     Dial(#[source] crate::dial::DialError),
     /// The run did not start (refused, not served, credential rejected).
-    #[error("{0}")]
+    #[error("{error}{hint}", error = .0, hint = credential_hint(.0))]
     Run(#[source] runloop::client::RunError),
     /// A time limit of `run` ran out.
     #[error("{what} within {} ({option} {})", seconds::show(*.after), seconds::value(*.after))]
@@ -183,6 +183,16 @@ pub enum Failure {
     },
 }
 
+/// Where a command takes the credential a server wanted and did not get.
+fn credential_hint(error: &runloop::client::RunError) -> &'static str {
+    match error {
+        runloop::client::RunError::NoCredential => {
+            " (pass it with --token-file FILE or RUNLOOP_TOKEN)"
+        }
+        _ => "",
+    }
+}
+
 impl Failure {
     /// The exit code: 7 for a refused run, 8 for a time limit, else 2.
     pub fn exit(&self) -> Exit {
@@ -194,6 +204,7 @@ impl Failure {
                 | RunError::ConnectionEnded {
                     answered_before: false,
                 }
+                | RunError::NoCredential
                 | RunError::Closed { .. },
             ) => Exit::Refused,
             Failure::TimedOut { .. } => Exit::TimedOut,

@@ -60,8 +60,9 @@ pub struct Args {
     /// A file holding the credential (one line).
     #[arg(long, value_name = "FILE", conflicts_with = "token")]
     pub token_file: Option<std::path::PathBuf>,
-    /// The server image to run: NAME or NAME@DIGEST. Without a digest,
-    /// sha256:0…0 is sent, which unpinned catalog entries accept.
+    /// The server image to run, from its catalog: NAME or NAME@DIGEST (a
+    /// pinned entry, as every oci: one is, wants its digest). Without a
+    /// digest, sha256:0…0 is sent, which unpinned catalog entries accept.
     #[arg(long, default_value = "demo", value_parser = image)]
     pub image: ImageRef,
     /// Run a registry image instead: `HOST[:PORT]/REPO[:TAG][@DIGEST]`
@@ -74,7 +75,8 @@ pub struct Args {
     /// The container's memory limit (K/M/G suffixes).
     #[arg(long, default_value = "1G", value_parser = bytes)]
     pub memory: u64,
-    /// Bytes the container may write (K/M/G suffixes).
+    /// Bytes the container may write (K/M/G suffixes). A container (oci:
+    /// or registry) needs 1M at least; 0 is for demo and exec: images.
     #[arg(long, default_value = "1G", value_parser = bytes)]
     pub disk: u64,
     /// One JSON object per line: {"chunk":…}, {"error":…}, then {"outcome":…}.
@@ -210,7 +212,8 @@ pub fn image(text: &str) -> Result<ImageRef, String> {
     let (name, digest) = text.split_once('@').unwrap_or((text, ANY_DIGEST));
     if !is_valid_name(name) {
         return Err(format!(
-            "{name:?} is not an image name (a repository path without a host)"
+            "{name:?} is not an image name (a repository path without a host){}",
+            registry_hint(name)
         ));
     }
     if !is_valid_digest(digest) {
@@ -222,6 +225,19 @@ pub fn image(text: &str) -> Result<ImageRef, String> {
         name: name.to_owned(),
         digest: digest.to_owned(),
     })
+}
+
+/// A hint for a registry reference given as a catalog name: a first
+/// component that is a host (`127.0.0.1:5000/…`, `registry.example/…`,
+/// `localhost/…`) or a `:TAG`.
+fn registry_hint(name: &str) -> &'static str {
+    let first = name.split('/').next().unwrap_or_default();
+    let host = name.contains('/') && (first.contains(['.', ':']) || first == "localhost");
+    if host || name.contains(':') {
+        "; a registry image is asked for with runloop run --registry-image HOST/REPO[:TAG][@DIGEST]"
+    } else {
+        ""
+    }
 }
 
 impl Args {

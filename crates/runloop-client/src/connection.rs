@@ -72,6 +72,8 @@ struct State {
     table: ClientTable,
     /// Whether any frame has come from the server.
     answered: bool,
+    /// Whether the authorization carried a credential (not an empty one).
+    credential: bool,
     /// Whether the reading task has stopped.
     closed: bool,
     /// The code and reason of the server's close frame, if it gave one.
@@ -86,6 +88,7 @@ impl State {
                 code: *code,
                 reason: reason.clone(),
             },
+            None if !self.answered && !self.credential => RunError::NoCredential,
             None => RunError::ConnectionEnded {
                 answered_before: self.answered,
             },
@@ -104,11 +107,14 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    pub(super) fn new(queue: Queue, limits: Limits) -> Self {
+    /// The shared state of a connection whose authorization carried a
+    /// credential, or (`credential` false) an empty one.
+    pub(super) fn new(queue: Queue, limits: Limits, credential: bool) -> Self {
         Shared {
             state: Mutex::new(State {
                 table: Table::client(),
                 answered: false,
+                credential,
                 closed: false,
                 closed_with: None,
             }),

@@ -118,6 +118,13 @@ pub enum RunError {
         /// Whether the server had sent any frame on this connection.
         answered_before: bool,
     },
+    /// The connection ended with no frame from the server, and the
+    /// authorization carried no credential (an empty one): the server
+    /// wants one, since a refusal is a close with no frame (protocol §3).
+    #[error(
+        "the server closed the connection without answering: it wants a credential, and none was sent"
+    )]
+    NoCredential,
     /// The server closed the connection and said why, in the WebSocket
     /// close frame: for instance that it is serving as many connections as
     /// it may. (A refused credential closes with no reason: that is
@@ -193,7 +200,7 @@ impl Client {
         let tap = config.tap.clone().map(|tap| (tap, Role::Client));
         let (queue, queued) = writer::outlet(Box::pin(sink), tap, None, writer_done.clone());
         let close = CancellationToken::new();
-        let shared = Arc::new(Shared::new(queue, config.limits));
+        let shared = Arc::new(Shared::new(queue, config.limits, !credential.is_empty()));
         let writer = tokio::spawn({
             let close = close.clone();
             let done = writer_done.clone();

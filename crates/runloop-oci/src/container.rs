@@ -59,7 +59,7 @@ use crate::disk;
 use crate::gc::Hold;
 use crate::host::{Host, HostError};
 use crate::image::Image;
-use crate::layout::Layout;
+use crate::layout::{Layout, LayoutError};
 use crate::link::{self, Watch};
 use crate::network::{self, Netns};
 use crate::runc;
@@ -529,6 +529,27 @@ impl Watch for Memory {
 /// One running container, as the server sees it ([`Supervised`]).
 pub type OciContainer = Supervised<()>;
 
+/// A layout named the way skopeo names one, `oci:DIR:TAG`, where `DIR` is
+/// a layout: the error says that an entry names the directory alone.
+fn tagged(dir: &Path, error: LayoutError) -> LayoutError {
+    let LayoutError::NotALayout { path, why } = error else {
+        return error;
+    };
+    let layout = dir
+        .to_str()
+        .and_then(|text| text.rsplit_once(':'))
+        .map(|(layout, _)| layout)
+        .filter(|layout| !layout.is_empty() && Path::new(layout).join("oci-layout").is_file());
+    let why = match layout {
+        Some(layout) => format!(
+            "{why}; oci:DIR names the layout's directory alone, with no :TAG (oci:{layout} \
+             serves the one image it holds)"
+        ),
+        None => why,
+    };
+    LayoutError::NotALayout { path, why }
+}
+
 // A runtime for an image layout belongs with the runtime it makes: the
 // host (below the container) knows nothing of OciRuntime.
 impl Host {
@@ -544,7 +565,8 @@ impl Host {
             dir: dir.to_owned(),
             source,
         };
-        let layout = Arc::new(Layout::open(dir).map_err(|error| image_error(error.into()))?);
+        let layout = Layout::open(dir).map_err(|error| image_error(tagged(dir, error).into()))?;
+        let layout = Arc::new(layout);
         let image = Image::from_layout(&layout).map_err(image_error)?;
         if let Some(pin) = pin {
             let pinned: Digest = pin.parse().map_err(|source| HostError::Pin {

@@ -310,7 +310,7 @@ impl Pull {
                 .client
                 .manifest(&endpoint, &name, &ACCEPTED, MAX_JSON)
                 .await
-                .map_err(|error| failed(&whole, "its manifest", &error))?;
+                .map_err(|error| failed(&whole, "the manifest", &error))?;
             let bytes = fetched.bytes;
             let digest = Digest::of(&bytes);
             // The registry's own word on the digest, when it gives one in a

@@ -152,8 +152,8 @@ pub struct Proxy {
 
 /// How the agent program ended, in words (`exit status 3`), once it has:
 /// told by the runtime that started it, which alone can know. A loop whose
-/// body breaks says this instead of the HTTP client's words about a
-/// connection.
+/// body breaks, or a call the program never answered, says this instead of
+/// the HTTP client's words about a connection.
 pub type AgentEnd = watch::Receiver<Option<String>>;
 
 /// Controls a proxy from elsewhere: its address and its shutdown; an admin
@@ -186,7 +186,8 @@ impl Proxy {
 
     /// Watches the agent program's end: a loop cut short by its exit is
     /// reported as `the agent program exited (exit status 3) before its
-    /// /run body ended`.
+    /// /run body ended`, a call it never answered as `… before it answered
+    /// POST /run`.
     pub fn with_agent_end(mut self, ended: AgentEnd) -> Proxy {
         self.ended = Some(ended);
         self
@@ -231,11 +232,10 @@ impl Proxy {
             ended,
         } = self;
         let shared = Arc::new(Shared {
-            upstream: Upstream::new(agent, config.max_error_body)?,
+            upstream: Upstream::new(agent, config.max_error_body, ended)?,
             config,
             state: State::default(),
             metrics,
-            ended,
         });
         let tracker = TaskTracker::new();
         info!(listen = %addr, %agent, "proxy up");
@@ -281,7 +281,6 @@ struct Shared {
     config: ProxyConfig,
     state: State,
     metrics: Arc<ProxyMetrics>,
-    ended: Option<AgentEnd>,
 }
 
 impl runloop_metrics::admin::Watched for ProxyHandle {

@@ -174,7 +174,7 @@ async fn relay(
             }
             Some(Err(broke)) => {
                 metrics.agent_faults.inc(AgentFault::StreamBroke);
-                let error = match (&broke, framing, exited(shared).await) {
+                let error = match (&broke, framing, shared.upstream.exited().await) {
                     // A body cut short of its length says so first (what
                     // the framing proves), then how the program ended.
                     (sse::Broke::Transport(_), Framing::Length(_), Some(status)) => {
@@ -249,19 +249,6 @@ fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
         ),
         _ => broke.to_string(),
     }
-}
-
-/// How long a loop whose body broke waits to learn that the agent program
-/// exited: the connection's end reaches the proxy before the runtime has
-/// reaped the program.
-const EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// How the agent program ended, when the runtime says so within
-/// [`EXIT_WAIT`]; `None` when nobody watches it or it still runs.
-async fn exited(shared: &Shared) -> Option<String> {
-    let mut ended = shared.ended.clone()?;
-    let said = tokio::time::timeout(EXIT_WAIT, ended.wait_for(Option::is_some)).await;
-    said.ok()?.ok()?.clone()
 }
 
 /// What goes before an event's data, unread, to make it a chunk: `[0]`.

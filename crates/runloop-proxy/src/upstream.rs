@@ -6,6 +6,8 @@
 //!
 //! ```text
 //! cannot dial / no answer     {"kind":"agent","error":"<reason>"}
+//!   the program exited        … "the agent program exited (<how>) before it answered POST /run"
+//!   it closed the connection  … "the agent program closed the connection without answering …"
 //! non-2xx, JSON body          the body, verbatim
 //! non-2xx, other body         {"kind":"agent","status":N,"error":"<body as text>"}
 //! 2xx, not text/event-stream  {"kind":"agent","status":N,"error":"<what came instead>"}
@@ -16,6 +18,12 @@
 //! body that ends when the connection closes reads the same whether the
 //! agent program finished or crashed (protocol §10), so the proxy relays its
 //! events and then says it cannot tell.
+//!
+//! A call that gets no answer is said in the agent program's terms, not the
+//! HTTP client's: how the program ended, when the runtime that watches it
+//! says so ([`AgentEnd`]), else that it closed the connection (a crash
+//! inside its handler) or could not be reached, and where its output is.
+//! The HTTP client's own account goes to the proxy's log.
 
 use std::io;
 use std::net::SocketAddr;
@@ -28,6 +36,9 @@ use reqwest::header::{
 use reqwest::{StatusCode, Version};
 use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::{Map, Value};
+use tracing::warn;
+
+use super::AgentEnd;
 
 /// The error JSON of a failed call, ready to follow the `1` tag.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,26 +145,49 @@ fn client() -> io::Result<reqwest::Client> {
 #[derive(Debug, Clone)]
 pub(super) struct Upstream {
     client: reqwest::Client,
+    agent: SocketAddr,
     register_url: String,
     run_url: String,
     max_error_body: usize,
+    /// How the program ended, where a runtime watches it.
+    ended: Option<AgentEnd>,
 }
 
+/// How long a call that failed waits to learn that the agent program
+/// exited: the connection's end reaches the proxy before the runtime has
+/// reaped the program.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl Upstream {
-    /// A client for the agent program at `agent`.
-    pub(super) fn new(agent: SocketAddr, max_error_body: usize) -> io::Result<Upstream> {
+    /// A client for the agent program at `agent`, whose end `ended` tells
+    /// when a runtime watches it.
+    pub(super) fn new(
+        agent: SocketAddr,
+        max_error_body: usize,
+        ended: Option<AgentEnd>,
+    ) -> io::Result<Upstream> {
         Ok(Upstream {
             client: client()?,
+            agent,
             register_url: format!("http://{agent}/register"),
             run_url: format!("http://{agent}/run"),
             max_error_body,
+            ended,
         })
+    }
+
+    /// How the agent program ended, when the runtime says so within
+    /// [`EXIT_WAIT`]; `None` when nobody watches it or it still runs.
+    pub(super) async fn exited(&self) -> Option<String> {
+        let mut ended = self.ended.clone()?;
+        let said = tokio::time::timeout(EXIT_WAIT, ended.wait_for(Option::is_some)).await;
+        said.ok()?.ok()?.clone()
     }
 
     /// `POST /register` with the server's ask, as it came.
     pub(super) async fn register(&self, ask: Bytes) -> Result<(), Failure> {
         let response = self
-            .post(&self.register_url, ask, "application/json")
+            .post(&self.register_url, "/register", ask, "application/json")
             .await?;
         if response.status().is_success() {
             Ok(())
@@ -168,7 +202,9 @@ impl Upstream {
         &self,
         ask: Bytes,
     ) -> Result<(reqwest::Response, Framing), Failure> {
-        let response = self.post(&self.run_url, ask, "text/event-stream").await?;
+        let response = self
+            .post(&self.run_url, "/run", ask, "text/event-stream")
+            .await?;
         let status = response.status();
         if !status.is_success() {
             return Err(self.refused(response).await);
@@ -192,17 +228,50 @@ impl Upstream {
     async fn post(
         &self,
         url: &str,
+        path: &str,
         body: Bytes,
         accept: &'static str,
     ) -> Result<reqwest::Response, Failure> {
-        self.client
+        let sent = self
+            .client
             .post(url)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .header(ACCEPT, HeaderValue::from_static(accept))
             .body(body)
             .send()
-            .await
-            .map_err(|error| Failure::agent(chain(&error)))
+            .await;
+        match sent {
+            Ok(response) => Ok(response),
+            Err(error) => Err(self.unanswered(path, &error).await),
+        }
+    }
+
+    /// A call to `path` that got no answer, in words that point at the
+    /// agent program: how it ended, when it did; else whether it could not
+    /// be reached or closed the connection, and where its output is.
+    async fn unanswered(&self, path: &str, error: &reqwest::Error) -> Failure {
+        warn!(path, error = %chain(error), "no answer from the agent program");
+        if let Some(how) = self.exited().await {
+            return Failure::agent(format!(
+                "the agent program exited ({how}) before it answered POST {path}"
+            ));
+        }
+        if error.is_connect() {
+            return Failure::agent(format!(
+                "cannot connect to the agent program at {}: {}",
+                self.agent,
+                cause(error)
+            ));
+        }
+        let output = if self.ended.is_some() {
+            "its output is in the server's log"
+        } else {
+            "its output says why"
+        };
+        Failure::agent(format!(
+            "the agent program closed the connection without answering POST {path}: it failed \
+             while handling the request, or exited ({output})"
+        ))
     }
 
     /// A non-2xx answer: its body verbatim when it is JSON, else wrapped.
@@ -247,6 +316,15 @@ fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
         .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// The innermost source of an error: what the system said.
+fn cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut inner = error;
+    while let Some(source) = inner.source() {
+        inner = source;
+    }
+    inner.to_string()
 }
 
 /// An error and its sources, joined with `: `, for an error value that has

@@ -4,7 +4,10 @@
 //! digest, and then any other digest is refused; an unpinned entry accepts
 //! any well-formed digest (the request's digest grammar is checked before
 //! the catalog is asked). Refusals name the image, so the caller learns
-//! exactly what was not accepted.
+//! exactly what was not accepted, and say what would be: a name the
+//! catalog lacks is answered with a few of the names it has, and a pinned
+//! entry asked for with no digest (the all-zero [`UNPINNED`] a caller
+//! sends when it names none) with the reference to ask for instead.
 //!
 //! Entries are written on the command line as agent specs:
 //!
@@ -33,7 +36,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use runloop_proto::agents_run::{ImageRef, is_valid_digest, is_valid_name};
+use runloop_proto::agents_run::{ImageRef, UNPINNED, is_valid_digest, is_valid_name};
 use tokio_tungstenite::tungstenite::http::Uri;
 
 use super::{Attach, Builtin, Exec, ExecConfig, Runtime};
@@ -226,15 +229,30 @@ impl fmt::Display for AgentSpec {
     }
 }
 
+/// How many of its names a refusal of an unknown name lists.
+const NAMES_LISTED: usize = 4;
+
 /// Why the catalog will not run an image; the message goes to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CatalogError {
     /// No entry for the name.
-    #[error("image {name:?} is not in this server's catalog")]
+    #[error("image {name:?} is not in this server's catalog, {}", served(.serves, *.more))]
     UnknownImage {
         /// The requested name.
         name: String,
+        /// The first names the catalog serves, in order (four at most).
+        serves: Vec<String>,
+        /// How many more it serves.
+        more: usize,
+    },
+    /// The entry pins a digest, and the request named none.
+    #[error("image {name:?} is pinned to {pinned}: ask for it by its digest, {name}@{pinned}")]
+    Unpinned {
+        /// The requested name.
+        name: String,
+        /// The digest the entry pins.
+        pinned: String,
     },
     /// The entry pins another digest.
     #[error("image {name:?} is pinned to {pinned}; {requested} is refused")]
@@ -246,6 +264,17 @@ pub enum CatalogError {
         /// The digest the request named.
         requested: String,
     },
+}
+
+/// The names a catalog serves, as a refusal lists them.
+fn served(names: &[String], more: usize) -> String {
+    let quoted: Vec<String> = names.iter().map(|name| format!("{name:?}")).collect();
+    match (quoted.as_slice(), more) {
+        ([], _) => "which is empty".to_owned(),
+        ([one], 0) => format!("which serves {one}"),
+        ([first @ .., last], 0) => format!("which serves {} and {last}", first.join(", ")),
+        (all, more) => format!("which serves {} and {more} more", all.join(", ")),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -310,8 +339,14 @@ impl Catalog {
             .get(&image.name)
             .ok_or_else(|| CatalogError::UnknownImage {
                 name: image.name.clone(),
+                serves: self.entries.keys().take(NAMES_LISTED).cloned().collect(),
+                more: self.entries.len().saturating_sub(NAMES_LISTED),
             })?;
         match &entry.digest {
+            Some(pinned) if image.digest == UNPINNED => Err(CatalogError::Unpinned {
+                name: image.name.clone(),
+                pinned: pinned.clone(),
+            }),
             Some(pinned) if *pinned != image.digest => Err(CatalogError::WrongDigest {
                 name: image.name.clone(),
                 pinned: pinned.clone(),
@@ -378,11 +413,48 @@ mod tests {
             .expect_err("unknown");
         assert_eq!(
             unknown.to_string(),
-            "image \"nope\" is not in this server's catalog"
+            "image \"nope\" is not in this server's catalog, which serves \"free\" and \"pinned\""
+        );
+        let unpinned = catalog
+            .resolve(&image("pinned", UNPINNED))
+            .expect_err("pinned");
+        assert_eq!(
+            unpinned.to_string(),
+            format!(
+                "image \"pinned\" is pinned to {pinned}: ask for it by its digest, pinned@{pinned}"
+            )
         );
         assert_eq!(
             catalog.names().collect::<Vec<_>>(),
             [("free", None), ("pinned", Some(pinned.as_str()))]
+        );
+    }
+
+    #[test]
+    fn an_unknown_name_is_answered_with_a_few_of_the_names_served() {
+        let unknown = |catalog: &Catalog| {
+            catalog
+                .resolve(&image("reverse", UNPINNED))
+                .expect_err("unknown")
+                .to_string()
+        };
+        let mut catalog = Catalog::new();
+        assert_eq!(
+            unknown(&catalog),
+            "image \"reverse\" is not in this server's catalog, which is empty"
+        );
+        catalog.insert("rev", None, Arc::new(Builtin::demo()));
+        assert_eq!(
+            unknown(&catalog),
+            "image \"reverse\" is not in this server's catalog, which serves \"rev\""
+        );
+        for name in ["a", "b", "c", "d", "e", "f"] {
+            catalog.insert(name, None, Arc::new(Builtin::demo()));
+        }
+        assert_eq!(
+            unknown(&catalog),
+            "image \"reverse\" is not in this server's catalog, which serves \"a\", \"b\", \"c\", \"d\" \
+             and 3 more"
         );
     }
 

@@ -18,10 +18,11 @@
 //! operator see of an agent's life is written here once, so it reads the
 //! same under both: the readiness loop and its two failures (`the agent
 //! program did not listen on 127.0.0.1:PORT within 60 s …`, `… exited
-//! before it listened …`), the crash-recovery policy, and the words of an
-//! end (`exited by itself: exit status 3`, memory named when the kernel's
-//! OOM killer was in it, `was stopped: …`). A runtime says only what is its
-//! own, as an [`Agent`].
+//! before it listened …`, which says where the program's output went),
+//! the crash-recovery policy, and the words of an end (`exited by itself:
+//! exit status 3`, memory named when the kernel's OOM killer was in it,
+//! `was stopped: …`). A runtime says only what is its own, as an
+//! [`Agent`].
 //!
 //! The crash-recovery policy: an agent program that ends by itself is
 //! over. How it ended is said at once — to the proxy, so a loop its death
@@ -197,7 +198,8 @@ impl Supervisor {
             tokio::select! {
                 status = self.child.wait() => {
                     return Err(NotReady::Exited(format!(
-                        "the agent program exited before it listened on 127.0.0.1:{port}: {}",
+                        "the agent program exited before it listened on 127.0.0.1:{port}: {} \
+                         (its output is in the server's log)",
                         how(agent, status)
                     )));
                 }

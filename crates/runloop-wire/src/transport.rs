@@ -68,9 +68,18 @@ pub enum DialError {
         #[source]
         source: io::Error,
     },
-    /// The WebSocket handshake failed.
-    #[error("the WebSocket handshake failed: {}", websocket_failure(.0))]
-    WebSocket(#[source] WsError),
+    /// The WebSocket handshake failed: what answered is not a runloop
+    /// server, or a runloop server refused the upgrade and said why.
+    #[error("{}", websocket_failure(host, *port, source))]
+    WebSocket {
+        /// The host.
+        host: String,
+        /// The port.
+        port: u16,
+        /// What the handshake said.
+        #[source]
+        source: WsError,
+    },
 }
 
 /// Why a TLS handshake failed, as far as a caller can tell.
@@ -201,14 +210,28 @@ fn alert_name(alert: AlertDescription) -> String {
     format!("{alert:?}")
 }
 
-/// What the server's HTTP answer said, when the handshake got one.
-fn websocket_failure(error: &WsError) -> String {
+/// The words of a failed WebSocket handshake with `host:port`.
+fn websocket_failure(host: &str, port: u16, error: &WsError) -> String {
     match error {
-        WsError::Http(response) => match answer_body(response) {
-            Some(body) => format!("the server answered HTTP {}: {body}", response.status()),
-            None => format!("the server answered HTTP {}", response.status()),
+        WsError::Http(response) => match runloop_refusal(response) {
+            Some(body) => format!(
+                "the WebSocket handshake with {host}:{port} failed: the server answered HTTP {}: \
+                 {body}",
+                response.status()
+            ),
+            None => format!(
+                "{host}:{port} is not a runloop server: it answered the WebSocket upgrade with \
+                 HTTP {}",
+                response.status()
+            ),
         },
-        other => other.to_string(),
+        WsError::Io(error) => {
+            format!("the WebSocket handshake with {host}:{port} failed: {error}")
+        }
+        other => format!(
+            "{host}:{port} is not a runloop server: its answer to the WebSocket upgrade is not \
+             one ({other})"
+        ),
     }
 }
 
@@ -296,7 +319,7 @@ pub async fn dial(
     };
     tokio_tungstenite::client_async_with_config(request, stream, Some(config))
         .await
-        .map_err(DialError::WebSocket)
+        .map_err(|source| DialError::WebSocket { host, port, source })
 }
 
 /// Why a server-side TLS handshake did not complete.
@@ -375,6 +398,37 @@ async fn answer_plaintext(mut tcp: TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Newcomer G6 (issue 30): the library names an HTTP server that is
+    /// not a runloop server as the CLI does, not as a bare handshake
+    /// failure.
+    #[tokio::test]
+    async fn an_http_server_that_does_not_upgrade_is_named_not_a_runloop_server() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bound");
+        let port = listener.local_addr().expect("an address").port();
+        let server = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.expect("a connection");
+            let mut request = [0u8; 1024];
+            let _ = tcp.read(&mut request).await;
+            let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+            tcp.write_all(answer).await.expect("answered");
+        });
+        let url = format!("ws://127.0.0.1:{port}");
+        let error = dial(&url, None, WebSocketConfig::default())
+            .await
+            .expect_err("not a WebSocket server");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "127.0.0.1:{port} is not a runloop server: it answered the WebSocket upgrade \
+                 with HTTP 200 OK"
+            )
+        );
+        server.await.expect("the server ends");
+    }
 
     #[test]
     fn the_plaintext_answer_is_well_formed() {

@@ -209,7 +209,7 @@ async fn a_child_that_exits_before_listening_fails_the_start() {
     let message = error.to_string();
     assert!(
         message.starts_with("the agent program exited before it listened on 127.0.0.1:")
-            && message.ends_with(": exit status 7"),
+            && message.ends_with(": exit status 7 (its output is in the server's log)"),
         "{message}"
     );
     assert!(reaped(pids[0]), "the child is reaped");

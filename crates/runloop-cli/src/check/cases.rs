@@ -271,6 +271,12 @@ async fn served(ctx: &mut Ctx) -> Checked {
              credential (§3): is --token right?"
                 .to_owned(),
         ))),
+        Ok(Err(RunError::NoCredential)) => Err(ctx.unserved(Verdict::Skip(
+            "the server closed the connection with no frame, as it does for a refused \
+             credential (§3), and none was sent: pass one with --token-file FILE or \
+             RUNLOOP_TOKEN"
+                .to_owned(),
+        ))),
         Ok(Err(error)) => fail(error.to_string()),
         Err(_) => Err(ctx.unserved(Verdict::Fail(format!(
             "no answer to a run request within {}",

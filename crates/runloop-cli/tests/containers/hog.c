@@ -3,6 +3,7 @@
  * that registers anything and answers a loop according to its arguments:
  *
  *   memory    one chunk, then allocates and touches memory until killed
+ *   hungry    allocates and touches memory until killed, before it listens
  *   disk      says its memory limit as its cgroup shows it, fills /tmp and
  *             then / until ENOSPC, and says what it saw
  *   stubborn  ignores SIGTERM, forks children that ignore it too (one in a
@@ -153,6 +154,15 @@ static long long fill(const char *file, int *error) {
     return total;
 }
 
+/* Allocates and touches memory, 1 MiB at a time, until it is killed. */
+static void eat(void) {
+    for (;;) {
+        char *block = malloc(1 << 20);
+        if (block == NULL) continue;
+        memset(block, 1, 1 << 20);
+    }
+}
+
 /* The memory limit the container's cgroup shows (v1, then v2), or -1. */
 static long long memory_limit(void) {
     const char *files[] = {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max"};
@@ -247,11 +257,7 @@ static void run_loop(int fd, const char *body) {
     }
     if (strcmp(mode, "memory") == 0) {
         send_event(fd, "allocating");
-        for (;;) {
-            char *block = malloc(1 << 20);
-            if (block == NULL) continue;
-            memset(block, 1, 1 << 20);
-        }
+        eat();
     }
     if (strcmp(mode, "disk") == 0) {
         int tmp_error = 0, root_error = 0;
@@ -332,6 +338,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "silent") == 0) {
         for (;;) pause();
     }
+    if (strcmp(mode, "hungry") == 0) eat();
     const char *port_text = getenv("PORT");
     int port = port_text ? atoi(port_text) : 8080;
     if (port <= 0 || port > 65535) port = 8080;

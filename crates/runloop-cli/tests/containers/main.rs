@@ -375,14 +375,29 @@ fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
     }
     let images = Images::get();
     let (hog, hog_digest) = images.hog_layout("memory");
+    let (hungry, hungry_digest) = images.hog_layout("hungry");
     let (demo, demo_digest) = images.agent_layout("after-memory");
     let server = Server::start(
         &[
             format!("hog=oci:{}", hog.display()),
+            format!("hungry=oci:{}", hungry.display()),
             format!("demo=oci:{}", demo.display()),
         ],
         &[],
     );
+    // Newcomer G9: killed at the limit before it listened, the refusal
+    // names memory too.
+    let refused = server.run(&format!("hungry@{hungry_digest}"), "32M", "8M", "x");
+    assert_eq!(refused.status.code(), Some(7), "{refused:?}");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains(
+            "exited before it listened on 127.0.0.1:8080: killed by signal 9; it ran out of memory"
+        ),
+        "{said}\n{}",
+        server.log()
+    );
+
     let output = server.run(&format!("hog@{hog_digest}"), "32M", "8M", "eat");
     let lines = json_lines(&output);
     // The loop said something, then ended without finishing.
@@ -409,7 +424,7 @@ fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
     let keys = server.keys();
     let store = server.store.clone();
     assert_eq!(server.terminate(), Some(0));
-    assert_eq!(keys.len(), 2);
+    assert_eq!(keys.len(), 3);
     assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
 
@@ -822,6 +837,11 @@ fn registry_images_are_refused_before_anything_starts() {
         "x",
     ));
     assert!(said.contains("not found"), "{said}");
+    // Newcomer G16: not the dangling "its manifest of …".
+    assert!(
+        said.contains(&format!("the manifest of {host}/agents/absent:1: ")),
+        "{said}"
+    );
 
     let wrong = format!("sha256:{}", "0".repeat(64));
     let said = refusal(&pull_and_run(
@@ -967,6 +987,18 @@ fn serve_refuses_at_startup_what_it_cannot_run() {
 
     let said = serve_refuses(&[], "demo=oci:/nonexistent/layout", None);
     assert!(said.contains("is not an OCI image layout"), "{said}");
+    assert!(!said.contains(":TAG"), "{said}");
+
+    // Newcomer G15: skopeo's oci:DIR:TAG, where DIR is a layout.
+    let said = serve_refuses(&[], &format!("demo=oci:{}:1", path.display()), None);
+    assert!(
+        said.contains(&format!(
+            "; oci:DIR names the layout's directory alone, with no :TAG (oci:{} serves the one \
+             image it holds)",
+            path.display()
+        )),
+        "{said}"
+    );
 }
 
 #[test]

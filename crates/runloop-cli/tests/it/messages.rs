@@ -443,3 +443,233 @@ fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
         "{log}"
     );
 }
+
+/// An agent program whose `/run` handler runs `ON_RUN` (a Python
+/// statement) before it answers: a statement that raises makes Python's
+/// `http.server` close the connection with no status line, as a typo in a
+/// handler does.
+const FAILING_AGENT: &str = r#"
+import os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path == "/run":
+            exec(ON_RUN)
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+"#;
+
+/// A server whose one image runs [`FAILING_AGENT`] with `on_run`, and the
+/// scratch directory that holds the program.
+fn failing_server(on_run: &str, level: &str) -> (common::Serve, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let agent = dir.path().join("failing_agent.py");
+    std::fs::write(&agent, format!("ON_RUN = {on_run:?}\n{FAILING_AGENT}")).expect("written");
+    let spec = format!("demo=exec:python3 {}", agent.display());
+    let server = common::Serve::start(level, &["--agent", &spec, "--exec-disk", "unenforced"]);
+    (server, dir)
+}
+
+/// Newcomer G7: a handler that raises is said as the agent program's
+/// fault, with where its traceback went — not as the HTTP client's `error
+/// sending request for url (http://127.0.0.1:PORT/run) … connection
+/// closed before message completed`.
+#[test]
+fn an_agent_that_raises_in_its_handler_is_said_to_have_closed_the_connection() {
+    let (mut server, _dir) = failing_server("raise KeyError('promt')", "info");
+    let log = common::drain(server.stderr());
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(3), "no loop ran: {stdout}{stderr}");
+    assert_eq!(stdout, "");
+    assert_eq!(
+        stderr,
+        "no loop ran: {\"kind\":\"agent\",\"error\":\"the agent program closed the connection \
+         without answering POST /run: it failed while handling the request, or exited (its \
+         output is in the server's log)\"}\n"
+    );
+    server.terminate();
+    let log = log.join().expect("the log");
+    assert!(
+        log.contains("runloop::agent_program") && log.contains("KeyError: 'promt'"),
+        "the traceback is where the message says: {log}"
+    );
+}
+
+/// Newcomer G8: an exec agent program the kernel kills at the run's memory
+/// limit while it handles `/run` is said to have run out of memory, in
+/// the loop's error the caller gets.
+#[test]
+fn an_agent_killed_at_its_memory_limit_before_it_answers_says_so() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Cgroups]) {
+        return;
+    }
+    let (server, _dir) = failing_server("hog = b'x' * (256 << 20)", "error");
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--memory", "64M", "hi"]);
+    assert_eq!(status.code(), Some(3), "no loop ran: {stdout}{stderr}");
+    assert!(
+        stderr.starts_with(
+            "no loop ran: {\"kind\":\"agent\",\"error\":\"the agent program exited (killed by \
+             signal 9; it ran out of memory: the kernel killed 1 of its processes at the run's \
+             memory limit) before it answered POST /run\"}"
+        ),
+        "{stderr}"
+    );
+}
+
+/// Newcomer G11 and G17: a pinned image asked for by name alone is
+/// answered with the reference to ask for (not the all-zero digest the
+/// caller never typed), and a name the catalog lacks with the names it has.
+#[test]
+fn a_catalog_refusal_says_what_would_be_served() {
+    let pinned = format!("sha256:{}", "a".repeat(64));
+    let server = common::Serve::start("error", &["--agent", &format!("rev@{pinned}=builtin:demo")]);
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "--image", "rev", "hi"]);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "runloop: the run was refused: {{\"kind\":\"policy\",\"error\":\"image \\\"rev\\\" is \
+             pinned to {pinned}: ask for it by its digest, rev@{pinned}\"}}\n"
+        )
+    );
+    assert!(!stderr.contains(&"0".repeat(64)), "{stderr}");
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "--image", "reverse", "hi"]);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    assert!(
+        stderr.contains(
+            "image \\\"reverse\\\" is not in this server's catalog, which serves \\\"rev\\\"\"}"
+        ),
+        "{stderr}"
+    );
+}
+
+/// Newcomer G12: a registry reference given to `--image` points to
+/// `--registry-image`; a name that is merely malformed does not.
+#[test]
+fn a_registry_reference_given_as_an_image_name_points_to_registry_image() {
+    let hint = "; a registry image is asked for with runloop run --registry-image \
+                HOST/REPO[:TAG][@DIGEST]";
+    for reference in [
+        "127.0.0.1:5000/agents/rev:1",
+        "registry.example/agents/rev",
+        "localhost/agents/rev",
+        "agents/rev:1",
+    ] {
+        let (status, _, stderr) = run(&["run", "--image", reference, "hi"]);
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "{reference:?} is not an image name (a repository path without a host){hint}"
+            )),
+            "{stderr}"
+        );
+    }
+    let (status, _, stderr) = run(&["run", "--image", "Agents/Rev", "hi"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains("--registry-image"), "{stderr}");
+}
+
+/// Newcomer G13: a server that wants a credential and got none is told
+/// apart from one that refused the credential sent (protocol §3 gives
+/// both no frame; the client knows which it sent).
+#[test]
+fn no_credential_is_told_apart_from_a_wrong_one() {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "right\n").expect("written");
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "wrong\n").expect("written");
+    let server = common::Serve::start("error", &["--token-file", tokens.to_str().expect("UTF-8")]);
+    let none = common::runloop()
+        .args(["run", "--url", &server.url, "hi"])
+        .env_remove("RUNLOOP_TOKEN")
+        .output()
+        .expect("runs");
+    assert_eq!(none.status.code(), Some(7), "{none:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&none.stderr),
+        "runloop: the server closed the connection without answering: it wants a credential, \
+         and none was sent (pass it with --token-file FILE or RUNLOOP_TOKEN)\n"
+    );
+    let wrong = wrong.to_str().expect("UTF-8");
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "--token-file", wrong, "hi"]);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    assert_eq!(
+        stderr,
+        "runloop: the server closed the connection without answering (is the credential right?)\n"
+    );
+}
+
+/// Newcomer G14: `serve` says at startup when an `exec:` entry's program,
+/// or the script it is given, is not there — not only at the first run.
+#[test]
+fn serve_warns_at_startup_of_an_exec_program_that_is_not_there() {
+    let mut server = common::Serve::start(
+        "warn",
+        &[
+            "--exec-disk",
+            "unenforced",
+            "--agent",
+            "nowhere=exec:agent-that-is-nowhere.py",
+            "--agent",
+            "typo=exec:python3 agnet.py",
+            "--agent",
+            "fine=exec:python3 -m http.server",
+        ],
+    );
+    let log = common::drain(server.stderr());
+    server.terminate();
+    let log = log.join().expect("the log");
+    assert!(
+        log.contains(
+            "image \"nowhere\" cannot be served as configured: every run will fail: the agent \
+             program \"agent-that-is-nowhere.py\" is not on the server's PATH (write a path, such \
+             as ./agent-that-is-nowhere.py, or name its interpreter)"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "image \"typo\" cannot be served as configured: every run will fail: python3's \
+             argument \"agnet.py\" names no file (relative to the server's directory)"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("image \"fine\""), "{log}");
+}
+
+/// Newcomer G10: a program that exits before it listens is refused with
+/// where its output went (under exec and oci alike: the words are the
+/// supervised module's).
+#[test]
+fn a_program_that_exits_before_it_listens_says_where_its_output_is() {
+    let mut server = common::Serve::start(
+        "info",
+        &[
+            "--exec-disk",
+            "unenforced",
+            "--agent",
+            "demo=exec:python3 -c raise(SystemExit('a-typo-in-the-agent'))",
+        ],
+    );
+    let log = common::drain(server.stderr());
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    assert!(
+        stderr.contains(": exit status 1 (its output is in the server's log)\"}"),
+        "{stderr}"
+    );
+    server.terminate();
+    let log = log.join().expect("the log");
+    assert!(
+        log.contains("runloop::agent_program") && log.contains("a-typo-in-the-agent"),
+        "{log}"
+    );
+}

@@ -236,7 +236,8 @@ impl RunRequest {
 
     /// A request for the registry image at `reference`
     /// (`HOST[:PORT]/REPO[:TAG][@DIGEST]`, protocol §5), with the defaults
-    /// of [`RunRequest::server`].
+    /// of [`RunRequest::server`]. The reference is not parsed here: the
+    /// server refuses one that does not parse.
     pub fn registry(reference: impl Into<String>) -> Self {
         RunRequest::of(Image::Registry(RegistryImage {
             reference: reference.into(),

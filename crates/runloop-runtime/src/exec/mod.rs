@@ -65,6 +65,7 @@
 //! cgroups, a descendant that leaves the process group outlives the run.
 
 mod confine;
+mod lookup;
 mod port;
 
 use std::io;
@@ -364,14 +365,21 @@ impl Runtime for Exec {
         supervised::boxed(self.spawn(limits))
     }
 
+    /// A program that cannot start first (every run fails), then a disk
+    /// that will be refused.
     fn caveat(&self) -> Option<String> {
-        (self.config.disk == DiskPolicy::Refuse).then(|| {
+        let missing = lookup::missing(&self.program, &self.args)
+            .map(|why| format!("every run will fail: {why}"));
+        let disk = (self.config.disk == DiskPolicy::Refuse).then_some(
             "every run that asks for disk will be refused, since nothing holds an exec \
              program's writes (runloop serve --exec-disk refuse, the default); only runs with \
              disk 0 go ahead. Accept unenforced disk with --exec-disk unenforced, or serve the \
-             agent as an oci: image"
-                .to_owned()
-        })
+             agent as an oci: image",
+        );
+        match (missing, disk) {
+            (Some(missing), Some(disk)) => Some(format!("{missing}; and {disk}")),
+            (missing, disk) => missing.or(disk.map(str::to_owned)),
+        }
     }
 }
 
