@@ -595,7 +595,8 @@ mod tests {
         assert_eq!(
             exited,
             Err(NotReady::Exited(
-                "the agent program exited before it listened on 127.0.0.1:9: exit status 3"
+                "the agent program exited before it listened on 127.0.0.1:9: exit status 3 \
+                 (its output is in the server's log)"
                     .to_owned()
             ))
         );
