@@ -191,6 +191,16 @@ impl Pull {
     /// The runtime for `reference`, pulling what the store lacks for
     /// `puller`.
     pub async fn runtime(&self, text: &str, puller: &Puller) -> Result<OciRuntime, RegistryError> {
+        // A digest is checked first, by the rule every digest here is held
+        // to, so a bad one is named as such rather than as a bad reference.
+        if let Some((_, digest)) = text.rsplit_once('@') {
+            digest.parse::<Digest>().map_err(|error| {
+                refused(
+                    ErrorKind::Registry,
+                    format!("registry reference {text:?} does not parse: {error}"),
+                )
+            })?;
+        }
         let reference: Reference = text.parse().map_err(|error| {
             refused(
                 ErrorKind::Registry,

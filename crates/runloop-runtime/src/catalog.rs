@@ -247,7 +247,11 @@ pub enum CatalogError {
         more: usize,
     },
     /// The entry pins a digest, and the request named none.
-    #[error("image {name:?} is pinned to {pinned}: ask for it by its digest, {name}@{pinned}")]
+    #[error(
+        "image {name:?} is pinned to {pinned}: ask for it by that digest (the request's image \
+         digest: RunRequest::server({name:?}).digest(…) in the Rust client, {name}@{pinned} on \
+         runloop run's command line)"
+    )]
     Unpinned {
         /// The requested name.
         name: String,
@@ -421,7 +425,9 @@ mod tests {
         assert_eq!(
             unpinned.to_string(),
             format!(
-                "image \"pinned\" is pinned to {pinned}: ask for it by its digest, pinned@{pinned}"
+                "image \"pinned\" is pinned to {pinned}: ask for it by that digest (the request's \
+                 image digest: RunRequest::server(\"pinned\").digest(…) in the Rust client, \
+                 pinned@{pinned} on runloop run's command line)"
             )
         );
         assert_eq!(

@@ -850,6 +850,17 @@ fn registry_images_are_refused_before_anything_starts() {
         "x",
     ));
     assert!(said.contains("not found"), "{said}");
+    // A digest that breaks the rule is named by it (newcomer 2's fourth
+    // guess: it read "invalid reference format").
+    let said = refusal(&pull_and_run(
+        &server.url,
+        &format!("{host}/agents/demo:1@sha256:abc"),
+        "x",
+    ));
+    assert!(
+        said.contains(r#"digest \"sha256:abc\" is not sha256: and 64 lowercase hex digits"#),
+        "{said}"
+    );
 
     // A manifest whose bytes no longer match its digest.
     let (tampered_manifest, _) =

@@ -170,6 +170,13 @@ pub enum InvalidRequest {
     /// An image name that is not a repository path without a host.
     #[error("image name {0:?} is not a repository path without a host")]
     ImageName(String),
+    /// An image name with `@DIGEST` in it: the digest has a member of its
+    /// own.
+    #[error(
+        "image name {0:?} holds a digest: the name goes in the image's name and the digest in its \
+         digest (RunRequest::server(NAME).digest(DIGEST) in the Rust client)"
+    )]
+    DigestInName(String),
     /// An image digest that is not one runloop takes ([`DIGEST_RULE`]).
     #[error("image digest {0:?} is not sha256: followed by 64 lowercase hex digits")]
     ImageDigest(String),
@@ -286,6 +293,9 @@ impl RunRequest {
         }
         match &container.image {
             Image::Client(ImageRef { name, digest }) | Image::Server(ImageRef { name, digest }) => {
+                if name.contains('@') {
+                    return Err(InvalidRequest::DigestInName(name.clone()));
+                }
                 if !is_valid_name(name) {
                     return Err(InvalidRequest::ImageName(name.clone()));
                 }
@@ -408,6 +418,17 @@ mod tests {
         assert_eq!(
             RunRequest::server("Demo").validate(),
             Err(InvalidRequest::ImageName("Demo".into()))
+        );
+        let pinned = RunRequest::server(format!("demo@sha256:{}", "0".repeat(64))).validate();
+        assert!(
+            matches!(pinned, Err(InvalidRequest::DigestInName(ref name)) if name.starts_with("demo@")),
+            "{pinned:?}"
+        );
+        assert!(
+            pinned
+                .unwrap_err()
+                .to_string()
+                .contains(".digest(DIGEST) in the Rust client")
         );
     }
 

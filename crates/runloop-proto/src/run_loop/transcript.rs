@@ -21,6 +21,14 @@ pub struct Transcript {
     calls: HashMap<(Option<String>, String), usize>,
 }
 
+/// A transcript is written as the JSON array of its merged chunks, so a
+/// caller prints it with `serde_json` as it is.
+impl serde::Serialize for Transcript {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.chunks.serialize(serializer)
+    }
+}
+
 impl Transcript {
     /// An empty transcript.
     pub fn new() -> Self {
@@ -114,6 +122,20 @@ impl FromIterator<AgenticLoopChunk> for Transcript {
 mod tests {
     use super::*;
     use crate::run_loop::{TextChunk, TokenLogprob, ToolCallChunk, UsageChunk};
+
+    #[test]
+    fn a_transcript_serializes_as_its_merged_chunks() {
+        let transcript: Transcript = [
+            AgenticLoopChunk::AssistantTextContent(text("Hel", None)),
+            AgenticLoopChunk::AssistantTextContent(text("lo", None)),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            serde_json::to_string(&transcript).expect("serializes"),
+            r#"[{"type":"assistant_text_content","text":"Hello"}]"#
+        );
+    }
 
     fn text(s: &str, parent: Option<&str>) -> TextChunk {
         TextChunk {
