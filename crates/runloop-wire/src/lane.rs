@@ -34,8 +34,6 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::error::ProtocolError;
-use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 
 /// The writer's end of a connection's lane (see the module's docs).
 #[derive(Clone)]
@@ -63,14 +61,22 @@ struct Queue {
     bytes: usize,
 }
 
-/// A piece of what is on a lane: a WebSocket header, or bytes as they are.
+/// A piece of what is on a lane: a WebSocket header and the start of its
+/// frame's payload (a frame header, copied), or bytes as they are.
 enum Segment {
-    Head { bytes: [u8; MAX_HEAD], len: u8 },
+    Head {
+        bytes: [u8; MAX_HEAD + INLINE],
+        len: u8,
+    },
     Bytes(Bytes),
 }
 
 /// The longest header of an unmasked frame: 2 bytes and an 8-byte length.
 const MAX_HEAD: usize = 10;
+
+/// The longest start of a payload copied beside its WebSocket header (the
+/// 9-byte frame header fits): one segment fewer a frame.
+const INLINE: usize = 16;
 
 /// The most segments one vectored write takes.
 const SLICES: usize = 64;
@@ -106,30 +112,34 @@ impl Lane {
 
     /// Puts one data frame on the lane, unmasked: a Binary frame when it
     /// `opens` a message, else a Continuation frame; `fin` when it ends the
-    /// message; its payload is `parts`, one after the other. Refused once
-    /// the WebSocket has written its close.
-    pub fn push(&self, opens: bool, fin: bool, parts: [Bytes; 2]) -> Result<(), WsError> {
-        let length = parts.iter().map(Bytes::len).sum::<usize>();
-        let opcode = if opens { Data::Binary } else { Data::Continue };
-        let header = FrameHeader {
-            is_final: fin,
-            opcode: OpCode::Data(opcode),
-            ..FrameHeader::default()
+    /// message; its payload is `head` then `body`. Says how many bytes the
+    /// lane then holds, not yet written. Refused once the lane has ended.
+    pub fn push(&self, opens: bool, fin: bool, head: Bytes, body: Bytes) -> Result<usize, WsError> {
+        let length = head.len() + body.len();
+        let mut bytes = [0; MAX_HEAD + INLINE];
+        let header = frame_header(opens, fin, length, &mut bytes);
+        let (len, head) = if head.len() <= INLINE {
+            bytes[header..header + head.len()].copy_from_slice(&head);
+            (header + head.len(), None)
+        } else {
+            (header, Some(head))
         };
-        let mut bytes = [0; MAX_HEAD];
-        let mut cursor = io::Cursor::new(&mut bytes[..]);
-        header.format(length as u64, &mut cursor)?;
-        let len = cursor.position() as u8;
         let mut queue = lock(&self.queue);
         if queue.closed {
             return Err(WsError::Protocol(ProtocolError::SendAfterClosing));
         }
-        queue.bytes += usize::from(len) + length;
-        queue.segments.push_back(Segment::Head { bytes, len });
-        for part in parts.into_iter().filter(|part| !part.is_empty()) {
-            queue.segments.push_back(Segment::Bytes(part));
+        queue.bytes += header + length;
+        queue.segments.push_back(Segment::Head {
+            bytes,
+            len: len as u8,
+        });
+        if let Some(head) = head {
+            queue.segments.push_back(Segment::Bytes(head));
         }
-        Ok(())
+        if !body.is_empty() {
+            queue.segments.push_back(Segment::Bytes(body));
+        }
+        Ok(queue.bytes)
     }
 
     /// The peer's close was read: from now on only the WebSocket's own
@@ -138,10 +148,24 @@ impl Lane {
     pub fn peer_closed(&self) {
         lock(&self.queue).closed = true;
     }
+}
 
-    /// How many bytes are on the lane, not yet written.
-    pub fn queued(&self) -> usize {
-        lock(&self.queue).bytes
+/// Writes the header of an unmasked data frame of `length` bytes into
+/// `out` (RFC 6455, section 5.2): FIN, the opcode (Binary or
+/// Continuation), the length in 7, 7+16 or 7+64 bits. Says how long it is.
+fn frame_header(opens: bool, fin: bool, length: usize, out: &mut [u8; MAX_HEAD + INLINE]) -> usize {
+    out[0] = if fin { 0x80 } else { 0 } | if opens { 0x2 } else { 0 };
+    if length < 126 {
+        out[1] = length as u8;
+        2
+    } else if let Ok(short) = u16::try_from(length) {
+        out[1] = 126;
+        out[2..4].copy_from_slice(&short.to_be_bytes());
+        4
+    } else {
+        out[1] = 127;
+        out[2..10].copy_from_slice(&(length as u64).to_be_bytes());
+        10
     }
 }
 
@@ -303,28 +327,26 @@ mod tests {
     async fn frames_go_out_in_order_from_their_own_bytes() {
         let (mut ws, lane, peer) = laned().await;
         let big = Bytes::from(vec![7; 70_000]);
-        lane.push(
+        let queued = lane.push(
             true,
             true,
-            [Bytes::from_static(b"head"), Bytes::from_static(b"body")],
-        )
-        .expect("open");
+            Bytes::from_static(b"head"),
+            Bytes::from_static(b"body"),
+        );
+        assert_eq!(queued.expect("open"), 2 + 8);
         // The WebSocket's own frame goes after what is on the lane.
         ws.send(Message::Pong(Bytes::from_static(b"p")))
             .await
             .expect("pong");
-        lane.push(
-            true,
-            false,
-            [Bytes::from_static(b"\0"), big.slice(..65_000)],
-        )
-        .expect("open");
-        lane.push(false, true, [big.slice(65_000..), Bytes::new()])
-            .expect("open");
         // The pong's send wrote what came before it; two headers of 4.
-        assert_eq!(lane.queued(), 4 + 65_001 + 4 + 5_000);
+        let queued = lane.push(true, false, Bytes::from_static(b"\0"), big.slice(..65_000));
+        assert_eq!(queued.expect("open"), 4 + 65_001);
+        let queued = lane.push(false, true, big.slice(65_000..), Bytes::new());
+        assert_eq!(queued.expect("open"), 4 + 65_001 + 4 + 5_000);
         ws.flush().await.expect("flushed");
-        assert_eq!(lane.queued(), 0);
+        let queued = lane.push(true, true, Bytes::new(), Bytes::from_static(b"!"));
+        assert_eq!(queued.expect("open"), 3, "only the last frame");
+        ws.flush().await.expect("flushed");
 
         let mut peer = WebSocketStream::from_raw_socket(peer, Role::Client, None).await;
         assert_eq!(next(&mut peer).await, Message::binary(&b"headbody"[..]));
@@ -335,16 +357,39 @@ mod tests {
         let mut whole = vec![0];
         whole.extend_from_slice(&big);
         assert_eq!(next(&mut peer).await, Message::binary(whole));
+        assert_eq!(next(&mut peer).await, Message::binary(&b"!"[..]));
+    }
+
+    #[test]
+    fn frame_headers_are_the_websockets_own() {
+        use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+
+        for length in [0, 1, 125, 126, 127, 65_535, 65_536, 1 << 24] {
+            for (opens, fin) in [(true, true), (true, false), (false, false), (false, true)] {
+                let mut ours = [0; MAX_HEAD + INLINE];
+                let len = frame_header(opens, fin, length, &mut ours);
+                let opcode = if opens { Data::Binary } else { Data::Continue };
+                let header = FrameHeader {
+                    is_final: fin,
+                    opcode: OpCode::Data(opcode),
+                    ..FrameHeader::default()
+                };
+                let mut theirs = Vec::new();
+                header.format(length as u64, &mut theirs).expect("formats");
+                assert_eq!(&ours[..len], &theirs[..], "{length} {opens} {fin}");
+            }
+        }
     }
 
     #[tokio::test]
     async fn nothing_follows_the_websockets_close() {
         let (mut ws, lane, mut peer) = laned().await;
-        lane.push(true, true, [Bytes::from_static(b"a"), Bytes::new()])
+        lane.push(true, true, Bytes::from_static(b"a"), Bytes::new())
             .expect("open");
         ws.close(None).await.expect("closed");
         assert!(matches!(
-            lane.push(true, true, [Bytes::from_static(b"b"), Bytes::new()]),
+            lane.push(true, true, Bytes::from_static(b"b"), Bytes::new()),
             Err(WsError::Protocol(ProtocolError::SendAfterClosing))
         ));
         drop(ws);
@@ -363,10 +408,8 @@ mod tests {
         // server it then ends without a flush of its own.
         assert!(matches!(ws.next().await, Some(Ok(Message::Close(_)))));
         assert!(ws.next().await.is_none());
-        assert!(
-            lane.push(true, true, [Bytes::from_static(b"late"), Bytes::new()])
-                .is_err()
-        );
+        let late = lane.push(true, true, Bytes::from_static(b"late"), Bytes::new());
+        assert!(late.is_err());
         let answer = tokio::time::timeout(std::time::Duration::from_secs(10), next(&mut peer));
         assert!(matches!(answer.await, Ok(Message::Close(_))), "answered");
     }

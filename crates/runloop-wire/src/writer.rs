@@ -248,14 +248,16 @@ impl Sending {
         let sink = self.sink.as_mut().ok_or(WsError::AlreadyClosed)?;
         if let Some(lane) = &self.lane {
             let (head, body) = message.into_parts();
-            if head.len() + body.len() <= FRAGMENT {
-                lane.push(true, true, [head, body])?;
+            let queued = if head.len() + body.len() <= FRAGMENT {
+                lane.push(true, true, head, body)?
             } else {
+                let mut queued = 0;
                 for (opens, fin, piece) in fragments(head, body) {
-                    lane.push(opens, fin, [piece, Bytes::new()])?;
+                    queued = lane.push(opens, fin, piece, Bytes::new())?;
                 }
-            }
-            if lane.queued() >= LANE_AHEAD {
+                queued
+            };
+            if queued >= LANE_AHEAD {
                 // The WebSocket's flush writes the lane.
                 sink.flush().await?;
             }
