@@ -1,14 +1,17 @@
 //! The server's write lane: the bytes on their way to a connection's
-//! socket, in order, each written from its own buffer.
+//! socket, in order: small frames copied together, large payloads written
+//! from their own bytes.
 //!
 //! Through the WebSocket, a relayed response would be copied twice before
 //! the socket: into one message (the 9-byte frame header, then the proxy's
 //! payload), and that message into the WebSocket's write buffer. A server
 //! writes its frames unmasked (RFC 6455, section 5.1), so a data frame is
 //! just a 2-10 byte WebSocket header, the frame header and the payload:
-//! the writer puts those three on the lane as they are
-//! ([`Lane::push`]), and a flush hands the socket everything on the lane
-//! in one vectored write. Nothing is copied.
+//! the writer puts those on the lane ([`Lane::push`]), and a flush hands
+//! the socket everything on the lane in one vectored write. A large
+//! payload is written from its own bytes; small frames are copied
+//! together, once, since each piece of a vectored write costs the kernel
+//! more than copying a few hundred bytes.
 //!
 //! The WebSocket still writes its own frames: the answer to a ping, the
 //! close. It sits on [`Laned`], which puts whatever it writes on the same
@@ -30,7 +33,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::error::ProtocolError;
@@ -54,41 +57,28 @@ struct Queue {
     framed: bool,
     /// The WebSocket wrote a close frame: nothing may follow it.
     closed: bool,
-    segments: VecDeque<Segment>,
-    /// How much of the first segment is written.
-    written: usize,
+    /// Bytes to write, in order: runs of small frames copied together,
+    /// and large payloads as they came.
+    segments: VecDeque<Bytes>,
+    /// Small frames copied together after `segments`, not yet sealed.
+    tail: BytesMut,
     /// The bytes on the lane, not yet written.
     bytes: usize,
-}
-
-/// A piece of what is on a lane: a WebSocket header and the start of its
-/// frame's payload (a frame header, copied), or bytes as they are.
-enum Segment {
-    Head {
-        bytes: [u8; MAX_HEAD + INLINE],
-        len: u8,
-    },
-    Bytes(Bytes),
 }
 
 /// The longest header of an unmasked frame: 2 bytes and an 8-byte length.
 const MAX_HEAD: usize = 10;
 
-/// The longest start of a payload copied beside its WebSocket header (the
-/// 9-byte frame header fits): one segment fewer a frame.
-const INLINE: usize = 16;
+/// The largest part of a frame copied onto the lane rather than written
+/// from its own bytes. A vectored write's pieces cost the kernel each (a
+/// batch of 100-byte chunks as 200 pieces was slower than the one copy
+/// through the WebSocket's buffer), so small frames are copied together
+/// (one copy, as the forwarder makes) and only large payloads, where a
+/// copy costs more than a piece, go as they are.
+const COPIED: usize = 512;
 
-/// The most segments one vectored write takes.
-const SLICES: usize = 64;
-
-impl Segment {
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Segment::Head { bytes, len } => &bytes[..usize::from(*len)],
-            Segment::Bytes(bytes) => bytes,
-        }
-    }
-}
+/// The most pieces one vectored write takes: Linux's limit (UIO_MAXIOV).
+const SLICES: usize = 1024;
 
 impl Lane {
     /// A lane for the connection on `io`: the socket to build its
@@ -116,28 +106,21 @@ impl Lane {
     /// lane then holds, not yet written. Refused once the lane has ended.
     pub fn push(&self, opens: bool, fin: bool, head: Bytes, body: Bytes) -> Result<usize, WsError> {
         let length = head.len() + body.len();
-        let mut bytes = [0; MAX_HEAD + INLINE];
-        let header = frame_header(opens, fin, length, &mut bytes);
-        let (len, head) = if head.len() <= INLINE {
-            bytes[header..header + head.len()].copy_from_slice(&head);
-            (header + head.len(), None)
-        } else {
-            (header, Some(head))
-        };
+        let mut header = [0; MAX_HEAD];
+        let len = frame_header(opens, fin, length, &mut header);
         let mut queue = lock(&self.queue);
         if queue.closed {
             return Err(WsError::Protocol(ProtocolError::SendAfterClosing));
         }
-        queue.bytes += header + length;
-        queue.segments.push_back(Segment::Head {
-            bytes,
-            len: len as u8,
-        });
-        if let Some(head) = head {
-            queue.segments.push_back(Segment::Bytes(head));
-        }
-        if !body.is_empty() {
-            queue.segments.push_back(Segment::Bytes(body));
+        queue.bytes += len + length;
+        queue.tail.extend_from_slice(&header[..len]);
+        for part in [head, body] {
+            if part.len() <= COPIED {
+                queue.tail.extend_from_slice(&part);
+            } else {
+                queue.seal();
+                queue.segments.push_back(part);
+            }
         }
         Ok(queue.bytes)
     }
@@ -153,7 +136,7 @@ impl Lane {
 /// Writes the header of an unmasked data frame of `length` bytes into
 /// `out` (RFC 6455, section 5.2): FIN, the opcode (Binary or
 /// Continuation), the length in 7, 7+16 or 7+64 bits. Says how long it is.
-fn frame_header(opens: bool, fin: bool, length: usize, out: &mut [u8; MAX_HEAD + INLINE]) -> usize {
+fn frame_header(opens: bool, fin: bool, length: usize, out: &mut [u8; MAX_HEAD]) -> usize {
     out[0] = if fin { 0x80 } else { 0 } | if opens { 0x2 } else { 0 };
     if length < 126 {
         out[1] = length as u8;
@@ -178,6 +161,15 @@ fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 }
 
 impl Queue {
+    /// Makes what is copied so far a segment of its own, so that what
+    /// comes next goes after it.
+    fn seal(&mut self) {
+        if !self.tail.is_empty() {
+            let sealed = self.tail.split().freeze();
+            self.segments.push_back(sealed);
+        }
+    }
+
     /// Writes what is on the lane to `io`, until all of it is written or
     /// the socket is full.
     fn drain<S: AsyncWrite + Unpin>(
@@ -185,19 +177,15 @@ impl Queue {
         io: &mut S,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
+        self.seal();
         while !self.segments.is_empty() {
-            let mut slices = [IoSlice::new(&[]); SLICES];
-            let mut count = 0;
-            for (slice, segment) in slices.iter_mut().zip(&self.segments) {
-                let bytes = segment.as_slice();
-                *slice = IoSlice::new(if count == 0 {
-                    &bytes[self.written..]
-                } else {
-                    bytes
-                });
-                count += 1;
-            }
-            let wrote = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count]))?;
+            let slices: Vec<IoSlice<'_>> = self
+                .segments
+                .iter()
+                .take(SLICES)
+                .map(|segment| IoSlice::new(segment))
+                .collect();
+            let wrote = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices))?;
             if wrote == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -209,14 +197,12 @@ impl Queue {
     /// `wrote` more bytes are written.
     fn advance(&mut self, mut wrote: usize) {
         self.bytes -= wrote;
-        while let Some(first) = self.segments.front() {
-            let left = first.as_slice().len() - self.written;
-            if wrote < left {
-                self.written += wrote;
+        while let Some(first) = self.segments.front_mut() {
+            if wrote < first.len() {
+                first.advance(wrote);
                 return;
             }
-            wrote -= left;
-            self.written = 0;
+            wrote -= first.len();
             self.segments.pop_front();
         }
     }
@@ -272,9 +258,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Laned<S> {
         // frames, and all of it is taken each time): after what is there.
         queue.closed |= holds_close(buf);
         queue.bytes += buf.len();
-        queue
-            .segments
-            .push_back(Segment::Bytes(Bytes::copy_from_slice(buf)));
+        queue.tail.extend_from_slice(buf);
         // Written as far as the socket takes it now: the WebSocket does not
         // always flush after its last write (a server's answer to a close).
         if let Poll::Ready(Err(error)) = queue.drain(&mut this.io, cx) {
@@ -367,7 +351,7 @@ mod tests {
 
         for length in [0, 1, 125, 126, 127, 65_535, 65_536, 1 << 24] {
             for (opens, fin) in [(true, true), (true, false), (false, false), (false, true)] {
-                let mut ours = [0; MAX_HEAD + INLINE];
+                let mut ours = [0; MAX_HEAD];
                 let len = frame_header(opens, fin, length, &mut ours);
                 let opcode = if opens { Data::Binary } else { Data::Continue };
                 let header = FrameHeader {
