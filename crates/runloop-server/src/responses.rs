@@ -21,7 +21,7 @@ use bytes::Bytes;
 use runloop_proto::ErrorValue;
 use runloop_proto::frame;
 use runloop_wire::limits::Limits;
-use runloop_wire::writer::{Direct, FrameBytes, Outgoing};
+use runloop_wire::writer::{Direct, FrameBytes, Outgoing, Put};
 
 use super::outbox::ChannelOutbox;
 use super::places::{Places, Share};
@@ -80,7 +80,12 @@ impl<'a> Responses<'a> {
             // The header and the message as they are: the connection's lane
             // writes them from their own bytes.
             let frame = FrameBytes::apart(self.header.clone(), message.clone());
-            run_end.or(socket.direct.feed(frame, relayed_at)).await?;
+            // On the lane without a wait (or a future) while it has room.
+            match socket.direct.put(frame, relayed_at) {
+                Put::Done => {}
+                Put::Full => run_end.or(socket.direct.flush()).await?,
+                Put::Feed(frame) => run_end.or(socket.direct.feed(frame, relayed_at)).await?,
+            }
             if socket.share.spend(size) {
                 // Its share written: the others' turn.
                 self.flush_socket(run_end).await?;

@@ -233,36 +233,15 @@ impl Sending {
         message: FrameBytes,
         relayed_at: Option<Instant>,
     ) -> Result<(), WsError> {
-        if let Some((tap, local)) = &self.tap {
-            tap(*local, &message.contiguous());
-        }
-        if self.latency.is_some()
-            && let Some(relayed_at) = relayed_at
-        {
-            match self.relayed.last_mut() {
-                Some((at, count)) if *at == relayed_at => *count += 1,
-                _ => self.relayed.push((relayed_at, 1)),
-            }
-        }
-        self.fed += 1;
-        let sink = self.sink.as_mut().ok_or(WsError::AlreadyClosed)?;
-        if let Some(lane) = &self.lane {
-            let (head, body) = message.into_parts();
-            let queued = if head.len() + body.len() <= FRAGMENT {
-                lane.push(true, true, head, body)?
-            } else {
-                let mut queued = 0;
-                for (opens, fin, piece) in fragments(head, body) {
-                    queued = lane.push(opens, fin, piece, Bytes::new())?;
-                }
-                queued
-            };
-            if queued >= LANE_AHEAD {
+        if self.lane.is_some() {
+            if self.put(message, relayed_at)? >= LANE_AHEAD {
                 // The WebSocket's flush writes the lane.
-                sink.flush().await?;
+                self.sink()?.flush().await?;
             }
             return Ok(());
         }
+        self.note(&message, relayed_at);
+        let sink = self.sink()?;
         match message {
             FrameBytes::Whole(frame) if frame.len() <= FRAGMENT => {
                 sink.feed(Message::Binary(frame)).await
@@ -278,6 +257,42 @@ impl Sending {
                 Box::pin(feed_fragments(sink, head, body)).await
             }
         }
+    }
+
+    /// Notes a frame as fed: the tap sees it, and the relay's latency
+    /// counts it.
+    fn note(&mut self, message: &FrameBytes, relayed_at: Option<Instant>) {
+        if let Some((tap, local)) = &self.tap {
+            tap(*local, &message.contiguous());
+        }
+        if self.latency.is_some()
+            && let Some(relayed_at) = relayed_at
+        {
+            match self.relayed.last_mut() {
+                Some((at, count)) if *at == relayed_at => *count += 1,
+                _ => self.relayed.push((relayed_at, 1)),
+            }
+        }
+        self.fed += 1;
+    }
+
+    /// Puts a frame on the lane, without waiting: how many bytes the lane
+    /// then holds. Only for an outlet with a lane (`AlreadyClosed` without).
+    fn put(&mut self, message: FrameBytes, relayed_at: Option<Instant>) -> Result<usize, WsError> {
+        if self.sink.is_none() {
+            return Err(WsError::AlreadyClosed);
+        }
+        self.note(&message, relayed_at);
+        let lane = self.lane.as_ref().ok_or(WsError::AlreadyClosed)?;
+        let (head, body) = message.into_parts();
+        if head.len() + body.len() <= FRAGMENT {
+            return lane.push(true, true, head, body);
+        }
+        let mut queued = 0;
+        for (opens, fin, piece) in fragments(head, body) {
+            queued = lane.push(opens, fin, piece, Bytes::new())?;
+        }
+        Ok(queued)
     }
 
     async fn flush(&mut self) -> Result<(), WsError> {
@@ -451,7 +466,36 @@ pub struct Direct<'a> {
     failed: &'a CancellationToken,
 }
 
+/// What [`Direct::put`] did with a frame.
+#[derive(Debug)]
+pub enum Put {
+    /// It is on the connection's lane, which can take more.
+    Done,
+    /// It is on the lane, which holds as much as it may: flush before the
+    /// next.
+    Full,
+    /// The connection has no lane: [`feed`](Direct::feed) it.
+    Feed(FrameBytes),
+}
+
 impl Direct<'_> {
+    /// Puts a frame that carries a proxy's message that came at
+    /// `relayed_at` on the connection's lane, without waiting, when it has
+    /// one. A failed write ends the connection.
+    pub fn put(&mut self, message: FrameBytes, relayed_at: Instant) -> Put {
+        if self.sending.lane.is_none() {
+            return Put::Feed(message);
+        }
+        match self.sending.put(message, Some(relayed_at)) {
+            Ok(queued) if queued >= LANE_AHEAD => Put::Full,
+            Ok(_) => Put::Done,
+            Err(error) => {
+                self.fail(&error);
+                Put::Done
+            }
+        }
+    }
+
     /// Feeds a frame that carries a proxy's message that came at
     /// `relayed_at`. A failed write ends the connection.
     pub async fn feed(&mut self, message: FrameBytes, relayed_at: Instant) {
