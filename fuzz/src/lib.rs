@@ -6,7 +6,8 @@
 //! what the protocol promises about the input it was given: that a decoded
 //! value re-encodes to something that decodes to the same value, that the
 //! direction of a frame decides which types exist, that a reader never calls
-//! a broken sequence finished, that a relay never breaks a sequence itself.
+//! a broken sequence finished, that a relay never breaks a sequence itself,
+//! that the proxy never says a word inside a fragmented message.
 //!
 //! This file is the fuzz crate's library and is also compiled into
 //! `crates/runloop-proto/tests/corpus.rs` as a module, so that stable `cargo
@@ -23,7 +24,8 @@ use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, HEADER_LEN, HeaderError, ServerFrame};
 use runloop_proto::run_loop::{
-    Broken, CHUNK, ERROR, Outcome, Reader, Relay, Relayed, Response, ResponseError, Step,
+    Broken, CHUNK, ERROR, Outcome, PathEnd, PathSend, PieceKind, Reader, Relay, Relayed, Response,
+    ResponseError, Step,
 };
 use runloop_proto::{Decode, Encode, ErrorKind, ErrorValue, Writer};
 
@@ -312,4 +314,88 @@ pub fn relay(data: &[u8]) -> bool {
         );
     }
     !matches!(outcome, Outcome::Broken(_))
+}
+
+/// `path_send`: the first byte picks how the proxy's path ends (its own
+/// error, the agent program's error JSON, or a close), each next byte is
+/// one step: its low two bits a piece's kind when bit 2 is clear (the
+/// other bits its length), otherwise "the frame is written". The frames
+/// the machine hands out go through a receiver's rules for fragmented
+/// messages (RFC 6455, section 5.4).
+///
+/// What must never happen: a frame that breaks fragmentation, a piece
+/// refused where the receiver would take it, an `[1]` or a close after a
+/// non-final fragment or half a frame, an abandoned path between messages,
+/// or a message's byte count that is not the sum of its frames.
+pub fn path_send(data: &[u8]) -> bool {
+    let Some((&ending, steps)) = data.split_first() else {
+        return false;
+    };
+    let mut send = PathSend::new();
+    // The receiver: inside a message, the last frame not yet written, the
+    // bytes of the message so far.
+    let (mut inside, mut unwritten, mut bytes) = (false, false, 0u64);
+    let mut accepted = false;
+    for &step in steps {
+        if step & 4 != 0 {
+            let done = send.written();
+            if unwritten {
+                unwritten = false;
+                if inside {
+                    assert_eq!(done, None);
+                } else {
+                    assert_eq!(done, Some(bytes));
+                    bytes = 0;
+                }
+            } else {
+                assert_eq!(done, None, "no frame was under way");
+            }
+            continue;
+        }
+        let kind = [
+            PieceKind::Whole,
+            PieceKind::Begin,
+            PieceKind::More,
+            PieceKind::End,
+        ][usize::from(step & 3)];
+        let len = usize::from(step >> 3);
+        let opens = matches!(kind, PieceKind::Whole | PieceKind::Begin);
+        match send.piece(kind, len) {
+            Ok(head) => {
+                assert!(!unwritten, "a frame before the last was written");
+                assert_eq!(head.opens, !inside, "a frame that breaks fragmentation");
+                assert_eq!(head.opens, opens);
+                assert_eq!(head.tag, if opens { &[CHUNK][..] } else { &[][..] });
+                inside = !head.fin;
+                unwritten = true;
+                bytes += len as u64;
+                accepted = true;
+            }
+            Err(refused) => {
+                assert!(
+                    unwritten || opens == inside,
+                    "refused a piece the receiver takes: {refused}"
+                );
+            }
+        }
+    }
+    let clean = !inside && !unwritten;
+    assert_eq!(send.inside(), !clean);
+    let end = match ending % 3 {
+        0 => send.fault(&ErrorValue::kind(ErrorKind::Proxy, "fuzz")),
+        1 => send.fault_json(b"{\"kind\":\"agent\",\"error\":\"fuzz\"}"),
+        _ => send.close(),
+    };
+    match end {
+        PathEnd::Abandon => assert!(!clean, "abandoned between messages"),
+        PathEnd::Close { last } => {
+            assert!(clean, "a close or an [1] inside a message");
+            assert_eq!(last.is_some(), ending % 3 != 2);
+            if let Some(last) = last {
+                assert_eq!(last.first(), Some(&ERROR));
+                assert!(matches!(Response::decode(&last), Ok(Response::Error(_))));
+            }
+        }
+    }
+    accepted
 }

@@ -126,9 +126,28 @@ impl SyntheticArgs {
 /// Starts this binary again as the programs under test.
 struct ThisBinary(PathBuf);
 
+/// A program to start the programs under test through, with this binary
+/// and its arguments as its own (a profiler's wrapper script; see
+/// crates/runloop-bench/PROFILING.md).
+const WRAP: &str = "RUNLOOP_BENCH_WRAP";
+
+impl ThisBinary {
+    /// This binary, through [`WRAP`] if it is set.
+    fn command(&self) -> Command {
+        match std::env::var_os(WRAP) {
+            Some(wrap) => {
+                let mut command = Command::new(wrap);
+                command.arg(&self.0);
+                command
+            }
+            None => Command::new(&self.0),
+        }
+    }
+}
+
 impl Spawn for ThisBinary {
     fn server(&self, listen: SocketAddr, proxy: &str, token: &str, load: Load) -> Command {
-        let mut command = Command::new(&self.0);
+        let mut command = self.command();
         command
             .args(["serve", "--listen", &listen.to_string()])
             .args(["--agent", &format!("bench=proxy:{proxy}")])
@@ -168,7 +187,7 @@ impl Spawn for ThisBinary {
     }
 
     fn forwarder(&self, listen: SocketAddr, upstream: &str) -> Command {
-        let mut command = Command::new(&self.0);
+        let mut command = self.command();
         command.args([
             "__forward",
             "--listen",

@@ -198,7 +198,7 @@ impl Client {
 
         let writer_done = CancellationToken::new();
         let tap = config.tap.clone().map(|tap| (tap, Role::Client));
-        let (queue, queued) = writer::outlet(Box::pin(sink), tap, None, writer_done.clone());
+        let (queue, queued) = writer::outlet(Box::pin(sink), None, tap, None, writer_done.clone());
         let close = CancellationToken::new();
         let shared = Arc::new(Shared::new(queue, config.limits, !credential.is_empty()));
         let writer = tokio::spawn({

@@ -74,3 +74,8 @@ fn run_loop_frame() {
 fn relay() {
     replay("relay", checks::relay);
 }
+
+#[test]
+fn path_send() {
+    replay("path_send", checks::path_send);
+}

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use futures_util::{SinkExt, StreamExt};
+use runloop_proto::run_loop::{FrameHead, PathEnd};
 use runloop_proto::{ErrorKind, ErrorValue, Writer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -65,35 +66,35 @@ pub(super) async fn left(ws: &mut Ws) -> End {
     }
 }
 
-/// Sends one frame of a binary message, `head` then `body`, written
-/// straight from their bytes: `Data::Binary` starts a message,
-/// `Data::Continue` carries on a fragmented one (RFC 6455, section 5.4), and `fin`
-/// says whether the message ends with this frame. Through the sink, the
+/// Sends one frame of a binary message, `head.tag` then `body`, written
+/// straight from their bytes: a frame that opens a message is Binary, the
+/// next ones of a fragmented message are Continuation frames (RFC 6455,
+/// section 5.4), and `head.fin` says whether the message ends with this
+/// frame. Through the sink, the
 /// message would be copied into tungstenite's write buffer, which keeps the
 /// capacity of the largest message for as long as the path is open: for a
 /// loop of 15 MiB chunks, a copy per chunk and 15 MiB held for good. What
 /// tungstenite has queued itself (the answer to a ping) goes first, so
 /// frames never mix; between two fragments of a message that is allowed
 /// (control frames may come between fragments).
-pub(super) async fn send_frame(
-    ws: &mut Ws,
-    opcode: Data,
-    fin: bool,
-    head: &[u8],
-    body: Bytes,
-) -> io::Result<()> {
+pub(super) async fn send_frame(ws: &mut Ws, head: FrameHead, body: Bytes) -> io::Result<()> {
     ws.flush().await.map_err(io::Error::other)?;
-    let length = (head.len() + body.len()) as u64;
-    let mut frame = Vec::with_capacity(14 + head.len());
+    let length = (head.tag.len() + body.len()) as u64;
+    let mut frame = Vec::with_capacity(14 + head.tag.len());
+    let opcode = if head.opens {
+        Data::Binary
+    } else {
+        Data::Continue
+    };
     let header = FrameHeader {
-        is_final: fin,
+        is_final: head.fin,
         opcode: OpCode::Data(opcode),
         ..FrameHeader::default()
     };
     header
         .format(length, &mut frame)
         .map_err(io::Error::other)?;
-    frame.extend_from_slice(head);
+    frame.extend_from_slice(head.tag);
     let mut message = Bytes::from(frame).chain(body);
     let socket = ws.get_mut();
     socket.write_all_buf(&mut message).await?;
@@ -110,6 +111,16 @@ pub(super) enum End {
     /// middle of a fragmented message: just drop it, with no close frame
     /// (the server reads any close as a clean end).
     Abandon,
+}
+
+impl From<PathEnd> for End {
+    /// The end the proxy's send rule chose.
+    fn from(end: PathEnd) -> End {
+        match end {
+            PathEnd::Abandon => End::Abandon,
+            PathEnd::Close { last } => End::Answer(last.map(|last| Message::Binary(last.into()))),
+        }
+    }
 }
 
 /// The words of the error a loop or a registration cut by shutdown gets.
@@ -194,6 +205,7 @@ fn message_kind(message: &Message) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use runloop_proto::run_loop::{PathSend, PieceKind};
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
     use tokio_tungstenite::tungstenite::protocol::Role;
@@ -210,29 +222,22 @@ mod tests {
         (ws, server)
     }
 
-    /// A chunk in three fragments, then the path abandoned.
+    /// A chunk in three fragments, their frames as the send rule gives
+    /// them, then the path abandoned.
     async fn fragments_then_abandon(mut ws: Ws) {
-        send_frame(
-            &mut ws,
-            Data::Binary,
-            false,
-            &[0],
-            Bytes::from_static(b"ab"),
-        )
-        .await
-        .expect("sent");
-        send_frame(
-            &mut ws,
-            Data::Continue,
-            false,
-            &[],
-            Bytes::from_static(b"cd"),
-        )
-        .await
-        .expect("sent");
-        send_frame(&mut ws, Data::Continue, true, &[], Bytes::new())
-            .await
-            .expect("sent");
+        let mut send = PathSend::new();
+        for (kind, data) in [
+            (PieceKind::Begin, &b"ab"[..]),
+            (PieceKind::More, b"cd"),
+            (PieceKind::End, b""),
+        ] {
+            let head = send.piece(kind, data.len()).expect("in order");
+            send_frame(&mut ws, head, Bytes::from_static(data))
+                .await
+                .expect("sent");
+            send.written();
+        }
+        assert_eq!(send.close(), PathEnd::Close { last: None });
         end(ws, End::Abandon, &ProxyConfig::default()).await;
     }
 

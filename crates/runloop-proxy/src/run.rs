@@ -20,7 +20,9 @@
 //! bound, the proxy shutting down, the server leaving — is logged with its
 //! reason and counted as ever, and the path is dropped with no close frame
 //! ([`End::Abandon`]): the server tells the caller the loop was cut short
-//! (protocol §12, "abrupt proxy end").
+//! (protocol §12, "abrupt proxy end"). That rule is `runloop-proto`'s
+//! [`PathSend`]: each piece asks it for its frame, and each end asks it
+//! whether the path may still say its error and close.
 //!
 //! "End" means the end the body marks: a chunked body's last chunk, or the
 //! last byte of its `Content-Length`. A body that only ends because the
@@ -38,15 +40,14 @@
 //! the next loop the moment it sees the close finds the proxy free.
 
 use bytes::Bytes;
-use runloop_proto::Decode;
-use runloop_proto::run_loop::{RunLoopRequest, response};
-use tokio_tungstenite::tungstenite::protocol::frame::coding::Data;
+use runloop_proto::run_loop::{PathEnd, PathSend, RunLoopRequest};
+use runloop_proto::{Decode, ErrorKind, ErrorValue};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::Shared;
 use super::path::{End, SHUTTING_DOWN, Ws, ask, end, error_message, left, proxy_error, send_frame};
-use super::sse::{self, Piece};
+use super::sse;
 use super::upstream::{Failure, Framing};
 use runloop_metrics::{AgentFault, LoopOutcome, ProxyLoop, may_be_fatal};
 
@@ -122,22 +123,17 @@ async fn relay(
         }
     };
     let mut events = sse::Events::new(response.bytes_stream(), shared.config.max_event);
-    // The bytes of the chunk under way, once its first fragment is out.
-    let mut streaming: Option<usize> = None;
+    // What may still be said on the path: inside a chunk sent in
+    // fragments, no error and no close.
+    let mut send = PathSend::new();
     loop {
         let chunks = sent.chunks;
         // Returning drops `events`, and with it the HTTP response, which
         // closes the agent program's connection: the loop is cancelled.
         let next = tokio::select! {
-            () = shutdown.cancelled() => {
-                if streaming.is_some() {
-                    warn!(chunks, "the proxy is shutting down mid-chunk; abandoning the path");
-                    return End::Abandon;
-                }
-                return End::Answer(Some(proxy_error(SHUTTING_DOWN)));
-            }
+            () = shutdown.cancelled() => return shut_down(send, chunks),
             left = left(ws) => {
-                if streaming.is_some() {
+                if send.close() == PathEnd::Abandon {
                     warn!(chunks, "the server left mid-chunk; cancelling the agent program's loop");
                     return End::Abandon;
                 }
@@ -151,26 +147,23 @@ async fn relay(
                 metrics.agent_faults.inc(AgentFault::Undelimited);
                 warn!(
                     chunks,
-                    mid_chunk = streaming.is_some(),
+                    mid_chunk = send.inside(),
                     "the loop's body ended with its connection: finished or crashed?"
                 );
-                if streaming.is_some() {
-                    return End::Abandon;
-                }
-                let Failure(json) = Failure::agent(NOT_DELIMITED);
-                return End::Answer(Some(error_message(&json)));
-            }
-            None if streaming.is_some() => {
-                metrics.agent_faults.inc(AgentFault::StreamBroke);
-                warn!(
-                    chunks,
-                    "the loop's body ended in the middle of an event; abandoning the path"
-                );
-                return End::Abandon;
+                return send.fault_json(&Failure::agent(NOT_DELIMITED).0).into();
             }
             None => {
-                info!(chunks, "loop finished");
-                return End::Answer(None);
+                let end = send.close();
+                if end == PathEnd::Abandon {
+                    metrics.agent_faults.inc(AgentFault::StreamBroke);
+                    warn!(
+                        chunks,
+                        "the loop's body ended in the middle of an event; abandoning the path"
+                    );
+                } else {
+                    info!(chunks, "loop finished");
+                }
+                return end.into();
             }
             Some(Err(broke)) => {
                 metrics.agent_faults.inc(AgentFault::StreamBroke);
@@ -188,41 +181,42 @@ async fn relay(
                     }
                     _ => cut_short(&broke, framing),
                 };
-                if streaming.is_some() {
+                let end = send.fault_json(&Failure::agent(&error).0);
+                if end == PathEnd::Abandon {
                     warn!(chunks, %error, "loop cut short mid-chunk; abandoning the path");
-                    return End::Abandon;
+                } else {
+                    warn!(chunks, %error, "loop cut short");
                 }
-                warn!(chunks, %error, "loop cut short");
-                let Failure(json) = Failure::agent(error);
-                return End::Answer(Some(error_message(&json)));
+                return end.into();
             }
             Some(Ok(piece)) => piece,
         };
-        let (opcode, fin, head, data): (_, _, &[u8], _) = match piece {
-            Piece::Whole(data) => (Data::Binary, true, &CHUNK_TAG, data),
-            Piece::Begin(data) => (Data::Binary, false, &CHUNK_TAG, data),
-            Piece::More(data) => (Data::Continue, false, &[], data),
-            Piece::End(data) => (Data::Continue, true, &[], data),
-        };
+        let (kind, data) = piece.into_parts();
         let bytes = data.len();
+        let head = match send.piece(kind, bytes) {
+            Ok(head) => head,
+            Err(out_of_order) => {
+                warn!(chunks, %out_of_order, "the event stream's pieces came out of order");
+                let error = ErrorValue::kind(ErrorKind::Proxy, out_of_order);
+                return send.fault(&error).into();
+            }
+        };
         // Kept only if it may be the fatal ending: a large chunk that
         // cannot be is let go once it is written, not held until the next.
         // A chunk sent in fragments is never kept whole.
-        let last = (opcode == Data::Binary && fin && may_be_fatal(&data)).then(|| data.clone());
+        let last = (head.opens && head.fin && may_be_fatal(&data)).then(|| data.clone());
         tokio::select! {
-            // A frame half written cannot be followed by an error: drop the path.
-            () = shutdown.cancelled() => return End::Abandon,
-            written = send_frame(ws, opcode, fin, head, data) => if let Err(error) = written {
+            // Half a frame is out: the send rule abandons the path.
+            () = shutdown.cancelled() => return shut_down(send, chunks),
+            written = send_frame(ws, head, data) => if let Err(error) = written {
                 info!(chunks, %error, "the path broke mid-loop; cancelling the agent program's loop");
                 return End::Abandon;
             },
         }
         metrics.bytes.inc_by(bytes as u64);
-        if !fin {
-            *streaming.get_or_insert(0) += bytes;
+        let Some(bytes) = send.written() else {
             continue;
-        }
-        let bytes = bytes + streaming.take().unwrap_or(0);
+        };
         debug!(bytes, "chunk");
         if chunks == 0 {
             metrics.first_chunk.observe(asked.elapsed());
@@ -231,6 +225,19 @@ async fn relay(
         sent.chunks += 1;
         sent.last = last;
     }
+}
+
+/// The proxy shuts down mid-loop: its error and the close, or, inside a
+/// chunk, the path abandoned.
+fn shut_down(send: PathSend, chunks: u64) -> End {
+    let end = send.fault(&ErrorValue::kind(ErrorKind::Proxy, SHUTTING_DOWN));
+    if end == PathEnd::Abandon {
+        warn!(
+            chunks,
+            "the proxy is shutting down mid-chunk; abandoning the path"
+        );
+    }
+    end.into()
 }
 
 /// The error of a loop whose body ended with its connection (protocol §10).
@@ -251,5 +258,3 @@ fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
     }
 }
 
-/// What goes before an event's data, unread, to make it a chunk: `[0]`.
-const CHUNK_TAG: [u8; 1] = [response::CHUNK];

@@ -60,6 +60,7 @@ use std::pin::Pin;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures_util::stream::{Stream, StreamExt};
+use runloop_proto::run_loop::PieceKind;
 
 use super::upstream::chain;
 
@@ -94,6 +95,18 @@ pub(super) enum Piece {
     /// The rest of it, at most [`STREAM_AFTER`] bytes and never none (a
     /// piece comes out only when more data follows it): the event ended.
     End(Bytes),
+}
+
+impl Piece {
+    /// Which part of its event's data the piece is, and the data.
+    pub(super) fn into_parts(self) -> (PieceKind, Bytes) {
+        match self {
+            Piece::Whole(data) => (PieceKind::Whole, data),
+            Piece::Begin(data) => (PieceKind::Begin, data),
+            Piece::More(data) => (PieceKind::More, data),
+            Piece::End(data) => (PieceKind::End, data),
+        }
+    }
 }
 
 /// The pieces of every event of an HTTP body, in order, read as they are

@@ -62,6 +62,7 @@ use super::pings::{Flood, Pings};
 use super::scope::{self, Run};
 use super::shared::{Held, Shared, Stats};
 use runloop_metrics::{AuthorizationRefusal, TenantFigures};
+use runloop_wire::lane::Lane;
 use runloop_wire::writer::{self, CLOSE_GRACE, Place, write_frames};
 
 /// What a connection can run over: a TCP stream, or anything else that
@@ -132,9 +133,13 @@ pub(crate) async fn serve(
         let Ok(_slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
             return turn_away(io, &shared, handshake_by, logged()).await;
         };
+        // Data frames go to the socket on the lane, from their own bytes;
+        // the WebSocket's own frames go there too, once it has shaken hands.
+        let (io, lane) = Lane::new(io);
         let Some(ws) = handshake(io, &shared, handshake_by, &logged).await else {
             return;
         };
+        lane.frames();
         let (sink, mut stream) = ws.split();
         let limits = shared.config.limits;
         let mut table = Table::server(limits.max_scopes, limits.max_channels);
@@ -175,7 +180,7 @@ pub(crate) async fn serve(
             return;
         }
         info!(tenant = %identity, "authorized");
-        serve_authorized(sink, stream, shared, table, identity, number).await;
+        serve_authorized((sink, lane), stream, shared, table, identity, number).await;
     }
     .instrument(span)
     .await;
@@ -346,9 +351,9 @@ async fn close_with<S: Io>(mut ws: WebSocketStream<S>, code: CloseCode, reason: 
 }
 
 /// Serves an authorized connection: reads frames until it ends, then ends
-/// everything it started.
+/// everything it started. Its writer writes data frames on `lane`.
 async fn serve_authorized<S: Io>(
-    sink: SplitSink<WebSocketStream<S>, Message>,
+    (sink, lane): (SplitSink<WebSocketStream<S>, Message>, Lane),
     mut stream: SplitStream<WebSocketStream<S>>,
     shared: Arc<Shared>,
     table: ServerTable,
@@ -357,7 +362,13 @@ async fn serve_authorized<S: Io>(
 ) {
     let ended = shared.shutdown.child_token();
     let latency = Some(shared.metrics.relay_latency.clone());
-    let (queue, queued) = writer::outlet(Box::pin(sink), None, latency, ended.clone());
+    let (queue, queued) = writer::outlet(
+        Box::pin(sink),
+        Some(lane.clone()),
+        None,
+        latency,
+        ended.clone(),
+    );
     let conn = Conn {
         shared: Arc::clone(&shared),
         outbox: Arc::new(Outbox::new(table, queue, &shared.config.limits)),
@@ -384,7 +395,7 @@ async fn serve_authorized<S: Io>(
             ended.cancel();
         }
     });
-    let why = read_frames(&conn, &mut stream, &answer_close).await;
+    let why = read_frames(&conn, &mut stream, (&answer_close, &lane)).await;
     info!(
         why,
         disregarded = conn.disregarded.load(Ordering::Relaxed),
@@ -395,11 +406,12 @@ async fn serve_authorized<S: Io>(
 }
 
 /// Reads and dispatches the caller's frames until the connection ends;
-/// says why it ended.
+/// says why it ended. When the caller closes, nothing more goes on `lane`
+/// and the writer answers (`answer_close`).
 async fn read_frames<S: Io>(
     conn: &Conn,
     stream: &mut SplitStream<WebSocketStream<S>>,
-    answer_close: &CancellationToken,
+    (answer_close, lane): (&CancellationToken, &Lane),
 ) -> &'static str {
     let answers = Arc::new(Semaphore::new(MAX_QUEUED_ANSWERS));
     let mut pings = Pings::new(Instant::now());
@@ -429,6 +441,7 @@ async fn read_frames<S: Io>(
                 }
                 Some(Ok(Message::Text(_) | Message::Frame(_))) => {}
                 Some(Ok(Message::Close(_))) | None => {
+                    lane.peer_closed();
                     answer_close.cancel();
                     return "the caller closed the connection";
                 }

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::places::{self, Places};
 use runloop_wire::limits::Limits;
-use runloop_wire::writer::{Direct, FRAGMENT, FrameBytes, Outgoing, Place, Queue};
+use runloop_wire::writer::{Direct, FrameBytes, Outgoing, Place, Queue};
 
 /// A run-loop channel request, handed from the connection to its scope.
 #[derive(Debug)]
@@ -206,13 +206,9 @@ impl ChannelOutbox {
     /// A response that holds its queue places until the writer has taken
     /// it, for [`respond_all`](Self::respond_all).
     /// `relayed_at`: when the proxy's message came, for the relay's latency.
-    /// A large payload is not copied: the frame holds it beside its header.
+    /// The payload is not copied: the frame holds it beside its header.
     pub(crate) fn response(&self, payload: &Bytes, place: Place, relayed_at: Instant) -> Outgoing {
-        let frame = if payload.len() < FRAGMENT {
-            FrameBytes::whole(self.message(payload))
-        } else {
-            FrameBytes::of(&self.message(&[]), payload)
-        };
+        let frame = FrameBytes::apart(self.message(&[]).into(), payload.clone());
         Outgoing::data(frame, place, Some(relayed_at))
     }
 

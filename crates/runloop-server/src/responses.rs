@@ -17,11 +17,11 @@
 use std::future::Future;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use runloop_proto::ErrorValue;
 use runloop_proto::frame;
 use runloop_wire::limits::Limits;
-use runloop_wire::writer::{Direct, FrameBytes, Outgoing};
+use runloop_wire::writer::{Direct, FrameBytes, Outgoing, Put};
 
 use super::outbox::ChannelOutbox;
 use super::places::{Places, Share};
@@ -34,7 +34,7 @@ pub(crate) struct Responses<'a> {
     places: Places,
     limits: Limits,
     /// Every response of the channel begins with these bytes.
-    header: Vec<u8>,
+    header: Bytes,
     /// The socket, while the channel writes to it itself.
     socket: Option<Socket<'a>>,
     /// Responses ready to be queued together.
@@ -47,7 +47,7 @@ impl<'a> Responses<'a> {
             outbox,
             places: outbox.places(limits),
             limits: *limits,
-            header: outbox.message(&[]),
+            header: outbox.message(&[]).into(),
             socket: None,
             ready: Vec::new(),
         }
@@ -77,8 +77,15 @@ impl<'a> Responses<'a> {
                 .map(|direct| Socket::new(direct, &self.limits));
         }
         if let Some(socket) = &mut self.socket {
-            let frame = socket.frame(&self.header, message);
-            run_end.or(socket.direct.feed(frame, relayed_at)).await?;
+            // The header and the message as they are: the connection's lane
+            // writes them from their own bytes.
+            let frame = FrameBytes::apart(self.header.clone(), message.clone());
+            // On the lane without a wait (or a future) while it has room.
+            match socket.direct.put(frame, relayed_at) {
+                Put::Done => {}
+                Put::Full => run_end.or(socket.direct.flush()).await?,
+                Put::Feed(frame) => run_end.or(socket.direct.feed(frame, relayed_at)).await?,
+            }
             if socket.share.spend(size) {
                 // Its share written: the others' turn.
                 self.flush_socket(run_end).await?;
@@ -135,46 +142,18 @@ impl Drop for Responses<'_> {
     }
 }
 
-/// The connection's socket while the channel writes to it itself, the
-/// share of it the channel has used, and a buffer for the frames it feeds.
+/// The connection's socket while the channel writes to it itself, and the
+/// share of it the channel has used.
 struct Socket<'a> {
     direct: Direct<'a>,
     share: Share,
-    /// Where this batch's frames are built. The WebSocket copies a frame
-    /// as it takes it and lets it go, so the next frame reuses the same
-    /// memory: one allocation a batch, not one a frame, and none held once
-    /// the batch is flushed.
-    scratch: BytesMut,
 }
-
-/// What a batch's buffer holds, so that a batch of small frames fits in
-/// one allocation; a larger frame is built on its own.
-const SCRATCH: usize = 16 << 10;
 
 impl<'a> Socket<'a> {
     fn new(direct: Direct<'a>, limits: &Limits) -> Self {
         Socket {
             direct,
             share: Share::new(limits),
-            scratch: BytesMut::new(),
         }
-    }
-
-    /// The frame that carries `message`: `header`, then the message.
-    fn frame(&mut self, header: &[u8], message: &Bytes) -> FrameBytes {
-        let size = header.len() + message.len();
-        if size > SCRATCH {
-            // Not in the batch's buffer, where it would be held until the
-            // batch is flushed, which a caller who does not read can put
-            // off forever: its own small allocation, or, large, the
-            // message's own bytes, written in fragments.
-            return FrameBytes::of(header, message);
-        }
-        if self.scratch.capacity() < size {
-            self.scratch.reserve(SCRATCH);
-        }
-        self.scratch.extend_from_slice(header);
-        self.scratch.extend_from_slice(message);
-        FrameBytes::whole(self.scratch.split().freeze())
     }
 }

@@ -5,6 +5,8 @@
 //! limits     what a connection and a server may hold, with their minimums
 //! writer     a framed connection's socket, its queue and the task that
 //!            writes what is queued (large frames as fragments)
+//! lane       the server's socket under its WebSocket: data frames written
+//!            from their own bytes, in one vectored write
 //! histogram  the latency histogram the writer records into
 //! transport  dialling ws:// and wss://, and the server's TLS handshake
 //! tls        the server's certificate (reloadable) and the client's roots
@@ -17,6 +19,7 @@
 //! builds on it without the others.
 
 pub mod histogram;
+pub mod lane;
 pub mod limits;
 pub mod listener;
 pub mod tls;

@@ -38,6 +38,11 @@
 //! keep, at that capacity, for the connection's life). Another frame can
 //! come only after the last fragment, as one that was written whole.
 //!
+//! On the server, data frames do not go through the WebSocket at all but
+//! on the connection's [`Lane`]: the frame header and the payload are
+//! written from their own bytes, in one vectored write per flush, with no
+//! copy; the WebSocket writes only its own frames (pongs, the close) there.
+//!
 //! Both ends close on purpose with a close handshake (protocol §12 "Clean
 //! ends"): the writer's last act is a close frame, or the answer to the
 //! peer's, and the side that closed first waits for the answer, for
@@ -60,6 +65,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
 use crate::histogram::Histogram;
+use crate::lane::Lane;
 
 /// Sees every frame of a connection, in both directions, as its bytes.
 ///
@@ -109,8 +115,9 @@ impl Place {
 pub const FRAGMENT: usize = 64 << 10;
 
 /// A frame's bytes: in one piece, or its head and its body held apart so
-/// that a large body (a proxy's message, as it was read) is written from
-/// its own bytes, never copied into one frame first.
+/// that the body (a proxy's message, as it was read) is written from its
+/// own bytes: on a server's lane always, through a WebSocket when it is
+/// large (a small one is copied into one message there).
 #[derive(Debug, Clone)]
 pub enum FrameBytes {
     /// The whole frame, header included.
@@ -130,16 +137,9 @@ impl FrameBytes {
         FrameBytes::Whole(frame.into())
     }
 
-    /// `head` then `body`: in one piece if small, else held apart.
-    pub fn of(head: &[u8], body: &Bytes) -> Self {
-        if head.len() + body.len() <= FRAGMENT {
-            FrameBytes::Whole(Bytes::from([head, body].concat()))
-        } else {
-            FrameBytes::Apart {
-                head: Bytes::copy_from_slice(head),
-                body: body.clone(),
-            }
-        }
+    /// `head` then `body`, held apart: never copied on the server's lane.
+    pub fn apart(head: Bytes, body: Bytes) -> Self {
+        FrameBytes::Apart { head, body }
     }
 
     /// The frame in one piece (copied if it is held apart).
@@ -147,6 +147,15 @@ impl FrameBytes {
         match self {
             FrameBytes::Whole(frame) => frame.clone(),
             FrameBytes::Apart { head, body } => Bytes::from([&head[..], &body[..]].concat()),
+        }
+    }
+
+    /// The frame's head and body (the whole frame and nothing, when it is
+    /// in one piece).
+    fn into_parts(self) -> (Bytes, Bytes) {
+        match self {
+            FrameBytes::Whole(frame) => (frame, Bytes::new()),
+            FrameBytes::Apart { head, body } => (head, body),
         }
     }
 }
@@ -202,6 +211,8 @@ pub struct Outlet {
 struct Sending {
     /// Let go when the writer is done, whatever still holds the outlet.
     sink: Option<WsSink>,
+    /// Where data frames go instead of the sink, on a server.
+    lane: Option<Lane>,
     /// Sees each frame as sent by the given side.
     tap: Option<(Tap, Role)>,
     /// Gets, for each relayed frame, the time from its proxy message to
@@ -222,6 +233,35 @@ impl Sending {
         message: FrameBytes,
         relayed_at: Option<Instant>,
     ) -> Result<(), WsError> {
+        if self.lane.is_some() {
+            if self.put(message, relayed_at)? >= LANE_AHEAD {
+                // The WebSocket's flush writes the lane.
+                self.sink()?.flush().await?;
+            }
+            return Ok(());
+        }
+        self.note(&message, relayed_at);
+        let sink = self.sink()?;
+        match message {
+            FrameBytes::Whole(frame) if frame.len() <= FRAGMENT => {
+                sink.feed(Message::Binary(frame)).await
+            }
+            FrameBytes::Apart { head, body } if head.len() + body.len() <= FRAGMENT => {
+                let frame = Bytes::from([&head[..], &body[..]].concat());
+                sink.feed(Message::Binary(frame)).await
+            }
+            // Boxed: the small frames' path, taken for nearly every frame,
+            // keeps a small future.
+            message => {
+                let (head, body) = message.into_parts();
+                Box::pin(feed_fragments(sink, head, body)).await
+            }
+        }
+    }
+
+    /// Notes a frame as fed: the tap sees it, and the relay's latency
+    /// counts it.
+    fn note(&mut self, message: &FrameBytes, relayed_at: Option<Instant>) {
         if let Some((tap, local)) = &self.tap {
             tap(*local, &message.contiguous());
         }
@@ -234,16 +274,25 @@ impl Sending {
             }
         }
         self.fed += 1;
-        let sink = self.sink()?;
-        match message {
-            FrameBytes::Whole(frame) if frame.len() <= FRAGMENT => {
-                sink.feed(Message::Binary(frame)).await
-            }
-            // Boxed: the small frames' path, taken for nearly every frame,
-            // keeps a small future.
-            FrameBytes::Whole(frame) => Box::pin(feed_fragments(sink, frame, Bytes::new())).await,
-            FrameBytes::Apart { head, body } => Box::pin(feed_fragments(sink, head, body)).await,
+    }
+
+    /// Puts a frame on the lane, without waiting: how many bytes the lane
+    /// then holds. Only for an outlet with a lane (`AlreadyClosed` without).
+    fn put(&mut self, message: FrameBytes, relayed_at: Option<Instant>) -> Result<usize, WsError> {
+        if self.sink.is_none() {
+            return Err(WsError::AlreadyClosed);
         }
+        self.note(&message, relayed_at);
+        let lane = self.lane.as_ref().ok_or(WsError::AlreadyClosed)?;
+        let (head, body) = message.into_parts();
+        if head.len() + body.len() <= FRAGMENT {
+            return lane.push(true, true, head, body);
+        }
+        let mut queued = 0;
+        for (opens, fin, piece) in fragments(head, body) {
+            queued = lane.push(opens, fin, piece, Bytes::new())?;
+        }
+        Ok(queued)
     }
 
     async fn flush(&mut self) -> Result<(), WsError> {
@@ -268,25 +317,39 @@ impl Sending {
     }
 }
 
-/// Feeds `head` then `body` as the fragments of one message, each a slice
-/// of their own bytes of at most [`FRAGMENT`]: the frame is never copied
-/// whole.
+/// How much a lane holds before a feed waits for the socket to take it:
+/// the size of the WebSocket's own write buffer (tungstenite's default).
+const LANE_AHEAD: usize = 128 << 10;
+
+/// Feeds `head` then `body` as the fragments of one message: the frame is
+/// never copied whole.
 async fn feed_fragments(sink: &mut WsSink, head: Bytes, body: Bytes) -> Result<(), WsError> {
-    let total = head.len() + body.len();
-    let mut opcode = OpCode::Data(Data::Binary);
-    let mut sent = 0;
-    for piece in [head, body] {
-        let mut at = 0;
-        while at < piece.len() {
-            let end = piece.len().min(at + FRAGMENT);
-            sent += end - at;
-            let fragment = Frame::message(piece.slice(at..end), opcode, sent == total);
-            sink.feed(Message::Frame(fragment)).await?;
-            opcode = OpCode::Data(Data::Continue);
-            at = end;
-        }
+    for (opens, fin, piece) in fragments(head, body) {
+        let opcode = if opens { Data::Binary } else { Data::Continue };
+        let fragment = Frame::message(piece, OpCode::Data(opcode), fin);
+        sink.feed(Message::Frame(fragment)).await?;
     }
     Ok(())
+}
+
+/// The fragments of a message of `head` then `body`, each a slice of their
+/// own bytes of at most [`FRAGMENT`]: whether it opens the message, whether
+/// it ends it, its bytes.
+fn fragments(head: Bytes, body: Bytes) -> impl Iterator<Item = (bool, bool, Bytes)> {
+    let total = head.len() + body.len();
+    let mut sent = 0;
+    [head, body]
+        .into_iter()
+        .flat_map(|piece| {
+            (0..piece.len())
+                .step_by(FRAGMENT)
+                .map(move |at| piece.slice(at..piece.len().min(at + FRAGMENT)))
+        })
+        .map(move |fragment| {
+            let opens = sent == 0;
+            sent += fragment.len();
+            (opens, sent == total, fragment)
+        })
 }
 
 /// What the writer takes from its queue at once: one frame, or a relay's
@@ -321,11 +384,14 @@ pub struct Frames {
 }
 
 /// A connection's outlet on `sink`: the queue its tasks put frames on, and
-/// the end its writer task ([`write_frames`]) reads. A tap sees each frame
-/// as sent by the given side; `latency` gets each relayed frame's time
-/// from its proxy to the socket; `failed` fires when a write fails.
+/// the end its writer task ([`write_frames`]) reads. Data frames go on
+/// `lane` when there is one (a server's socket; see [`Lane`]), else through
+/// the sink. A tap sees each frame as sent by the given side; `latency`
+/// gets each relayed frame's time from its proxy to the socket; `failed`
+/// fires when a write fails.
 pub fn outlet(
     sink: WsSink,
+    lane: Option<Lane>,
     tap: Option<(Tap, Role)>,
     latency: Option<Histogram>,
     failed: CancellationToken,
@@ -333,6 +399,7 @@ pub fn outlet(
     let outlet = Arc::new(Outlet {
         sending: Mutex::new(Sending {
             sink: Some(sink),
+            lane,
             tap,
             latency,
             relayed: Vec::new(),
@@ -399,7 +466,36 @@ pub struct Direct<'a> {
     failed: &'a CancellationToken,
 }
 
+/// What [`Direct::put`] did with a frame.
+#[derive(Debug)]
+pub enum Put {
+    /// It is on the connection's lane, which can take more.
+    Done,
+    /// It is on the lane, which holds as much as it may: flush before the
+    /// next.
+    Full,
+    /// The connection has no lane: [`feed`](Direct::feed) it.
+    Feed(FrameBytes),
+}
+
 impl Direct<'_> {
+    /// Puts a frame that carries a proxy's message that came at
+    /// `relayed_at` on the connection's lane, without waiting, when it has
+    /// one. A failed write ends the connection.
+    pub fn put(&mut self, message: FrameBytes, relayed_at: Instant) -> Put {
+        if self.sending.lane.is_none() {
+            return Put::Feed(message);
+        }
+        match self.sending.put(message, Some(relayed_at)) {
+            Ok(queued) if queued >= LANE_AHEAD => Put::Full,
+            Ok(_) => Put::Done,
+            Err(error) => {
+                self.fail(&error);
+                Put::Done
+            }
+        }
+    }
+
     /// Feeds a frame that carries a proxy's message that came at
     /// `relayed_at`. A failed write ends the connection.
     pub async fn feed(&mut self, message: FrameBytes, relayed_at: Instant) {
@@ -513,7 +609,7 @@ mod tests {
             seen.lock().expect("lock").push(message.into_data());
             async move { Ok::<_, WsError>(seen) }
         });
-        let (queue, frames) = outlet(Box::pin(sink), None, None, CancellationToken::new());
+        let (queue, frames) = outlet(Box::pin(sink), None, None, None, CancellationToken::new());
         (queue, frames, seen)
     }
 
@@ -571,15 +667,21 @@ mod tests {
     #[tokio::test]
     async fn a_large_frame_goes_in_fragments_of_its_own_bytes_and_a_small_one_whole() {
         let (sink, fed) = frames_fed();
-        let (queue, frames) = outlet(sink, None, None, CancellationToken::new());
+        let (queue, frames) = outlet(sink, None, None, None, CancellationToken::new());
         let body = Bytes::from((0..3 * FRAGMENT + 5).map(|i| i as u8).collect::<Vec<_>>());
         {
             let mut direct = queue.direct().expect("no one writing");
             direct
-                .feed(FrameBytes::of(b"head", &body), Instant::now())
+                .feed(
+                    FrameBytes::apart(Bytes::from_static(b"head"), body.clone()),
+                    Instant::now(),
+                )
                 .await;
             direct
-                .feed(FrameBytes::of(b"head", &body.slice(..10)), Instant::now())
+                .feed(
+                    FrameBytes::apart(Bytes::from_static(b"head"), body.slice(..10)),
+                    Instant::now(),
+                )
                 .await;
             direct.flush().await;
         }

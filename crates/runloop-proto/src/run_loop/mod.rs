@@ -1,6 +1,6 @@
 //! The run-loop channel (client channel tag 5): request, response frame,
 //! chunk vocabulary, and the machines that read, send, relay and coalesce a
-//! loop (protocol §7, §8, §11, §12).
+//! loop, and the proxy's send rule (protocol §7, §8, §10, §11, §12).
 //!
 //! ```text
 //! request   [0x05]{"prompt": "…"}                         RunLoopRequest
@@ -18,6 +18,7 @@
 //! | anything else            | nothing can be concluded           | `Broken(why)`          |
 
 mod chunk;
+mod path_send;
 mod reader;
 mod request;
 pub mod response;
@@ -29,6 +30,7 @@ pub use chunk::{
     AgenticLoopChunk, ChunkKind, MediaChunk, NotificationChunk, TextChunk, TokenLogprob,
     ToolCallChunk, ToolResponseChunk, TopLogprob, UsageChunk, UsageCounts, UserChunk,
 };
+pub use path_send::{FrameHead, OutOfOrder, PathEnd, PathSend, PieceKind};
 pub use reader::{Broken, Outcome, Reader, Step};
 pub use request::RunLoopRequest;
 pub use response::{CHUNK, ERROR, Response, ResponseError, Tag};

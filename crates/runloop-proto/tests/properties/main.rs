@@ -6,11 +6,13 @@
 //! the chunk decoder's fast path agrees with the serde path (`fast_path`),
 //! the caller's reader agrees with a reference model and never calls a loop
 //! finished that was not (`reader`), the server's relay always hands the
-//! caller a readable sequence (`relay`), and the transcript never loses a
+//! caller a readable sequence (`relay`), the proxy never says a word inside
+//! a fragmented message and ends its path once (`path_send`), and the transcript never loses a
 //! fragment (`transcript`). The strategies all live in `strategy`.
 
 mod fast_path;
 mod never_panics;
+mod path_send;
 mod reader;
 mod relay;
 mod round_trip;

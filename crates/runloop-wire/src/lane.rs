@@ -1,0 +1,414 @@
+//! The server's write lane: the bytes on their way to a connection's
+//! socket, in order: small frames copied together, large payloads written
+//! from their own bytes.
+//!
+//! Through the WebSocket, a relayed response would be copied twice before
+//! the socket: into one message (the 9-byte frame header, then the proxy's
+//! payload), and that message into the WebSocket's write buffer. A server
+//! writes its frames unmasked (RFC 6455, section 5.1), so a data frame is
+//! just a 2-10 byte WebSocket header, the frame header and the payload:
+//! the writer puts those on the lane ([`Lane::push`]), and a flush hands
+//! the socket everything on the lane in one vectored write. A large
+//! payload is written from its own bytes; small frames are copied
+//! together, once, since each piece of a vectored write costs the kernel
+//! more than copying a few hundred bytes.
+//!
+//! The WebSocket still writes its own frames: the answer to a ping, the
+//! close. It sits on [`Laned`], which puts whatever it writes on the same
+//! lane, after what is there, so frames never mix; its writes are whole
+//! frames, and a close frame among them ends the lane (nothing may follow
+//! a close: a data frame pushed after it is refused, as the WebSocket
+//! itself would refuse it); so does the peer's close, once the reader has
+//! read it ([`Lane::peer_closed`]). Until the handshake is over ([`Lane::frames`])
+//! what it writes is the HTTP answer, passed straight to the socket.
+//!
+//! ```text
+//! writer ──push(head, frame header, payload)──▶ lane ──writev──▶ socket
+//! WebSocket (pong, close) ──write, copied────────▲
+//! ```
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_tungstenite::tungstenite::Error as WsError;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
+
+/// The writer's end of a connection's lane (see the module's docs).
+#[derive(Clone)]
+pub struct Lane {
+    queue: Arc<Mutex<Queue>>,
+}
+
+/// A connection's socket under its WebSocket, writing through its lane.
+pub struct Laned<S> {
+    io: S,
+    queue: Arc<Mutex<Queue>>,
+}
+
+/// What is on a lane.
+#[derive(Default)]
+struct Queue {
+    /// The handshake is over: the WebSocket writes frames.
+    framed: bool,
+    /// The WebSocket wrote a close frame: nothing may follow it.
+    closed: bool,
+    /// Bytes to write, in order: runs of small frames copied together,
+    /// and large payloads as they came.
+    segments: VecDeque<Bytes>,
+    /// Small frames copied together after `segments`, not yet sealed.
+    tail: BytesMut,
+    /// The bytes on the lane, not yet written.
+    bytes: usize,
+}
+
+/// The longest header of an unmasked frame: 2 bytes and an 8-byte length.
+const MAX_HEAD: usize = 10;
+
+/// The largest part of a frame copied onto the lane rather than written
+/// from its own bytes. A vectored write's pieces cost the kernel each (a
+/// batch of 100-byte chunks as 200 pieces was slower than the one copy
+/// through the WebSocket's buffer), so small frames are copied together
+/// (one copy, as the forwarder makes) and only large payloads, where a
+/// copy costs more than a piece, go as they are.
+const COPIED: usize = 512;
+
+/// The most pieces one vectored write takes: Linux's limit (UIO_MAXIOV).
+const SLICES: usize = 1024;
+
+impl Lane {
+    /// A lane for the connection on `io`: the socket to build its
+    /// WebSocket on, and the writer's end.
+    pub fn new<S>(io: S) -> (Laned<S>, Lane) {
+        let queue = Arc::new(Mutex::new(Queue::default()));
+        (
+            Laned {
+                io,
+                queue: Arc::clone(&queue),
+            },
+            Lane { queue },
+        )
+    }
+
+    /// The WebSocket handshake is over: what the WebSocket writes from now
+    /// on are frames, which go on the lane.
+    pub fn frames(&self) {
+        lock(&self.queue).framed = true;
+    }
+
+    /// Puts one data frame on the lane, unmasked: a Binary frame when it
+    /// `opens` a message, else a Continuation frame; `fin` when it ends the
+    /// message; its payload is `head` then `body`. Says how many bytes the
+    /// lane then holds, not yet written. Refused once the lane has ended.
+    pub fn push(&self, opens: bool, fin: bool, head: Bytes, body: Bytes) -> Result<usize, WsError> {
+        let length = head.len() + body.len();
+        let mut header = [0; MAX_HEAD];
+        let len = frame_header(opens, fin, length, &mut header);
+        let mut queue = lock(&self.queue);
+        if queue.closed {
+            return Err(WsError::Protocol(ProtocolError::SendAfterClosing));
+        }
+        queue.bytes += len + length;
+        queue.tail.extend_from_slice(&header[..len]);
+        for part in [head, body] {
+            if part.len() <= COPIED {
+                queue.tail.extend_from_slice(&part);
+            } else {
+                queue.seal();
+                queue.segments.push_back(part);
+            }
+        }
+        Ok(queue.bytes)
+    }
+
+    /// The peer's close was read: from now on only the WebSocket's own
+    /// frames (its answer to the close) may go on the lane, as the
+    /// WebSocket itself would refuse a data frame once it has read a close.
+    pub fn peer_closed(&self) {
+        lock(&self.queue).closed = true;
+    }
+}
+
+/// Writes the header of an unmasked data frame of `length` bytes into
+/// `out` (RFC 6455, section 5.2): FIN, the opcode (Binary or
+/// Continuation), the length in 7, 7+16 or 7+64 bits. Says how long it is.
+fn frame_header(opens: bool, fin: bool, length: usize, out: &mut [u8; MAX_HEAD]) -> usize {
+    out[0] = if fin { 0x80 } else { 0 } | if opens { 0x2 } else { 0 };
+    if length < 126 {
+        out[1] = length as u8;
+        2
+    } else if let Ok(short) = u16::try_from(length) {
+        out[1] = 126;
+        out[2..4].copy_from_slice(&short.to_be_bytes());
+        4
+    } else {
+        out[1] = 127;
+        out[2..10].copy_from_slice(&(length as u64).to_be_bytes());
+        10
+    }
+}
+
+/// The queue's lock. Nothing panics while it is held (no code that can is
+/// run under it), so a poisoned lock is taken as it is.
+fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
+    queue
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Queue {
+    /// Makes what is copied so far a segment of its own, so that what
+    /// comes next goes after it.
+    fn seal(&mut self) {
+        if !self.tail.is_empty() {
+            let sealed = self.tail.split().freeze();
+            self.segments.push_back(sealed);
+        }
+    }
+
+    /// Writes what is on the lane to `io`, until all of it is written or
+    /// the socket is full.
+    fn drain<S: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut S,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.seal();
+        while !self.segments.is_empty() {
+            let slices: Vec<IoSlice<'_>> = self
+                .segments
+                .iter()
+                .take(SLICES)
+                .map(|segment| IoSlice::new(segment))
+                .collect();
+            let wrote = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices))?;
+            if wrote == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.advance(wrote);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// `wrote` more bytes are written.
+    fn advance(&mut self, mut wrote: usize) {
+        self.bytes -= wrote;
+        while let Some(first) = self.segments.front_mut() {
+            if wrote < first.len() {
+                first.advance(wrote);
+                return;
+            }
+            wrote -= first.len();
+            self.segments.pop_front();
+        }
+    }
+}
+
+/// Whether the frames in `bytes`, whole frames one after the other, hold a
+/// close frame.
+fn holds_close(mut bytes: &[u8]) -> bool {
+    while let [first, second, rest @ ..] = bytes {
+        if first & 0x0F == 0x8 {
+            return true;
+        }
+        let (length, rest): (u64, &[u8]) = match (second & 0x7F, rest) {
+            (126, [a, b, rest @ ..]) => (u64::from(u16::from_be_bytes([*a, *b])), rest),
+            (127, [a, b, c, d, e, f, g, h, rest @ ..]) => {
+                (u64::from_be_bytes([*a, *b, *c, *d, *e, *f, *g, *h]), rest)
+            }
+            (126 | 127, _) => return false,
+            (length, rest) => (u64::from(length), rest),
+        };
+        let mask = if second & 0x80 != 0 { 4 } else { 0 };
+        let skip = usize::try_from(length)
+            .unwrap_or(usize::MAX)
+            .saturating_add(mask);
+        bytes = rest.get(skip..).unwrap_or_default();
+    }
+    false
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Laned<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Laned<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let mut queue = lock(&this.queue);
+        if !queue.framed {
+            drop(queue);
+            return Pin::new(&mut this.io).poll_write(cx, buf);
+        }
+        // Whole frames (the WebSocket writes its buffer, which is whole
+        // frames, and all of it is taken each time): after what is there.
+        queue.closed |= holds_close(buf);
+        queue.bytes += buf.len();
+        queue.tail.extend_from_slice(buf);
+        // Written as far as the socket takes it now: the WebSocket does not
+        // always flush after its last write (a server's answer to a close).
+        if let Poll::Ready(Err(error)) = queue.drain(&mut this.io, cx) {
+            return Poll::Ready(Err(error));
+        }
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(lock(&this.queue).drain(&mut this.io, cx))?;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(lock(&this.queue).drain(&mut this.io, cx))?;
+        Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio_tungstenite::WebSocketStream;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    use super::*;
+
+    /// A server's WebSocket on a lane over loopback, and the peer's socket.
+    async fn laned() -> (WebSocketStream<Laned<TcpStream>>, Lane, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = listener.local_addr().expect("an address");
+        let peer = TcpStream::connect(addr).await.expect("connects");
+        let (socket, _) = listener.accept().await.expect("accepts");
+        let (socket, lane) = Lane::new(socket);
+        lane.frames();
+        let ws = WebSocketStream::from_raw_socket(socket, Role::Server, None).await;
+        (ws, lane, peer)
+    }
+
+    async fn next(peer: &mut WebSocketStream<TcpStream>) -> Message {
+        peer.next().await.expect("a message").expect("whole")
+    }
+
+    #[tokio::test]
+    async fn frames_go_out_in_order_from_their_own_bytes() {
+        let (mut ws, lane, peer) = laned().await;
+        let big = Bytes::from(vec![7; 70_000]);
+        let queued = lane.push(
+            true,
+            true,
+            Bytes::from_static(b"head"),
+            Bytes::from_static(b"body"),
+        );
+        assert_eq!(queued.expect("open"), 2 + 8);
+        // The WebSocket's own frame goes after what is on the lane.
+        ws.send(Message::Pong(Bytes::from_static(b"p")))
+            .await
+            .expect("pong");
+        // The pong's send wrote what came before it; two headers of 4.
+        let queued = lane.push(true, false, Bytes::from_static(b"\0"), big.slice(..65_000));
+        assert_eq!(queued.expect("open"), 4 + 65_001);
+        let queued = lane.push(false, true, big.slice(65_000..), Bytes::new());
+        assert_eq!(queued.expect("open"), 4 + 65_001 + 4 + 5_000);
+        ws.flush().await.expect("flushed");
+        let queued = lane.push(true, true, Bytes::new(), Bytes::from_static(b"!"));
+        assert_eq!(queued.expect("open"), 3, "only the last frame");
+        ws.flush().await.expect("flushed");
+
+        let mut peer = WebSocketStream::from_raw_socket(peer, Role::Client, None).await;
+        assert_eq!(next(&mut peer).await, Message::binary(&b"headbody"[..]));
+        assert_eq!(
+            next(&mut peer).await,
+            Message::Pong(Bytes::from_static(b"p"))
+        );
+        let mut whole = vec![0];
+        whole.extend_from_slice(&big);
+        assert_eq!(next(&mut peer).await, Message::binary(whole));
+        assert_eq!(next(&mut peer).await, Message::binary(&b"!"[..]));
+    }
+
+    #[test]
+    fn frame_headers_are_the_websockets_own() {
+        use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+
+        for length in [0, 1, 125, 126, 127, 65_535, 65_536, 1 << 24] {
+            for (opens, fin) in [(true, true), (true, false), (false, false), (false, true)] {
+                let mut ours = [0; MAX_HEAD];
+                let len = frame_header(opens, fin, length, &mut ours);
+                let opcode = if opens { Data::Binary } else { Data::Continue };
+                let header = FrameHeader {
+                    is_final: fin,
+                    opcode: OpCode::Data(opcode),
+                    ..FrameHeader::default()
+                };
+                let mut theirs = Vec::new();
+                header.format(length as u64, &mut theirs).expect("formats");
+                assert_eq!(&ours[..len], &theirs[..], "{length} {opens} {fin}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn nothing_follows_the_websockets_close() {
+        let (mut ws, lane, mut peer) = laned().await;
+        lane.push(true, true, Bytes::from_static(b"a"), Bytes::new())
+            .expect("open");
+        ws.close(None).await.expect("closed");
+        assert!(matches!(
+            lane.push(true, true, Bytes::from_static(b"b"), Bytes::new()),
+            Err(WsError::Protocol(ProtocolError::SendAfterClosing))
+        ));
+        drop(ws);
+        let mut bytes = Vec::new();
+        peer.read_to_end(&mut bytes).await.expect("read");
+        // The data frame, then the close (0x88), and nothing after it.
+        assert_eq!(bytes, [0x82, 1, b'a', 0x88, 0]);
+    }
+
+    #[tokio::test]
+    async fn the_answer_to_the_peers_close_goes_out_unflushed() {
+        let (mut ws, lane, peer) = laned().await;
+        let mut peer = WebSocketStream::from_raw_socket(peer, Role::Client, None).await;
+        peer.send(Message::Close(None)).await.expect("close sent");
+        // The server's WebSocket reads the close and answers it; as a
+        // server it then ends without a flush of its own.
+        assert!(matches!(ws.next().await, Some(Ok(Message::Close(_)))));
+        assert!(ws.next().await.is_none());
+        let late = lane.push(true, true, Bytes::from_static(b"late"), Bytes::new());
+        assert!(late.is_err());
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), next(&mut peer));
+        assert!(matches!(answer.await, Ok(Message::Close(_))), "answered");
+    }
+
+    #[test]
+    fn a_close_is_found_among_whole_frames() {
+        assert!(!holds_close(&[]));
+        assert!(holds_close(&[0x88, 0]));
+        assert!(!holds_close(&[0x8A, 1, b'p']));
+        assert!(holds_close(&[0x8A, 1, b'p', 0x88, 2, 3, 232]));
+        let mut long = vec![0x82, 126, 1, 0];
+        long.extend_from_slice(&[0x88; 256]);
+        assert!(!holds_close(&long), "a payload is skipped, not read");
+        long.extend_from_slice(&[0x88, 0]);
+        assert!(holds_close(&long));
+        assert!(!holds_close(&[0x82, 127, 0]), "cut short");
+    }
+}
