@@ -257,4 +257,3 @@ fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
         _ => broke.to_string(),
     }
 }
-
