@@ -135,7 +135,8 @@ pub struct Args {
     /// Containers: how long an agent has to accept TCP on its port (a duration).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::seconds::positive_duration, help_heading = "Runs and containers")]
     pub container_startup_timeout: Duration,
-    /// Containers: processes one container may have at once.
+    /// Containers: processes one container may have at once (runsc: its
+    /// sandbox gets 2 × N + 256 host threads, its own kernel's included).
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Runs and containers")]
     pub container_pids: u32,
     /// Containers: the OCI runtime that runs them, `runc` or `runsc`

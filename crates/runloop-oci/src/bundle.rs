@@ -91,6 +91,26 @@ const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/b
 /// The agent program's port when the image's `PORT` names none (protocol §10).
 pub const DEFAULT_PORT: u16 = 8080;
 
+/// Host threads a gVisor sandbox holds for itself, besides its guest's:
+/// its kernel's Go runtime and the gofer. Measured 55–61 for a sandbox
+/// with one agent on a 2-CPU host (`pids.current` of the run's cgroup);
+/// the Go runtime's share grows with the CPUs, hence the margin.
+pub const SANDBOX_OWN_THREADS: u32 = 256;
+
+/// The host pids limit of a container whose agent may have `pids`
+/// processes. Under runsc the host cgroup holds the whole sandbox, and
+/// under its ptrace platform each guest process is a stub process and a
+/// tracer thread: without room for those, a sandbox near its bound
+/// fails to make a thread of its own kernel and ends (Go's fatal exit,
+/// status 2) instead of refusing the agent's `fork`.
+pub fn host_pids(pids: u32, sandbox: bool) -> u32 {
+    if sandbox {
+        pids.saturating_mul(2).saturating_add(SANDBOX_OWN_THREADS)
+    } else {
+        pids
+    }
+}
+
 /// What one run's configuration is made of.
 #[derive(Debug, Clone)]
 pub struct Bundle<'a> {
@@ -321,7 +341,7 @@ impl Bundle<'_> {
         ));
         resources.set_pids(Some(
             LinuxPidsBuilder::default()
-                .limit(i64::from(self.pids))
+                .limit(i64::from(host_pids(self.pids, self.sandbox)))
                 .build()?,
         ));
         resources.set_devices(Some(vec![
@@ -456,6 +476,9 @@ mod tests {
         assert_eq!(spec["linux"]["resources"]["memory"]["limit"], 64 << 20);
         assert_eq!(spec["linux"]["resources"]["memory"]["swap"], 64 << 20);
         assert_eq!(spec["linux"]["resources"]["pids"]["limit"], 128);
+        // A sandbox's own threads get room besides the agent's 128.
+        assert_eq!(host_pids(128, true), 2 * 128 + SANDBOX_OWN_THREADS);
+        assert_eq!(host_pids(u32::MAX, true), u32::MAX);
         assert_eq!(spec["linux"]["cgroupsPath"], "/runloop-k");
         let namespaces = spec["linux"]["namespaces"].as_array().expect("namespaces");
         assert!(
