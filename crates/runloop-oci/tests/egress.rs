@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use runloop_oci::egress::{self, Egress, EgressError, EgressNetwork, Link};
 use runloop_oci::network;
+use runloop_testkit::uplink::Uplink;
 use rustix::thread::LinkNameSpaceType;
 
 fn system_ready() -> bool {
@@ -81,62 +82,20 @@ fn echo_peer(path: &Path) -> u16 {
     port
 }
 
-/// A fake internet: a namespace of the test's own behind a veth from the
-/// host, at 198.51.100.(4·slot+2), with no route back to the runs' network
-/// (a reply reaches a run only through the host's NAT), and a service on it.
+/// A fake internet ([`Uplink`]) with a service on it ([`echo_peer`]).
 struct Internet {
-    name: String,
-    host: Ipv4Addr,
+    uplink: Uplink,
     service: SocketAddr,
 }
 
 impl Internet {
     fn new(slot: u8) -> Internet {
-        let tag = runloop_oci::random_name();
-        let name = format!("rlt-inet-{tag}");
-        let link = format!("rlti{}", &tag[..8]);
-        let host = Ipv4Addr::new(198, 51, 100, 4 * slot + 1);
-        let far = Ipv4Addr::new(198, 51, 100, 4 * slot + 2);
-        ip(&["netns", "add", &name]);
-        ip(&[
-            "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &name,
-        ]);
-        ip(&["addr", "add", &format!("{host}/30"), "dev", &link]);
-        ip(&["link", "set", &link, "up"]);
-        ip(&[
-            "-n",
-            &name,
-            "addr",
-            "add",
-            &format!("{far}/30"),
-            "dev",
-            "eth0",
-        ]);
-        ip(&["-n", &name, "link", "set", "eth0", "up"]);
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
-        let port = echo_peer(&Internet::path_of(&name));
+        let uplink = Uplink::new(slot);
+        let port = echo_peer(&uplink.path());
         Internet {
-            service: SocketAddr::from((far, port)),
-            host,
-            name,
+            service: SocketAddr::from((uplink.far, port)),
+            uplink,
         }
-    }
-
-    fn path_of(name: &str) -> PathBuf {
-        PathBuf::from("/run/netns").join(name)
-    }
-
-    fn path(&self) -> PathBuf {
-        Internet::path_of(&self.name)
-    }
-}
-
-impl Drop for Internet {
-    fn drop(&mut self) {
-        // The veth goes with the namespace.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
     }
 }
 
@@ -263,7 +222,7 @@ async fn two_servers_runs_reach_the_internet_by_nat_and_nothing_else() {
     for (i, run) in runs.iter().enumerate() {
         // Out, through NAT: the service sees the host's address, not the run's.
         let said = dial_from(&run.path(), internet.service).expect("the internet answers");
-        assert_eq!(said, internet.host.to_string(), "run {i}");
+        assert_eq!(said, internet.uplink.host.to_string(), "run {i}");
         // Its own service, on its own address: the run's own stack.
         let own = SocketAddr::from((run.link.run, ports[i]));
         assert_eq!(
@@ -303,15 +262,15 @@ async fn two_servers_runs_reach_the_internet_by_nat_and_nothing_else() {
     assert_eq!(dial(SocketAddr::from((target, port))), prohibited);
     ip(&[
         "-n",
-        &internet.name,
+        &internet.uplink.name,
         "route",
         "add",
         &network.to_string(),
         "via",
-        &internet.host.to_string(),
+        &internet.uplink.host.to_string(),
     ]);
     assert_eq!(
-        dial_from(&internet.path(), SocketAddr::from((target, port))),
+        dial_from(&internet.uplink.path(), SocketAddr::from((target, port))),
         prohibited
     );
     assert!(

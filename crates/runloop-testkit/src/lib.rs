@@ -19,9 +19,12 @@
 //!
 //! [`document`]: the blocks of the repository's pages that tests run or
 //! replay (recipes, transcripts).
+//!
+//! [`uplink`]: a fake internet behind a veth, for the egress tests.
 
 pub mod document;
 pub mod message;
+pub mod uplink;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use runloop_testkit::uplink::Uplink;
+
 use super::images::Images;
 use super::isolation::{first_text, host_address, run_as, wait_until};
 use super::{Server, json_lines, leftovers};
@@ -107,50 +109,25 @@ pub fn run_addresses(keys: &[String]) -> BTreeMap<String, String> {
     held
 }
 
-fn ip(args: &[&str]) {
-    let status = Command::new("ip").args(args).status().expect("ip runs");
-    assert!(status.success(), "ip {args:?}");
-}
-
-/// A fake internet at 198.51.100.(4·slot+2): a namespace behind a veth
-/// from the host (198.51.100.(4·slot+1)), with no route back to the runs,
-/// and the hog serving on every address of it.
+/// A fake internet at 198.51.100.(4·slot+2) ([`Uplink`]), with the hog
+/// serving on every address of it.
 pub struct Internet {
-    name: String,
     service: Child,
     /// `ADDRESS:PORT` of its service.
     pub target: String,
+    // Dropped after the service is killed.
+    _uplink: Uplink,
 }
 
 impl Internet {
     pub fn new(slot: u8, hog: &Path) -> Internet {
-        let tag = runloop_oci::random_name();
-        let name = format!("rlt-inet-{tag}");
-        let link = format!("rlti{}", &tag[..8]);
-        let host = Ipv4Addr::new(198, 51, 100, 4 * slot + 1);
-        let far = Ipv4Addr::new(198, 51, 100, 4 * slot + 2);
-        ip(&["netns", "add", &name]);
-        ip(&[
-            "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &name,
-        ]);
-        ip(&["addr", "add", &format!("{host}/30"), "dev", &link]);
-        ip(&["link", "set", &link, "up"]);
-        ip(&[
-            "-n",
-            &name,
-            "addr",
-            "add",
-            &format!("{far}/30"),
-            "dev",
-            "eth0",
-        ]);
-        ip(&["-n", &name, "link", "set", "eth0", "up"]);
+        let uplink = Uplink::new(slot);
         let port = 8000 + u16::from(slot);
         // nsenter, not `ip netns exec`: that makes a mount namespace too,
         // a private copy of every mount of the moment — other tests' run
         // disks among them, which it would then hold busy as long as the
         // service lives.
-        let netns = format!("--net=/run/netns/{name}");
+        let netns = format!("--net={}", uplink.path().display());
         let service = Command::new("nsenter")
             .arg(&netns)
             .arg(hog)
@@ -162,9 +139,9 @@ impl Internet {
             .spawn()
             .expect("the internet's service starts");
         let internet = Internet {
-            name,
             service,
-            target: format!("{far}:{port}"),
+            target: format!("{}:{port}", uplink.far),
+            _uplink: uplink,
         };
         // Listening: its socket in /proc/net/tcp (state 0A) of that namespace.
         let listening = format!("00000000:{port:04X} 00000000:0000 0A");
@@ -185,10 +162,6 @@ impl Drop for Internet {
     fn drop(&mut self) {
         let _ = self.service.kill();
         let _ = self.service.wait();
-        // The veth goes with the namespace.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
     }
 }
 
