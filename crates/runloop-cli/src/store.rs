@@ -73,7 +73,7 @@ impl GcArgs {
         // its bound) goes to stderr, as a server's log would have it.
         let _logs = init_logs_as("warn", LogFormat::Text);
         let collection = gc::collect(&store, self.max_size, self.dry_run)
-            .map_err(|error| Failure::Containers(HostError::Store(error)))?;
+            .map_err(|error| Failure::Containers(HostError::Store(error.into())))?;
         let verb = if self.dry_run {
             "would remove"
         } else {

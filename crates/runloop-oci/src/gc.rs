@@ -44,7 +44,6 @@ use tracing::{info, warn};
 
 use crate::digest::Digest;
 use crate::layout::{Layout, digest_of};
-use crate::store::StoreError;
 use crate::unpack;
 
 /// The file in an unpacked image's directory that its holders lock and
@@ -55,8 +54,28 @@ pub const USED: &str = "used";
 /// exclusively.
 pub const GC_LOCK: &str = "gc.lock";
 
-fn io_at(path: &Path) -> impl Fn(io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io {
+/// What a collection, a hold or a pull's wait could not do. (Its own
+/// type, not the store's error: the store calls down to this module, and
+/// nothing here calls up.)
+#[derive(Debug, thiserror::Error)]
+pub enum GcError {
+    /// A file of the store that could not be opened, locked, read or
+    /// removed.
+    #[error("the store at {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The store's image layout (its index).
+    #[error(transparent)]
+    Layout(#[from] crate::layout::LayoutError),
+}
+
+fn io_at(path: &Path) -> impl Fn(io::Error) -> GcError + '_ {
+    move |source| GcError::Io {
         path: path.to_owned(),
         source,
     }
@@ -71,7 +90,7 @@ pub struct Busy {
 impl Busy {
     /// Waits (blocking) until no collection runs on the store at `dir`, and
     /// keeps any from starting until dropped.
-    pub fn wait(dir: &Path) -> Result<Busy, StoreError> {
+    pub fn wait(dir: &Path) -> Result<Busy, GcError> {
         let path = dir.join(GC_LOCK);
         let file = lock_file(&path).map_err(io_at(&path))?;
         rustix::fs::flock(&file, FlockOperation::LockShared)
@@ -96,7 +115,7 @@ pub struct Hold(Arc<File>);
 impl Hold {
     /// Holds the image at `dir` (blocking while a collection looks at it)
     /// and marks it used; `None` when it is gone (a collection removed it).
-    pub fn take(dir: &Path) -> Result<Option<Hold>, StoreError> {
+    pub fn take(dir: &Path) -> Result<Option<Hold>, GcError> {
         let path = dir.join(USED);
         let file = match lock_file(&path) {
             Ok(file) => file,
@@ -175,7 +194,7 @@ struct Found {
 /// Sheds images from the store at `dir`, least recently used first, until
 /// it takes at most `max` bytes; `dry`: says what it would remove and
 /// removes nothing (and waits for no pull).
-pub fn collect(dir: &Path, max: u64, dry: bool) -> Result<Collection, StoreError> {
+pub fn collect(dir: &Path, max: u64, dry: bool) -> Result<Collection, GcError> {
     let _exclusive = if dry {
         None
     } else {
@@ -336,7 +355,7 @@ fn image_hex(name: &str) -> Option<&str> {
 
 /// Every `used` file of `roots` locked exclusively, or `None` if a run
 /// holds any of them.
-fn unheld(roots: &[PathBuf]) -> Result<Option<Vec<File>>, StoreError> {
+fn unheld(roots: &[PathBuf]) -> Result<Option<Vec<File>>, GcError> {
     let mut locks = Vec::new();
     for root in roots {
         let path = root.join(USED);
@@ -362,7 +381,7 @@ fn remove(
     layout: Option<&Layout>,
     found: &Found,
     references: &HashMap<&str, usize>,
-) -> Result<(), StoreError> {
+) -> Result<(), GcError> {
     if let (Some(layout), Some(digest)) = (layout, &found.indexed) {
         layout.remove_manifests(digest)?;
     }

@@ -107,6 +107,15 @@ pub enum StoreError {
     Stopping,
 }
 
+impl From<gc::GcError> for StoreError {
+    fn from(error: gc::GcError) -> StoreError {
+        match error {
+            gc::GcError::Io { path, source } => StoreError::Io { path, source },
+            gc::GcError::Layout(error) => StoreError::Layout(error),
+        }
+    }
+}
+
 fn io_at(path: &Path) -> impl Fn(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
         path: path.to_owned(),
@@ -203,9 +212,10 @@ impl Store {
     /// holds the image.
     pub async fn busy(&self) -> Result<Busy, StoreError> {
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || Busy::wait(&dir))
+        let busy = tokio::task::spawn_blocking(move || Busy::wait(&dir))
             .await
-            .map_err(|error| StoreError::Task(error.to_string()))?
+            .map_err(|error| StoreError::Task(error.to_string()))??;
+        Ok(busy)
     }
 
     /// Says the store has grown: with a bound, a collection runs (one at a
@@ -385,9 +395,10 @@ impl Store {
     /// A hold on the image at `dir`, if it is there.
     async fn hold(&self, dir: &Path) -> Result<Option<Hold>, StoreError> {
         let dir = dir.to_owned();
-        tokio::task::spawn_blocking(move || Hold::take(&dir))
+        let hold = tokio::task::spawn_blocking(move || Hold::take(&dir))
             .await
-            .map_err(|error| StoreError::Task(error.to_string()))?
+            .map_err(|error| StoreError::Task(error.to_string()))??;
+        Ok(hold)
     }
 
     fn image_dir(&self, image: &Image) -> PathBuf {
