@@ -1,4 +1,6 @@
-"""``python -m runloop run "prompt"``: one loop, as ``runloop run`` runs it.
+"""``python -m runloop run "prompt"``: one loop, as ``runloop run`` runs it
+(a catalog image, pinned or not, or a registry image; the run's memory and
+disk).
 
 Without ``--url`` an embedded server with the built-in demo agent serves
 on a loopback port of this process, so the command works with nothing
@@ -15,7 +17,7 @@ import asyncio
 import json
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from . import _native
 from ._client import connect
@@ -53,10 +55,20 @@ def show(event: "Chunk | Error", as_json: bool) -> None:
         print(f"\nerror: {event.value}", file=sys.stderr)
 
 
-async def run(url: str, token: str, image: str, prompt: str, as_json: bool) -> int:
+def image_of(args: argparse.Namespace) -> dict[str, Any]:
+    """``start``'s image arguments from ``--image NAME[@DIGEST]`` or
+    ``--registry-image REF``, with ``--memory`` and ``--disk``."""
+    sizes = {"memory": args.memory, "disk": args.disk}
+    if args.registry_image is not None:
+        return {"image": {"registry": {"reference": args.registry_image}}, **sizes}
+    name, _, digest = args.image.partition("@")
+    return {"name": name, "digest": digest or None, **sizes}
+
+
+async def run(url: str, token: str, image: dict[str, Any], prompt: str, as_json: bool) -> int:
     async with connect(url, token=token) as client:
         try:
-            started = await client.start(image)
+            started = await client.start(**image)
         except (RunRefused, RunNotServed, ConnectError) as error:
             # Refused, not served, or turned away before any answer (a
             # refused credential): no loop ran.
@@ -90,7 +102,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     one.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent or -")
     one.add_argument("--url", default=os.environ.get("RUNLOOP_URL"),
                      help="the provider server (default: an embedded demo server)")
-    one.add_argument("--image", default="demo", help="the server image to run (default: demo)")
+    which = one.add_mutually_exclusive_group()
+    which.add_argument("--image", default="demo", metavar="NAME[@DIGEST]",
+                       help="the server's catalog image to run, pinned to its "
+                            "manifest digest when the server asks for one (default: demo)")
+    which.add_argument("--registry-image", metavar="REF",
+                       help="a registry image the server pulls (HOST/NAME:TAG or @sha256:...)")
+    one.add_argument("--memory", default="1G",
+                     help="the run's memory, bytes or K/M/G (default: 1G)")
+    one.add_argument("--disk", default="0",
+                     help="the run's disk, bytes or K/M/G (default: 0; a container needs "
+                          "at least 1M)")
     one.add_argument("--json", action="store_true",
                      help='one JSON object a line: {"chunk":...}, {"error":...}, {"outcome":...}')
     args = parser.parse_args(argv)
@@ -99,7 +121,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     demo = None if args.url else _native.DemoServer.start()
     url = args.url or (demo.url if demo else "")
     try:
-        return asyncio.run(run(url, token, args.image, prompt, args.json))
+        return asyncio.run(run(url, token, image_of(args), prompt, args.json))
+    except (ValueError, TypeError) as error:
+        # A request the client refuses before sending it (a bad size, a
+        # digest where none may go): the caller's mistake, in words.
+        print(f"runloop: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except Timeout as error:
