@@ -32,7 +32,8 @@ pub struct Args {
     /// without it, runloop(1).
     #[arg(value_name = "SUBCOMMAND", conflicts_with = "dir")]
     pub subcommand: Option<String>,
-    /// Write every page (runloop.1, runloop-run.1, …) into DIR instead.
+    /// Write every page (runloop.1, runloop-run.1, …) into DIR instead,
+    /// made first if it is not there.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
 }
@@ -46,6 +47,11 @@ impl Args {
             command.build();
             let mut pages = Vec::new();
             every_page(&command, &mut pages);
+            // A fresh home has no ~/.local/share/man/man1 yet.
+            std::fs::create_dir_all(dir).map_err(|source| Failure::Write {
+                name: dir.display().to_string(),
+                source,
+            })?;
             for page in pages {
                 let path = dir.join(format!("{}.1", page_name(&page)));
                 let write = |path: &std::path::Path| -> std::io::Result<()> {

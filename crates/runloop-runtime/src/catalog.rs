@@ -249,8 +249,8 @@ pub enum CatalogError {
     /// The entry pins a digest, and the request named none.
     #[error(
         "image {name:?} is pinned to {pinned}: ask for it by that digest (the request's image \
-         digest: RunRequest::server({name:?}).digest(…) in the Rust client, {name}@{pinned} on \
-         runloop run's command line)"
+         digest: RunRequest::server({name:?}).digest(…) in the Rust client, digest=\"{pinned}\" \
+         in Python's client.start, {name}@{pinned} on runloop run's command line)"
     )]
     Unpinned {
         /// The requested name.
@@ -427,7 +427,8 @@ mod tests {
             format!(
                 "image \"pinned\" is pinned to {pinned}: ask for it by that digest (the request's \
                  image digest: RunRequest::server(\"pinned\").digest(…) in the Rust client, \
-                 pinned@{pinned} on runloop run's command line)"
+                 digest=\"{pinned}\" in Python's client.start, pinned@{pinned} on runloop run's \
+                 command line)"
             )
         );
         assert_eq!(

@@ -217,10 +217,12 @@ fn man_pages() {
         .code(2)
         .stderr("runloop: runloop has no subcommand \"nope\" (see runloop --help)\n");
 
-    let dir = tempfile::tempdir().expect("a scratch directory");
+    // A directory that is not there yet (a fresh home's man1) is made.
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let dir = scratch.path().join("share/man/man1");
     runloop()
         .args(["man", "--dir"])
-        .arg(dir.path())
+        .arg(&dir)
         .assert()
         .code(0)
         .stdout("");
@@ -230,12 +232,12 @@ fn man_pages() {
         "runloop-decode.1",
         "runloop-agent-demo.1",
     ] {
-        let text = std::fs::read_to_string(dir.path().join(name))
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let text =
+            std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(text.starts_with(".ie") || text.contains(".TH"), "{name}");
     }
     assert!(
-        !dir.path().join("runloop-__forward.1").exists(),
+        !dir.join("runloop-__forward.1").exists(),
         "the hidden subcommand has no page"
     );
 }

@@ -537,8 +537,9 @@ fn a_catalog_refusal_says_what_would_be_served() {
         format!(
             "runloop: the run was refused: {{\"kind\":\"policy\",\"error\":\"image \\\"rev\\\" is \
              pinned to {pinned}: ask for it by that digest (the request's image digest: \
-             RunRequest::server(\\\"rev\\\").digest(…) in the Rust client, rev@{pinned} on \
-             runloop run's command line)\"}}\n"
+             RunRequest::server(\\\"rev\\\").digest(…) in the Rust client, \
+             digest=\\\"{pinned}\\\" in Python's client.start, rev@{pinned} on runloop run's \
+             command line)\"}}\n"
         )
     );
     assert!(!stderr.contains(&"0".repeat(64)), "{stderr}");
