@@ -746,9 +746,11 @@ mod splits {
                 bytes.extend_from_slice(b"\xEF\xBB\xBF");
             }
             let mut events = Vec::new();
+            // The last line end written, whichever line or blank line it
+            // ended: an empty block's blank line follows the one before.
+            let mut last_eol = None;
             for (block, blank) in self.blocks.iter().zip(&self.blank_eols) {
                 let mut data: Option<String> = None;
-                let mut last_eol = None;
                 for (line, eol) in block {
                     let line_data = push_line(&mut bytes, line, *eol);
                     if let Some(line_data) = line_data {
@@ -766,6 +768,7 @@ mod splits {
                     (_, blank) => *blank,
                 };
                 push_eol(&mut bytes, blank);
+                last_eol = Some(blank);
                 let end = bytes.len() - usize::from(matches!(blank, Eol::CrLf));
                 events.push((end, data));
             }
