@@ -284,7 +284,7 @@ pub fn peak_rss(pid: u32) -> u64 {
 use std::time::Instant;
 
 use crate::images::{self, Images};
-use crate::{Server, pull_and_run, refusal};
+use crate::{Server, pull_and_run, pull_command, refusal};
 
 fn server(hostile: &Hostile, extra: &[&str]) -> Server {
     let mut args = vec!["--insecure-registry", hostile.host.as_str()];
@@ -686,22 +686,8 @@ fn a_server_stopped_mid_unpack_leaves_no_partial_image() {
 
 /// `runloop run --json` of a registry image, as the tenant of `token`.
 fn pull_as(url: &str, reference: &str, token: &str) -> std::process::Command {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_runloop"));
-    command
-        .args([
-            "run",
-            "--json",
-            "--url",
-            url,
-            "--registry-image",
-            reference,
-            "--memory",
-            "128M",
-            "--disk",
-            "8M",
-            "x",
-        ])
-        .env("RUNLOOP_TOKEN", token);
+    let mut command = pull_command(url, reference, "x");
+    command.env("RUNLOOP_TOKEN", token);
     command
 }
 
@@ -823,20 +809,7 @@ fn a_pull_nobody_waits_for_stops_and_leaves_no_partial_blob() {
 
 /// `runloop run` of a registry image, left running.
 fn pull_and_run_child(url: &str, reference: &str) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_runloop"))
-        .args([
-            "run",
-            "--json",
-            "--url",
-            url,
-            "--registry-image",
-            reference,
-            "--memory",
-            "128M",
-            "--disk",
-            "8M",
-            "x",
-        ])
+    pull_command(url, reference, "x")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

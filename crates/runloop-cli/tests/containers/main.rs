@@ -205,22 +205,28 @@ impl Drop for Server {
     }
 }
 
+/// The command `runloop run --json` of a registry image, not yet run.
+fn pull_command(url: &str, reference: &str, prompt: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_runloop"));
+    command.args([
+        "run",
+        "--json",
+        "--url",
+        url,
+        "--registry-image",
+        reference,
+        "--memory",
+        "128M",
+        "--disk",
+        "8M",
+        prompt,
+    ]);
+    command
+}
+
 /// `runloop run --json` of a registry image.
 fn pull_and_run(url: &str, reference: &str, prompt: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_runloop"))
-        .args([
-            "run",
-            "--json",
-            "--url",
-            url,
-            "--registry-image",
-            reference,
-            "--memory",
-            "128M",
-            "--disk",
-            "8M",
-            prompt,
-        ])
+    pull_command(url, reference, prompt)
         .output()
         .expect("run runs")
 }
