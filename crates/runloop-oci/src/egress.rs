@@ -101,10 +101,6 @@ const RESOLV_CONF: &str = "/etc/resolv.conf";
 /// The copy in a run's directory, bound read-only at `/etc/resolv.conf`.
 const RUN_RESOLV_CONF: &str = "resolv.conf";
 
-fn ip() -> &'static OsStr {
-    OsStr::new("ip")
-}
-
 fn nft() -> &'static OsStr {
     OsStr::new("nft")
 }
@@ -402,7 +398,7 @@ impl Egress {
                 link.host,
                 name = link.name
             );
-            match command::run(ip(), ["-batch", "-"], Some(&claim)).await {
+            match command::run(network::ip(), ["-batch", "-"], Some(&claim)).await {
                 Ok(_) => {}
                 Err(error) if error.says("File exists") => continue,
                 Err(error) => return Err(error.into()),
@@ -414,7 +410,7 @@ impl Egress {
                 "addr add {}/30 dev {INSIDE}\nlink set {INSIDE} up\nroute add default via {}\n",
                 link.run, link.host
             );
-            command::run(ip(), ["-n", &netns, "-batch", "-"], Some(&inside)).await?;
+            command::run(network::ip(), ["-n", &netns, "-batch", "-"], Some(&inside)).await?;
             return Ok(link);
         }
         Err(EgressError::Full(self.network))
@@ -461,7 +457,7 @@ pub async fn detach(key: &str, run: &Path) -> Result<(), EgressError> {
         return Ok(());
     }
     let netns = network::namespace(key);
-    match command::run(ip(), ["-n", &netns, "link", "del", INSIDE], None).await {
+    match command::run(network::ip(), ["-n", &netns, "link", "del", INSIDE], None).await {
         Err(error) if error.says("Cannot find device") => return Ok(()),
         Err(error) => return Err(error.into()),
         Ok(_) => {}

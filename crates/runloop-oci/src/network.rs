@@ -67,7 +67,8 @@ fn old_host_interface(key: &str) -> String {
     format!("rl{key}")
 }
 
-fn ip() -> &'static OsStr {
+/// The `ip` program (iproute2), for this module and [`crate::egress`].
+pub(crate) fn ip() -> &'static OsStr {
     OsStr::new("ip")
 }
 

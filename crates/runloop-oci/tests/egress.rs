@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use runloop_oci::egress::{self, Egress, EgressError, EgressNetwork, Link};
 use runloop_oci::network;
-use runloop_testkit::uplink::Uplink;
+use runloop_testkit::uplink::{Uplink, ip};
 use rustix::thread::LinkNameSpaceType;
 
 fn system_ready() -> bool {
@@ -27,11 +27,6 @@ fn system_ready() -> bool {
         Part::program("ip", "iproute2"),
         Part::program("nft", "nftables"),
     ])
-}
-
-fn ip(args: &[&str]) {
-    let status = Command::new("ip").args(args).status().expect("ip runs");
-    assert!(status.success(), "ip {args:?}");
 }
 
 /// Runs `work` on a thread inside the network namespace at `path`.

@@ -75,7 +75,8 @@ impl Drop for Uplink {
     }
 }
 
-fn ip(args: &[&str]) {
+/// Runs `ip ARGS…`; a failure fails the test.
+pub fn ip(args: &[&str]) {
     let status = Command::new("ip").args(args).status().expect("ip runs");
     assert!(status.success(), "ip {args:?}");
 }
