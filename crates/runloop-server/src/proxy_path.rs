@@ -101,10 +101,9 @@ impl fmt::Display for Unopened {
             return self.0.fmt(f);
         };
         write!(f, "the proxy answered HTTP {}", response.status())?;
-        let body = response.body().as_deref().map(String::from_utf8_lossy);
-        match body.as_deref().map(str::trim) {
-            Some(body) if !body.is_empty() => write!(f, ": {body}"),
-            _ => Ok(()),
+        match runloop_wire::transport::answer_body(response) {
+            Some(body) => write!(f, ": {body}"),
+            None => Ok(()),
         }
     }
 }

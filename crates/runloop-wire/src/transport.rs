@@ -248,10 +248,9 @@ pub fn runloop_refusal(response: &Response) -> Option<String> {
         .flatten()
 }
 
-/// The body of an answer to the WebSocket upgrade, trimmed, when it has one.
-fn answer_body(
-    response: &tokio_tungstenite::tungstenite::http::Response<Option<Vec<u8>>>,
-) -> Option<String> {
+/// The body of an answer to the WebSocket upgrade, trimmed, when it has one
+/// (a refusal's reason, from a runloop server or a proxy).
+pub fn answer_body(response: &Response) -> Option<String> {
     response
         .body()
         .as_deref()
