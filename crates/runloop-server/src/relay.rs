@@ -49,8 +49,13 @@ struct Open {
 }
 
 /// What the relay noted of the chunks it forwarded: how many, and the
-/// last payload (kept, not copied: to tell a fatal ending once the loop is
-/// over; a large one only if it may be fatal).
+/// last payload, to tell a fatal ending once the loop is over.
+///
+/// A small last payload is copied into a buffer the relay keeps, not held:
+/// held, it would keep the path's read buffer (whose bytes it shares)
+/// from being reused, and the WebSocket would allocate a new one for the
+/// next message, on every message. A large one has an allocation of its own
+/// and is held, not copied (and only if it may be fatal past [`KEEP_ANY`]).
 ///
 /// The server's counts of chunks and bytes are shared by every relay, and
 /// an atomic add on a line other cores write to costs more than the rest
@@ -59,13 +64,26 @@ struct Open {
 #[derive(Default)]
 struct Forwarded {
     chunks: u64,
-    last: Option<Bytes>,
+    last: Last,
     /// Chunks and bytes not yet added to the server's counts.
     pending: (u64, u64),
     /// The counts of the tenant the loop is served as, added with the
     /// server's.
     tenant: Option<Arc<TenantFigures>>,
 }
+
+/// The loop's last forwarded payload, copied or held (see [`Forwarded`]).
+#[derive(Default)]
+enum Last {
+    #[default]
+    None,
+    /// Copied into a buffer reused from chunk to chunk.
+    Copied(Vec<u8>),
+    Held(Bytes),
+}
+
+/// The largest last payload copied rather than held.
+const COPY_LAST: usize = 512;
 
 /// Chunks a relay forwards before it adds them to the server's counts.
 const FLUSH_EVERY: u64 = 64;
@@ -80,9 +98,30 @@ impl Forwarded {
         self.pending.1 += payload.len() as u64;
         // A large chunk that cannot be the fatal ending is let go: kept, it
         // would be held beside its copy in the queue.
-        self.last = (payload.len() <= KEEP_ANY || may_be_fatal(&payload)).then_some(payload);
+        self.last = if payload.len() <= COPY_LAST {
+            let mut copy = match std::mem::take(&mut self.last) {
+                Last::Copied(copy) => copy,
+                _ => Vec::with_capacity(COPY_LAST),
+            };
+            copy.clear();
+            copy.extend_from_slice(&payload);
+            Last::Copied(copy)
+        } else if payload.len() <= KEEP_ANY || may_be_fatal(&payload) {
+            Last::Held(payload)
+        } else {
+            Last::None
+        };
         if self.pending.0 == FLUSH_EVERY {
             self.flush(metrics);
+        }
+    }
+
+    /// The last payload, if it is kept.
+    fn last(&self) -> Option<&[u8]> {
+        match &self.last {
+            Last::None => None,
+            Last::Copied(copy) => Some(copy),
+            Last::Held(payload) => Some(payload),
         }
     }
 
@@ -138,10 +177,7 @@ pub(crate) async fn serve(
     // Counted before the finish is queued: a caller that has seen the
     // finish finds the loop counted.
     forwarded.flush(&shared.metrics);
-    let last_chunk = forwarded
-        .last
-        .as_deref()
-        .and_then(|payload| payload.get(1..));
+    let last_chunk = forwarded.last().and_then(|payload| payload.get(1..));
     let outcome = LoopOutcome::of(forwarded.chunks, !last.is_empty(), last_chunk);
     shared.metrics.loops.inc(outcome);
     TenantFigures::add(&tenant.loops, 1);
