@@ -28,7 +28,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async_with_config};
 use tracing::debug;
 
-use super::read_ahead::ReadAhead;
+use super::read_ahead::{self, ReadAhead};
 use runloop_wire::limits::Limits;
 
 /// An open path to a proxy.
@@ -130,8 +130,12 @@ async fn dial(url: String, limits: &Limits) -> Result<Path, WsError> {
     let tcp = TcpStream::connect((host.as_str(), port)).await?;
     tcp.set_nodelay(true)?;
     let config = limits.websocket().read_buffer_size(READ_BUFFER);
-    let (ws, _response) =
-        client_async_with_config(request, ReadAhead::new(tcp), Some(config)).await?;
+    let (ws, _response) = client_async_with_config(
+        request,
+        ReadAhead::new(tcp, &read_ahead::PROCESS),
+        Some(config),
+    )
+    .await?;
     Ok(ws)
 }
 
