@@ -28,6 +28,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async_with_config};
 use tracing::debug;
 
+use super::path_frames::PathFrames;
 use super::read_ahead::{self, ReadAhead};
 use runloop_wire::limits::Limits;
 
@@ -43,6 +44,16 @@ pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// so resident) for as long as it is open; the socket is still read in
 /// larger pieces, below the WebSocket ([`ReadAhead`]).
 pub(crate) const READ_BUFFER: usize = 4 << 10;
+
+/// How a path's binary messages are read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reading {
+    /// Taken from the socket's buffer by the relay itself
+    /// ([`ReadAhead::message`]), not through the WebSocket.
+    Relayed,
+    /// Through the WebSocket, as its other messages.
+    Through,
+}
 
 /// How many times a path is dialled while the proxy says, before the path
 /// opened, that it cannot take it now.
@@ -64,11 +75,16 @@ const OPEN_PAUSE: Duration = Duration::from_millis(50);
 /// The dial and the handshake are a large future (several KiB), boxed so
 /// that it is held only while it runs: the relay that awaits it lives as
 /// long as its loop, and a server holds one per loop.
-pub(crate) async fn open(base: &str, path: &str, limits: &Limits) -> Result<Path, Unopened> {
+pub(crate) async fn open(
+    base: &str,
+    path: &str,
+    limits: &Limits,
+    reading: Reading,
+) -> Result<Path, Unopened> {
     let url = format!("{base}{path}");
     let mut attempt = 1;
     loop {
-        match Box::pin(dial(url.clone(), limits)).await {
+        match Box::pin(dial(url.clone(), limits, reading)).await {
             Err(error) if attempt < OPEN_ATTEMPTS && refused_before_open(&error) => {
                 debug!(%error, attempt, %url, "the proxy did not open the path; dialling again");
                 tokio::time::sleep(OPEN_PAUSE * attempt).await;
@@ -114,7 +130,7 @@ impl std::error::Error for Unopened {
     }
 }
 
-async fn dial(url: String, limits: &Limits) -> Result<Path, WsError> {
+async fn dial(url: String, limits: &Limits, reading: Reading) -> Result<Path, WsError> {
     let request = url.into_client_request()?;
     let uri = request.uri();
     if uri.scheme_str() != Some("ws") {
@@ -130,12 +146,12 @@ async fn dial(url: String, limits: &Limits) -> Result<Path, WsError> {
     let tcp = TcpStream::connect((host.as_str(), port)).await?;
     tcp.set_nodelay(true)?;
     let config = limits.websocket().read_buffer_size(READ_BUFFER);
-    let (ws, _response) = client_async_with_config(
-        request,
-        ReadAhead::new(tcp, &read_ahead::PROCESS),
-        Some(config),
-    )
-    .await?;
+    let frames = match reading {
+        Reading::Relayed => Some(PathFrames::new(limits.max_message_size)),
+        Reading::Through => None,
+    };
+    let socket = ReadAhead::new(tcp, &read_ahead::PROCESS, frames);
+    let (ws, _response) = client_async_with_config(request, socket, Some(config)).await?;
     Ok(ws)
 }
 
@@ -147,7 +163,7 @@ pub(crate) async fn register(
     limits: &Limits,
 ) -> Result<(), ErrorValue> {
     let fail = |what: String| ErrorValue::kind(ErrorKind::Proxy, what);
-    let mut path = open(base, "/agent/register", limits)
+    let mut path = open(base, "/agent/register", limits, Reading::Through)
         .await
         .map_err(|e| fail(format!("cannot open the proxy's /agent/register: {e}")))?;
     let Ok(ask) = RegistrationAsk::new(agent).to_vec();
@@ -183,6 +199,7 @@ pub(crate) async fn register(
 /// of the socket, within [`CLOSE_GRACE`]. Whatever the proxy sends before
 /// its close frame is dropped unread.
 pub(crate) async fn close(mut path: Path) {
+    path.get_mut().drop_messages();
     let closing = async {
         // Our close frame, or, when the proxy closed first, our answer to
         // it: tungstenite queued the answer, and the sink's close flushes it

@@ -4,13 +4,12 @@
 //! path's WebSocket keeps a small read buffer ([`READ_BUFFER`](super::proxy_path)).
 //! Read straight from the socket, a busy loop would then pay a system call
 //! — and on loopback the acknowledgement it sends, and the proxy's sending
-//! that acknowledgement lets on — for every few kilobytes. Below the
-//! WebSocket, [`ReadAhead`] reads straight into the WebSocket's buffer
-//! until a read fills it (a quiet loop's message costs no buffer and no
-//! copy); from then on it takes up to [`AHEAD`] bytes per system call into
-//! a buffer of its own and hands them on as the WebSocket asks. That buffer
-//! exists only while a path is busy: it is let go when the socket has
-//! nothing more to give, so an idle path holds nothing extra.
+//! that acknowledgement lets on — for every few kilobytes. [`ReadAhead`]
+//! reads the socket into a buffer of its own: a small one at first (a
+//! quiet loop's message is small), and once a read fills it up to [`AHEAD`]
+//! bytes per system call. That buffer exists only while a path is busy:
+//! it is let go when the socket has nothing more to give, so an idle path
+//! holds nothing extra.
 //!
 //! Busy paths together may hold at most [`BUDGET`] bytes in buffers of
 //! [`AHEAD`]; past it, a path's buffer is [`AHEAD_SPARING`], so tens of
@@ -19,21 +18,31 @@
 //! busy loops: fewer reads, and fewer acknowledgements to send and wake
 //! the proxy with.)
 //!
-//! Every byte handed on passes [`MessageEdges`] too, which tells the relay
-//! whether a close came inside a fragmented message.
+//! On a relayed path (`/agent/run`) the binary messages are taken from that
+//! buffer where they lie ([`PathFrames`]) and wait for the relay
+//! ([`ReadAhead::message`]); only the frames the WebSocket must read itself
+//! are handed on to it. While a message waits, nothing is handed on, and a
+//! read of the WebSocket is pending without a wake-up: its reader takes
+//! the messages first, then reads the WebSocket again. On other paths
+//! every byte is handed on.
 
+use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::message_edges::MessageEdges;
+use super::path_frames::{PathFrames, Step};
 
 /// The most one system call reads, while the [`BUDGET`] lasts.
 pub(crate) const AHEAD: usize = 64 << 10;
+
+/// The most the first read of a busy spell reads: a quiet loop's message
+/// needs no more.
+const QUIET: usize = 4 << 10;
 
 /// The most one system call reads once the [`BUDGET`] is spent.
 pub(crate) const AHEAD_SPARING: usize = 16 << 10;
@@ -85,31 +94,57 @@ impl Budget {
 #[derive(Debug)]
 pub(crate) struct ReadAhead<S> {
     inner: S,
-    /// Read from the socket and not yet handed on; empty, with no
+    /// Read from the socket and not yet handed on or taken; empty, with no
     /// allocation, whenever the socket has nothing more to give.
     ahead: BytesMut,
     /// The size of `ahead`'s buffer while it has one, else 0.
     size: usize,
     budget: &'static Budget,
-    /// Where the bytes handed on stand between messages.
-    edges: MessageEdges,
+    /// The frames of a relayed path; `None`: every byte is handed on.
+    frames: Option<PathFrames>,
+    /// Messages taken and not yet given to the relay.
+    messages: VecDeque<Bytes>,
+    /// Bytes of a frame being handed on, not yet handed.
+    handing: u64,
 }
 
 impl<S> ReadAhead<S> {
-    /// Reads `inner` ahead, in buffers of the size `budget` allows.
-    pub(crate) fn new(inner: S, budget: &'static Budget) -> Self {
+    /// Reads `inner` ahead, in buffers of the size `budget` allows; takes
+    /// its binary messages itself if it has `frames`.
+    pub(crate) fn new(inner: S, budget: &'static Budget, frames: Option<PathFrames>) -> Self {
         ReadAhead {
-            budget,
             inner,
             ahead: BytesMut::new(),
             size: 0,
-            edges: MessageEdges::default(),
+            budget,
+            frames,
+            messages: VecDeque::new(),
+            handing: 0,
         }
     }
 
-    /// Whether the bytes handed on so far leave a fragmented message open.
+    /// The next binary message taken from a relayed path, if one waits.
+    pub(crate) fn message(&mut self) -> Option<Bytes> {
+        self.messages.pop_front()
+    }
+
+    /// Whether a message waits for [`message`](Self::message).
+    pub(crate) fn has_message(&self) -> bool {
+        !self.messages.is_empty()
+    }
+
+    /// Whether the frames read so far leave a fragmented message open.
     pub(crate) fn inside_message(&self) -> bool {
-        self.edges.inside_message()
+        self.frames.as_ref().is_some_and(PathFrames::inside_message)
+    }
+
+    /// The path is closing: the messages waiting and any to come are
+    /// dropped, so that the WebSocket reads on to the proxy's close.
+    pub(crate) fn drop_messages(&mut self) {
+        self.messages.clear();
+        if let Some(frames) = &mut self.frames {
+            frames.drop_messages();
+        }
     }
 
     /// Lets the buffer go, and gives its bytes back to the budget.
@@ -125,6 +160,70 @@ impl<S> Drop for ReadAhead<S> {
     }
 }
 
+impl<S: AsyncRead + Unpin> ReadAhead<S> {
+    /// Reads the socket into the buffer, until it holds at least `need`
+    /// bytes or as many as one read gives: how many it read (0: the
+    /// socket's end).
+    fn fill(&mut self, cx: &mut Context<'_>, need: usize) -> Poll<io::Result<usize>> {
+        if self.size == 0 {
+            self.size = QUIET;
+        }
+        self.ahead
+            .reserve(need.saturating_sub(self.ahead.len()).max(self.size));
+        let room = self.ahead.capacity() - self.ahead.len();
+        match tokio_util::io::poll_read_buf(Pin::new(&mut self.inner), cx, &mut self.ahead) {
+            Poll::Ready(Ok(read)) => {
+                if read == room && self.size == QUIET {
+                    // More may be there: read ahead from now on.
+                    self.size = self.budget.take();
+                }
+                Poll::Ready(Ok(read))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => {
+                if self.ahead.is_empty() {
+                    // Idle: let the buffer go.
+                    self.release();
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Hands on what is read, taking no message: a path that is not
+    /// relayed.
+    fn hand_on_all(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.ahead.is_empty() {
+            if self.size == 0 || buf.remaining() >= self.size {
+                // Not known to be busy, or room enough: straight into the
+                // reader's buffer, with no buffer of its own and no copy.
+                // A read that fills it may have left more: read ahead from
+                // then on.
+                let room = buf.remaining();
+                let before = buf.filled().len();
+                let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+                match &read {
+                    Poll::Ready(Ok(()))
+                        if self.size == 0 && buf.filled().len() - before == room =>
+                    {
+                        self.size = self.budget.take();
+                    }
+                    Poll::Pending => self.release(),
+                    _ => {}
+                }
+                return read;
+            }
+            if ready!(self.fill(cx, 1))? == 0 {
+                return Poll::Ready(Ok(()));
+            }
+        }
+        let taken = self.ahead.len().min(buf.remaining());
+        buf.put_slice(&self.ahead[..taken]);
+        self.ahead.advance(taken);
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -132,41 +231,48 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.ahead.is_empty() {
-            if this.size == 0 || buf.remaining() >= this.size {
-                // Not known to be busy, or room enough: straight into the
-                // reader's buffer, with no buffer of its own to take and
-                // no copy. A read that fills it may have left more: read
-                // ahead from then on.
-                let (before, room) = (buf.filled().len(), buf.remaining());
-                let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-                let got = &buf.filled()[before..];
-                this.edges.read(got);
-                match &read {
-                    Poll::Ready(Ok(())) if this.size == 0 && got.len() == room => {
-                        this.size = this.budget.take();
-                    }
-                    Poll::Pending => this.release(),
-                    _ => {}
-                }
-                return read;
-            }
-            this.ahead.reserve(this.size);
-            match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.ahead) {
-                Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-                Poll::Pending => {
-                    // Idle: let the buffer go.
-                    this.release();
+        if this.frames.is_none() {
+            return this.hand_on_all(cx, buf);
+        }
+        loop {
+            if this.handing > 0 {
+                if !this.messages.is_empty() {
+                    // Its reader takes the messages first.
                     return Poll::Pending;
+                }
+                if this.ahead.is_empty() && ready!(this.fill(cx, 1))? == 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                let taken = usize::try_from(this.handing)
+                    .unwrap_or(usize::MAX)
+                    .min(this.ahead.len())
+                    .min(buf.remaining());
+                buf.put_slice(&this.ahead[..taken]);
+                this.ahead.advance(taken);
+                this.handing -= taken as u64;
+                return Poll::Ready(Ok(()));
+            }
+            let Some(frames) = &mut this.frames else {
+                unreachable!("checked above")
+            };
+            match frames.step(&mut this.ahead) {
+                Step::Message(message) => this.messages.push_back(message),
+                Step::HandOn(bytes) => this.handing = bytes,
+                Step::NeedMore(_) | Step::Fault(_) if !this.messages.is_empty() => {
+                    return Poll::Pending;
+                }
+                Step::NeedMore(need) => {
+                    if ready!(this.fill(cx, need))? == 0 {
+                        // The end, to the WebSocket; a frame cut short by
+                        // it is lost, as it would be there.
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Step::Fault(why) => {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
                 }
             }
         }
-        let taken = this.ahead.len().min(buf.remaining());
-        buf.put_slice(&this.ahead[..taken]);
-        this.edges.read(&this.ahead[..taken]);
-        this.ahead.advance(taken);
-        Poll::Ready(Ok(()))
     }
 }
 
@@ -228,7 +334,7 @@ mod tests {
     async fn a_path_holds_its_buffer_only_while_it_has_bytes_to_hand_on() {
         static BUDGET: Budget = Budget::new(AHEAD);
         let (mut proxy, socket) = tokio::io::duplex(1 << 20);
-        let mut path = ReadAhead::new(socket, &BUDGET);
+        let mut path = ReadAhead::new(socket, &BUDGET, None);
         let sent: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
         proxy.write_all(&sent).await.expect("write");
         let mut got = vec![0; 4096];

@@ -23,6 +23,7 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -36,7 +37,7 @@ use tracing::debug;
 use super::budget::LoopClaim;
 use super::identity::Identity;
 use super::outbox::ChannelOutbox;
-use super::proxy_path::{self, Path};
+use super::proxy_path::{self, Path, Reading};
 use super::responses::Responses;
 use super::run_end::{RunEnd, ended};
 use super::shared::{Held, Shared, Stats};
@@ -98,19 +99,18 @@ impl Forwarded {
         self.pending.1 += payload.len() as u64;
         // A large chunk that cannot be the fatal ending is let go: kept, it
         // would be held beside its copy in the queue.
-        self.last = if payload.len() <= COPY_LAST {
-            let mut copy = match std::mem::take(&mut self.last) {
-                Last::Copied(copy) => copy,
-                _ => Vec::with_capacity(COPY_LAST),
-            };
-            copy.clear();
-            copy.extend_from_slice(&payload);
-            Last::Copied(copy)
+        if payload.len() <= COPY_LAST {
+            if let Last::Copied(copy) = &mut self.last {
+                copy.clear();
+                copy.extend_from_slice(&payload);
+            } else {
+                self.last = Last::Copied(payload.to_vec());
+            }
         } else if payload.len() <= KEEP_ANY || may_be_fatal(&payload) {
-            Last::Held(payload)
+            self.last = Last::Held(payload);
         } else {
-            Last::None
-        };
+            self.last = Last::None;
+        }
         if self.pending.0 == FLUSH_EVERY {
             self.flush(metrics);
         }
@@ -337,7 +337,12 @@ async fn open<'o, F: Future<Output = ErrorValue>>(
     let metrics = &shared.metrics;
     let limits = shared.config.limits;
     let dialled = run_end
-        .or(proxy_path::open(proxy_url, "/agent/run", &limits))
+        .or(proxy_path::open(
+            proxy_url,
+            "/agent/run",
+            &limits,
+            Reading::Relayed,
+        ))
         .await
         .map_err(Unsent::Cut)?;
     let path = dialled.map_err(|why| {
@@ -374,27 +379,44 @@ enum Next {
     Broke(String),
 }
 
-/// Reads the path up to its next binary message, or its end. Text messages
-/// and pings carry nothing (protocol §1).
+/// Reads the path up to its next binary message, or its end. The
+/// messages are taken from the socket's buffer ([`ReadAhead::message`]);
+/// the WebSocket reads the rest. Text messages and pings carry nothing
+/// (protocol §1).
+///
+/// [`ReadAhead::message`]: super::read_ahead::ReadAhead::message
 async fn next_message(path: &mut Path) -> Next {
-    while let Some(message) = path.next().await {
-        match message {
-            Ok(Message::Binary(message)) => return Next::Message(message),
-            // A close between the fragments of a message: the message is
-            // lost, so the loop did not finish.
-            Ok(Message::Close(_)) if path.get_ref().inside_message() => {
-                return Next::Broke(
+    std::future::poll_fn(|cx| {
+        loop {
+            if let Some(message) = path.get_mut().message() {
+                return Poll::Ready(Next::Message(message));
+            }
+            let next = match path.poll_next_unpin(cx) {
+                // Pending while a message waits, with no wake-up: taken
+                // on the next turn.
+                Poll::Pending if path.get_ref().has_message() => continue,
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(next) => next,
+            };
+            return Poll::Ready(match next {
+                Some(Ok(Message::Binary(message))) => Next::Message(message),
+                // A close between the fragments of a message: the message
+                // is lost, so the loop did not finish.
+                Some(Ok(Message::Close(_))) if path.get_ref().inside_message() => Next::Broke(
                     "the proxy closed the path inside a message (after a fragment that was not \
                      its last)"
                         .to_owned(),
-                );
-            }
-            Ok(Message::Close(_)) => return Next::Closed,
-            Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
-            Err(why) => return Next::Broke(why.to_string()),
+                ),
+                Some(Ok(Message::Close(_))) => Next::Closed,
+                Some(Ok(
+                    Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
+                )) => continue,
+                Some(Err(why)) => Next::Broke(why.to_string()),
+                None => Next::Broke("the connection closed without a close frame".to_owned()),
+            });
         }
-    }
-    Next::Broke("the connection closed without a close frame".to_owned())
+    })
+    .await
 }
 
 /// Ends a run-loop channel that is not relayed (its identity holds as many
