@@ -113,6 +113,7 @@ impl Lane {
             return Err(WsError::Protocol(ProtocolError::SendAfterClosing));
         }
         queue.bytes += len + length;
+        queue.room(len + length.min(2 * COPIED));
         queue.tail.extend_from_slice(&header[..len]);
         for part in [head, body] {
             if part.len() <= COPIED {
@@ -160,7 +161,20 @@ fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The least room the tail takes when it must grow.
+const TAIL: usize = 16 << 10;
+
 impl Queue {
+    /// Room for `more` bytes on the tail. Grown at least [`TAIL`] at once:
+    /// from empty, growing by doubling would reallocate many times per
+    /// batch; and once the segments sealed from it are written, the same
+    /// allocation is taken again.
+    fn room(&mut self, more: usize) {
+        if self.tail.capacity() - self.tail.len() < more {
+            self.tail.reserve(more.max(TAIL));
+        }
+    }
+
     /// Makes what is copied so far a segment of its own, so that what
     /// comes next goes after it.
     fn seal(&mut self) {
@@ -258,6 +272,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Laned<S> {
         // frames, and all of it is taken each time): after what is there.
         queue.closed |= holds_close(buf);
         queue.bytes += buf.len();
+        queue.room(buf.len());
         queue.tail.extend_from_slice(buf);
         // Written as far as the socket takes it now: the WebSocket does not
         // always flush after its last write (a server's answer to a close).
