@@ -254,17 +254,16 @@ mod tests {
     use std::pin::Pin;
     use std::task::{Context, Poll};
 
-    use futures_util::StreamExt;
     use proptest::prelude::*;
     use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
     use tokio_tungstenite::WebSocketStream;
     use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
     use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
-    use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
     use super::*;
     use crate::read_ahead::{Budget, ReadAhead};
+    use crate::relay::{Next, next_message};
 
     const ANSWER: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n";
 
@@ -412,8 +411,9 @@ mod tests {
         }
     }
 
-    /// A socket that gives its bytes in the pieces it was made of.
-    struct Pieces(VecDeque<Vec<u8>>);
+    /// A socket that gives its bytes in the pieces it was made of, and
+    /// keeps what is written to it.
+    struct Pieces(VecDeque<Vec<u8>>, Vec<u8>);
 
     impl AsyncRead for Pieces {
         fn poll_read(
@@ -435,10 +435,11 @@ mod tests {
 
     impl tokio::io::AsyncWrite for Pieces {
         fn poll_write(
-            self: Pin<&mut Self>,
+            mut self: Pin<&mut Self>,
             _: &mut Context<'_>,
             b: &[u8],
         ) -> Poll<io::Result<usize>> {
+            self.1.extend_from_slice(b);
             Poll::Ready(Ok(b.len()))
         }
         fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -449,12 +450,12 @@ mod tests {
         }
     }
 
-    /// What a relay reads from a path whose socket gives `pieces`: its
-    /// messages as the WebSocket would read them (`Message::Binary` for
-    /// one taken where it lies), until the close, the end or an error.
-    async fn relayed(pieces: Vec<Vec<u8>>) -> (Vec<Message>, Option<String>) {
+    /// What the relay reads from a path whose socket gives `pieces`
+    /// ([`next_message`]), up to the path's end; and how many messages it
+    /// read before it had answered every ping that came before them.
+    async fn relayed(pieces: Vec<Vec<u8>>, pings_before: &[usize]) -> (Vec<Next>, usize) {
         static BUDGET: Budget = Budget::new(1 << 20);
-        let socket = Pieces(pieces.into());
+        let socket = Pieces(pieces.into(), Vec::new());
         let mut socket = ReadAhead::new(socket, &BUDGET, Some(PathFrames::new(LIMIT)));
         let mut answer = vec![0; ANSWER.len()];
         socket.read_exact(&mut answer).await.expect("the answer");
@@ -462,36 +463,32 @@ mod tests {
         let config = WebSocketConfig::default()
             .max_message_size(Some(LIMIT))
             .max_frame_size(Some(LIMIT));
-        let mut ws = WebSocketStream::from_raw_socket(socket, Role::Client, Some(config)).await;
+        let mut path = WebSocketStream::from_raw_socket(socket, Role::Client, Some(config)).await;
         let mut seen = Vec::new();
+        let mut late = 0;
         loop {
-            let next = std::future::poll_fn(|cx| {
-                loop {
-                    if let Some(message) = ws.get_mut().message() {
-                        return Poll::Ready(Some(Ok(Message::Binary(message))));
-                    }
-                    match ws.poll_next_unpin(cx) {
-                        Poll::Pending if ws.get_ref().has_message() => continue,
-                        Poll::Pending => panic!("the pieces never wait"),
-                        Poll::Ready(next) => return Poll::Ready(next),
-                    }
-                }
-            })
-            .await;
-            match next {
-                Some(Ok(message)) => {
-                    let close = message.is_close();
-                    seen.push(message);
-                    if close {
-                        return (seen, None);
-                    }
-                }
-                Some(Err(WsError::ConnectionClosed | WsError::AlreadyClosed)) | None => {
-                    return (seen, None);
-                }
-                Some(Err(error)) => return (seen, Some(error.to_string())),
+            let next = next_message(&mut path).await;
+            if !matches!(next, Next::Message(_)) {
+                seen.push(next);
+                return (seen, late);
             }
+            let pings = pings_before.get(seen.len()).copied().unwrap_or(0);
+            if pongs(&path.get_ref().get_ref().1) < pings {
+                late += 1;
+            }
+            seen.push(next);
         }
+    }
+
+    /// How many pong frames `written` holds, whole frames one after the
+    /// other.
+    fn pongs(mut written: &[u8]) -> usize {
+        let mut pongs = 0;
+        while let Some(header) = Header::parse(written) {
+            pongs += usize::from(header.opcode == 0xA);
+            written = &written[header.len + header.length as usize..];
+        }
+        pongs
     }
 
     /// A frame of a generated sequence: its kind, whether it ends its
@@ -510,30 +507,32 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(96))]
 
-        /// However the socket's bytes are cut, a relayed path reads what
-        /// the WebSocket alone reads: the same messages, in order.
+        /// However the socket's bytes are cut, the relay reads the binary
+        /// messages the WebSocket alone would read, in order, and the end
+        /// as it is: a clean close, or one inside a message; and it has
+        /// answered every ping before the messages behind it.
         #[test]
         fn a_relayed_path_reads_what_the_websocket_alone_reads(
             frames in sequence(),
             cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..24),
         ) {
             let mut bytes = ANSWER.to_vec();
+            // The binary messages, and how many pings came before each.
             let mut expected = Vec::new();
+            let mut pings_before = Vec::new();
+            let mut pings = 0;
             // The message being put together: binary (true) or text.
             let mut open: Option<(bool, Vec<u8>)> = None;
             for (at, (kind, fin, size)) in frames.into_iter().enumerate() {
                 // ASCII, so that any of it may be text.
                 let payload: Vec<u8> = (0..size).map(|i| ((i + at) % 90 + 32) as u8).collect();
+                let mut ended = None;
                 match (kind, &mut open) {
                     (0 | 1, None) => {
                         let opcode = if kind == 0 { Data::Binary } else { Data::Text };
                         bytes.extend(frame_bytes(OpCode::Data(opcode), fin, &payload, false));
                         if fin {
-                            expected.push(if kind == 0 {
-                                Message::Binary(payload.into())
-                            } else {
-                                Message::Text(String::from_utf8(payload).expect("ascii").into())
-                            });
+                            ended = Some((kind == 0, payload));
                         } else {
                             open = Some((kind == 0, payload));
                         }
@@ -543,32 +542,40 @@ mod tests {
                     (2, Some((_, sofar))) if sofar.len() + size <= LIMIT => {
                         bytes.extend(more(fin, &payload));
                         sofar.extend_from_slice(&payload);
-                        if fin && let Some((is_binary, sofar)) = open.take() {
-                            expected.push(if is_binary {
-                                Message::Binary(sofar.into())
-                            } else {
-                                Message::Text(String::from_utf8(sofar).expect("ascii").into())
-                            });
+                        if fin {
+                            ended = open.take();
                         }
                     }
                     (3, _) => {
                         let payload = &payload[..size.min(125)];
                         bytes.extend(frame_bytes(OpCode::Control(Control::Ping), true, payload, false));
-                        expected.push(Message::Ping(payload.to_vec().into()));
+                        pings += 1;
                     }
                     _ => {}
                 }
+                if let Some((true, message)) = ended {
+                    expected.push(Next::Message(message.into()));
+                    pings_before.push(pings);
+                }
             }
+            expected.push(if open.is_some() {
+                Next::Broke(
+                    "the proxy closed the path inside a message (after a fragment that was not \
+                     its last)"
+                        .to_owned(),
+                )
+            } else {
+                Next::Closed
+            });
             bytes.extend(frame_bytes(OpCode::Control(Control::Close), true, &[], false));
             let mut points: Vec<usize> = cuts.iter().map(|cut| cut.index(bytes.len() + 1)).collect();
             points.extend([0, bytes.len()]);
             points.sort_unstable();
             let pieces = points.windows(2).map(|w| bytes[w[0]..w[1]].to_vec()).filter(|p| !p.is_empty()).collect();
             let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-            let (seen, error) = runtime.block_on(relayed(pieces));
-            prop_assert_eq!(error, None);
-            prop_assert_eq!(seen.last().map(Message::is_close), Some(true));
-            prop_assert_eq!(&seen[..seen.len() - 1], &expected[..]);
+            let (seen, late) = runtime.block_on(relayed(pieces, &pings_before));
+            prop_assert_eq!(seen, expected);
+            prop_assert_eq!(late, 0, "a ping answered only after the messages behind it");
         }
     }
 }

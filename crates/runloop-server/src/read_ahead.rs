@@ -19,12 +19,13 @@
 //! the proxy with.)
 //!
 //! On a relayed path (`/agent/run`) the binary messages are taken from that
-//! buffer where they lie ([`PathFrames`]) and wait for the relay
-//! ([`ReadAhead::message`]); only the frames the WebSocket must read itself
-//! are handed on to it. While a message waits, nothing is handed on, and a
-//! read of the WebSocket is pending without a wake-up: its reader takes
-//! the messages first, then reads the WebSocket again. On other paths
-//! every byte is handed on.
+//! buffer where they lie ([`PathFrames`]), by the relay itself
+//! ([`ReadAhead::poll_messages`], [`ReadAhead::message`]), without the
+//! WebSocket; only the frames the WebSocket must read itself are handed on
+//! to it, when the relay reads it next. While a message waits, nothing is
+//! handed on, and a read of the WebSocket is pending without a wake-up:
+//! its reader takes the messages first, then reads the WebSocket again. On
+//! other paths every byte is handed on.
 
 use std::collections::VecDeque;
 use std::io;
@@ -106,6 +107,8 @@ pub(crate) struct ReadAhead<S> {
     messages: VecDeque<Bytes>,
     /// Bytes of a frame being handed on, not yet handed.
     handing: u64,
+    /// A read's error, met while taking messages, for the WebSocket.
+    failed: Option<io::Error>,
 }
 
 impl<S> ReadAhead<S> {
@@ -120,12 +123,19 @@ impl<S> ReadAhead<S> {
             frames,
             messages: VecDeque::new(),
             handing: 0,
+            failed: None,
         }
     }
 
     /// The next binary message taken from a relayed path, if one waits.
     pub(crate) fn message(&mut self) -> Option<Bytes> {
         self.messages.pop_front()
+    }
+
+    /// The socket.
+    #[cfg(test)]
+    pub(crate) fn get_ref(&self) -> &S {
+        &self.inner
     }
 
     /// Whether a message waits for [`message`](Self::message).
@@ -190,6 +200,39 @@ impl<S: AsyncRead + Unpin> ReadAhead<S> {
         }
     }
 
+    /// Reads the socket and takes the messages that come before the
+    /// WebSocket's next frame, without the WebSocket: ready with whether a
+    /// message waits ([`message`](Self::message)), `false` when the
+    /// WebSocket must read next (a frame of its own, the end, an error, or
+    /// a path that is not relayed); pending, to be woken by the socket,
+    /// when it has nothing more.
+    pub(crate) fn poll_messages(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        loop {
+            let Some(frames) = &mut self.frames else {
+                return Poll::Ready(false);
+            };
+            if self.handing > 0 || self.failed.is_some() {
+                return Poll::Ready(!self.messages.is_empty());
+            }
+            match frames.step(&mut self.ahead) {
+                Step::Message(message) => self.messages.push_back(message),
+                Step::HandOn(bytes) => self.handing = bytes,
+                Step::NeedMore(_) | Step::Fault(_) if !self.messages.is_empty() => {
+                    return Poll::Ready(true);
+                }
+                Step::Fault(_) => return Poll::Ready(false),
+                Step::NeedMore(need) => match ready!(self.fill(cx, need)) {
+                    Ok(0) => return Poll::Ready(false),
+                    Ok(_) => {}
+                    Err(error) => {
+                        self.failed = Some(error);
+                        return Poll::Ready(false);
+                    }
+                },
+            }
+        }
+    }
+
     /// Hands on what is read, taking no message: a path that is not
     /// relayed.
     fn hand_on_all(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
@@ -233,6 +276,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
         let this = self.get_mut();
         if this.frames.is_none() {
             return this.hand_on_all(cx, buf);
+        }
+        if let Some(error) = this.failed.take() {
+            return Poll::Ready(Err(error));
         }
         loop {
             if this.handing > 0 {

@@ -30,7 +30,9 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
 use runloop_proto::{ErrorKind, ErrorValue, Writer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::debug;
 
@@ -38,6 +40,7 @@ use super::budget::LoopClaim;
 use super::identity::Identity;
 use super::outbox::ChannelOutbox;
 use super::proxy_path::{self, Path, Reading};
+use super::read_ahead::ReadAhead;
 use super::responses::Responses;
 use super::run_end::{RunEnd, ended};
 use super::shared::{Held, Shared, Stats};
@@ -370,7 +373,8 @@ async fn open<'o, F: Future<Output = ErrorValue>>(
 }
 
 /// What came next on the proxy's path.
-enum Next {
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Next {
     /// A binary message: a run-loop payload, unread.
     Message(Bytes),
     /// The proxy's clean close.
@@ -380,16 +384,25 @@ enum Next {
 }
 
 /// Reads the path up to its next binary message, or its end. The
-/// messages are taken from the socket's buffer ([`ReadAhead::message`]);
-/// the WebSocket reads the rest. Text messages and pings carry nothing
-/// (protocol §1).
+/// messages are taken from the socket's buffer, without the WebSocket
+/// ([`ReadAhead::poll_messages`]); the WebSocket reads the rest. Text
+/// messages and pings carry nothing (protocol §1); a ping's answer is sent
+/// at once, since the WebSocket, which sends it, may not be read again
+/// for a while.
 ///
-/// [`ReadAhead::message`]: super::read_ahead::ReadAhead::message
-async fn next_message(path: &mut Path) -> Next {
+pub(crate) async fn next_message<S>(path: &mut WebSocketStream<ReadAhead<S>>) -> Next
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     std::future::poll_fn(|cx| {
         loop {
             if let Some(message) = path.get_mut().message() {
                 return Poll::Ready(Next::Message(message));
+            }
+            match path.get_mut().poll_messages(cx) {
+                Poll::Ready(true) => continue,
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(false) => {}
             }
             let next = match path.poll_next_unpin(cx) {
                 // Pending while a message waits, with no wake-up: taken
@@ -408,9 +421,13 @@ async fn next_message(path: &mut Path) -> Next {
                         .to_owned(),
                 ),
                 Some(Ok(Message::Close(_))) => Next::Closed,
-                Some(Ok(
-                    Message::Text(_) | Message::Ping(_) | Message::Pong(_) | Message::Frame(_),
-                )) => continue,
+                Some(Ok(Message::Ping(_))) => {
+                    // Its answer: written now if the socket takes it, else
+                    // with the WebSocket's next read.
+                    let _ = path.poll_flush_unpin(cx);
+                    continue;
+                }
+                Some(Ok(Message::Text(_) | Message::Pong(_) | Message::Frame(_))) => continue,
                 Some(Err(why)) => Next::Broke(why.to_string()),
                 None => Next::Broke("the connection closed without a close frame".to_owned()),
             });
