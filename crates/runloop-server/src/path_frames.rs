@@ -480,6 +480,51 @@ mod tests {
         }
     }
 
+    /// Each message the proxy sends is read as soon as it has come, in
+    /// the two writes this project's proxy makes of it (header and tag,
+    /// then the body), with nothing behind it: not when the next one
+    /// comes.
+    #[tokio::test]
+    async fn a_message_is_read_when_it_comes_not_when_the_next_does() {
+        use std::time::Duration;
+
+        use tokio::io::AsyncWriteExt;
+        use tokio::net::{TcpListener, TcpStream};
+
+        static BUDGET: Budget = Budget::new(1 << 20);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (server, accepted) = tokio::join!(TcpStream::connect(address), listener.accept());
+        let (mut proxy, _) = accepted.expect("accept");
+        let mut socket = ReadAhead::new(
+            server.expect("connect"),
+            &BUDGET,
+            Some(PathFrames::new(LIMIT)),
+        );
+        proxy.write_all(ANSWER).await.expect("write");
+        let mut answer = vec![0; ANSWER.len()];
+        socket.read_exact(&mut answer).await.expect("the answer");
+        let mut path = WebSocketStream::from_raw_socket(socket, Role::Client, None).await;
+        for (at, size) in [1usize, 80, 3000, 70_000, 5, 0, 200]
+            .into_iter()
+            .enumerate()
+        {
+            if at == 4 {
+                proxy.write_all(&ping()).await.expect("write");
+            }
+            let payload: Vec<u8> = (0..size).map(|i| (i + at) as u8).collect();
+            let frame = binary(true, &payload);
+            let split = frame.len().min(4);
+            proxy.write_all(&frame[..split]).await.expect("write");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            proxy.write_all(&frame[split..]).await.expect("write");
+            let next = tokio::time::timeout(Duration::from_secs(10), next_message(&mut path))
+                .await
+                .unwrap_or_else(|_| panic!("message {at} ({size} bytes) came and was not read"));
+            assert_eq!(next, Next::Message(payload.into()), "message {at}");
+        }
+    }
+
     /// How many pong frames `written` holds, whole frames one after the
     /// other.
     fn pongs(mut written: &[u8]) -> usize {
