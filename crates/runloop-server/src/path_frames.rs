@@ -550,6 +550,43 @@ mod tests {
     }
 
     proptest! {
+        /// Whatever bytes come, from the HTTP answer on or from the
+        /// frames, every step goes forward or waits for more than the
+        /// buffer holds, no message is over the limit, and nothing
+        /// panics.
+        #[test]
+        fn any_bytes_are_read_forward_and_within_the_limit(
+            bytes in prop::collection::vec(any::<u8>(), 0..600),
+            answered in any::<bool>(),
+            max in 0..300usize,
+        ) {
+            let mut frames = PathFrames::new(max);
+            if answered {
+                frames.http = None;
+            }
+            let mut buffer = BytesMut::from(&bytes[..]);
+            loop {
+                let before = buffer.len();
+                match frames.step(&mut buffer) {
+                    Step::Message(message) => {
+                        prop_assert!(message.len() <= max);
+                        prop_assert!(buffer.len() < before, "a message takes its bytes");
+                    }
+                    Step::HandOn(n) => {
+                        prop_assert!(n > 0, "handing on nothing");
+                        buffer.advance((n as usize).min(buffer.len()));
+                    }
+                    Step::NeedMore(n) => {
+                        prop_assert!(n > buffer.len(), "more than is there");
+                        break;
+                    }
+                    Step::Fault(_) => break,
+                }
+            }
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig::with_cases(96))]
 
         /// However the socket's bytes are cut, the relay reads the binary
