@@ -107,7 +107,8 @@ pub(crate) struct ReadAhead<S> {
     messages: VecDeque<Bytes>,
     /// Bytes of a frame being handed on, not yet handed.
     handing: u64,
-    /// A read's error, met while taking messages, for the WebSocket.
+    /// A read's error, or a fault of the frames, met while taking
+    /// messages: for the WebSocket's next read.
     failed: Option<io::Error>,
 }
 
@@ -203,9 +204,11 @@ impl<S: AsyncRead + Unpin> ReadAhead<S> {
     /// Reads the socket and takes the messages that come before the
     /// WebSocket's next frame, without the WebSocket: ready with whether a
     /// message waits ([`message`](Self::message)), `false` when the
-    /// WebSocket must read next (a frame of its own, the end, an error, or
-    /// a path that is not relayed); pending, to be woken by the socket,
-    /// when it has nothing more.
+    /// WebSocket must read next (a frame of its own, the end, an error
+    /// kept for its read, or a path that is not relayed); pending, to be
+    /// woken by the socket, when it has nothing more. The WebSocket's own
+    /// reads ([`poll_read`](AsyncRead::poll_read)) go through it too, so
+    /// the frames are read in one place.
     pub(crate) fn poll_messages(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
         loop {
             let Some(frames) = &mut self.frames else {
@@ -220,7 +223,10 @@ impl<S: AsyncRead + Unpin> ReadAhead<S> {
                 Step::NeedMore(_) | Step::Fault(_) if !self.messages.is_empty() => {
                     return Poll::Ready(true);
                 }
-                Step::Fault(_) => return Poll::Ready(false),
+                Step::Fault(why) => {
+                    self.failed = Some(io::Error::new(io::ErrorKind::InvalidData, why));
+                    return Poll::Ready(false);
+                }
                 Step::NeedMore(need) => match ready!(self.fill(cx, need)) {
                     Ok(0) => return Poll::Ready(false),
                     Ok(_) => {}
@@ -277,48 +283,29 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
         if this.frames.is_none() {
             return this.hand_on_all(cx, buf);
         }
+        if ready!(this.poll_messages(cx)) {
+            // Its reader takes the messages first.
+            return Poll::Pending;
+        }
         if let Some(error) = this.failed.take() {
             return Poll::Ready(Err(error));
         }
-        loop {
-            if this.handing > 0 {
-                if !this.messages.is_empty() {
-                    // Its reader takes the messages first.
-                    return Poll::Pending;
-                }
-                if this.ahead.is_empty() && ready!(this.fill(cx, 1))? == 0 {
-                    return Poll::Ready(Ok(()));
-                }
-                let taken = usize::try_from(this.handing)
-                    .unwrap_or(usize::MAX)
-                    .min(this.ahead.len())
-                    .min(buf.remaining());
-                buf.put_slice(&this.ahead[..taken]);
-                this.ahead.advance(taken);
-                this.handing -= taken as u64;
-                return Poll::Ready(Ok(()));
-            }
-            let Some(frames) = &mut this.frames else {
-                unreachable!("checked above")
-            };
-            match frames.step(&mut this.ahead) {
-                Step::Message(message) => this.messages.push_back(message),
-                Step::HandOn(bytes) => this.handing = bytes,
-                Step::NeedMore(_) | Step::Fault(_) if !this.messages.is_empty() => {
-                    return Poll::Pending;
-                }
-                Step::NeedMore(need) => {
-                    if ready!(this.fill(cx, need))? == 0 {
-                        // The end, to the WebSocket; a frame cut short by
-                        // it is lost, as it would be there.
-                        return Poll::Ready(Ok(()));
-                    }
-                }
-                Step::Fault(why) => {
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
-                }
-            }
+        if this.handing == 0 {
+            // The end, to the WebSocket; a frame cut short by it is lost,
+            // as it would be there.
+            return Poll::Ready(Ok(()));
         }
+        if this.ahead.is_empty() && ready!(this.fill(cx, 1))? == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        let taken = usize::try_from(this.handing)
+            .unwrap_or(usize::MAX)
+            .min(this.ahead.len())
+            .min(buf.remaining());
+        buf.put_slice(&this.ahead[..taken]);
+        this.ahead.advance(taken);
+        this.handing -= taken as u64;
+        Poll::Ready(Ok(()))
     }
 }
 

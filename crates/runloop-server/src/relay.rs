@@ -57,8 +57,8 @@ struct Open {
 ///
 /// A small last payload is copied into a buffer the relay keeps, not held:
 /// held, it would keep the path's read buffer (whose bytes it shares)
-/// from being reused, and the WebSocket would allocate a new one for the
-/// next message, on every message. A large one has an allocation of its own
+/// from being reused, and the path's reader would allocate a new one for
+/// the next message, on every message. A large one has an allocation of its own
 /// and is held, not copied (and only if it may be fatal past [`KEEP_ANY`]).
 ///
 /// The server's counts of chunks and bytes are shared by every relay, and
@@ -389,7 +389,6 @@ pub(crate) enum Next {
 /// messages and pings carry nothing (protocol §1); a ping's answer is sent
 /// at once, since the WebSocket, which sends it, may not be read again
 /// for a while.
-///
 pub(crate) async fn next_message<S>(path: &mut WebSocketStream<ReadAhead<S>>) -> Next
 where
     S: AsyncRead + AsyncWrite + Unpin,
