@@ -525,6 +525,55 @@ mod tests {
         }
     }
 
+    /// A path says it is drained (the relay then sends what it has
+    /// without looking for more) only once every message taken is given
+    /// and its last read left the socket empty; not after a read that
+    /// filled its room, which may have left more behind.
+    #[tokio::test]
+    async fn a_path_is_drained_only_when_its_last_read_emptied_the_socket() {
+        use std::future::poll_fn;
+
+        use tokio::io::AsyncWriteExt;
+
+        static BUDGET: Budget = Budget::new(1 << 20);
+        let (mut proxy, socket) = tokio::io::duplex(1 << 20);
+        let mut path = ReadAhead::new(socket, &BUDGET, Some(PathFrames::new(LIMIT)));
+        proxy.write_all(ANSWER).await.expect("write");
+        let mut answer = vec![0; ANSWER.len()];
+        path.read_exact(&mut answer).await.expect("the answer");
+        async fn taken<S: AsyncRead + Unpin>(path: &mut ReadAhead<S>) {
+            let ready = poll_fn(|cx| Poll::Ready(path.poll_messages(cx))).await;
+            assert_eq!(ready, Poll::Ready(true), "a message waits");
+        }
+
+        proxy
+            .write_all(&[binary(true, b"one"), binary(true, b"two")].concat())
+            .await
+            .expect("write");
+        taken(&mut path).await;
+        assert!(!path.drained(), "two messages wait");
+        assert_eq!(path.message().as_deref(), Some(&b"one"[..]));
+        assert!(!path.drained(), "one message waits");
+        assert_eq!(path.message().as_deref(), Some(&b"two"[..]));
+        assert!(path.drained(), "all the socket had is given");
+
+        // Three messages of 2,004 bytes: a quiet path's first read (4 KiB)
+        // holds two and fills its room.
+        let payloads: Vec<Vec<u8>> = (0..3).map(|i| vec![i; 2000]).collect();
+        let frames: Vec<u8> = payloads.iter().flat_map(|p| binary(true, p)).collect();
+        proxy.write_all(&frames).await.expect("write");
+        taken(&mut path).await;
+        assert_eq!(path.message().as_deref(), Some(&payloads[0][..]));
+        assert_eq!(path.message().as_deref(), Some(&payloads[1][..]));
+        assert!(
+            !path.drained(),
+            "the read filled its room: more may be there"
+        );
+        taken(&mut path).await;
+        assert_eq!(path.message().as_deref(), Some(&payloads[2][..]));
+        assert!(path.drained());
+    }
+
     /// How many pong frames `written` holds, whole frames one after the
     /// other.
     fn pongs(mut written: &[u8]) -> usize {

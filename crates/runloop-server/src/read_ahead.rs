@@ -110,6 +110,12 @@ pub(crate) struct ReadAhead<S> {
     /// A read's error, or a fault of the frames, met while taking
     /// messages: for the WebSocket's next read.
     failed: Option<io::Error>,
+    /// The last read left the socket empty (it gave less than it had room
+    /// for).
+    emptied: bool,
+    /// The messages waiting are all the socket had: the last read emptied
+    /// it and what is left of it is part of a frame.
+    all_read: bool,
 }
 
 impl<S> ReadAhead<S> {
@@ -125,6 +131,8 @@ impl<S> ReadAhead<S> {
             messages: VecDeque::new(),
             handing: 0,
             failed: None,
+            emptied: false,
+            all_read: false,
         }
     }
 
@@ -142,6 +150,14 @@ impl<S> ReadAhead<S> {
     /// Whether a message waits for [`message`](Self::message).
     pub(crate) fn has_message(&self) -> bool {
         !self.messages.is_empty()
+    }
+
+    /// Whether the messages taken have all been given, and the socket had
+    /// nothing more when it was last read: a read now would most likely
+    /// wait. A hint (more may have come since), for a reader deciding
+    /// whether to look for more before it sends what it has.
+    pub(crate) fn drained(&self) -> bool {
+        self.all_read && self.messages.is_empty()
     }
 
     /// Whether the frames read so far leave a fragmented message open.
@@ -184,6 +200,7 @@ impl<S: AsyncRead + Unpin> ReadAhead<S> {
         let room = self.ahead.capacity() - self.ahead.len();
         match tokio_util::io::poll_read_buf(Pin::new(&mut self.inner), cx, &mut self.ahead) {
             Poll::Ready(Ok(read)) => {
+                self.emptied = read < room;
                 if read == room && self.size == QUIET {
                     // More may be there: read ahead from now on.
                     self.size = self.budget.take();
@@ -210,6 +227,7 @@ impl<S: AsyncRead + Unpin> ReadAhead<S> {
     /// reads ([`poll_read`](AsyncRead::poll_read)) go through it too, so
     /// the frames are read in one place.
     pub(crate) fn poll_messages(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        self.all_read = false;
         loop {
             let Some(frames) = &mut self.frames else {
                 return Poll::Ready(false);
@@ -220,9 +238,11 @@ impl<S: AsyncRead + Unpin> ReadAhead<S> {
             match frames.step(&mut self.ahead) {
                 Step::Message(message) => self.messages.push_back(message),
                 Step::HandOn(bytes) => self.handing = bytes,
-                Step::NeedMore(_) | Step::Fault(_) if !self.messages.is_empty() => {
+                Step::NeedMore(_) if !self.messages.is_empty() => {
+                    self.all_read = self.emptied;
                     return Poll::Ready(true);
                 }
+                Step::Fault(_) if !self.messages.is_empty() => return Poll::Ready(true),
                 Step::Fault(why) => {
                     self.failed = Some(io::Error::new(io::ErrorKind::InvalidData, why));
                     return Poll::Ready(false);

@@ -269,7 +269,13 @@ async fn relay(
             let next = run_end.or(next_message(path)).await;
             relayed_at = Instant::now();
             next
-        } else if let Some(next) = run_end.ready(next_message(path)) {
+        } else if !path.get_ref().drained()
+            // A path whose last read emptied its socket has nothing more
+            // ready: what is pushed goes at once, without looking (a look
+            // costs as much as the wait for the next message, after the
+            // write, costs again).
+            && let Some(next) = run_end.ready(next_message(path))
+        {
             next
         } else {
             // Nothing more is ready: send what is.
