@@ -271,9 +271,8 @@ async fn relay(
             next
         } else if !path.get_ref().drained()
             // A path whose last read emptied its socket has nothing more
-            // ready: what is pushed goes at once, without looking (a look
-            // costs as much as the wait for the next message, after the
-            // write, costs again).
+            // ready: what is pushed goes at once, without a look that the
+            // wait for the next message, after the write, makes again.
             && let Some(next) = run_end.ready(next_message(path))
         {
             next
