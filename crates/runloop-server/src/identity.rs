@@ -67,9 +67,28 @@ impl TokenHash {
 }
 
 impl TokenHash {
-    /// Whether the hashes are equal, compared in constant time.
-    pub(crate) fn ct_eq(&self, other: &TokenHash) -> bool {
-        self.0.ct_eq(&other.0).into()
+    /// The value beside the hash of `credential` among `known`, if it is
+    /// there: the token match, the one the server runs. The credential is
+    /// hashed once, and its hash compared with every known one, each in
+    /// constant time and all of them whatever matched, so how long it
+    /// takes says nothing of which hash matched, or how much of one
+    /// (protocol §3). The first match is the one found.
+    pub(crate) fn find<'a, T>(
+        credential: &str,
+        known: impl IntoIterator<Item = &'a (TokenHash, T)>,
+    ) -> Option<&'a T>
+    where
+        T: 'a,
+    {
+        let hash = TokenHash::of(credential);
+        let mut found = None;
+        for (token, value) in known {
+            let equal: bool = token.0.ct_eq(&hash.0).into();
+            if equal && found.is_none() {
+                found = Some(value);
+            }
+        }
+        found
     }
 }
 
@@ -285,17 +304,12 @@ impl Credentials {
             Credentials::Any => Some(ANONYMOUS.to_owned()),
             _ => {
                 let tenants = self.tenants()?;
-                let hash = TokenHash::of(credential);
-                let mut found = None;
-                for tenant in &tenants.tenants {
-                    for token in &tenant.tokens {
-                        let equal: bool = token.0.ct_eq(&hash.0).into();
-                        if equal && found.is_none() {
-                            found = Some(tenant.name.clone());
-                        }
-                    }
-                }
-                found
+                let known: Vec<(TokenHash, &str)> = tenants
+                    .tenants
+                    .iter()
+                    .flat_map(|t| t.tokens.iter().map(|token| (*token, t.name.as_str())))
+                    .collect();
+                TokenHash::find(credential, &known).map(|name| (*name).to_owned())
             }
         }
     }
@@ -415,6 +429,23 @@ mod tests {
         let credentials = Credentials::Tenants(tenants);
         assert_eq!(credentials.accept("alpha").as_deref(), Some("alice"));
         assert_eq!(credentials.accept("beta"), None);
+    }
+
+    #[test]
+    fn a_credential_is_found_by_its_hash_and_nothing_else() {
+        let known = [
+            (TokenHash::of("alpha"), 1),
+            (TokenHash::of("beta"), 2),
+            (TokenHash::of("alpha"), 3),
+        ];
+        assert_eq!(TokenHash::find("beta", &known), Some(&2));
+        // The first of two equal hashes is the one found.
+        assert_eq!(TokenHash::find("alpha", &known), Some(&1));
+        for other in ["", "alph", "alphaa", "Alpha", "beta "] {
+            assert_eq!(TokenHash::find(other, &known), None, "{other:?}");
+        }
+        let none: [(TokenHash, u8); 0] = [];
+        assert_eq!(TokenHash::find("alpha", &none), None);
     }
 
     #[test]

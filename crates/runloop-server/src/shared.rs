@@ -340,14 +340,7 @@ impl Shared {
         let name = if table.tenants.is_none() {
             Arc::from(ANONYMOUS)
         } else {
-            let hash = TokenHash::of(credential);
-            let mut found = None;
-            for (token, name) in &table.tokens {
-                if token.ct_eq(&hash) && found.is_none() {
-                    found = Some(Arc::clone(name));
-                }
-            }
-            found?
+            Arc::clone(TokenHash::find(credential, &table.tokens)?)
         };
         let figures = self.metrics.tenant(&name);
         Some(Identity::new(name, figures))
