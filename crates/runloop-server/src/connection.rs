@@ -244,6 +244,7 @@ async fn authorize(
     let frame_type = frame.frame_type();
     match table.received(frame) {
         Serve::Authorization(authorization) => shared
+            .tenants
             .accept(authorization.credential())
             .ok_or(Refused::Credential),
         Serve::Violation(why) => Err(Refused::Violation(why)),

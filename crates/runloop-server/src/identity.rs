@@ -295,24 +295,6 @@ impl Credentials {
             Credentials::Tenants(tenants) => Some(tenants.clone()),
         }
     }
-
-    /// The name of the tenant `credential` is served as, if it is
-    /// accepted. The credential is hashed once and its hash compared with
-    /// every configured one, in constant time, whatever matches.
-    pub fn accept(&self, credential: &str) -> Option<String> {
-        match self {
-            Credentials::Any => Some(ANONYMOUS.to_owned()),
-            _ => {
-                let tenants = self.tenants()?;
-                let known: Vec<(TokenHash, &str)> = tenants
-                    .tenants
-                    .iter()
-                    .flat_map(|t| t.tokens.iter().map(|token| (*token, t.name.as_str())))
-                    .collect();
-                TokenHash::find(credential, &known).map(|name| (*name).to_owned())
-            }
-        }
-    }
 }
 
 /// The tenant of every caller of a server that accepts any credential.
@@ -403,33 +385,6 @@ impl Shares {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_matched_and_named_by_position() {
-        let credentials = Credentials::Tokens(vec!["alpha".into(), "beta".into()]);
-        assert_eq!(credentials.accept("beta").as_deref(), Some("token #2"));
-        assert_eq!(credentials.accept("gamma"), None);
-        assert_eq!(credentials.accept(""), None);
-        assert_eq!(credentials.accept("alph"), None);
-        assert_eq!(Credentials::Any.accept("").as_deref(), Some("anonymous"));
-    }
-
-    #[test]
-    fn a_tenant_is_found_by_the_hash_of_its_token() {
-        // printf %s alpha | sha256sum
-        let hash = "sha256:8ed3f6ad685b959ead7022518e1af76cd816f8e8ec7ccdda1ed4018e8f2223f8";
-        let tenants = Tenants {
-            defaults: Quota::default(),
-            tenants: vec![Tenant {
-                name: "alice".into(),
-                tokens: vec![TokenHash::parse(hash).expect("a hash")],
-                quota: Quota::default(),
-            }],
-        };
-        let credentials = Credentials::Tenants(tenants);
-        assert_eq!(credentials.accept("alpha").as_deref(), Some("alice"));
-        assert_eq!(credentials.accept("beta"), None);
-    }
 
     #[test]
     fn a_credential_is_found_by_its_hash_and_nothing_else() {

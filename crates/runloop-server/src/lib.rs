@@ -80,6 +80,7 @@ mod responses;
 mod run_end;
 mod scope;
 mod shared;
+mod tenants;
 
 use std::fmt;
 use std::io;
@@ -106,7 +107,8 @@ pub use identity::{
     TokenHashError,
 };
 pub use runloop_metrics::StatsSnapshot;
-pub use shared::{PerIdentity, Stats, TenantChange};
+pub use shared::Stats;
+pub use tenants::{PerIdentity, TenantChange};
 
 use self::admission::{Admitted, TurnedAway};
 use self::shared::Shared;
@@ -381,7 +383,7 @@ impl ServerHandle {
 
     /// Each tenant's shares, by name (none when any credential is accepted).
     pub fn tenant_shares(&self) -> Vec<(String, Shares)> {
-        self.shared.all_shares()
+        self.shared.tenants.all_shares()
     }
 
     /// Serves one caller's connection that reached the server some other way

@@ -3,9 +3,9 @@
 //! drain, its tasks, its connection slots, the ids of its runs, the live
 //! counts of what it holds and its metrics.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -15,12 +15,10 @@ use super::admission::{self, Admission, Gate, TurnedAway};
 use super::budget::{Claimed, Ledger, RunBudget};
 use super::config::ServerConfig;
 use super::handshake_rate::HandshakeRate;
-use super::identity::{
-    ANONYMOUS, Credentials, Identity, Quota, Shares, TenantError, Tenants, TokenHash,
-};
+use super::identity::{Identity, Shares, Tenants};
 use super::refusal_log::RefusalLog;
+use super::tenants::{PerIdentity, Roster, TenantChange};
 use runloop_metrics::{ClosedAtAccept, ServerMetrics, StatsSnapshot};
-use runloop_wire::limits::LimitError;
 
 /// Live counts of what the server holds; every one returns to zero when
 /// the connections that caused it are gone.
@@ -95,177 +93,8 @@ pub(crate) struct Shared {
     admission: Mutex<admission::Held>,
     /// What the runs held claim of the run budget.
     claimed: Mutex<Claimed>,
-    /// Whether identities are tenants of tokens, each with its own
-    /// limits; with any credential accepted, every caller is the same
-    /// identity.
-    pub(crate) per_identity: bool,
-    /// The tenants, their tokens and shares; replaced whole by a reload.
-    table: RwLock<Arc<Table>>,
-}
-
-// Shares' resolution against the server's limits lives beside the table
-// it fills; the plain numbers are identity.rs's (below the admission and
-// the budget, which read them).
-impl Shares {
-    /// What `quota` comes to on a server configured as `config`: a value
-    /// it gives, up to the server-wide limit; else the fair share, half of
-    /// the server-wide budget (rounded down, never below one), or the
-    /// server's per-identity limit when that is lower.
-    pub fn of(quota: &Quota, config: &ServerConfig) -> Shares {
-        let budget = &config.budget;
-        let half = |n: usize| (n / 2).max(1);
-        Shares {
-            max_connections: quota.max_connections.map_or(
-                config
-                    .admission
-                    .max_connections_per_identity
-                    .min(half(config.max_connections)),
-                |v| v.min(config.max_connections),
-            ),
-            max_runs: quota.max_runs.map_or(
-                budget.max_runs_per_identity.min(half(budget.max_runs)),
-                |v| v.min(budget.max_runs),
-            ),
-            max_loops: quota.max_loops.unwrap_or(budget.max_loops_per_identity),
-            memory_budget: quota
-                .memory_budget
-                .map_or(budget.memory_budget / 2, |v| v.min(budget.memory_budget)),
-            disk_budget: quota
-                .disk_budget
-                .map_or(budget.disk_budget / 2, |v| v.min(budget.disk_budget)),
-            max_run_memory: quota
-                .max_run_memory
-                .map_or(budget.max_run_memory, |v| v.min(budget.max_run_memory)),
-            max_pulls: {
-                let pulls = config
-                    .registry
-                    .as_ref()
-                    .map_or(1, |registry| registry.max_pulls());
-                quota.max_pulls.map_or(half(pulls), |v| v.min(pulls))
-            },
-        }
-    }
-}
-
-/// The tenants of a server resolved for serving: every token's hash with
-/// its tenant's name, and each tenant's shares.
-#[derive(Debug)]
-struct Table {
-    /// `None`: any credential is accepted.
-    tenants: Option<Tenants>,
-    tokens: Vec<(TokenHash, Arc<str>)>,
-    shares: BTreeMap<Arc<str>, Shares>,
-    /// The shares of a tenant no longer configured, whose connections
-    /// still run.
-    defaults: Shares,
-}
-
-impl Table {
-    fn new(tenants: Option<Tenants>, config: &ServerConfig) -> Table {
-        let defaults = Shares::of(
-            &tenants.as_ref().map(|t| t.defaults).unwrap_or_default(),
-            config,
-        );
-        let mut tokens = Vec::new();
-        let mut shares = BTreeMap::new();
-        for tenant in tenants.iter().flat_map(|t| &t.tenants) {
-            let name: Arc<str> = Arc::from(tenant.name.as_str());
-            let quota = tenant
-                .quota
-                .or(tenants.as_ref().map(|t| t.defaults).unwrap_or_default());
-            shares.insert(Arc::clone(&name), Shares::of(&quota, config));
-            for token in &tenant.tokens {
-                tokens.push((*token, Arc::clone(&name)));
-            }
-        }
-        Table {
-            tenants,
-            tokens,
-            shares,
-            defaults,
-        }
-    }
-
-    /// What changed from `old` to this table, a line each, naming
-    /// tenants, counts of tokens and shares — never a token or a hash.
-    fn changes(&self, old: &Table) -> Vec<String> {
-        let mut lines = Vec::new();
-        let count =
-            |table: &Table, name: &str| table.tokens.iter().filter(|(_, n)| &**n == name).count();
-        for (name, shares) in &self.shares {
-            match old.shares.get(name) {
-                None => lines.push(format!(
-                    "tenant {name} added with {} token(s)",
-                    count(self, name)
-                )),
-                Some(before) => {
-                    let hashes = |table: &Table| -> Vec<TokenHash> {
-                        table
-                            .tokens
-                            .iter()
-                            .filter(|(_, n)| n == name)
-                            .map(|(h, _)| *h)
-                            .collect()
-                    };
-                    let (now, then) = (hashes(self), hashes(old));
-                    let added = now.iter().filter(|h| !then.contains(h)).count();
-                    let removed = then.iter().filter(|h| !now.contains(h)).count();
-                    if added + removed > 0 {
-                        lines.push(format!(
-                            "tenant {name}: {added} token(s) added, {removed} removed"
-                        ));
-                    }
-                    for ((key, value), (_, was)) in shares.keyed().iter().zip(before.keyed()) {
-                        if *value != was {
-                            lines.push(format!("tenant {name}: {key} {was} -> {value}"));
-                        }
-                    }
-                }
-            }
-        }
-        for name in old.shares.keys() {
-            if !self.shares.contains_key(name) {
-                lines.push(format!(
-                    "tenant {name} removed: its open connections keep running, new ones are refused"
-                ));
-            }
-        }
-        for ((key, value), (_, was)) in self.defaults.keyed().iter().zip(old.defaults.keyed()) {
-            if *value != was {
-                lines.push(format!("tenant-defaults: {key} {was} -> {value}"));
-            }
-        }
-        lines
-    }
-}
-
-/// The per-identity limits a reload of the tenants may change: what a
-/// tenant holds when neither its quota nor the defaults say (each still
-/// at most its fair share).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PerIdentity {
-    /// `max_connections_per_identity`.
-    pub max_connections: usize,
-    /// `max_runs_per_identity`.
-    pub max_runs: usize,
-    /// `max_loops_per_identity`.
-    pub max_loops: usize,
-}
-
-/// Why a reload of the tenants was not applied.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TenantChange {
-    /// The tenants do not validate.
-    #[error(transparent)]
-    Invalid(#[from] TenantError),
-    /// A per-identity limit below its minimum.
-    #[error(transparent)]
-    Limit(#[from] LimitError),
-    /// The server accepts any credential; tokens need a restart.
-    #[error(
-        "this server was started without tokens (any credential accepted); tokens and tenants need a restart"
-    )]
-    Any,
+    /// The tenants, their tokens and shares.
+    pub(crate) tenants: Arc<Roster>,
 }
 
 impl Shared {
@@ -273,25 +102,21 @@ impl Shared {
         let slots = Arc::new(Semaphore::new(
             config.max_connections.min(Semaphore::MAX_PERMITS),
         ));
-        let per_identity = !matches!(config.credentials, Credentials::Any);
         let shutdown = CancellationToken::new();
-        let table = Table::new(config.credentials.tenants(), &config);
         let handshakes = HandshakeRate::new(config.admission.handshake_rate);
         let metrics = ServerMetrics::new();
-        for name in table.shares.keys() {
-            metrics.tenant(name);
-        }
-        if !per_identity {
-            metrics.tenant(ANONYMOUS);
-        }
+        let tenants = Arc::new(Roster::new(
+            config.credentials.tenants(),
+            |quota| Shares::of(quota, &config),
+            &metrics,
+        ));
         Shared {
-            table: RwLock::new(Arc::new(table)),
+            tenants,
             config,
             claimed: Mutex::new(Claimed::default()),
             admission: Mutex::new(admission::Held::default()),
             refusals: RefusalLog::new(),
             handshakes,
-            per_identity,
             draining: shutdown.child_token(),
             shutdown,
             tasks: TaskTracker::new(),
@@ -322,50 +147,6 @@ impl Shared {
         }
     }
 
-    /// The tenants, as last installed.
-    fn table(&self) -> Arc<Table> {
-        Arc::clone(
-            &self
-                .table
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
-    }
-
-    /// The tenant `credential` is served as, if it is accepted. The
-    /// credential is hashed once and its hash compared with every
-    /// configured one, in constant time, whatever matches.
-    pub(crate) fn accept(&self, credential: &str) -> Option<Identity> {
-        let table = self.table();
-        let name = if table.tenants.is_none() {
-            Arc::from(ANONYMOUS)
-        } else {
-            Arc::clone(TokenHash::find(credential, &table.tokens)?)
-        };
-        let figures = self.metrics.tenant(&name);
-        Some(Identity::new(name, figures))
-    }
-
-    /// What `identity` may hold now: its tenant's shares, or the defaults'
-    /// for a tenant no longer configured.
-    pub(crate) fn shares(&self, identity: &Identity) -> Shares {
-        let table = self.table();
-        table
-            .shares
-            .get(identity.name())
-            .copied()
-            .unwrap_or(table.defaults)
-    }
-
-    /// Every tenant's shares, by name.
-    pub(crate) fn all_shares(&self) -> Vec<(String, Shares)> {
-        self.table()
-            .shares
-            .iter()
-            .map(|(name, shares)| (name.to_string(), *shares))
-            .collect()
-    }
-
     /// Replaces the tenants with `tenants`, from the next authorization
     /// and the next claim on: what changed, a line each; or why nothing
     /// did.
@@ -374,10 +155,7 @@ impl Shared {
         tenants: Tenants,
         per_identity: PerIdentity,
     ) -> Result<Vec<String>, TenantChange> {
-        if !self.per_identity {
-            return Err(TenantChange::Any);
-        }
-        tenants.validate()?;
+        let tenants = self.tenants.check(tenants)?;
         let mut config = self.config.clone();
         config.admission.max_connections_per_identity = per_identity.max_connections;
         config.budget.max_runs_per_identity = per_identity.max_runs;
@@ -385,17 +163,9 @@ impl Shared {
         if let Some(fault) = config.faults().into_iter().next() {
             return Err(TenantChange::Limit(fault));
         }
-        let table = Table::new(Some(tenants), &config);
-        for name in table.shares.keys() {
-            self.metrics.tenant(name);
-        }
-        let mut installed = self
-            .table
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let changes = table.changes(&installed);
-        *installed = Arc::new(table);
-        Ok(changes)
+        Ok(self
+            .tenants
+            .replace(tenants, |quota| Shares::of(quota, &config), &self.metrics))
     }
 
     /// The admission's counts, locked.
@@ -427,8 +197,9 @@ impl Gate for Shared {
     }
 
     fn connection_share(&self, identity: &Identity) -> Option<usize> {
-        self.per_identity
-            .then(|| self.shares(identity).max_connections)
+        self.tenants
+            .shares(identity)
+            .map(|shares| shares.max_connections)
     }
 }
 
@@ -442,7 +213,7 @@ impl Ledger for Shared {
     }
 
     fn shares(&self, identity: &Identity) -> Option<Shares> {
-        self.per_identity.then(|| Shared::shares(self, identity))
+        self.tenants.shares(identity)
     }
 }
 
@@ -450,6 +221,7 @@ impl Ledger for Shared {
 mod tests {
     use super::*;
     use crate::budget::LoopClaim;
+    use crate::identity::Credentials;
     use runloop_runtime::Catalog;
 
     /// A server's shared state with `credentials` and at most two loops
@@ -463,7 +235,7 @@ mod tests {
     #[test]
     fn a_token_holds_its_loops_up_to_the_limit_and_gets_them_back() {
         let shared = two_loops_each(Credentials::Tokens(vec!["a".into(), "b".into()]));
-        let accept = |token| shared.accept(token).expect("a token");
+        let accept = |token| shared.tenants.accept(token).expect("a token");
         let (alice, bob) = (accept("a"), accept("b"));
         let held = [
             LoopClaim::admit(shared.clone(), &alice).expect("alice's first"),
@@ -485,52 +257,10 @@ mod tests {
         assert!(shared.claimed().loops_held() == 0);
     }
 
-    /// A registry that pulls nothing, `max_pulls` at once.
-    #[derive(Debug)]
-    struct Pulls(usize);
-
-    impl runloop_runtime::Registry for Pulls {
-        fn resolve(
-            &self,
-            reference: &str,
-            _: runloop_runtime::Puller,
-        ) -> runloop_runtime::BoxFuture<
-            '_,
-            Result<Arc<dyn runloop_runtime::Runtime>, runloop_runtime::RegistryError>,
-        > {
-            let message = format!("{reference} is not pulled here");
-            Box::pin(async move {
-                Err(runloop_runtime::RegistryError {
-                    kind: runloop_proto::ErrorKind::Registry,
-                    message,
-                })
-            })
-        }
-
-        fn max_pulls(&self) -> usize {
-            self.0
-        }
-    }
-
-    #[test]
-    fn a_tenants_pulls_are_half_the_servers_unless_its_quota_says() {
-        let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
-        config.registry = Some(Arc::new(Pulls(5)));
-        assert_eq!(Shares::of(&Quota::default(), &config).max_pulls, 2);
-        let quota = |max_pulls| Quota {
-            max_pulls: Some(max_pulls),
-            ..Quota::default()
-        };
-        assert_eq!(Shares::of(&quota(5), &config).max_pulls, 5);
-        assert_eq!(Shares::of(&quota(9), &config).max_pulls, 5);
-        config.registry = Some(Arc::new(Pulls(1)));
-        assert_eq!(Shares::of(&Quota::default(), &config).max_pulls, 1);
-    }
-
     #[test]
     fn without_tokens_loops_are_not_counted_per_identity() {
         let shared = two_loops_each(Credentials::Any);
-        let anyone = shared.accept("").expect("any");
+        let anyone = shared.tenants.accept("").expect("any");
         let held: Vec<LoopClaim> = (0..3)
             .map(|_| LoopClaim::admit(shared.clone(), &anyone).expect("not limited"))
             .collect();
