@@ -110,7 +110,7 @@ pub use runloop_metrics::StatsSnapshot;
 pub use shared::Stats;
 pub use tenants::{PerIdentity, TenantChange};
 
-use self::admission::{Admitted, TurnedAway};
+use self::admission::TurnedAway;
 use self::shared::Shared;
 use runloop_metrics::{Reload, TlsFailure};
 use runloop_wire::limits::LimitError;
@@ -203,7 +203,7 @@ impl Server {
         let refusals = Arc::new(Semaphore::new(REFUSALS));
         // A shutdown cancels the drain too: either stops the accepting.
         let accepting = listener::accept_until(&listener, &shared.draining, |tcp, peer| {
-            let admitted = match Admitted::admit(shared.clone(), Some(peer.ip())) {
+            let admitted = match shared.gate.admit(Some(peer.ip())) {
                 Ok(admitted) => admitted,
                 Err(why) => {
                     shared.closed_at_accept(peer, Some(peer.ip()), why);
@@ -406,7 +406,7 @@ impl ServerHandle {
     {
         let shared = Arc::clone(&self.shared);
         self.shared.tasks.spawn(async move {
-            match Admitted::admit(shared.clone(), None) {
+            match shared.gate.admit(None) {
                 Ok(admitted) => connection::serve(io, peer, shared, admitted).await,
                 Err(why) => shared.closed_at_accept(peer, None, why),
             }
@@ -420,7 +420,7 @@ async fn sweep_refusals(shared: &Shared) {
     loop {
         ticks.tick().await;
         shared.refusals.sweep();
-        shared.handshakes.sweep();
+        shared.gate.sweep();
     }
 }
 
@@ -507,7 +507,7 @@ async fn serve_tls(
     acceptor: tokio_rustls::TlsAcceptor,
     shared: Arc<Shared>,
     place: tokio::sync::OwnedSemaphorePermit,
-    admitted: Admitted,
+    admitted: admission::Admitted,
 ) {
     let tls = tls_handshake(tcp, peer, &acceptor, &shared).await;
     drop(place);

@@ -11,10 +11,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::admission::{self, Admission, Gate, TurnedAway};
+use super::admission::{Gate, TurnedAway};
 use super::budget::{Claimed, Ledger, RunBudget};
 use super::config::ServerConfig;
-use super::handshake_rate::HandshakeRate;
 use super::identity::{Identity, Shares, Tenants};
 use super::refusal_log::RefusalLog;
 use super::tenants::{PerIdentity, Roster, TenantChange};
@@ -87,10 +86,8 @@ pub(crate) struct Shared {
     pub(crate) ids: Mutex<HashSet<String>>,
     /// Refusal lines, rate limited per address.
     pub(crate) refusals: RefusalLog,
-    /// New connections per address.
-    pub(crate) handshakes: HandshakeRate,
-    /// What connections hold, by address and identity.
-    admission: Mutex<admission::Held>,
+    /// The admission: which connections are taken on, what they hold.
+    pub(crate) gate: Arc<Gate>,
     /// What the runs held claim of the run budget.
     claimed: Mutex<Claimed>,
     /// The tenants, their tokens and shares.
@@ -103,20 +100,18 @@ impl Shared {
             config.max_connections.min(Semaphore::MAX_PERMITS),
         ));
         let shutdown = CancellationToken::new();
-        let handshakes = HandshakeRate::new(config.admission.handshake_rate);
         let metrics = ServerMetrics::new();
         let tenants = Arc::new(Roster::new(
             config.credentials.tenants(),
             |quota| Shares::of(quota, &config),
             &metrics,
         ));
+        let gate = Arc::new(Gate::new(config.admission, Arc::clone(&tenants)));
         Shared {
-            tenants,
             config,
             claimed: Mutex::new(Claimed::default()),
-            admission: Mutex::new(admission::Held::default()),
+            gate,
             refusals: RefusalLog::new(),
-            handshakes,
             draining: shutdown.child_token(),
             shutdown,
             tasks: TaskTracker::new(),
@@ -125,6 +120,7 @@ impl Shared {
             next_connection: AtomicU64::new(1),
             slots,
             ids: Mutex::new(HashSet::new()),
+            tenants,
         }
     }
 
@@ -168,38 +164,11 @@ impl Shared {
             .replace(tenants, |quota| Shares::of(quota, &config), &self.metrics))
     }
 
-    /// The admission's counts, locked.
-    pub(crate) fn admission(&self) -> MutexGuard<'_, admission::Held> {
-        self.admission
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// The run budget's counts, locked.
     pub(crate) fn claimed(&self) -> MutexGuard<'_, Claimed> {
         self.claimed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl Gate for Shared {
-    fn admission(&self) -> &Admission {
-        &self.config.admission
-    }
-
-    fn held(&self) -> MutexGuard<'_, admission::Held> {
-        Shared::admission(self)
-    }
-
-    fn handshake_rate(&self) -> &HandshakeRate {
-        &self.handshakes
-    }
-
-    fn connection_share(&self, identity: &Identity) -> Option<usize> {
-        self.tenants
-            .shares(identity)
-            .map(|shares| shares.max_connections)
     }
 }
 
