@@ -5,16 +5,16 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::admission::{Gate, TurnedAway};
-use super::budget::{Claimed, Ledger, RunBudget};
+use super::budget::Ledger;
 use super::config::ServerConfig;
-use super::identity::{Identity, Shares, Tenants};
+use super::identity::{Shares, Tenants};
 use super::refusal_log::RefusalLog;
 use super::tenants::{PerIdentity, Roster, TenantChange};
 use runloop_metrics::{ClosedAtAccept, ServerMetrics, StatsSnapshot};
@@ -88,8 +88,8 @@ pub(crate) struct Shared {
     pub(crate) refusals: RefusalLog,
     /// The admission: which connections are taken on, what they hold.
     pub(crate) gate: Arc<Gate>,
-    /// What the runs held claim of the run budget.
-    claimed: Mutex<Claimed>,
+    /// The run ledger: what runs and loops claim of the run budget.
+    pub(crate) ledger: Arc<Ledger>,
     /// The tenants, their tokens and shares.
     pub(crate) tenants: Arc<Roster>,
 }
@@ -107,9 +107,10 @@ impl Shared {
             &metrics,
         ));
         let gate = Arc::new(Gate::new(config.admission, Arc::clone(&tenants)));
+        let ledger = Arc::new(Ledger::new(config.budget, Arc::clone(&tenants)));
         Shared {
             config,
-            claimed: Mutex::new(Claimed::default()),
+            ledger,
             gate,
             refusals: RefusalLog::new(),
             draining: shutdown.child_token(),
@@ -162,78 +163,5 @@ impl Shared {
         Ok(self
             .tenants
             .replace(tenants, |quota| Shares::of(quota, &config), &self.metrics))
-    }
-
-    /// The run budget's counts, locked.
-    pub(crate) fn claimed(&self) -> MutexGuard<'_, Claimed> {
-        self.claimed
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl Ledger for Shared {
-    fn budget(&self) -> &RunBudget {
-        &self.config.budget
-    }
-
-    fn claimed(&self) -> MutexGuard<'_, Claimed> {
-        Shared::claimed(self)
-    }
-
-    fn shares(&self, identity: &Identity) -> Option<Shares> {
-        self.tenants.shares(identity)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::budget::LoopClaim;
-    use crate::identity::Credentials;
-    use runloop_runtime::Catalog;
-
-    /// A server's shared state with `credentials` and at most two loops
-    /// per identity.
-    fn two_loops_each(credentials: Credentials) -> Arc<Shared> {
-        let mut config = ServerConfig::new(credentials, Catalog::new());
-        config.budget.max_loops_per_identity = 2;
-        Arc::new(Shared::new(config))
-    }
-
-    #[test]
-    fn a_token_holds_its_loops_up_to_the_limit_and_gets_them_back() {
-        let shared = two_loops_each(Credentials::Tokens(vec!["a".into(), "b".into()]));
-        let accept = |token| shared.tenants.accept(token).expect("a token");
-        let (alice, bob) = (accept("a"), accept("b"));
-        let held = [
-            LoopClaim::admit(shared.clone(), &alice).expect("alice's first"),
-            LoopClaim::admit(shared.clone(), &alice).expect("alice's second"),
-        ];
-        let refused = LoopClaim::admit(shared.clone(), &alice)
-            .err()
-            .expect("alice's third");
-        assert_eq!(refused.0["kind"], "policy");
-        assert_eq!(
-            refused.0["error"],
-            "tenant token #1 holds as many loops as it may (max-loops 2); try again later"
-        );
-        let bobs = LoopClaim::admit(shared.clone(), &bob).expect("bob's");
-        let [first, second] = held;
-        drop(first);
-        let again = LoopClaim::admit(shared.clone(), &alice).expect("alice's place is back");
-        drop((second, again, bobs));
-        assert!(shared.claimed().loops_held() == 0);
-    }
-
-    #[test]
-    fn without_tokens_loops_are_not_counted_per_identity() {
-        let shared = two_loops_each(Credentials::Any);
-        let anyone = shared.tenants.accept("").expect("any");
-        let held: Vec<LoopClaim> = (0..3)
-            .map(|_| LoopClaim::admit(shared.clone(), &anyone).expect("not limited"))
-            .collect();
-        assert!(shared.claimed().loops_held() == 0);
-        drop(held);
     }
 }
