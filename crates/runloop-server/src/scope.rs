@@ -376,11 +376,7 @@ impl RunId {
                 )
             })?;
             let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
-            let mut ids = shared
-                .ids
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if ids.insert(id.clone()) {
+            if shared.take_id(&id) {
                 return Ok(RunId(id, Arc::clone(shared)));
             }
         }
@@ -389,11 +385,6 @@ impl RunId {
 
 impl Drop for RunId {
     fn drop(&mut self) {
-        let mut ids = self
-            .1
-            .ids
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        ids.remove(&self.0);
+        self.1.give_back_id(&self.0);
     }
 }

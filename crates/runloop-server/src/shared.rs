@@ -1,13 +1,20 @@
-//! What every connection of a server shares: its configuration, its
-//! tenants and their shares (which a reload replaces), its shutdown and
-//! drain, its tasks, its connection slots, the ids of its runs, the live
-//! counts of what it holds and its metrics.
+//! What every connection of a server shares: what is server-wide — its
+//! configuration, its shutdown and drain, its tasks, the live counts of
+//! what it holds and its metrics, its connection slots, the numbers of its
+//! connections, the ids of its runs and its refusal log — and its parts,
+//! each owning its state behind its own lock: the admission
+//! ([`Gate`]), the run ledger ([`Ledger`]) and the tenants ([`Roster`]).
+//!
+//! The parts know nothing of this state: the gate and the ledger hold the
+//! roster, and what a connection, a run or a loop holds of a part (its
+//! [`Admitted`](super::admission::Admitted), [`Claim`](super::budget::Claim),
+//! [`LoopClaim`](super::budget::LoopClaim)) holds that part alone.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -72,18 +79,20 @@ impl Drop for Held {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) config: ServerConfig,
+    /// Fires when the server shuts down: every connection ends.
     pub(crate) shutdown: CancellationToken,
     /// Fires when a drain begins, or a shutdown: the listener closes.
     pub(crate) draining: CancellationToken,
+    /// Every connection's task, which a drain and a shutdown wait for.
     pub(crate) tasks: TaskTracker,
     pub(crate) stats: Stats,
     pub(crate) metrics: ServerMetrics,
     /// The number the next connection is known by in logs.
-    pub(crate) next_connection: AtomicU64,
+    next_connection: AtomicU64,
     /// One permit per connection being served, `max_connections` in all.
-    pub(crate) slots: Arc<Semaphore>,
+    slots: Arc<Semaphore>,
     /// Ids of running containers, so a new id is unique among them.
-    pub(crate) ids: Mutex<HashSet<String>>,
+    ids: Mutex<HashSet<String>>,
     /// Refusal lines, rate limited per address.
     pub(crate) refusals: RefusalLog,
     /// The admission: which connections are taken on, what they hold.
@@ -123,6 +132,33 @@ impl Shared {
             ids: Mutex::new(HashSet::new()),
             tenants,
         }
+    }
+
+    /// The number a new connection is known by in logs.
+    pub(crate) fn connection_number(&self) -> u64 {
+        self.next_connection.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A connection's slot among the `max_connections` served at once, if
+    /// one is free; held until the connection ends.
+    pub(crate) fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.slots).try_acquire_owned().ok()
+    }
+
+    /// Takes `id` for a running container, unless one holds it already.
+    pub(crate) fn take_id(&self, id: &str) -> bool {
+        self.ids().insert(id.to_owned())
+    }
+
+    /// Gives `id` back once its container has stopped.
+    pub(crate) fn give_back_id(&self, id: &str) {
+        self.ids().remove(id);
+    }
+
+    fn ids(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.ids
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Counts and logs (rate limited) a connection closed when it was
