@@ -1,13 +1,14 @@
 //! Identities: which credentials the server accepts and which tenant a
 //! connection is served as (protocol §3, §12 "Fair shares"), kept apart
-//! from the rest of the configuration so that admission and the budget
-//! can name a tenant without depending on the whole of it.
+//! from the rest of the configuration so that the roster, the admission
+//! and the budget can name a tenant without depending on the whole of it.
 //!
 //! A tenant is a name (for logs and metrics), the tokens it is served for,
 //! and its quotas. Tokens are held as their SHA-256 only: a configuration
 //! file can name a token by its hash (`sha256:HEX`) without holding the
 //! secret, and a credential is hashed once and compared with every hash
-//! the server knows, in constant time, whatever matches.
+//! the server knows, in constant time, whatever matches
+//! ([`TokenHash::find`], the one token match).
 
 use std::fmt;
 use std::sync::Arc;
