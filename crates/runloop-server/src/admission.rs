@@ -23,17 +23,23 @@
 //! authorized, the configured message limit is the only bound.
 //!
 //! A tenant's max-connections is its quota or its fair share: half of
-//! `max_connections` at most unless configured otherwise. With any
-//! credential accepted every caller is the same tenant, and
-//! `max_connections` is its limit: the per-tenant limit applies only to
-//! tenants of tokens.
+//! `max_connections` at most unless configured otherwise, as the roster
+//! says ([`Roster::shares`]). With any credential accepted every caller is
+//! the same tenant, and `max_connections` is its limit: the per-tenant
+//! limit applies only to tenants of tokens.
+//!
+//! The [`Gate`] is the admission's part of the server's shared state: the
+//! configuration, the counts of what connections hold under their own
+//! lock, the handshake buckets, and the roster it asks for a tenant's
+//! share. A connection's [`Admitted`] holds the gate, and nothing else of
+//! the server.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -41,6 +47,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::handshake_rate::HandshakeRate;
 use super::identity::Identity;
+use super::tenants::Roster;
 use runloop_wire::limits::{Limit, LimitError};
 
 /// How a server admits connections.
@@ -121,48 +128,41 @@ pub(crate) enum TurnedAway {
 
 /// What the connections of the server hold, by address and by identity.
 #[derive(Debug, Default)]
-pub(crate) struct Held {
+struct Held {
     unauthorized: usize,
     addresses: HashMap<IpAddr, usize>,
     identities: HashMap<Identity, usize>,
 }
 
-/// What the admission reads and counts in the server it admits to. The
-/// server's shared state implements it; the admission knows nothing else
-/// of the server, so it sits below what it serves.
-pub(crate) trait Gate: Send + Sync + 'static {
-    /// The admission's configuration.
-    fn admission(&self) -> &Admission;
-    /// What the server's connections hold, locked.
-    fn held(&self) -> std::sync::MutexGuard<'_, Held>;
-    /// The buckets of new connections per address.
-    fn handshake_rate(&self) -> &HandshakeRate;
-    /// The most connections `identity` may hold authorized at once, when
-    /// identities are counted (tokens); `None` with any credential.
-    fn connection_share(&self, identity: &Identity) -> Option<usize>;
+/// The admission of a server: which connections it takes on, and what
+/// they hold.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    admission: Admission,
+    /// What connections hold, by address and identity.
+    held: Mutex<Held>,
+    /// New connections per address.
+    rate: HandshakeRate,
+    /// Whose share of connections an identity holds.
+    tenants: Arc<Roster>,
 }
 
-/// A connection's places: its address's (while it lives), a place among
-/// the connections not yet authorized (until it authorizes), and its
-/// identity's (once authorized). Dropping it gives them back.
-pub(crate) struct Admitted {
-    gate: Arc<dyn Gate>,
-    address: Option<IpAddr>,
-    unauthorized: bool,
-    identity: Option<Identity>,
-    /// Opens the connection's [`Bounded`] reads once it has authorized.
-    authorized: Arc<AtomicBool>,
-}
+impl Gate {
+    /// The admission of `admission`, asking `tenants` for their shares.
+    pub(crate) fn new(admission: Admission, tenants: Arc<Roster>) -> Gate {
+        Gate {
+            admission,
+            held: Mutex::new(Held::default()),
+            rate: HandshakeRate::new(admission.handshake_rate),
+            tenants,
+        }
+    }
 
-impl Admitted {
     /// Takes the places of a connection from `address` (`None` for one
     /// that came some other way than the listener), or says why not.
-    pub(crate) fn admit(
-        gate: Arc<dyn Gate>,
-        address: Option<IpAddr>,
-    ) -> Result<Admitted, TurnedAway> {
-        let admission = gate.admission();
-        let mut held = gate.held();
+    pub(crate) fn admit(self: &Arc<Self>, address: Option<IpAddr>) -> Result<Admitted, TurnedAway> {
+        let admission = &self.admission;
+        let mut held = self.held();
         if let Some(address) = address
             && held.addresses.get(&address).copied().unwrap_or(0)
                 >= admission.max_connections_per_address
@@ -175,7 +175,7 @@ impl Admitted {
         // Counted last: only a connection the counts would take spends
         // its address's bucket.
         if let Some(address) = address
-            && !gate.handshake_rate().allows(address)
+            && !self.rate.allows(address)
         {
             return Err(TurnedAway::Rate);
         }
@@ -185,7 +185,7 @@ impl Admitted {
         }
         drop(held);
         Ok(Admitted {
-            gate,
+            gate: Arc::clone(self),
             address,
             unauthorized: true,
             identity: None,
@@ -193,6 +193,33 @@ impl Admitted {
         })
     }
 
+    /// Forgets the handshake buckets that are full again; the server calls
+    /// it now and then.
+    pub(crate) fn sweep(&self) {
+        self.rate.sweep();
+    }
+
+    /// What the connections hold, locked.
+    fn held(&self) -> MutexGuard<'_, Held> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A connection's places: its address's (while it lives), a place among
+/// the connections not yet authorized (until it authorizes), and its
+/// identity's (once authorized). Dropping it gives them back.
+pub(crate) struct Admitted {
+    gate: Arc<Gate>,
+    address: Option<IpAddr>,
+    unauthorized: bool,
+    identity: Option<Identity>,
+    /// Opens the connection's [`Bounded`] reads once it has authorized.
+    authorized: Arc<AtomicBool>,
+}
+
+impl Admitted {
     /// The address it came from, if it came through the listener.
     pub(crate) fn address(&self) -> Option<IpAddr> {
         self.address
@@ -202,7 +229,7 @@ impl Admitted {
     pub(crate) fn bounded<S>(&self, io: S) -> Bounded<S> {
         Bounded {
             io,
-            left: self.gate.admission().allowance(),
+            left: self.gate.admission.allowance(),
             authorized: Arc::clone(&self.authorized),
         }
     }
@@ -212,7 +239,11 @@ impl Admitted {
     /// it takes a place of its tenant — unless the tenant holds as many
     /// as it may, when its limit is the error.
     pub(crate) fn authorized(&mut self, identity: &Identity) -> Result<(), usize> {
-        let limit = self.gate.connection_share(identity);
+        let limit = self
+            .gate
+            .tenants
+            .shares(identity)
+            .map(|shares| shares.max_connections);
         let mut held = self.gate.held();
         if self.unauthorized {
             held.unauthorized -= 1;
@@ -340,9 +371,110 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Bounded<S> {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+    use crate::identity::Credentials;
+    use crate::tenants::tests::roster;
+
+    /// A gate of `admission` for callers of `credentials`, whose tenants
+    /// hold two connections each.
+    fn gate(admission: Admission, credentials: &Credentials) -> Arc<Gate> {
+        Arc::new(Gate::new(admission, Arc::new(roster(credentials))))
+    }
+
+    fn address(n: u8) -> Option<IpAddr> {
+        Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, n)))
+    }
+
+    #[test]
+    fn an_address_holds_its_connections_up_to_its_limit_and_gets_them_back() {
+        let admission = Admission {
+            max_connections_per_address: 2,
+            ..Admission::default()
+        };
+        let gate = gate(admission, &Credentials::Any);
+        let first = gate.admit(address(1)).expect("the first");
+        let second = gate.admit(address(1)).expect("the second");
+        assert_eq!(gate.admit(address(1)).err(), Some(TurnedAway::Address));
+        // Another address, and a connection of none, are not counted with it.
+        let other = gate.admit(address(2)).expect("another address");
+        let piped = gate.admit(None).expect("no address");
+        drop(first);
+        let again = gate.admit(address(1)).expect("its place is back");
+        drop((second, other, piped, again));
+        let held = gate.held();
+        assert_eq!((held.unauthorized, held.addresses.len()), (0, 0));
+    }
+
+    #[test]
+    fn connections_not_yet_authorized_are_bounded_together() {
+        let admission = Admission {
+            max_unauthorized: 2,
+            ..Admission::default()
+        };
+        let gate = gate(admission, &Credentials::Any);
+        let anyone = gate.tenants.accept("").expect("any credential");
+        let mut first = gate.admit(address(1)).expect("the first");
+        let _second = gate.admit(None).expect("the second");
+        assert_eq!(gate.admit(address(3)).err(), Some(TurnedAway::Unauthorized));
+        // Authorized, it gives its place among them back.
+        first.authorized(&anyone).expect("not counted per identity");
+        let _third = gate.admit(address(3)).expect("a place is free");
+        assert_eq!(gate.admit(address(4)).err(), Some(TurnedAway::Unauthorized));
+    }
+
+    #[test]
+    fn only_a_connection_the_counts_take_spends_its_addresss_rate() {
+        let admission = Admission {
+            max_connections_per_address: 1,
+            handshake_rate: 2,
+            ..Admission::default()
+        };
+        let gate = gate(admission, &Credentials::Any);
+        let first = gate.admit(address(1)).expect("the first");
+        // Over its address's count: turned away for that, its bucket kept.
+        assert_eq!(gate.admit(address(1)).err(), Some(TurnedAway::Address));
+        drop(first);
+        let second = gate.admit(address(1)).expect("its bucket's second");
+        drop(second);
+    }
+
+    #[test]
+    fn a_tenant_holds_its_connections_up_to_its_share() {
+        let gate = gate(
+            Admission::default(),
+            &Credentials::Tokens(vec!["a".into(), "b".into()]),
+        );
+        let accept = |token| gate.tenants.accept(token).expect("a token");
+        let (alice, bob) = (accept("a"), accept("b"));
+        let authorized = |identity: &Identity| {
+            let mut admitted = gate.admit(address(1)).expect("admitted");
+            admitted.authorized(identity).map(|()| admitted)
+        };
+        let first = authorized(&alice).expect("alice's first");
+        let second = authorized(&alice).expect("alice's second");
+        assert_eq!(authorized(&alice).err(), Some(2), "alice's share is two");
+        let bobs = authorized(&bob).expect("bob's own share");
+        drop(first);
+        let again = authorized(&alice).expect("alice's place is back");
+        drop((second, bobs, again));
+        assert!(gate.held().identities.is_empty());
+        // With any credential, identities are not counted.
+        let any = self::gate(Admission::default(), &Credentials::Any);
+        let anyone = any.tenants.accept("").expect("any");
+        let held: Vec<Admitted> = (0..5)
+            .map(|_| {
+                let mut admitted = any.admit(None).expect("admitted");
+                admitted.authorized(&anyone).expect("not counted");
+                admitted
+            })
+            .collect();
+        assert!(any.held().identities.is_empty());
+        drop(held);
+    }
 
     #[tokio::test]
     async fn reads_past_the_allowance_fail_until_authorized() {

@@ -43,14 +43,21 @@
 //! ran), kind `policy`, naming the limit. With any credential accepted
 //! every caller is the same tenant, and the server-wide limits are its
 //! limits: the per-tenant ones apply only to tenants of tokens.
+//!
+//! The [`Ledger`] is the run budget's part of the server's shared state:
+//! the budget, what runs and loops claim under its own lock, and the
+//! roster it asks for a tenant's share ([`Ledger::share`], its one
+//! question about a tenant). A run's [`Claim`] and a loop's [`LoopClaim`]
+//! hold the ledger, and nothing else of the server.
 
 use std::collections::HashMap;
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use runloop_proto::{ErrorKind, ErrorValue};
 
 use super::admission::release;
 use super::identity::{Identity, Shares};
+use super::tenants::Roster;
 use runloop_wire::limits::{Limit, LimitError};
 
 /// Runs held at once unless configured otherwise.
@@ -180,21 +187,12 @@ fn mem_total(meminfo: &str) -> Option<u64> {
 
 /// What the runs and loops held claim, counted under one lock.
 #[derive(Debug, Default)]
-pub(crate) struct Claimed {
+struct Claimed {
     runs: usize,
     memory: u64,
     disk: u64,
     tenants: HashMap<Identity, TenantClaimed>,
     loops_per_identity: HashMap<Identity, usize>,
-}
-
-impl Claimed {
-    /// Loops held by tenants that are counted, over all of them (what the
-    /// tests check comes back to zero).
-    #[cfg(test)]
-    pub(crate) fn loops_held(&self) -> usize {
-        self.loops_per_identity.values().sum()
-    }
 }
 
 /// What one tenant's runs claim.
@@ -205,39 +203,58 @@ struct TenantClaimed {
     disk: u64,
 }
 
-/// What the run budget reads and counts in the server it admits runs to.
-/// The server's shared state implements it; the budget knows nothing else
-/// of the server, so it sits below what it serves.
-pub(crate) trait Ledger: Send + Sync + 'static {
-    /// The server-wide budget.
-    fn budget(&self) -> &RunBudget;
+/// The run ledger of a server: what its runs and loops claim of the run
+/// budget.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    budget: RunBudget,
+    /// What the runs and loops held claim.
+    claimed: Mutex<Claimed>,
+    /// Whose share an identity holds.
+    tenants: Arc<Roster>,
+}
+
+impl Ledger {
+    /// The ledger of `budget`, asking `tenants` for their shares.
+    pub(crate) fn new(budget: RunBudget, tenants: Arc<Roster>) -> Ledger {
+        Ledger {
+            budget,
+            claimed: Mutex::new(Claimed::default()),
+            tenants,
+        }
+    }
+
+    /// What `identity`'s tenant may hold, when tenants are counted
+    /// (tokens); `None` with any credential accepted. Every claim asks
+    /// here.
+    fn share(&self, identity: &Identity) -> Option<Shares> {
+        self.tenants.shares(identity)
+    }
+
     /// What the runs and loops held claim, locked.
-    fn claimed(&self) -> MutexGuard<'_, Claimed>;
-    /// What `identity`'s tenant may hold, when tenants are counted (tokens);
-    /// `None` with any credential accepted.
-    fn shares(&self, identity: &Identity) -> Option<Shares>;
-}
+    fn claimed(&self) -> MutexGuard<'_, Claimed> {
+        self.claimed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 
-/// A run's admission, held until its container has stopped; dropping it
-/// gives its place, its memory and its disk back.
-pub(crate) struct Claim {
-    ledger: Arc<dyn Ledger>,
-    identity: Option<Identity>,
-    memory: u64,
-    disk: u64,
-}
+    /// Loops held by tenants that are counted, over all of them (what the
+    /// tests check comes back to zero).
+    #[cfg(test)]
+    fn loops_held(&self) -> usize {
+        self.claimed().loops_per_identity.values().sum()
+    }
 
-impl Claim {
     /// Admits a run asking for `memory` and `disk`, served as `identity`,
     /// or says which limit refuses it: the tenant's, when that is what
     /// was hit, or the server's.
-    pub(crate) fn admit(
-        ledger: Arc<dyn Ledger>,
+    pub(crate) fn claim_run(
+        self: &Arc<Self>,
         identity: &Identity,
         memory: u64,
         disk: u64,
     ) -> Result<Claim, ErrorValue> {
-        let budget = ledger.budget();
+        let budget = &self.budget;
         let refuse = |why: String| Err(ErrorValue::kind(ErrorKind::Policy, why));
         if memory > budget.max_run_memory {
             return refuse(format!(
@@ -251,7 +268,7 @@ impl Claim {
                 budget.max_run_disk
             ));
         }
-        let shares = ledger.shares(identity);
+        let shares = self.share(identity);
         let per_identity = shares.is_some().then(|| identity.clone());
         if let Some(shares) = &shares
             && memory > shares.max_run_memory
@@ -262,7 +279,7 @@ impl Claim {
                 shares.max_run_memory
             ));
         }
-        let mut claimed = ledger.claimed();
+        let mut claimed = self.claimed();
         if let (Some(identity), Some(shares)) = (&per_identity, &shares) {
             let held = claimed.tenants.get(identity).copied().unwrap_or_default();
             if held.runs >= shares.max_runs {
@@ -318,12 +335,60 @@ impl Claim {
         }
         drop(claimed);
         Ok(Claim {
-            ledger,
+            ledger: Arc::clone(self),
             identity: per_identity,
             memory,
             disk,
         })
     }
+
+    /// Admits a loop of a run served as `identity`, or says that its
+    /// tenant holds as many as it may.
+    pub(crate) fn claim_loop(
+        self: &Arc<Self>,
+        identity: &Identity,
+    ) -> Result<LoopClaim, ErrorValue> {
+        let Some(shares) = self.share(identity) else {
+            return Ok(LoopClaim {
+                identity: identity.clone(),
+                held: None,
+            });
+        };
+        let limit = shares.max_loops;
+        let mut claimed = self.claimed();
+        let held = claimed
+            .loops_per_identity
+            .get(identity)
+            .copied()
+            .unwrap_or(0);
+        if held >= limit {
+            return Err(ErrorValue::kind(
+                ErrorKind::Policy,
+                format!(
+                    "tenant {identity} holds as many loops as it may \
+                     (max-loops {limit}); try again later"
+                ),
+            ));
+        }
+        *claimed
+            .loops_per_identity
+            .entry(identity.clone())
+            .or_default() += 1;
+        drop(claimed);
+        Ok(LoopClaim {
+            identity: identity.clone(),
+            held: Some(Arc::clone(self)),
+        })
+    }
+}
+
+/// A run's admission, held until its container has stopped; dropping it
+/// gives its place, its memory and its disk back.
+pub(crate) struct Claim {
+    ledger: Arc<Ledger>,
+    identity: Option<Identity>,
+    memory: u64,
+    disk: u64,
 }
 
 impl Drop for Claim {
@@ -350,50 +415,9 @@ impl Drop for Claim {
 pub(crate) struct LoopClaim {
     /// The tenant it is served as, whose figures count its chunks.
     pub(crate) identity: Identity,
-    /// The server, when tenants are of tokens and the loop is counted;
+    /// The ledger, when tenants are of tokens and the loop is counted;
     /// with any credential accepted nothing is counted.
-    held: Option<Arc<dyn Ledger>>,
-}
-
-impl LoopClaim {
-    /// Admits a loop of a run served as `identity`, or says that its
-    /// tenant holds as many as it may.
-    pub(crate) fn admit(
-        ledger: Arc<dyn Ledger>,
-        identity: &Identity,
-    ) -> Result<LoopClaim, ErrorValue> {
-        let Some(shares) = ledger.shares(identity) else {
-            return Ok(LoopClaim {
-                identity: identity.clone(),
-                held: None,
-            });
-        };
-        let limit = shares.max_loops;
-        let mut claimed = ledger.claimed();
-        let held = claimed
-            .loops_per_identity
-            .get(identity)
-            .copied()
-            .unwrap_or(0);
-        if held >= limit {
-            return Err(ErrorValue::kind(
-                ErrorKind::Policy,
-                format!(
-                    "tenant {identity} holds as many loops as it may \
-                     (max-loops {limit}); try again later"
-                ),
-            ));
-        }
-        *claimed
-            .loops_per_identity
-            .entry(identity.clone())
-            .or_default() += 1;
-        drop(claimed);
-        Ok(LoopClaim {
-            identity: identity.clone(),
-            held: Some(ledger),
-        })
-    }
+    held: Option<Arc<Ledger>>,
 }
 
 impl Drop for LoopClaim {
@@ -407,6 +431,177 @@ impl Drop for LoopClaim {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::Credentials;
+    use crate::tenants::tests::roster;
+
+    /// A ledger of `budget` for callers of `credentials`, whose tenants
+    /// hold two runs and two loops each, 1 GiB of memory and of disk
+    /// together, and runs of 1 GiB at most.
+    fn ledger(budget: RunBudget, credentials: &Credentials) -> Arc<Ledger> {
+        Arc::new(Ledger::new(budget, Arc::new(roster(credentials))))
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    /// A server of three runs and 8 GiB of memory and disk, runs of 2 GiB
+    /// at most.
+    fn three_runs() -> RunBudget {
+        RunBudget {
+            max_runs: 3,
+            max_runs_per_identity: 3,
+            max_loops_per_identity: 2,
+            max_run_memory: 2 * GIB,
+            max_run_disk: 2 * GIB,
+            memory_budget: 8 * GIB,
+            disk_budget: 8 * GIB,
+        }
+    }
+
+    /// The words of a refusal, which must be a policy one.
+    fn refusal<T>(claimed: Result<T, ErrorValue>) -> String {
+        let Err(error) = claimed else {
+            panic!("admitted")
+        };
+        assert_eq!(error.0["kind"], "policy");
+        error.0["error"].as_str().expect("words").to_owned()
+    }
+
+    #[test]
+    fn a_run_is_refused_by_its_tenants_share_first_then_the_servers() {
+        let ledger = ledger(
+            three_runs(),
+            &Credentials::Tokens(vec!["a".into(), "b".into()]),
+        );
+        let accept = |token| ledger.tenants.accept(token).expect("a token");
+        let (alice, bob) = (accept("a"), accept("b"));
+        let small = GIB / 4;
+        assert_eq!(
+            refusal(ledger.claim_run(&alice, 3 * GIB, 0)),
+            "memory 3221225472 is over this server's largest run memory \
+             (max_run_memory 2147483648 bytes)"
+        );
+        assert_eq!(
+            refusal(ledger.claim_run(&alice, 0, 3 * GIB)),
+            "disk 3221225472 is over this server's largest run disk \
+             (max_run_disk 2147483648 bytes)"
+        );
+        assert_eq!(
+            refusal(ledger.claim_run(&alice, 2 * GIB, 0)),
+            "memory 2147483648 is over tenant token #1's largest run memory \
+             (max-run-memory 1073741824 bytes)"
+        );
+        let first = ledger
+            .claim_run(&alice, small, small)
+            .expect("alice's first");
+        assert_eq!(
+            refusal(ledger.claim_run(&alice, GIB, 0)),
+            "memory 1073741824 does not fit tenant token #1's memory budget: its runs \
+             hold 268435456 of memory-budget 1073741824 bytes; try again later"
+        );
+        assert_eq!(
+            refusal(ledger.claim_run(&alice, 0, GIB)),
+            "disk 1073741824 does not fit tenant token #1's disk budget: its runs \
+             hold 268435456 of disk-budget 1073741824 bytes; try again later"
+        );
+        let second = ledger
+            .claim_run(&alice, small, small)
+            .expect("alice's second");
+        assert_eq!(
+            refusal(ledger.claim_run(&alice, small, small)),
+            "tenant token #1 holds as many runs as it may (max-runs 2); try again later"
+        );
+        let bobs = ledger.claim_run(&bob, small, small).expect("bob's first");
+        assert_eq!(
+            refusal(ledger.claim_run(&bob, small, small)),
+            "this server holds as many runs as it may (max_runs 3); try again later"
+        );
+        // Over both, the tenant's limit is the one named.
+        assert_eq!(
+            refusal(ledger.claim_run(&alice, small, small)),
+            "tenant token #1 holds as many runs as it may (max-runs 2); try again later"
+        );
+        drop(first);
+        let again = ledger
+            .claim_run(&bob, small, small)
+            .expect("a place is back");
+        drop((second, bobs, again));
+        let claimed = ledger.claimed();
+        assert_eq!((claimed.runs, claimed.memory, claimed.disk), (0, 0, 0));
+        assert!(claimed.tenants.is_empty());
+    }
+
+    #[test]
+    fn without_tokens_the_servers_budget_is_the_only_one() {
+        let ledger = ledger(three_runs(), &Credentials::Any);
+        let anyone = ledger.tenants.accept("").expect("any");
+        // Over a tenant's share of 1 GiB, within the server's.
+        let held: Vec<Claim> = (0..3)
+            .map(|_| {
+                ledger
+                    .claim_run(&anyone, 2 * GIB, 2 * GIB)
+                    .expect("admitted")
+            })
+            .collect();
+        assert_eq!(
+            refusal(ledger.claim_run(&anyone, GIB, 0)),
+            "this server holds as many runs as it may (max_runs 3); try again later"
+        );
+        drop(held);
+        let mut budget = three_runs();
+        budget.memory_budget = 3 * GIB;
+        budget.disk_budget = 3 * GIB;
+        let ledger = self::ledger(budget, &Credentials::Any);
+        let held = ledger
+            .claim_run(&anyone, 2 * GIB, 2 * GIB)
+            .expect("admitted");
+        assert_eq!(
+            refusal(ledger.claim_run(&anyone, 2 * GIB, 0)),
+            "memory 2147483648 does not fit this server's memory budget: runs hold \
+             2147483648 of memory_budget 3221225472 bytes; try again later"
+        );
+        assert_eq!(
+            refusal(ledger.claim_run(&anyone, 0, 2 * GIB)),
+            "disk 2147483648 does not fit this server's disk budget: runs hold \
+             2147483648 of disk_budget 3221225472 bytes; try again later"
+        );
+        drop(held);
+        assert_eq!(ledger.claimed().runs, 0);
+    }
+
+    #[test]
+    fn a_token_holds_its_loops_up_to_the_limit_and_gets_them_back() {
+        let ledger = ledger(
+            three_runs(),
+            &Credentials::Tokens(vec!["a".into(), "b".into()]),
+        );
+        let accept = |token| ledger.tenants.accept(token).expect("a token");
+        let (alice, bob) = (accept("a"), accept("b"));
+        let held = [
+            ledger.claim_loop(&alice).expect("alice's first"),
+            ledger.claim_loop(&alice).expect("alice's second"),
+        ];
+        assert_eq!(
+            refusal(ledger.claim_loop(&alice)),
+            "tenant token #1 holds as many loops as it may (max-loops 2); try again later"
+        );
+        let bobs = ledger.claim_loop(&bob).expect("bob's");
+        let [first, second] = held;
+        drop(first);
+        let again = ledger.claim_loop(&alice).expect("alice's place is back");
+        drop((second, again, bobs));
+        assert_eq!(ledger.loops_held(), 0);
+    }
+
+    #[test]
+    fn without_tokens_loops_are_not_counted_per_identity() {
+        let ledger = ledger(three_runs(), &Credentials::Any);
+        let anyone = ledger.tenants.accept("").expect("any");
+        let held: Vec<LoopClaim> = (0..3)
+            .map(|_| ledger.claim_loop(&anyone).expect("not limited"))
+            .collect();
+        assert_eq!(ledger.loops_held(), 0);
+        drop(held);
+    }
 
     #[test]
     fn mem_total_is_read_in_bytes() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::admission::Admission;
 use super::budget::RunBudget;
-use super::identity::Credentials;
+use super::identity::{Credentials, Quota, Shares};
 use runloop_runtime::{Catalog, Registry};
 use runloop_wire::limits::{Limit, LimitError, Limits};
 use runloop_wire::tls::ServerTls;
@@ -99,5 +99,96 @@ impl ServerConfig {
         .into_iter()
         .filter_map(Result::err)
         .collect()
+    }
+}
+
+// What a quota comes to is the configuration's to say: the plain numbers
+// are identity.rs's, and the roster (tenants.rs), below the admission and
+// the budget that ask it, is handed this resolution.
+impl Shares {
+    /// What `quota` comes to on a server configured as `config`: a value
+    /// it gives, up to the server-wide limit; else the fair share, half of
+    /// the server-wide budget (rounded down, never below one), or the
+    /// server's per-identity limit when that is lower.
+    pub fn of(quota: &Quota, config: &ServerConfig) -> Shares {
+        let budget = &config.budget;
+        let half = |n: usize| (n / 2).max(1);
+        Shares {
+            max_connections: quota.max_connections.map_or(
+                config
+                    .admission
+                    .max_connections_per_identity
+                    .min(half(config.max_connections)),
+                |v| v.min(config.max_connections),
+            ),
+            max_runs: quota.max_runs.map_or(
+                budget.max_runs_per_identity.min(half(budget.max_runs)),
+                |v| v.min(budget.max_runs),
+            ),
+            max_loops: quota.max_loops.unwrap_or(budget.max_loops_per_identity),
+            memory_budget: quota
+                .memory_budget
+                .map_or(budget.memory_budget / 2, |v| v.min(budget.memory_budget)),
+            disk_budget: quota
+                .disk_budget
+                .map_or(budget.disk_budget / 2, |v| v.min(budget.disk_budget)),
+            max_run_memory: quota
+                .max_run_memory
+                .map_or(budget.max_run_memory, |v| v.min(budget.max_run_memory)),
+            max_pulls: {
+                let pulls = config
+                    .registry
+                    .as_ref()
+                    .map_or(1, |registry| registry.max_pulls());
+                quota.max_pulls.map_or(half(pulls), |v| v.min(pulls))
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A registry that pulls nothing, `max_pulls` at once.
+    #[derive(Debug)]
+    struct Pulls(usize);
+
+    impl runloop_runtime::Registry for Pulls {
+        fn resolve(
+            &self,
+            reference: &str,
+            _: runloop_runtime::Puller,
+        ) -> runloop_runtime::BoxFuture<
+            '_,
+            Result<Arc<dyn runloop_runtime::Runtime>, runloop_runtime::RegistryError>,
+        > {
+            let message = format!("{reference} is not pulled here");
+            Box::pin(async move {
+                Err(runloop_runtime::RegistryError {
+                    kind: runloop_proto::ErrorKind::Registry,
+                    message,
+                })
+            })
+        }
+
+        fn max_pulls(&self) -> usize {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_tenants_pulls_are_half_the_servers_unless_its_quota_says() {
+        let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
+        config.registry = Some(Arc::new(Pulls(5)));
+        assert_eq!(Shares::of(&Quota::default(), &config).max_pulls, 2);
+        let quota = |max_pulls| Quota {
+            max_pulls: Some(max_pulls),
+            ..Quota::default()
+        };
+        assert_eq!(Shares::of(&quota(5), &config).max_pulls, 5);
+        assert_eq!(Shares::of(&quota(9), &config).max_pulls, 5);
+        config.registry = Some(Arc::new(Pulls(1)));
+        assert_eq!(Shares::of(&Quota::default(), &config).max_pulls, 1);
     }
 }

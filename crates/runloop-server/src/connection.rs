@@ -115,7 +115,7 @@ pub(crate) async fn serve(
 ) {
     let _held = Held::new(&shared, |s: &Stats| &s.connections);
     shared.metrics.connections.inc();
-    let number = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+    let number = shared.connection_number();
     let span = info_span!("connection", connection = number, %peer);
     async move {
         // The grace covers the WebSocket handshake and the authorization
@@ -130,7 +130,7 @@ pub(crate) async fn serve(
         // Refusal lines are rate limited per address.
         let address = admitted.address();
         let logged = || shared.refusals.allows(address);
-        let Ok(_slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
+        let Some(_slot) = shared.slot() else {
             return turn_away(io, &shared, handshake_by, logged()).await;
         };
         // Data frames go to the socket on the lane, from their own bytes;
@@ -244,6 +244,7 @@ async fn authorize(
     let frame_type = frame.frame_type();
     match table.received(frame) {
         Serve::Authorization(authorization) => shared
+            .tenants
             .accept(authorization.credential())
             .ok_or(Refused::Credential),
         Serve::Violation(why) => Err(Refused::Violation(why)),

@@ -1,13 +1,14 @@
 //! Identities: which credentials the server accepts and which tenant a
 //! connection is served as (protocol §3, §12 "Fair shares"), kept apart
-//! from the rest of the configuration so that admission and the budget
-//! can name a tenant without depending on the whole of it.
+//! from the rest of the configuration so that the roster, the admission
+//! and the budget can name a tenant without depending on the whole of it.
 //!
 //! A tenant is a name (for logs and metrics), the tokens it is served for,
 //! and its quotas. Tokens are held as their SHA-256 only: a configuration
 //! file can name a token by its hash (`sha256:HEX`) without holding the
 //! secret, and a credential is hashed once and compared with every hash
-//! the server knows, in constant time, whatever matches.
+//! the server knows, in constant time, whatever matches
+//! ([`TokenHash::find`], the one token match).
 
 use std::fmt;
 use std::sync::Arc;
@@ -67,9 +68,28 @@ impl TokenHash {
 }
 
 impl TokenHash {
-    /// Whether the hashes are equal, compared in constant time.
-    pub(crate) fn ct_eq(&self, other: &TokenHash) -> bool {
-        self.0.ct_eq(&other.0).into()
+    /// The value beside the hash of `credential` among `known`, if it is
+    /// there: the token match, the one the server runs. The credential is
+    /// hashed once, and its hash compared with every known one, each in
+    /// constant time and all of them whatever matched, so how long it
+    /// takes says nothing of which hash matched, or how much of one
+    /// (protocol §3). The first match is the one found.
+    pub(crate) fn find<'a, T>(
+        credential: &str,
+        known: impl IntoIterator<Item = &'a (TokenHash, T)>,
+    ) -> Option<&'a T>
+    where
+        T: 'a,
+    {
+        let hash = TokenHash::of(credential);
+        let mut found = None;
+        for (token, value) in known {
+            let equal: bool = token.0.ct_eq(&hash.0).into();
+            if equal && found.is_none() {
+                found = Some(value);
+            }
+        }
+        found
     }
 }
 
@@ -276,29 +296,6 @@ impl Credentials {
             Credentials::Tenants(tenants) => Some(tenants.clone()),
         }
     }
-
-    /// The name of the tenant `credential` is served as, if it is
-    /// accepted. The credential is hashed once and its hash compared with
-    /// every configured one, in constant time, whatever matches.
-    pub fn accept(&self, credential: &str) -> Option<String> {
-        match self {
-            Credentials::Any => Some(ANONYMOUS.to_owned()),
-            _ => {
-                let tenants = self.tenants()?;
-                let hash = TokenHash::of(credential);
-                let mut found = None;
-                for tenant in &tenants.tenants {
-                    for token in &tenant.tokens {
-                        let equal: bool = token.0.ct_eq(&hash.0).into();
-                        if equal && found.is_none() {
-                            found = Some(tenant.name.clone());
-                        }
-                    }
-                }
-                found
-            }
-        }
-    }
 }
 
 /// The tenant of every caller of a server that accepts any credential.
@@ -391,30 +388,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_are_matched_and_named_by_position() {
-        let credentials = Credentials::Tokens(vec!["alpha".into(), "beta".into()]);
-        assert_eq!(credentials.accept("beta").as_deref(), Some("token #2"));
-        assert_eq!(credentials.accept("gamma"), None);
-        assert_eq!(credentials.accept(""), None);
-        assert_eq!(credentials.accept("alph"), None);
-        assert_eq!(Credentials::Any.accept("").as_deref(), Some("anonymous"));
-    }
-
-    #[test]
-    fn a_tenant_is_found_by_the_hash_of_its_token() {
-        // printf %s alpha | sha256sum
-        let hash = "sha256:8ed3f6ad685b959ead7022518e1af76cd816f8e8ec7ccdda1ed4018e8f2223f8";
-        let tenants = Tenants {
-            defaults: Quota::default(),
-            tenants: vec![Tenant {
-                name: "alice".into(),
-                tokens: vec![TokenHash::parse(hash).expect("a hash")],
-                quota: Quota::default(),
-            }],
-        };
-        let credentials = Credentials::Tenants(tenants);
-        assert_eq!(credentials.accept("alpha").as_deref(), Some("alice"));
-        assert_eq!(credentials.accept("beta"), None);
+    fn a_credential_is_found_by_its_hash_and_nothing_else() {
+        let known = [
+            (TokenHash::of("alpha"), 1),
+            (TokenHash::of("beta"), 2),
+            (TokenHash::of("alpha"), 3),
+        ];
+        assert_eq!(TokenHash::find("beta", &known), Some(&2));
+        // The first of two equal hashes is the one found.
+        assert_eq!(TokenHash::find("alpha", &known), Some(&1));
+        for other in ["", "alph", "alphaa", "Alpha", "beta "] {
+            assert_eq!(TokenHash::find(other, &known), None, "{other:?}");
+        }
+        let none: [(TokenHash, u8); 0] = [];
+        assert_eq!(TokenHash::find("alpha", &none), None);
     }
 
     #[test]

@@ -1,32 +1,57 @@
 //! The provider's server: accepts framed connections, serves
 //! `containers::agents::run`, and relays run-loop channels from the proxy.
 //!
-//! The pieces, in the order a chunk meets them, from the proxy to the
-//! caller:
+//! The server's nouns:
 //!
 //! ```text
-//! proxy_path.rs   dialling the proxy's bare /agent/* paths; read_ahead.rs
-//!                 their sockets read in large pieces, small buffers kept
-//! relay.rs        one run-loop channel: /agent/run, one byte read per proxy
-//!                 message, everything else copied; written to the socket
-//!                 itself while it is free, queued otherwise
-//! scope.rs        one run: policy, runtime, /agent/register, the id, the
-//!                 channels, and the ending (stop, container end, disconnect)
-//! outbox.rs       the connection's table and its writer's queue under one
-//!                 lock; a scope and a relay each get a handle that writes
-//!                 only their own frames
-//! places.rs       a channel's places in that queue, in responses and bytes
-//! admission.rs    which connections are taken on, what one costs before
-//!                 it authorizes, per address and per identity
-//! budget.rs       what runs may claim: how many at once, their memory
-//!                 together, the most one may ask for
-//! connection.rs   one caller's socket: authorization, frames in, each applied
-//!                 to the table (runloop_proto::connection), disregarded
-//!                 frames counted; pings.rs its budget of control frames
+//! identity  the tenant a connection is served as (a name, never a credential)
+//! share     what a tenant may hold at once: its quota, else its fair share
+//! run       one containers::agents::run scope: a container and its loops
+//! loop      one run-loop channel of a run, relayed from the proxy's /agent/run
+//! order     a loop's request, handed by the connection to its run's scope
+//! held      counted while it lives: a connection, run, container, loop, path
+//! places    a bound's units, held until given back: a connection's in the
+//!           admission, a response's in its connection's outgoing queue
+//! claim     what a run (a place, memory, disk) or a loop takes of the ledger
+//! lane      the bytes on their way to a connection's socket, in order
+//! gate      the admission: which connections are taken on, and what they hold
+//! ledger    the run budget: what runs and loops claim, per tenant and in all
+//! roster    the tenants as served: which tenant a token is, and its shares
+//! ```
+//!
+//! The module map, from the listener down: a module uses only modules
+//! below it (`tests/module_map.rs` checks that every module is here and
+//! every `super::` arrow points down this list).
+//!
+//! ```text
+//! lib.rs          the listener, the handle (drain, shutdown, reloads), TLS
+//! connection.rs   one caller's socket: handshake, authorization, frames in,
+//!                 each applied to its table; its scopes started
+//! scope.rs        one run: policy, its claim, runtime, /agent/register, the
+//!                 id, its loops' orders, the ending (stop, container, caller)
+//! relay.rs        one loop: /agent/run, one byte read per proxy message,
+//!                 everything else copied to the caller
+//! responses.rs    a loop's responses: written to the socket while it is
+//!                 free, queued otherwise
+//! outbox.rs       the connection's table and its writer's queue, one lock;
+//!                 a scope and a relay each write only their own frames
+//! places.rs       a loop's places in that queue, in responses and bytes
+//! run_end.rs      the run's end, one future a relay waits on beside the rest
+//! proxy_path.rs   dialling the proxy's bare /agent/* paths
+//! read_ahead.rs   a path's socket read in large pieces, small buffers kept
+//! path_frames.rs  a path's frames read where they lie, the rest handed on
+//! pings.rs        a connection's budget of control frames
+//! shared.rs       what every connection shares: config, shutdown, drain,
+//!                 tasks, counts, metrics, slots, ids, refusal log; the parts
+//! config.rs       the configuration, and what a quota comes to under it
+//! budget.rs       the ledger: what runs and loops claim, per tenant and in all
+//! admission.rs    the gate: which connections are taken on, what one costs
+//!                 before it authorizes, per address and per identity
+//! tenants.rs      the roster: tokens to identities, shares, reloads
+//! handshake_rate.rs  new connections per address, a bucket each
 //! refusal_log.rs  refusal lines, rate limited per address
-//! handshake_rate.rs  new connections per address, a token bucket each
-//! mod.rs          the listener, the handle; config.rs and shared.rs what
-//!                 every connection shares; identity.rs who it is served as
+//! identity.rs     credentials, tenants, quotas, identities, shares; the
+//!                 one token match
 //! ```
 //!
 //! Calls go one way, from the listener down to the relay: a connection
@@ -80,6 +105,7 @@ mod responses;
 mod run_end;
 mod scope;
 mod shared;
+mod tenants;
 
 use std::fmt;
 use std::io;
@@ -106,9 +132,10 @@ pub use identity::{
     TokenHashError,
 };
 pub use runloop_metrics::StatsSnapshot;
-pub use shared::{PerIdentity, Stats, TenantChange};
+pub use shared::Stats;
+pub use tenants::{PerIdentity, TenantChange};
 
-use self::admission::{Admitted, TurnedAway};
+use self::admission::TurnedAway;
 use self::shared::Shared;
 use runloop_metrics::{Reload, TlsFailure};
 use runloop_wire::limits::LimitError;
@@ -201,7 +228,7 @@ impl Server {
         let refusals = Arc::new(Semaphore::new(REFUSALS));
         // A shutdown cancels the drain too: either stops the accepting.
         let accepting = listener::accept_until(&listener, &shared.draining, |tcp, peer| {
-            let admitted = match Admitted::admit(shared.clone(), Some(peer.ip())) {
+            let admitted = match shared.gate.admit(Some(peer.ip())) {
                 Ok(admitted) => admitted,
                 Err(why) => {
                     shared.closed_at_accept(peer, Some(peer.ip()), why);
@@ -381,7 +408,7 @@ impl ServerHandle {
 
     /// Each tenant's shares, by name (none when any credential is accepted).
     pub fn tenant_shares(&self) -> Vec<(String, Shares)> {
-        self.shared.all_shares()
+        self.shared.tenants.all_shares()
     }
 
     /// Serves one caller's connection that reached the server some other way
@@ -404,7 +431,7 @@ impl ServerHandle {
     {
         let shared = Arc::clone(&self.shared);
         self.shared.tasks.spawn(async move {
-            match Admitted::admit(shared.clone(), None) {
+            match shared.gate.admit(None) {
                 Ok(admitted) => connection::serve(io, peer, shared, admitted).await,
                 Err(why) => shared.closed_at_accept(peer, None, why),
             }
@@ -418,7 +445,7 @@ async fn sweep_refusals(shared: &Shared) {
     loop {
         ticks.tick().await;
         shared.refusals.sweep();
-        shared.handshakes.sweep();
+        shared.gate.sweep();
     }
 }
 
@@ -505,7 +532,7 @@ async fn serve_tls(
     acceptor: tokio_rustls::TlsAcceptor,
     shared: Arc<Shared>,
     place: tokio::sync::OwnedSemaphorePermit,
-    admitted: Admitted,
+    admitted: admission::Admitted,
 ) {
     let tls = tls_handshake(tcp, peer, &acceptor, &shared).await;
     drop(place);

@@ -17,7 +17,7 @@
 //! abandoned. After the id the main stream carries nothing but the finish.
 //!
 //! Each run-loop channel is relayed by a task of its own once its identity
-//! has a place for it ([`LoopClaim`]); one past `max_loops_per_identity`
+//! has a place for it ([`LoopClaim`](super::budget::LoopClaim)); one past `max_loops_per_identity`
 //! gets an error and the finish instead, and no proxy path is opened.
 
 use std::future::Future;
@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span};
 
-use super::budget::{self, Claim, LoopClaim};
+use super::budget::Claim;
 use super::identity::Identity;
 use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
@@ -144,13 +144,10 @@ impl Run {
                 ),
             ));
         }
-        let claim = Claim::admit(
-            shared.clone(),
-            &self.identity,
-            container.memory,
-            container.disk,
-        )
-        .map_err(|why| (RunRefusal::Budget, why))?;
+        let claim = shared
+            .ledger
+            .claim_run(&self.identity, container.memory, container.disk)
+            .map_err(|why| (RunRefusal::Budget, why))?;
         let (runtime, name) = match source {
             Source::Catalog(image) => {
                 let runtime = shared.config.catalog.resolve(image).map_err(|why| {
@@ -162,7 +159,9 @@ impl Run {
                 info!(%reference, "pulling the image");
                 let puller = Puller {
                     tenant: self.identity.name().to_owned(),
-                    max_pulls: budget::Ledger::shares(&**shared, &self.identity)
+                    max_pulls: shared
+                        .tenants
+                        .shares(&self.identity)
                         .map(|shares| shares.max_pulls),
                 };
                 let pulled = self
@@ -287,7 +286,7 @@ impl Run {
                 }
                 Some(order) = orders.recv() => {
                     let outbox = self.outbox.channel(order.channel);
-                    match LoopClaim::admit(self.shared.clone(), &self.identity) {
+                    match self.shared.ledger.claim_loop(&self.identity) {
                         Ok(claim) => {
                             relays.spawn(relay::serve(
                                 Arc::clone(&self.shared),
@@ -377,11 +376,7 @@ impl RunId {
                 )
             })?;
             let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
-            let mut ids = shared
-                .ids
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if ids.insert(id.clone()) {
+            if shared.take_id(&id) {
                 return Ok(RunId(id, Arc::clone(shared)));
             }
         }
@@ -390,11 +385,6 @@ impl RunId {
 
 impl Drop for RunId {
     fn drop(&mut self) {
-        let mut ids = self
-            .1
-            .ids
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        ids.remove(&self.0);
+        self.1.give_back_id(&self.0);
     }
 }
