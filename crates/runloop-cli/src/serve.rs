@@ -466,7 +466,11 @@ impl Args {
             .await;
             let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
                 .map_err(Failure::Runtime)?;
-            tokio::spawn(reload_on_hangup(handle.clone(), hangups, reload));
+            tokio::spawn(reload_on_hangup(
+                handle.clone(),
+                hangups,
+                reload.map(Arc::new),
+            ));
             writeln!(out, "{}", handle.url())?;
             let admin = match self.admin {
                 Some(addr) => {
@@ -674,22 +678,34 @@ impl Reloading {
 }
 
 /// On each SIGHUP, for as long as the server lives: reloads the TLS
-/// certificate and key, and with `reload` the configuration file.
+/// certificate and key, and with `reload` the configuration file. The
+/// files are read on a blocking thread, never on an async worker: a disk
+/// that is slow, or a path that is not a regular file, holds up no
+/// connection, run or `/healthz` (and the files themselves are read only
+/// when they are regular and small, [`crate::small_file`]).
 async fn reload_on_hangup(
     handle: ServerHandle,
     mut hangups: tokio::signal::unix::Signal,
-    reload: Option<Reloading>,
+    reload: Option<Arc<Reloading>>,
 ) {
     while hangups.recv().await.is_some() {
-        match handle.reload_tls() {
-            Ok(true) => info!("TLS certificate reloaded: new connections get it"),
-            Ok(false) => info!("SIGHUP: no TLS certificate to reload"),
-            Err(error) => {
-                warn!(%error, "the TLS certificate did not reload; the old one is still served");
+        let handle = handle.clone();
+        let reload = reload.clone();
+        let reloaded = tokio::task::spawn_blocking(move || {
+            match handle.reload_tls() {
+                Ok(true) => info!("TLS certificate reloaded: new connections get it"),
+                Ok(false) => info!("SIGHUP: no TLS certificate to reload"),
+                Err(error) => {
+                    warn!(%error, "the TLS certificate did not reload; the old one is still served");
+                }
             }
-        }
-        if let Some(reload) = &reload {
-            reload.reload(&handle);
+            if let Some(reload) = &reload {
+                reload.reload(&handle);
+            }
+        })
+        .await;
+        if let Err(error) = reloaded {
+            warn!(%error, "SIGHUP: the reload failed; nothing changed");
         }
     }
 }

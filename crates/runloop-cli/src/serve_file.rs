@@ -26,6 +26,7 @@ use runloop::server::{Quota, Tenant, Tenants, TokenHash};
 
 use crate::serve_args::Args;
 use crate::size::bytes;
+use crate::small_file;
 use crate::token;
 
 /// Keys that are options of the command but not of a file.
@@ -157,9 +158,10 @@ pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
     }
 }
 
-/// The file at `path`, read and parsed.
+/// The file at `path`, read (a regular file of at most
+/// [`small_file::MAX_CONFIG_FILE`] bytes) and parsed.
 fn read(path: &Path) -> Result<toml::Table, String> {
-    let text = std::fs::read_to_string(path).map_err(|error| {
+    let text = small_file::read(path, small_file::MAX_CONFIG_FILE).map_err(|error| {
         format!(
             "cannot read the configuration file {}: {error}",
             path.display()

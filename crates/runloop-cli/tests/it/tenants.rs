@@ -67,7 +67,13 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
-        let mut child = common::runloop()
+        Server::start_with(common::runloop(), args)
+    }
+
+    /// [`Server::start`] with `command` as the `runloop` to run (its
+    /// environment set).
+    fn start_with(mut command: std::process::Command, args: &[&str]) -> Server {
+        let mut child = command
             .arg("serve")
             .args(args)
             .env("RUST_LOG", "info")
@@ -143,6 +149,20 @@ impl Server {
             .status()
             .expect("kill");
         assert!(sent.success());
+    }
+
+    /// The status line of its `/healthz`, or why there was none within
+    /// `wait` (a server whose workers are all blocked accepts, and never
+    /// answers).
+    fn healthz(&self, wait: Duration) -> Result<String, String> {
+        let admin = self.admin.expect("an admin listener");
+        let mut tcp = TcpStream::connect_timeout(&admin, wait).map_err(|e| e.to_string())?;
+        tcp.set_read_timeout(Some(wait))
+            .map_err(|e| e.to_string())?;
+        write!(tcp, "GET /healthz HTTP/1.0\r\nHost: {admin}\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+        Ok(answer.lines().next().unwrap_or_default().to_owned())
     }
 
     /// A scrape of its /metrics.
@@ -539,6 +559,82 @@ fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied()
             "{secret} in the logs:\n{logs}"
         );
     }
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+#[test]
+fn a_token_file_that_is_a_fifo_is_refused_on_reload_and_the_server_goes_on() {
+    // Issue 40, item 4: a tenant's token-file replaced by a FIFO with no
+    // writer. The reload opened it on a runtime worker and blocked there;
+    // with one worker (as on a one-CPU host) every connection, run and
+    // /healthz stalled until something wrote to it.
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("serve.toml");
+    let tokens = dir.path().join("alice.tokens");
+    std::fs::write(&tokens, "a1\n").expect("tokens");
+    write(
+        &config,
+        "[[tenant]]\nname = \"alice\"\ntoken-file = \"alice.tokens\"\nmax-runs = 1\n",
+    );
+    let mut command = common::runloop();
+    command.env("TOKIO_WORKER_THREADS", "1");
+    let server = Server::start_with(
+        command,
+        &[
+            "--config",
+            config.to_str().expect("a path"),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+    );
+    std::fs::remove_file(&tokens).expect("removed");
+    mkfifo(&tokens);
+    // The quota changes too: a reload that went through would apply it.
+    write(
+        &config,
+        "[[tenant]]\nname = \"alice\"\ntoken-file = \"alice.tokens\"\nmax-runs = 2\n",
+    );
+    server.hangup();
+    let line = server.wait_for(&["does not validate; nothing changed"]);
+    assert!(
+        line.contains("alice.tokens") && line.contains("not a regular file"),
+        "{line}"
+    );
+    assert_eq!(
+        server.healthz(Duration::from_secs(10)).as_deref(),
+        Ok("HTTP/1.0 200 OK"),
+        "/healthz answers"
+    );
+    // The old configuration is in force: alice's token, her one run.
+    let url = server.url.clone();
+    runtime().block_on(async {
+        let alice = Client::connect(&url, "a1").await.expect("connects");
+        let run = alice.start(request(MIB)).await.expect("alice is served");
+        let why = refusal(alice.start(request(MIB)).await);
+        assert!(why.contains("(max-runs 1)"), "{why}");
+        run.stop().await;
+    });
+    // /dev/zero as a token file: refused at once, never read on.
+    write(
+        &config,
+        "[[tenant]]\nname = \"alice\"\ntoken-file = \"/dev/zero\"\n",
+    );
+    server.hangup();
+    server.wait_for(&["does not validate", "/dev/zero", "character device"]);
+    assert_eq!(
+        server.healthz(Duration::from_secs(10)).as_deref(),
+        Ok("HTTP/1.0 200 OK")
+    );
 }
 
 #[test]
