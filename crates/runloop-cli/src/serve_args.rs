@@ -32,7 +32,9 @@ pub struct Args {
     #[arg(long, help_heading = "Configuration")]
     pub check_config: bool,
     /// Print every key with its default and help, as a commented
-    /// configuration file to start from.
+    /// configuration file to start from; with --config, the effective
+    /// configuration instead (as --check-config prints it, tenants
+    /// included).
     #[arg(long, help_heading = "Configuration")]
     pub print_config: bool,
     /// The command line after `serve`, kept to merge it over the file.
@@ -199,10 +201,10 @@ pub struct Args {
     // --- operations (issue 16): TLS, the admin listener, drain, logs ---
     /// Serve wss://: the certificate chain, PEM, leaf first. Reloaded with
     /// the key on SIGHUP.
-    #[arg(long, value_name = "FILE", requires = "tls_key", help_heading = "TLS")]
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert, PEM (PKCS#8, RSA or EC).
-    #[arg(long, value_name = "FILE", requires = "tls_cert", help_heading = "TLS")]
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
     pub tls_key: Option<PathBuf>,
     /// Listen without TLS on an address that is not loopback: only where
     /// something in front (a load balancer) adds TLS.

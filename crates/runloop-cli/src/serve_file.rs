@@ -64,6 +64,10 @@ pub struct Merged {
     pub faults: Vec<String>,
     /// The keys whose value came from the file.
     pub from_file: Vec<String>,
+    /// The file's `[tenant-defaults]` and `[[tenant]]` tables as written,
+    /// each `token-file` made absolute: printed with the effective
+    /// configuration.
+    pub tenant_tables: toml::Table,
 }
 
 /// The effective options of `config` (the file, if any) under
@@ -81,16 +85,19 @@ pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
                 matches: None,
                 faults: vec![first_line(&error)],
                 from_file: Vec::new(),
+                tenant_tables: toml::Table::new(),
             };
         }
     };
     let mut from_file = Vec::new();
     let mut file_keys = Vec::new();
     let mut tenants = None;
+    let mut tenant_tables = toml::Table::new();
     if let Some(path) = config {
         match read(path) {
             Err(fault) => faults.push(fault),
             Ok(table) => {
+                tenant_tables = tables_of(path, &table);
                 let shown = path.display();
                 for (key, value) in &table {
                     if TABLES.contains(&key.as_str()) {
@@ -155,7 +162,39 @@ pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
         matches,
         faults,
         from_file: file_keys,
+        tenant_tables,
     }
+}
+
+/// The `[tenant-defaults]` and `[[tenant]]` tables of `table` (the file at
+/// `path`), each tenant's `token-file` made absolute so that they mean
+/// the same wherever they are printed to.
+fn tables_of(path: &Path, table: &toml::Table) -> toml::Table {
+    let mut tables = toml::Table::new();
+    for key in TABLES {
+        let Some(value) = table.get(key) else {
+            continue;
+        };
+        let mut value = value.clone();
+        if let toml::Value::Array(list) = &mut value {
+            for entry in list {
+                if let Some(toml::Value::String(file)) = entry
+                    .as_table_mut()
+                    .and_then(|entry| entry.get_mut("token-file"))
+                {
+                    *file = absolute(&beside(path, file)).display().to_string();
+                }
+            }
+        }
+        tables.insert(key.to_owned(), value);
+    }
+    tables
+}
+
+/// `path` made absolute against the working directory, as written
+/// otherwise.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
 }
 
 /// The file at `path`, read (a regular file of at most
@@ -535,10 +574,13 @@ pub fn effective(matches: &ArgMatches) -> BTreeMap<String, String> {
 }
 
 /// Prints the effective configuration: every key set, where it came from
-/// (`from_file`: the keys the file set).
+/// (`from_file`: the keys the file set), then the file's tenant tables
+/// (`tenant_tables`), so that what is printed is a file that serves the
+/// same.
 pub fn print_effective(
     matches: &ArgMatches,
     from_file: &[String],
+    tenant_tables: &toml::Table,
     out: &mut impl Write,
 ) -> std::io::Result<()> {
     let serve = command();
@@ -555,6 +597,13 @@ pub fn print_effective(
             Some(value) => writeln!(out, "{key} = {value}  # {source}")?,
             None => writeln!(out, "# {key} is not set")?,
         }
+    }
+    if tenant_tables.is_empty() {
+        writeln!(out, "# no [tenant-defaults] and no [[tenant]] (file)")?;
+    } else {
+        writeln!(out, "\n# the tenants (file)")?;
+        let tables = toml::to_string(tenant_tables).map_err(std::io::Error::other)?;
+        write!(out, "{tables}")?;
     }
     Ok(())
 }

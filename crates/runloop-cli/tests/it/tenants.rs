@@ -694,6 +694,122 @@ fn check_config_reports_every_fault_at_once() {
 }
 
 #[test]
+fn check_config_reports_a_limit_beside_a_tls_fault_and_a_bad_tenant_once() {
+    // Issue 40, item 10: a TLS fault hid the limits below their minimum,
+    // and a bad tenant name was printed (and counted) twice.
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("serve.toml");
+    write(
+        &config,
+        &format!(
+            "max-scopes = 0\ntls-cert = \"missing.pem\"\ntls-key = \"missing.key\"\n\
+             [[tenant]]\nname = \"bad name\"\ntokens = [\"{}\"]\n",
+            hash("t")
+        ),
+    );
+    let (status, stdout, stderr) = common::run(&[
+        "serve",
+        "--check-config",
+        "--config",
+        config.to_str().expect("a path"),
+    ]);
+    assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
+    for fault in [
+        "--max-scopes is 0, below its minimum of 1",
+        "cannot read missing.pem",
+        "tenant name \"bad name\" is not",
+        "3 fault(s)",
+    ] {
+        assert_eq!(
+            stderr.matches(fault).count(),
+            1,
+            "{fault} once in\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("a certificate");
+    std::fs::write(dir.path().join("cert.pem"), cert.pem()).expect("written");
+    let key_file = dir.path().join("key.pem");
+    std::fs::write(&key_file, key.serialize_pem()).expect("written");
+    let config = dir.path().join("serve.toml");
+    write(
+        &config,
+        &format!(
+            "tls-cert = {:?}\n",
+            dir.path().join("cert.pem").to_str().expect("a path")
+        ),
+    );
+    let config = config.to_str().expect("a path");
+    let key_file = key_file.to_str().expect("a path");
+    let (status, stdout, stderr) = common::run(&[
+        "serve",
+        "--check-config",
+        "--config",
+        config,
+        "--tls-key",
+        key_file,
+    ]);
+    assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == format!("tls-key = {key_file:?}  # command line")),
+        "{stdout}"
+    );
+    // One without the other is a fault that says which is missing.
+    let (status, _, stderr) = common::run(&["serve", "--check-config", "--config", config]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--tls-cert is given without --tls-key"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn print_config_with_a_file_prints_its_tenants_as_a_file_that_serves_the_same() {
+    let example = example();
+    let (status, printed, stderr) = common::run(&[
+        "serve",
+        "--print-config",
+        "--config",
+        example.to_str().expect("a path"),
+    ]);
+    assert_eq!(status.code(), Some(0), "{printed}\n{stderr}");
+    for line in [
+        "max-runs = 8  # file",
+        "[[tenant]]",
+        "name = \"alice\"",
+        "name = \"bob\"",
+        "[tenant-defaults]",
+        "max-connections = 4",
+    ] {
+        assert!(printed.lines().any(|l| l == line), "{line} in\n{printed}");
+    }
+    // Printed elsewhere, it is the same configuration: alice's token
+    // file is named where it is.
+    let dir = tempfile::tempdir().expect("a directory");
+    let copy = dir.path().join("copy.toml");
+    std::fs::write(&copy, &printed).expect("written");
+    let (status, again, stderr) = common::run(&[
+        "serve",
+        "--check-config",
+        "--config",
+        copy.to_str().expect("a path"),
+    ]);
+    assert_eq!(status.code(), Some(0), "{again}\n{stderr}");
+    let tenants = |text: &str| text[text.find("[[tenant]]").expect("tenants")..].to_owned();
+    assert_eq!(tenants(&again), tenants(&printed));
+}
+
+#[test]
 fn print_config_uncommented_is_a_valid_configuration() {
     let (status, printed, stderr) = common::run(&["serve", "--print-config"]);
     assert_eq!(status.code(), Some(0), "{stderr}");
