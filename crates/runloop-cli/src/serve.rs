@@ -504,6 +504,7 @@ impl Args {
                     disk_budget = shares.disk_budget,
                     max_run_memory = shares.max_run_memory,
                     max_pulls = shares.max_pulls,
+                    cpu_weight = shares.cpu_weight,
                     "tenant"
                 );
             }

@@ -38,7 +38,7 @@ const TABLES: [&str; 2] = ["tenant", "tenant-defaults"];
 /// The keys of a `[[tenant]]` table (the quotas are also those of
 /// `[tenant-defaults]`).
 const TENANT_KEYS: [&str; 3] = ["name", "token-file", "tokens"];
-const QUOTA_KEYS: [&str; 7] = [
+const QUOTA_KEYS: [&str; 8] = [
     "max-connections",
     "max-runs",
     "max-loops",
@@ -46,6 +46,7 @@ const QUOTA_KEYS: [&str; 7] = [
     "disk-budget",
     "max-run-memory",
     "max-pulls",
+    "cpu-weight",
 ];
 
 /// The `serve` command as clap sees it: its options, defaults and help.
@@ -419,14 +420,33 @@ fn quota(place: &str, table: &toml::Table, faults: &mut Vec<String>) -> Quota {
             }
         }
     };
+    let (memory_budget, disk_budget, max_run_memory) = (
+        size("memory-budget"),
+        size("disk-budget"),
+        size("max-run-memory"),
+    );
+    let cpu_weight = table.get("cpu-weight").and_then(|value| {
+        let weight = value
+            .as_integer()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| (1..=runloop::server::MAX_CPU_WEIGHT).contains(n));
+        if weight.is_none() {
+            faults.push(format!(
+                "{place}: cpu-weight is a whole number from 1 to {}, not {value}",
+                runloop::server::MAX_CPU_WEIGHT
+            ));
+        }
+        weight
+    });
     Quota {
         max_connections,
         max_runs,
         max_loops,
-        memory_budget: size("memory-budget"),
-        disk_budget: size("disk-budget"),
-        max_run_memory: size("max-run-memory"),
+        memory_budget,
+        disk_budget,
+        max_run_memory,
         max_pulls,
+        cpu_weight,
     }
 }
 
@@ -496,7 +516,8 @@ pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
          \n\
          # What a tenant leaves out. Without it, a tenant may hold half of each\n\
          # server-wide budget (memory, disk, runs, connections, registry pulls),\n\
-         # never below one.\n\
+         # never below one; every tenant's runs weigh the same on the CPU\n\
+         # (tenant-cpu-weight) unless cpu-weight says otherwise.\n\
          # [tenant-defaults]\n\
          # max-connections = 64\n\
          # max-runs = 16\n\
@@ -505,6 +526,7 @@ pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
          # disk-budget = \"32G\"\n\
          # max-run-memory = \"2G\"\n\
          # max-pulls = 2\n\
+         # cpu-weight = 100\n\
          \n\
          # One table per tenant: its name (in logs and metrics), its tokens (a\n\
          # token-file, one a line, and/or the lowercase hex SHA-256 of each\n\
@@ -650,6 +672,25 @@ mod tests {
             ["[tenant-defaults]: max-loops is a whole number, not -1"]
         );
         assert!(QUOTA_KEYS.contains(&"max-pulls"));
+    }
+
+    #[test]
+    fn a_cpu_weight_is_1_to_10000() {
+        let table: toml::Table = toml::from_str("cpu-weight = 250\n").expect("TOML");
+        let mut faults = Vec::new();
+        assert_eq!(quota("t", &table, &mut faults).cpu_weight, Some(250));
+        assert!(faults.is_empty());
+        for bad in ["0", "10001", "\"heavy\"", "-1"] {
+            let table: toml::Table = toml::from_str(&format!("cpu-weight = {bad}")).expect("TOML");
+            let mut faults = Vec::new();
+            assert_eq!(quota("t", &table, &mut faults).cpu_weight, None);
+            assert_eq!(
+                faults,
+                [format!(
+                    "t: cpu-weight is a whole number from 1 to 10000, not {bad}"
+                )]
+            );
+        }
     }
 
     #[test]

@@ -143,6 +143,10 @@ impl Shares {
                     .map_or(1, |registry| registry.max_pulls());
                 quota.max_pulls.map_or(half(pulls), |v| v.min(pulls))
             },
+            cpu_weight: quota
+                .cpu_weight
+                .unwrap_or(config.tenant_cpu_weight)
+                .min(super::config::MAX_CPU_WEIGHT),
         }
     }
 }

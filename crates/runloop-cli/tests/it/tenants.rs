@@ -729,6 +729,34 @@ fn check_config_reports_a_limit_beside_a_tls_fault_and_a_bad_tenant_once() {
 }
 
 #[test]
+fn a_duration_or_size_past_its_maximum_is_a_fault_in_a_file_and_on_the_command_line() {
+    // Issue 40, item 6: `authorization-grace = "999999h"` was accepted.
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("serve.toml");
+    write(
+        &config,
+        "authorization-grace = \"999999h\"\ntenant-log-rate = \"2G\"\n\
+         [[tenant]]\nname = \"alice\"\ntokens = [\"sha256:97dd3707015dcf069cf73022ed7173b1165db6eff24b441cb57fd069a8c4e525\"]\ncpu-weight = 0\n",
+    );
+    let config = config.to_str().expect("a path");
+    let (status, stdout, stderr) = common::run(&["serve", "--check-config", "--config", config]);
+    assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
+    for fault in [
+        "authorization-grace: invalid value '999999h'",
+        "is more than the most it may be, 10m",
+        "tenant-log-rate: invalid value '2G'",
+        "tenant \"alice\": cpu-weight is a whole number from 1 to 10000, not 0",
+        "3 fault(s)",
+    ] {
+        assert!(stderr.contains(fault), "{fault} in\n{stderr}");
+    }
+    let (status, _, stderr) =
+        common::run(&["serve", "--check-config", "--drain-timeout", "100000h"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("the most it may be, 24h"), "{stderr}");
+}
+
+#[test]
 fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
     let dir = tempfile::tempdir().expect("a directory");
     let key = rcgen::KeyPair::generate().expect("a key");
