@@ -12,7 +12,7 @@
 //!
 //! - **Three endings, three types.** A loop that finishes is a stream that
 //!   ends. A loop that never runs is a [`Refusal`] (a non-2xx status and a
-//!   body; a JSON body reaches the caller verbatim). A loop that dies after
+//!   body; the caller gets it as `{"kind":"agent","status":N,"error":<body>}`). A loop that dies after
 //!   it has said something yields a [`Break`], which breaks the HTTP body
 //!   (no terminating chunk), so the proxy reports a cut stream instead of a
 //!   finished loop. A loop that fails *as a loop* says so with a fatal
@@ -221,8 +221,9 @@ impl PartialEq for Break {
 impl Eq for Break {}
 
 /// A loop or a registration refused before it started: a non-2xx status
-/// and a body. A JSON body is passed to the caller verbatim; any other body
-/// is wrapped by the proxy as `{"kind":"agent","status":N,"error":"<body>"}`.
+/// and a body. The proxy wraps it as `{"kind":"agent","status":N,"error":…}`,
+/// a JSON body as its value and any other body as text, so an agent never
+/// speaks as the server (protocol §12).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     status: StatusCode,

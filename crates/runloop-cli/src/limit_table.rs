@@ -75,6 +75,11 @@ pub struct Row {
     pub unit: Unit,
     /// Its default as written; `None`: made at startup (see `help`).
     pub default: Option<&'static str>,
+    /// The most it may be, as written (a size or a duration always has
+    /// one: a value past any sane use, such as an authorization grace of
+    /// 999999h, is refused where it is given); `None`: a count, bounded
+    /// by what the descriptors allow.
+    pub maximum: Option<&'static str>,
     /// What it bounds, and what happens past it.
     pub help: &'static str,
     /// Whether SIGHUP applies a change to it (to what comes next).
@@ -94,12 +99,13 @@ pub enum Set {
 }
 
 /// Every limit of `serve`, in the order `--help` shows them.
-pub static LIMITS: [Row; 22] = [
+pub static LIMITS: [Row; 28] = [
     Row {
         key: "max-message-size",
         limit: Some(Limit::MaxMessageSize),
         unit: Unit::Bytes,
         default: Some("16M"),
+        maximum: Some("1G"),
         help: "The largest message a connection may send; a larger one ends the connection (close code 1009)",
         live: false,
         set: Set::Server(|c, v| c.limits.max_message_size = v.count()),
@@ -109,6 +115,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxScopes),
         unit: Unit::Count,
         default: Some("256"),
+        maximum: None,
         help: "Open scopes (runs) per connection; one more gets a bare finish",
         live: false,
         set: Set::Server(|c, v| c.limits.max_scopes = v.count()),
@@ -118,6 +125,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxChannels),
         unit: Unit::Count,
         default: Some("64"),
+        maximum: None,
         help: "Open channels per scope; one more gets a bare channel finish",
         live: false,
         set: Set::Server(|c, v| c.limits.max_channels = v.count()),
@@ -127,6 +135,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxQueuedResponses),
         unit: Unit::Count,
         default: Some("256"),
+        maximum: None,
         help: "Responses one loop may have queued for a slow caller before the server stops reading its proxy",
         live: false,
         set: Set::Server(|c, v| c.limits.max_queued_responses = v.count()),
@@ -136,6 +145,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxQueuedBytes),
         unit: Unit::Bytes,
         default: Some("256K"),
+        maximum: Some("1G"),
         help: "Bytes one loop may have queued for a slow caller before the server stops reading its proxy (a larger chunk still goes, alone)",
         live: false,
         set: Set::Server(|c, v| c.limits.max_queued_bytes = v.count()),
@@ -145,6 +155,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxConnectionQueuedBytes),
         unit: Unit::Bytes,
         default: Some("16M"),
+        maximum: Some("4G"),
         help: "Bytes all loops of one connection together may have queued for a slow caller",
         live: false,
         set: Set::Server(|c, v| c.limits.max_connection_queued_bytes = v.count()),
@@ -154,6 +165,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::AuthorizationGrace),
         unit: Unit::Duration,
         default: Some("10s"),
+        maximum: Some("10m"),
         help: "How long a new connection may take to authorize (its WebSocket handshake included) before it is closed with no frame",
         live: false,
         set: Set::Server(|c, v| c.authorization_grace = v.duration()),
@@ -163,6 +175,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxConnections),
         unit: Unit::Count,
         default: Some("1024"),
+        maximum: None,
         help: "Connections served at once; one more is closed at once with close code 1013 (try again later) and a reason",
         live: false,
         set: Set::Server(|c, v| c.max_connections = v.count()),
@@ -172,6 +185,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxUnauthorized),
         unit: Unit::Count,
         default: Some("256"),
+        maximum: None,
         help: "Connections not yet authorized, at once (those turned away with 1013 included); one more is closed at once, nothing of it read",
         live: false,
         set: Set::Server(|c, v| c.admission.max_unauthorized = v.count()),
@@ -181,6 +195,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxConnectionsPerAddress),
         unit: Unit::Count,
         default: Some("64"),
+        maximum: None,
         help: "Connections from one IP address, authorized or not; one more is closed at once, nothing of it read",
         live: false,
         set: Set::Server(|c, v| c.admission.max_connections_per_address = v.count()),
@@ -190,6 +205,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxConnectionsPerIdentity),
         unit: Unit::Count,
         default: Some("256"),
+        maximum: None,
         help: "Authorized connections of one tenant unless its quota says otherwise, and never over half of --max-connections; one more is closed with close code 1013 and a reason (without tokens every caller is one tenant, held by --max-connections alone)",
         live: true,
         set: Set::Server(|c, v| c.admission.max_connections_per_identity = v.count()),
@@ -199,6 +215,7 @@ pub static LIMITS: [Row; 22] = [
         limit: None,
         unit: Unit::Count,
         default: Some("0"),
+        maximum: None,
         help: "New connections one IP address may open per second (a token bucket of as many, refilled evenly); one more is closed with close code 1013 and a reason; 0: no rate (callers behind one load balancer or NAT share its address)",
         live: false,
         set: Set::Server(|c, v| c.admission.handshake_rate = v.count()),
@@ -208,6 +225,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::HandshakeTimeout),
         unit: Unit::Duration,
         default: Some("3s"),
+        maximum: Some("10m"),
         help: "How long a new connection may take for its TCP connection and WebSocket handshake",
         live: false,
         set: Set::Server(|c, v| c.admission.handshake_timeout = v.duration()),
@@ -217,6 +235,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxAuthorizationSize),
         unit: Unit::Bytes,
         default: Some("64K"),
+        maximum: Some("16M"),
         help: "The largest message before authorization; a larger one closes the connection, never read whole",
         live: false,
         set: Set::Server(|c, v| c.admission.max_authorization_size = v.count()),
@@ -226,6 +245,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxRuns),
         unit: Unit::Count,
         default: Some("256"),
+        maximum: None,
         help: "Runs held at once, server-wide; one more is refused with an error naming the limit",
         live: false,
         set: Set::Server(|c, v| c.budget.max_runs = v.count()),
@@ -235,6 +255,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxRunsPerIdentity),
         unit: Unit::Count,
         default: Some("64"),
+        maximum: None,
         help: "Runs one tenant may hold at once unless its quota says otherwise, and never over half of --max-runs (without tokens every caller is one tenant, held by --max-runs alone)",
         live: true,
         set: Set::Server(|c, v| c.budget.max_runs_per_identity = v.count()),
@@ -244,6 +265,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxLoopsPerIdentity),
         unit: Unit::Count,
         default: Some("128"),
+        maximum: None,
         help: "Loops (run-loop channels) one tenant may have served at once, over all its runs, unless its quota says otherwise; one more is answered with an error naming the limit (without tokens every caller is one tenant, held by --max-runs and --max-channels alone)",
         live: true,
         set: Set::Server(|c, v| c.budget.max_loops_per_identity = v.count()),
@@ -253,6 +275,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MaxRunMemory),
         unit: Unit::Bytes,
         default: Some("4G"),
+        maximum: Some("16384G"),
         help: "The largest `memory` a run may ask for",
         live: false,
         set: Set::Server(|c, v| c.budget.max_run_memory = v.bytes()),
@@ -262,6 +285,7 @@ pub static LIMITS: [Row; 22] = [
         limit: None,
         unit: Unit::Bytes,
         default: Some("16G"),
+        maximum: Some("16384G"),
         help: "The largest `disk` a run may ask for",
         live: false,
         set: Set::Server(|c, v| c.budget.max_run_disk = v.bytes()),
@@ -271,6 +295,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::MemoryBudget),
         unit: Unit::Bytes,
         default: None,
+        maximum: Some("65536G"),
         help: "The most the `memory` of all runs held may add up to; a tenant holds half at most unless its quota says otherwise [default: 3/4 of MemTotal in /proc/meminfo]",
         live: false,
         set: Set::Server(|c, v| c.budget.memory_budget = v.bytes()),
@@ -280,6 +305,7 @@ pub static LIMITS: [Row; 22] = [
         limit: Some(Limit::DiskBudget),
         unit: Unit::Bytes,
         default: None,
+        maximum: Some("1048576G"),
         help: "The most the `disk` of all runs held may add up to; a tenant holds half at most unless its quota says otherwise [default: 3/4 of the filesystem of --store]",
         live: false,
         set: Set::Server(|c, v| c.budget.disk_budget = v.bytes()),
@@ -289,9 +315,70 @@ pub static LIMITS: [Row; 22] = [
         limit: None,
         unit: Unit::Bytes,
         default: None,
+        maximum: Some("1048576G"),
         help: "The most the container store's images (pulled blobs and unpacked roots) may take; after each new image, the least recently used ones no run holds are removed until they fit (`runloop store gc` does it by hand) [default: 1/4 of the filesystem of --store]",
         live: false,
         set: Set::Host(|c, v| c.store_max_size = Some(v.bytes())),
+    },
+    Row {
+        key: "message-idle-timeout",
+        limit: Some(Limit::MessageIdleTimeout),
+        unit: Unit::Duration,
+        default: Some("30s"),
+        maximum: Some("1h"),
+        help: "How long a message that has begun may go without progress before its connection is closed (what it has sent counts against its tenant's memory until then)",
+        live: false,
+        set: Set::Server(|c, v| c.message_idle_timeout = v.duration()),
+    },
+    Row {
+        key: "revoked-grace",
+        limit: None,
+        unit: Unit::Duration,
+        default: Some("60s"),
+        maximum: Some("24h"),
+        help: "How long the running loops of a connection whose tenant or token a reload removed go on before the connection is closed; it opens no new run or loop meanwhile; 0: closed at once",
+        live: false,
+        set: Set::Server(|c, v| c.revoked_grace = v.duration()),
+    },
+    Row {
+        key: "max-unauthorized-per-address",
+        limit: Some(Limit::MaxUnauthorizedPerAddress),
+        unit: Unit::Count,
+        default: Some("16"),
+        maximum: None,
+        help: "Connections from one IP address not yet authorized (TCP, TLS handshake and upgrade included), at once; one more is closed at once, nothing of it read",
+        live: false,
+        set: Set::Server(|c, v| c.max_unauthorized_per_address = v.count()),
+    },
+    Row {
+        key: "credential-failure-rate",
+        limit: Some(Limit::CredentialFailureRate),
+        unit: Unit::Count,
+        default: Some("10"),
+        maximum: Some("1000"),
+        help: "Failed credential checks one IP address may have per second (a token bucket of as many, refilled evenly); past it, that address's next checks wait their turn",
+        live: false,
+        set: Set::Server(|c, v| c.credential_failure_rate = v.count()),
+    },
+    Row {
+        key: "tenant-cpu-weight",
+        limit: Some(Limit::TenantCpuWeight),
+        unit: Unit::Count,
+        default: Some("100"),
+        maximum: Some("10000"),
+        help: "The CPU weight of a tenant whose quota names none (`cpu-weight`): each tenant's exec and oci runs share one weight, a cgroup of the tenant's over theirs (cgroup v2's cpu.weight scale; cpu.shares = weight × 1024 / 100 on v1), so a tenant with many runs gets no more CPU than one with few when both want it",
+        live: false,
+        set: Set::Server(|c, v| c.tenant_cpu_weight = u32::try_from(v.count()).unwrap_or(u32::MAX)),
+    },
+    Row {
+        key: "tenant-log-rate",
+        limit: None,
+        unit: Unit::Bytes,
+        default: Some("64K"),
+        maximum: Some("1G"),
+        help: "Bytes of agent output (stdout and stderr) one tenant's runs together may put in the server's log per second; past it, lines are dropped, counted in runloop_agent_log_dropped_lines_total and said in one line per run when they resume; 0: none is logged",
+        live: false,
+        set: Set::Server(|c, v| c.tenant_log_rate = v.bytes()),
     },
 ];
 
@@ -307,23 +394,32 @@ impl Row {
             .limit
             .map(|limit| format!("; at least {}", minimum(limit)))
             .unwrap_or_default();
+        let maximum = self
+            .maximum
+            .map(|most| format!("; at most {most}"))
+            .unwrap_or_default();
         let (help, note) = match self.help.split_once(" [default: ") {
             Some((help, note)) => (help, format!(" [default: {note}")),
             None => (self.help, String::new()),
         };
         let arg = Arg::new(self.key)
             .long(self.key)
-            .help(format!("{help}{unit}{minimum}{note}"))
+            .help(format!("{help}{unit}{minimum}{maximum}{note}"))
             .help_heading("Limits")
             .value_name(match self.unit {
                 Unit::Count => "N",
                 Unit::Bytes => "SIZE",
                 Unit::Duration => "DURATION",
             })
-            .value_parser(match self.unit {
-                Unit::Count => clap::value_parser!(usize).into(),
-                Unit::Bytes => ValueParser::new(crate::size::bytes),
-                Unit::Duration => ValueParser::new(crate::seconds::duration),
+            .value_parser(match (self.unit, self.maximum) {
+                (Unit::Count, None) => clap::value_parser!(usize).into(),
+                (Unit::Count, Some(most)) => ValueParser::new(count_at_most(most)),
+                (Unit::Bytes, None) => ValueParser::new(crate::size::bytes),
+                (Unit::Bytes, Some(most)) => ValueParser::new(crate::size::at_most(most)),
+                (Unit::Duration, None) => ValueParser::new(crate::seconds::duration),
+                (Unit::Duration, Some(most)) => {
+                    ValueParser::new(crate::seconds::at_most(most, false))
+                }
             });
         match self.default {
             Some(default) => arg.default_value(default),
@@ -350,6 +446,24 @@ impl Row {
                 .map_err(wrong)?
                 .map(|d| Value::Duration(*d)),
         })
+    }
+}
+
+/// A clap value parser of a whole number of at most `max`.
+fn count_at_most(
+    max: &'static str,
+) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |text: &str| {
+        let value: usize = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("{text:?} is not a whole number"))?;
+        match max.parse::<usize>() {
+            Ok(most) if value > most => {
+                Err(format!("{text:?} is more than the most it may be, {max}"))
+            }
+            _ => Ok(value),
+        }
     }
 }
 
@@ -463,7 +577,7 @@ impl clap::Args for LimitArgs {
 /// The table of limits as the README and docs/operating.md show it.
 pub fn markdown() -> String {
     let mut table = String::from(
-        "| option / key | default | minimum | SIGHUP | what |\n|---|---|---|---|---|\n",
+        "| option / key | default | minimum | maximum | SIGHUP | what |\n|---|---|---|---|---|---|\n",
     );
     for row in &LIMITS {
         let (help, note) = match row.help.split_once(" [default: ") {
@@ -472,9 +586,10 @@ pub fn markdown() -> String {
         };
         let default = row.default.unwrap_or(note);
         let minimum = row.limit.map(minimum).unwrap_or_else(|| "—".to_owned());
+        let maximum = row.maximum.unwrap_or("—");
         let live = if row.live { "applied" } else { "restart" };
         table.push_str(&format!(
-            "| `{}` | {default} | {minimum} | {live} | {help} |\n",
+            "| `{}` | {default} | {minimum} | {maximum} | {live} | {help} |\n",
             row.key
         ));
     }
@@ -528,6 +643,68 @@ mod tests {
             library
         );
         assert_eq!(config.authorization_grace, Duration::from_secs(10));
+        let library = ServerConfig::new(
+            runloop::server::Credentials::Any,
+            runloop::runtime::Catalog::new(),
+        );
+        assert_eq!(
+            (
+                config.message_idle_timeout,
+                config.revoked_grace,
+                config.max_unauthorized_per_address,
+                config.credential_failure_rate,
+                config.tenant_cpu_weight,
+                config.tenant_log_rate,
+            ),
+            (
+                library.message_idle_timeout,
+                library.revoked_grace,
+                library.max_unauthorized_per_address,
+                library.credential_failure_rate,
+                library.tenant_cpu_weight,
+                library.tenant_log_rate,
+            )
+        );
+    }
+
+    #[test]
+    fn the_new_walls_reach_their_fields() {
+        let command = <LimitArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        let matches = command
+            .try_get_matches_from([
+                "t",
+                "--message-idle-timeout=45s",
+                "--revoked-grace=0",
+                "--max-unauthorized-per-address=3",
+                "--credential-failure-rate=5",
+                "--tenant-cpu-weight=250",
+                "--tenant-log-rate=16K",
+            ])
+            .expect("parses");
+        let args = <LimitArgs as clap::FromArgMatches>::from_arg_matches(&matches).expect("args");
+        let mut config = ServerConfig::new(
+            runloop::server::Credentials::Any,
+            runloop::runtime::Catalog::new(),
+        );
+        args.apply(&mut config);
+        assert_eq!(config.message_idle_timeout, Duration::from_secs(45));
+        assert_eq!(config.revoked_grace, Duration::ZERO);
+        assert_eq!(config.max_unauthorized_per_address, 3);
+        assert_eq!(config.credential_failure_rate, 5);
+        assert_eq!(config.tenant_cpu_weight, 250);
+        assert_eq!(config.tenant_log_rate, 16 << 10);
+        for (key, bad) in [
+            ("--tenant-cpu-weight", "10001"),
+            ("--revoked-grace", "25h"),
+            ("--tenant-log-rate", "2G"),
+            ("--message-idle-timeout", "2h"),
+        ] {
+            let command = <LimitArgs as clap::Args>::augment_args(clap::Command::new("t"));
+            assert!(
+                command.try_get_matches_from(["t", key, bad]).is_err(),
+                "{key} {bad}"
+            );
+        }
     }
 
     #[test]
@@ -547,6 +724,41 @@ mod tests {
         let before = (config.limits, config.admission, config.budget);
         args.apply(&mut config);
         assert_eq!((config.limits, config.admission, config.budget), before);
+    }
+
+    #[test]
+    fn every_size_and_duration_has_a_maximum_that_parses_and_is_over_its_default() {
+        for row in &LIMITS {
+            let Some(most) = row.maximum else {
+                assert_eq!(row.unit, Unit::Count, "{} has no maximum", row.key);
+                continue;
+            };
+            let command = <LimitArgs as clap::Args>::augment_args(clap::Command::new("t"));
+            let at = command
+                .clone()
+                .try_get_matches_from(["t", &format!("--{}={most}", row.key)]);
+            assert!(at.is_ok(), "{} at its maximum {most}", row.key);
+            if let Some(default) = row.default {
+                let parse = |text: &str| match row.unit {
+                    Unit::Count => text.parse::<u64>().ok(),
+                    Unit::Bytes => crate::size::bytes(text).ok(),
+                    Unit::Duration => crate::seconds::duration(text)
+                        .ok()
+                        .map(|d| d.as_millis() as u64),
+                };
+                assert!(parse(default) <= parse(most), "{}", row.key);
+            }
+        }
+        let command = <LimitArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        let refused = command
+            .try_get_matches_from(["t", "--authorization-grace", "999999h"])
+            .expect_err("past its maximum");
+        assert!(
+            refused
+                .to_string()
+                .contains("is more than the most it may be, 10m"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -57,6 +57,29 @@ pub fn positive_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// A clap value parser of a [`duration`] (or a [`positive_duration`]
+/// when `positive`) of at most `max` (written as a duration is): a
+/// limit's sane bound, so that `"999999h"` is refused where it is given
+/// instead of held as a deadline that never comes.
+pub fn at_most(
+    max: &'static str,
+    positive: bool,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |text: &str| {
+        let value = if positive {
+            positive_duration(text)?
+        } else {
+            duration(text)?
+        };
+        match duration(max) {
+            Ok(most) if value > most => {
+                Err(format!("{text:?} is more than the most it may be, {max}"))
+            }
+            _ => Ok(value),
+        }
+    }
+}
+
 /// A duration in words: `10 s`, `0.25 s`.
 pub fn show(duration: Duration) -> String {
     format!("{} s", value(duration))
@@ -97,5 +120,17 @@ mod tests {
         }
         assert!(positive_duration("0s").is_err());
         assert_eq!(positive_duration("2m"), Ok(Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn a_duration_past_its_maximum_is_refused() {
+        let grace = at_most("10m", false);
+        assert_eq!(grace("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(grace("0"), Ok(Duration::ZERO));
+        assert_eq!(
+            grace("999999h"),
+            Err("\"999999h\" is more than the most it may be, 10m".to_owned())
+        );
+        assert!(at_most("1h", true)("0s").is_err());
     }
 }

@@ -132,77 +132,129 @@ impl Args {
     fn unchecked_config(&self) -> Result<ServerConfig, Failure> {
         let credentials = self.credentials()?;
         let tls = self.tls()?;
-        if tls.is_none() && !self.listen.ip().is_loopback() && !self.allow_plaintext {
-            return Err(Failure::Argument(format!(
-                "refusing to listen on {} without TLS: tokens and loops would cross the network \
-                 in the clear; pass --tls-cert and --tls-key, or --allow-plaintext if something \
-                 in front (a load balancer) adds TLS",
-                self.listen
-            )));
-        }
-        let catalog = if self.agents.is_empty() {
-            Catalog::demo()
-        } else {
-            let mut catalog = Catalog::new().with_exec(self.exec_config());
-            for spec in &self.agents {
-                // `oci:` entries are added once the container host is up.
-                if !matches!(spec.runtime, RuntimeSpec::Oci(_)) {
-                    catalog
-                        .add(spec.clone())
-                        .map_err(|error| Failure::Argument(error.to_string()))?;
-                }
-            }
-            catalog
-        };
-        let mut config = ServerConfig::new(credentials, catalog);
+        self.exposure(tls.is_some())?;
+        let mut config = self.limits_config(credentials, self.catalog()?);
         config.tls = tls;
+        Ok(config)
+    }
+
+    /// Refuses a listener beyond loopback without TLS (`tls`: whether
+    /// there is some), unless told something in front adds it.
+    fn exposure(&self, tls: bool) -> Result<(), Failure> {
+        if tls || self.listen.ip().is_loopback() || self.allow_plaintext {
+            return Ok(());
+        }
+        Err(Failure::Argument(format!(
+            "refusing to listen on {} without TLS: tokens and loops would cross the network in \
+             the clear; pass --tls-cert and --tls-key, or --allow-plaintext if something in \
+             front (a load balancer) adds TLS",
+            self.listen
+        )))
+    }
+
+    /// The catalog of the agents given, but their `oci:` entries (added
+    /// once the container host is up).
+    fn catalog(&self) -> Result<Catalog, Failure> {
+        if self.agents.is_empty() {
+            return Ok(Catalog::demo());
+        }
+        let mut catalog = Catalog::new().with_exec(self.exec_config());
+        for spec in &self.agents {
+            if !matches!(spec.runtime, RuntimeSpec::Oci(_)) {
+                catalog
+                    .add(spec.clone())
+                    .map_err(|error| Failure::Argument(error.to_string()))?;
+            }
+        }
+        Ok(catalog)
+    }
+
+    /// A configuration of `credentials` and `catalog` with every limit
+    /// given (no TLS): what the limits are checked on.
+    fn limits_config(&self, credentials: Credentials, catalog: Catalog) -> ServerConfig {
+        let mut config = ServerConfig::new(credentials, catalog);
         config.budget.disk_budget = self.default_disk_budget();
         self.limits.apply(&mut config);
-        Ok(config)
+        config
     }
 
     /// Every fault `serve` would meet before it listens: token files,
     /// credentials, TLS material, the catalog, every limit below its
-    /// minimum, the descriptors its limits need.
+    /// minimum, the descriptors its limits need. Each part is checked
+    /// whatever the others found, so one fault never hides another; a
+    /// fault of the file's own tenants is left to the file's reading,
+    /// which names the file ([`serve_file::merge`]).
     pub fn faults(&self) -> Vec<String> {
         let mut faults = Vec::new();
+        let mut push = |fault: String| {
+            if !faults.contains(&fault) {
+                faults.push(fault);
+            }
+        };
         for file in &self.token_files {
             if let Err(error) = token::read_file(file) {
-                faults.push(error.to_string());
+                push(error.to_string());
             }
         }
-        if let Err(error) = self.tls() {
-            faults.push(error.to_string());
-        }
-        match self.unchecked_config() {
-            Ok(config) => {
-                faults.extend(
-                    config
-                        .faults()
-                        .iter()
-                        .map(|error| error.named(&option(error.limit))),
-                );
-                if let Err(error) = self.descriptors(&config) {
-                    faults.push(error.to_string());
-                }
-            }
+        let credentials = match self.credentials() {
+            Ok(credentials) => credentials,
             Err(error) => {
-                let error = error.to_string();
-                if !faults.contains(&error) {
-                    faults.push(error);
+                let file_s_own = self
+                    .file_tenants
+                    .as_ref()
+                    .is_some_and(|tenants| tenants.validate().is_err());
+                if !file_s_own
+                    && !self
+                        .token_files
+                        .iter()
+                        .any(|f| token::read_file(f).is_err())
+                {
+                    push(error.to_string());
                 }
+                Credentials::Any
             }
+        };
+        let tls = match self.tls() {
+            Ok(tls) => tls.is_some(),
+            Err(error) => {
+                push(error.to_string());
+                // Given, if not loadable: not a listener without TLS.
+                true
+            }
+        };
+        if let Err(error) = self.exposure(tls) {
+            push(error.to_string());
+        }
+        let catalog = self.catalog().unwrap_or_else(|error| {
+            push(error.to_string());
+            Catalog::demo()
+        });
+        let config = self.limits_config(credentials, catalog);
+        for error in config.faults() {
+            push(error.named(&option(error.limit)));
+        }
+        if let Err(error) = self.descriptors(&config) {
+            push(error.to_string());
         }
         faults
     }
 
-    /// The TLS certificate and key, when given, loaded and checked.
+    /// The TLS certificate and key, when given, loaded and checked; one
+    /// without the other is a fault (wherever each was given: the file or
+    /// the command line).
     fn tls(&self) -> Result<Option<ServerTls>, Failure> {
         match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => ServerTls::load(cert, key)
                 .map(Some)
                 .map_err(|error| Failure::Argument(error.to_string())),
-            _ => Ok(None),
+            (Some(_), None) => Err(Failure::Argument(
+                "--tls-cert is given without --tls-key, the certificate's private key".into(),
+            )),
+            (None, Some(_)) => Err(Failure::Argument(
+                "--tls-key is given without --tls-cert, the certificate chain it is the key of"
+                    .into(),
+            )),
+            (None, None) => Ok(None),
         }
     }
 
@@ -384,7 +436,7 @@ impl Args {
     /// SIGTERM, and the drain after it, with the configuration file's keys
     /// under the command line's.
     pub fn execute(&self, out: &mut impl Write) -> Result<Exit, Failure> {
-        if self.print_config {
+        if self.print_config && self.config.is_none() {
             serve_file::print_defaults(out)?;
             return Ok(Exit::Success);
         }
@@ -392,7 +444,9 @@ impl Args {
             return self.serve(out, None);
         }
         let merged = serve_file::merge(self.config.as_deref(), &self.command_line);
-        if self.check_config {
+        // With a file, `--print-config` prints what it makes, tenants
+        // included, and its faults: the check's output.
+        if self.check_config || self.print_config {
             return check(merged, out);
         }
         match merged.args {
@@ -450,6 +504,7 @@ impl Args {
                     disk_budget = shares.disk_budget,
                     max_run_memory = shares.max_run_memory,
                     max_pulls = shares.max_pulls,
+                    cpu_weight = shares.cpu_weight,
                     "tenant"
                 );
             }
@@ -466,7 +521,11 @@ impl Args {
             .await;
             let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
                 .map_err(Failure::Runtime)?;
-            tokio::spawn(reload_on_hangup(handle.clone(), hangups, reload));
+            tokio::spawn(reload_on_hangup(
+                handle.clone(),
+                hangups,
+                reload.map(Arc::new),
+            ));
             writeln!(out, "{}", handle.url())?;
             let admin = match self.admin {
                 Some(addr) => {
@@ -569,7 +628,7 @@ fn check(merged: serve_file::Merged, out: &mut impl Write) -> Result<Exit, Failu
     }
     if let Some(matches) = &merged.matches {
         writeln!(out, "# the effective configuration of runloop serve")?;
-        serve_file::print_effective(matches, &merged.from_file, out)?;
+        serve_file::print_effective(matches, &merged.from_file, &merged.tenant_tables, out)?;
     }
     if faults.is_empty() {
         writeln!(out, "# the configuration is valid")?;
@@ -674,22 +733,34 @@ impl Reloading {
 }
 
 /// On each SIGHUP, for as long as the server lives: reloads the TLS
-/// certificate and key, and with `reload` the configuration file.
+/// certificate and key, and with `reload` the configuration file. The
+/// files are read on a blocking thread, never on an async worker: a disk
+/// that is slow, or a path that is not a regular file, holds up no
+/// connection, run or `/healthz` (and the files themselves are read only
+/// when they are regular and small, [`crate::small_file`]).
 async fn reload_on_hangup(
     handle: ServerHandle,
     mut hangups: tokio::signal::unix::Signal,
-    reload: Option<Reloading>,
+    reload: Option<Arc<Reloading>>,
 ) {
     while hangups.recv().await.is_some() {
-        match handle.reload_tls() {
-            Ok(true) => info!("TLS certificate reloaded: new connections get it"),
-            Ok(false) => info!("SIGHUP: no TLS certificate to reload"),
-            Err(error) => {
-                warn!(%error, "the TLS certificate did not reload; the old one is still served");
+        let handle = handle.clone();
+        let reload = reload.clone();
+        let reloaded = tokio::task::spawn_blocking(move || {
+            match handle.reload_tls() {
+                Ok(true) => info!("TLS certificate reloaded: new connections get it"),
+                Ok(false) => info!("SIGHUP: no TLS certificate to reload"),
+                Err(error) => {
+                    warn!(%error, "the TLS certificate did not reload; the old one is still served");
+                }
             }
-        }
-        if let Some(reload) = &reload {
-            reload.reload(&handle);
+            if let Some(reload) = &reload {
+                reload.reload(&handle);
+            }
+        })
+        .await;
+        if let Err(error) = reloaded {
+            warn!(%error, "SIGHUP: the reload failed; nothing changed");
         }
     }
 }

@@ -32,7 +32,9 @@ pub struct Args {
     #[arg(long, help_heading = "Configuration")]
     pub check_config: bool,
     /// Print every key with its default and help, as a commented
-    /// configuration file to start from.
+    /// configuration file to start from; with --config, the effective
+    /// configuration instead (as --check-config prints it, tenants
+    /// included).
     #[arg(long, help_heading = "Configuration")]
     pub print_config: bool,
     /// The command line after `serve`, kept to merge it over the file.
@@ -94,8 +96,8 @@ pub struct Args {
     )]
     pub insecure_registries: Vec<String>,
     /// The largest registry image (manifest, configuration and compressed
-    /// layers), bytes (K/M/G suffixes).
-    #[arg(long, default_value = "2G", value_parser = crate::size::bytes, help_heading = "Runs and containers")]
+    /// layers), bytes (K/M/G suffixes); at most 1024G.
+    #[arg(long, default_value = "2G", value_parser = crate::size::at_most("1024G"), help_heading = "Runs and containers")]
     pub max_image_size: u64,
     // --- hostile registries (issue 26) ---
     /// A host (`HOST[:PORT]`) a registry may redirect blob downloads to, a
@@ -115,8 +117,8 @@ pub struct Args {
     #[arg(long, value_name = "URL", help_heading = "Runs and containers")]
     pub registry_proxy: Option<String>,
     /// How long one registry pull (manifests and blobs) may take, all told
-    /// (a duration: 30s, 2m, or seconds).
-    #[arg(long, value_name = "DURATION", value_parser = crate::seconds::positive_duration, default_value = "10m", help_heading = "Runs and containers")]
+    /// (a duration: 30s, 2m, or seconds); at most 24h.
+    #[arg(long, value_name = "DURATION", value_parser = crate::seconds::at_most("24h", true), default_value = "10m", help_heading = "Runs and containers")]
     pub pull_timeout: Duration,
     /// Registry pulls fetching at once; more wait for a place.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Runs and containers")]
@@ -129,11 +131,13 @@ pub struct Args {
     /// blobs, unpacked images and runs [default: /var/lib/runloop for root].
     #[arg(long, value_name = "DIR", help_heading = "Runs and containers")]
     pub store: Option<PathBuf>,
-    /// Containers: how long between the stop signal and SIGKILL (a duration).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::seconds::duration, help_heading = "Runs and containers")]
+    /// Containers: how long between the stop signal and SIGKILL (a
+    /// duration); at most 1h.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::seconds::at_most("1h", false), help_heading = "Runs and containers")]
     pub container_grace: Duration,
-    /// Containers: how long an agent has to accept TCP on its port (a duration).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::seconds::positive_duration, help_heading = "Runs and containers")]
+    /// Containers: how long an agent has to accept TCP on its port (a
+    /// duration); at most 1h.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::seconds::at_most("1h", true), help_heading = "Runs and containers")]
     pub container_startup_timeout: Duration,
     /// Containers: processes one container may have at once (runsc: its
     /// sandbox gets 2 × N + 256 host threads, its own kernel's included).
@@ -182,8 +186,8 @@ pub struct Args {
     #[arg(long, value_name = "POLICY", value_enum, default_value_t = ExecDisk::Refuse, hide_possible_values = true, help_heading = "Exec")]
     pub exec_disk: ExecDisk,
     /// `exec:` entries: how long the program has to accept TCP on $PORT (a
-    /// duration).
-    #[arg(long, value_name = "DURATION", value_parser = crate::seconds::positive_duration, default_value = "60s", help_heading = "Exec")]
+    /// duration); at most 1h.
+    #[arg(long, value_name = "DURATION", value_parser = crate::seconds::at_most("1h", true), default_value = "60s", help_heading = "Exec")]
     pub startup_timeout: Duration,
     /// `exec:` entries: processes (and threads) one run may have at once
     /// (with cgroups).
@@ -193,16 +197,18 @@ pub struct Args {
     /// the rest is counted in an "N lines suppressed" line.
     #[arg(long, value_name = "N", default_value_t = OutputLimit::default().lines, help_heading = "Exec")]
     pub agent_output_lines: u64,
-    /// Bytes of one run's agent output logged per 10 s (K/M/G suffixes).
-    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = crate::size::bytes, help_heading = "Exec")]
+    /// Bytes of one run's agent output logged per 10 s (K/M/G suffixes);
+    /// at most 1G. Each tenant's runs together are held to
+    /// --tenant-log-rate as well.
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = crate::size::at_most("1G"), help_heading = "Exec")]
     pub agent_output_bytes: u64,
     // --- operations (issue 16): TLS, the admin listener, drain, logs ---
     /// Serve wss://: the certificate chain, PEM, leaf first. Reloaded with
     /// the key on SIGHUP.
-    #[arg(long, value_name = "FILE", requires = "tls_key", help_heading = "TLS")]
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert, PEM (PKCS#8, RSA or EC).
-    #[arg(long, value_name = "FILE", requires = "tls_cert", help_heading = "TLS")]
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
     pub tls_key: Option<PathBuf>,
     /// Listen without TLS on an address that is not loopback: only where
     /// something in front (a load balancer) adds TLS.
@@ -214,8 +220,8 @@ pub struct Args {
     pub admin: Option<SocketAddr>,
     /// How long the open connections are served after SIGTERM before the
     /// loops still running are ended with the server's error (a duration;
-    /// a second signal ends them at once).
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::seconds::duration, help_heading = "Operations")]
+    /// a second signal ends them at once); at most 24h.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::seconds::at_most("24h", false), help_heading = "Operations")]
     pub drain_timeout: Duration,
     /// How log lines are written (`--log-format`).
     #[command(flatten, next_help_heading = "Operations")]

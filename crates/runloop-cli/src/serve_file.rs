@@ -26,6 +26,7 @@ use runloop::server::{Quota, Tenant, Tenants, TokenHash};
 
 use crate::serve_args::Args;
 use crate::size::bytes;
+use crate::small_file;
 use crate::token;
 
 /// Keys that are options of the command but not of a file.
@@ -37,7 +38,7 @@ const TABLES: [&str; 2] = ["tenant", "tenant-defaults"];
 /// The keys of a `[[tenant]]` table (the quotas are also those of
 /// `[tenant-defaults]`).
 const TENANT_KEYS: [&str; 3] = ["name", "token-file", "tokens"];
-const QUOTA_KEYS: [&str; 7] = [
+const QUOTA_KEYS: [&str; 8] = [
     "max-connections",
     "max-runs",
     "max-loops",
@@ -45,6 +46,7 @@ const QUOTA_KEYS: [&str; 7] = [
     "disk-budget",
     "max-run-memory",
     "max-pulls",
+    "cpu-weight",
 ];
 
 /// The `serve` command as clap sees it: its options, defaults and help.
@@ -63,6 +65,10 @@ pub struct Merged {
     pub faults: Vec<String>,
     /// The keys whose value came from the file.
     pub from_file: Vec<String>,
+    /// The file's `[tenant-defaults]` and `[[tenant]]` tables as written,
+    /// each `token-file` made absolute: printed with the effective
+    /// configuration.
+    pub tenant_tables: toml::Table,
 }
 
 /// The effective options of `config` (the file, if any) under
@@ -80,16 +86,19 @@ pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
                 matches: None,
                 faults: vec![first_line(&error)],
                 from_file: Vec::new(),
+                tenant_tables: toml::Table::new(),
             };
         }
     };
     let mut from_file = Vec::new();
     let mut file_keys = Vec::new();
     let mut tenants = None;
+    let mut tenant_tables = toml::Table::new();
     if let Some(path) = config {
         match read(path) {
             Err(fault) => faults.push(fault),
             Ok(table) => {
+                tenant_tables = tables_of(path, &table);
                 let shown = path.display();
                 for (key, value) in &table {
                     if TABLES.contains(&key.as_str()) {
@@ -154,12 +163,45 @@ pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
         matches,
         faults,
         from_file: file_keys,
+        tenant_tables,
     }
 }
 
-/// The file at `path`, read and parsed.
+/// The `[tenant-defaults]` and `[[tenant]]` tables of `table` (the file at
+/// `path`), each tenant's `token-file` made absolute so that they mean
+/// the same wherever they are printed to.
+fn tables_of(path: &Path, table: &toml::Table) -> toml::Table {
+    let mut tables = toml::Table::new();
+    for key in TABLES {
+        let Some(value) = table.get(key) else {
+            continue;
+        };
+        let mut value = value.clone();
+        if let toml::Value::Array(list) = &mut value {
+            for entry in list {
+                if let Some(toml::Value::String(file)) = entry
+                    .as_table_mut()
+                    .and_then(|entry| entry.get_mut("token-file"))
+                {
+                    *file = absolute(&beside(path, file)).display().to_string();
+                }
+            }
+        }
+        tables.insert(key.to_owned(), value);
+    }
+    tables
+}
+
+/// `path` made absolute against the working directory, as written
+/// otherwise.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
+}
+
+/// The file at `path`, read (a regular file of at most
+/// [`small_file::MAX_CONFIG_FILE`] bytes) and parsed.
 fn read(path: &Path) -> Result<toml::Table, String> {
-    let text = std::fs::read_to_string(path).map_err(|error| {
+    let text = small_file::read(path, small_file::MAX_CONFIG_FILE).map_err(|error| {
         format!(
             "cannot read the configuration file {}: {error}",
             path.display()
@@ -378,14 +420,33 @@ fn quota(place: &str, table: &toml::Table, faults: &mut Vec<String>) -> Quota {
             }
         }
     };
+    let (memory_budget, disk_budget, max_run_memory) = (
+        size("memory-budget"),
+        size("disk-budget"),
+        size("max-run-memory"),
+    );
+    let cpu_weight = table.get("cpu-weight").and_then(|value| {
+        let weight = value
+            .as_integer()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| (1..=runloop::server::MAX_CPU_WEIGHT).contains(n));
+        if weight.is_none() {
+            faults.push(format!(
+                "{place}: cpu-weight is a whole number from 1 to {}, not {value}",
+                runloop::server::MAX_CPU_WEIGHT
+            ));
+        }
+        weight
+    });
     Quota {
         max_connections,
         max_runs,
         max_loops,
-        memory_budget: size("memory-budget"),
-        disk_budget: size("disk-budget"),
-        max_run_memory: size("max-run-memory"),
+        memory_budget,
+        disk_budget,
+        max_run_memory,
         max_pulls,
+        cpu_weight,
     }
 }
 
@@ -455,7 +516,8 @@ pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
          \n\
          # What a tenant leaves out. Without it, a tenant may hold half of each\n\
          # server-wide budget (memory, disk, runs, connections, registry pulls),\n\
-         # never below one.\n\
+         # never below one; every tenant's runs weigh the same on the CPU\n\
+         # (tenant-cpu-weight) unless cpu-weight says otherwise.\n\
          # [tenant-defaults]\n\
          # max-connections = 64\n\
          # max-runs = 16\n\
@@ -464,6 +526,7 @@ pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
          # disk-budget = \"32G\"\n\
          # max-run-memory = \"2G\"\n\
          # max-pulls = 2\n\
+         # cpu-weight = 100\n\
          \n\
          # One table per tenant: its name (in logs and metrics), its tokens (a\n\
          # token-file, one a line, and/or the lowercase hex SHA-256 of each\n\
@@ -533,10 +596,13 @@ pub fn effective(matches: &ArgMatches) -> BTreeMap<String, String> {
 }
 
 /// Prints the effective configuration: every key set, where it came from
-/// (`from_file`: the keys the file set).
+/// (`from_file`: the keys the file set), then the file's tenant tables
+/// (`tenant_tables`), so that what is printed is a file that serves the
+/// same.
 pub fn print_effective(
     matches: &ArgMatches,
     from_file: &[String],
+    tenant_tables: &toml::Table,
     out: &mut impl Write,
 ) -> std::io::Result<()> {
     let serve = command();
@@ -553,6 +619,13 @@ pub fn print_effective(
             Some(value) => writeln!(out, "{key} = {value}  # {source}")?,
             None => writeln!(out, "# {key} is not set")?,
         }
+    }
+    if tenant_tables.is_empty() {
+        writeln!(out, "# no [tenant-defaults] and no [[tenant]] (file)")?;
+    } else {
+        writeln!(out, "\n# the tenants (file)")?;
+        let tables = toml::to_string(tenant_tables).map_err(std::io::Error::other)?;
+        write!(out, "{tables}")?;
     }
     Ok(())
 }
@@ -599,6 +672,25 @@ mod tests {
             ["[tenant-defaults]: max-loops is a whole number, not -1"]
         );
         assert!(QUOTA_KEYS.contains(&"max-pulls"));
+    }
+
+    #[test]
+    fn a_cpu_weight_is_1_to_10000() {
+        let table: toml::Table = toml::from_str("cpu-weight = 250\n").expect("TOML");
+        let mut faults = Vec::new();
+        assert_eq!(quota("t", &table, &mut faults).cpu_weight, Some(250));
+        assert!(faults.is_empty());
+        for bad in ["0", "10001", "\"heavy\"", "-1"] {
+            let table: toml::Table = toml::from_str(&format!("cpu-weight = {bad}")).expect("TOML");
+            let mut faults = Vec::new();
+            assert_eq!(quota("t", &table, &mut faults).cpu_weight, None);
+            assert_eq!(
+                faults,
+                [format!(
+                    "t: cpu-weight is a whole number from 1 to 10000, not {bad}"
+                )]
+            );
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@
 use std::path::Path;
 
 use crate::exit::Failure;
+use crate::small_file;
 
 /// The environment variable a credential is read from.
 pub const ENV: &str = "RUNLOOP_TOKEN";
@@ -20,9 +21,10 @@ pub const COMMAND_LINE_WARNING: &str = "--token is visible to every local user i
      and ps; pass the credential with --token-file FILE or the RUNLOOP_TOKEN environment variable";
 
 /// The tokens of `file`: one per line, surrounding whitespace and blank
-/// lines ignored.
+/// lines ignored. Only a regular file is read, and at most
+/// [`small_file::MAX_TOKEN_FILE`] bytes of it ([`small_file`]).
 pub fn read_file(file: &Path) -> Result<Vec<String>, Failure> {
-    let text = std::fs::read_to_string(file).map_err(|error| {
+    let text = small_file::read(file, small_file::MAX_TOKEN_FILE).map_err(|error| {
         Failure::Argument(format!(
             "cannot read the token file {}: {error}",
             file.display()

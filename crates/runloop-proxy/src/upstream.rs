@@ -8,10 +8,16 @@
 //! cannot dial / no answer     {"kind":"agent","error":"<reason>"}
 //!   the program exited        … "the agent program exited (<how>) before it answered POST /run"
 //!   it closed the connection  … "the agent program closed the connection without answering …"
-//! non-2xx, JSON body          the body, verbatim
+//! non-2xx, JSON body          {"kind":"agent","status":N,"error":<the body's JSON value>}
 //! non-2xx, other body         {"kind":"agent","status":N,"error":"<body as text>"}
 //! 2xx, not text/event-stream  {"kind":"agent","status":N,"error":"<what came instead>"}
 //! ```
+//!
+//! An agent program's answer is always wrapped, never passed on as the
+//! error itself (protocol §12, "an agent speaks for itself"): a body that
+//! says `{"kind":"policy",…}` must not read as the server's own refusal,
+//! so whatever the program says arrives under `kind` `agent`, with its
+//! status beside it.
 //!
 //! A 2xx event stream also says how its body ends ([`Framing`]): only a
 //! marked end (chunked, HTTP/2) or a length can prove the loop finished. A
@@ -50,12 +56,18 @@ impl Failure {
         Failure::from_error(&ErrorValue::kind(ErrorKind::Agent, error))
     }
 
-    /// `{"kind":"agent","status":N,"error":…}`.
+    /// `{"kind":"agent","status":N,"error":"…"}`.
     fn status(status: u16, error: String) -> Failure {
+        Failure::answered(status, Value::from(error))
+    }
+
+    /// `{"kind":"agent","status":N,"error":<error>}`: what the agent
+    /// program answered, under its own kind, whatever the body says.
+    fn answered(status: u16, error: Value) -> Failure {
         let mut object = Map::with_capacity(3);
         object.insert("kind".to_owned(), Value::from(ErrorKind::Agent.as_str()));
         object.insert("status".to_owned(), Value::from(status));
-        object.insert("error".to_owned(), Value::from(error));
+        object.insert("error".to_owned(), error);
         Failure::from_error(&ErrorValue::new(object))
     }
 
@@ -274,7 +286,8 @@ impl Upstream {
         ))
     }
 
-    /// A non-2xx answer: its body verbatim when it is JSON, else wrapped.
+    /// A non-2xx answer, wrapped: its body as a JSON value when it is
+    /// JSON, else as text.
     async fn refused(&self, mut response: reqwest::Response) -> Failure {
         let status = response.status().as_u16();
         let mut body = BytesMut::new();
@@ -299,8 +312,8 @@ impl Upstream {
                 }
             }
         }
-        if !cut && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() {
-            return Failure(body.freeze());
+        if !cut && let Ok(value) = serde_json::from_slice::<Value>(&body) {
+            return Failure::answered(status, value);
         }
         let mut text = String::from_utf8_lossy(&body).into_owned();
         if cut {
@@ -416,6 +429,10 @@ mod tests {
         assert_eq!(
             Failure::status(502, "bad gateway".to_owned()).0,
             &br#"{"kind":"agent","status":502,"error":"bad gateway"}"#[..]
+        );
+        assert_eq!(
+            Failure::answered(400, serde_json::json!({"kind": "policy", "error": "no"})).0,
+            &br#"{"kind":"agent","status":400,"error":{"kind":"policy","error":"no"}}"#[..]
         );
     }
 }

@@ -42,11 +42,57 @@ pub struct ServerConfig {
     pub registry: Option<Arc<dyn Registry>>,
     /// TLS for the listener's connections (`wss://`); none: plain `ws://`.
     pub tls: Option<ServerTls>,
+    /// How long a message that has begun may go without progress before
+    /// its connection is closed (protocol §12, "memory a tenant pays for
+    /// includes what it has half sent"). At least
+    /// [`Limit::MIN_AUTHORIZATION_GRACE`].
+    pub message_idle_timeout: Duration,
+    /// How long the running loops of a connection whose tenant or token a
+    /// reload removed go on before the connection is closed (protocol
+    /// §12, "revocation"). Zero: at once.
+    pub revoked_grace: Duration,
+    /// Connections from one IP address that have not authorized yet (TCP,
+    /// TLS handshake and upgrade included), at once (protocol §12,
+    /// "authorization deadline"). At least one.
+    pub max_unauthorized_per_address: usize,
+    /// Failed credential checks one IP address may have per second (a
+    /// token bucket of as many, refilled evenly); past it, its next checks
+    /// wait their turn (protocol §12, "fair shares"). At least one.
+    pub credential_failure_rate: usize,
+    /// The CPU weight of a tenant whose quota names none: each tenant's
+    /// runs share one weight (a cgroup of the tenant's over the runs'),
+    /// in the scale of cgroup v2's `cpu.weight` (1 to 10000, 100 the
+    /// kernel's default; `cpu.shares` = weight × 1024 / 100 on v1).
+    pub tenant_cpu_weight: u32,
+    /// Bytes of its agents' output one tenant's runs together may put in
+    /// the server's log per second (protocol §12, "fair shares"); past
+    /// it, lines are dropped and counted. Zero: none is logged.
+    pub tenant_log_rate: u64,
 }
+
+/// [`ServerConfig::message_idle_timeout`] unless configured otherwise.
+pub const DEFAULT_MESSAGE_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// [`ServerConfig::revoked_grace`] unless configured otherwise.
+pub const DEFAULT_REVOKED_GRACE: Duration = Duration::from_secs(60);
+/// [`ServerConfig::max_unauthorized_per_address`] unless configured otherwise.
+pub const DEFAULT_MAX_UNAUTHORIZED_PER_ADDRESS: usize = 16;
+/// [`ServerConfig::credential_failure_rate`] unless configured otherwise:
+/// with the checks that succeed, one address gets far under 50 checks a
+/// second.
+pub const DEFAULT_CREDENTIAL_FAILURE_RATE: usize = 10;
+/// [`ServerConfig::tenant_cpu_weight`] unless configured otherwise: the
+/// kernel's own default, so every tenant weighs the same.
+pub const DEFAULT_TENANT_CPU_WEIGHT: u32 = 100;
+/// [`ServerConfig::tenant_log_rate`] unless configured otherwise, bytes a
+/// second: 320 KiB in 5 s, a few hundred lines a second of ordinary output.
+pub const DEFAULT_TENANT_LOG_RATE: u64 = 64 << 10;
+/// The largest [`ServerConfig::tenant_cpu_weight`] (cgroup v2's).
+pub const MAX_CPU_WEIGHT: u32 = 10_000;
 
 impl ServerConfig {
     /// A configuration with default limits, a 10 s authorization grace,
-    /// [`DEFAULT_MAX_CONNECTIONS`] and the default [`RunBudget`].
+    /// [`DEFAULT_MAX_CONNECTIONS`], the default [`RunBudget`] and the
+    /// `DEFAULT_*` constants of this module.
     pub fn new(credentials: Credentials, catalog: Catalog) -> Self {
         ServerConfig {
             credentials,
@@ -58,6 +104,12 @@ impl ServerConfig {
             catalog,
             registry: None,
             tls: None,
+            message_idle_timeout: DEFAULT_MESSAGE_IDLE_TIMEOUT,
+            revoked_grace: DEFAULT_REVOKED_GRACE,
+            max_unauthorized_per_address: DEFAULT_MAX_UNAUTHORIZED_PER_ADDRESS,
+            credential_failure_rate: DEFAULT_CREDENTIAL_FAILURE_RATE,
+            tenant_cpu_weight: DEFAULT_TENANT_CPU_WEIGHT,
+            tenant_log_rate: DEFAULT_TENANT_LOG_RATE,
         }
     }
 
@@ -95,6 +147,10 @@ impl ServerConfig {
             Limit::MaxRunMemory.check(budget.max_run_memory),
             Limit::MemoryBudget.check(budget.memory_budget),
             Limit::DiskBudget.check(budget.disk_budget),
+            Limit::MessageIdleTimeout.check_duration(self.message_idle_timeout),
+            Limit::MaxUnauthorizedPerAddress.check(self.max_unauthorized_per_address as u64),
+            Limit::CredentialFailureRate.check(self.credential_failure_rate as u64),
+            Limit::TenantCpuWeight.check(u64::from(self.tenant_cpu_weight)),
         ]
         .into_iter()
         .filter_map(Result::err)
@@ -142,6 +198,10 @@ impl Shares {
                     .map_or(1, |registry| registry.max_pulls());
                 quota.max_pulls.map_or(half(pulls), |v| v.min(pulls))
             },
+            cpu_weight: quota
+                .cpu_weight
+                .unwrap_or(config.tenant_cpu_weight)
+                .min(MAX_CPU_WEIGHT),
         }
     }
 }

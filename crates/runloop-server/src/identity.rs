@@ -126,6 +126,9 @@ pub struct Quota {
     pub max_run_memory: Option<u64>,
     /// Registry pulls under way at once.
     pub max_pulls: Option<usize>,
+    /// The CPU weight its runs share (1 to 10000, cgroup v2's scale); left
+    /// out: the server's `tenant_cpu_weight`, the same for every tenant.
+    pub cpu_weight: Option<u32>,
 }
 
 impl Quota {
@@ -139,6 +142,7 @@ impl Quota {
             disk_budget: self.disk_budget.or(defaults.disk_budget),
             max_run_memory: self.max_run_memory.or(defaults.max_run_memory),
             max_pulls: self.max_pulls.or(defaults.max_pulls),
+            cpu_weight: self.cpu_weight.or(defaults.cpu_weight),
         }
     }
 }
@@ -268,6 +272,7 @@ fn check_quota(tenant: &str, quota: &Quota) -> Result<(), TenantError> {
         ("max-pulls", quota.max_pulls.map(|v| v as u64), 1),
         ("memory-budget", quota.memory_budget, memory),
         ("max-run-memory", quota.max_run_memory, memory),
+        ("cpu-weight", quota.cpu_weight.map(u64::from), 1),
     ];
     for (key, value, minimum) in values {
         if let Some(value) = value
@@ -366,11 +371,13 @@ pub struct Shares {
     pub max_run_memory: u64,
     /// Registry pulls under way at once.
     pub max_pulls: usize,
+    /// The CPU weight its runs share.
+    pub cpu_weight: u32,
 }
 
 impl Shares {
     /// Each share by its key, as a configuration file names it.
-    pub fn keyed(&self) -> [(&'static str, u64); 7] {
+    pub fn keyed(&self) -> [(&'static str, u64); 8] {
         [
             ("max-connections", self.max_connections as u64),
             ("max-runs", self.max_runs as u64),
@@ -379,6 +386,7 @@ impl Shares {
             ("disk-budget", self.disk_budget),
             ("max-run-memory", self.max_run_memory),
             ("max-pulls", self.max_pulls as u64),
+            ("cpu-weight", u64::from(self.cpu_weight)),
         ]
     }
 }

@@ -125,7 +125,11 @@ pub use budget::{
     DEFAULT_MAX_LOOPS_PER_IDENTITY, DEFAULT_MAX_RUN_DISK, DEFAULT_MAX_RUN_MEMORY, DEFAULT_MAX_RUNS,
     RunBudget, default_disk_budget, default_memory_budget, default_store_max_size,
 };
-pub use config::{DEFAULT_MAX_CONNECTIONS, ServerConfig};
+pub use config::{
+    DEFAULT_CREDENTIAL_FAILURE_RATE, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_UNAUTHORIZED_PER_ADDRESS,
+    DEFAULT_MESSAGE_IDLE_TIMEOUT, DEFAULT_REVOKED_GRACE, DEFAULT_TENANT_CPU_WEIGHT,
+    DEFAULT_TENANT_LOG_RATE, MAX_CPU_WEIGHT, ServerConfig,
+};
 pub use identity::Shares;
 pub use identity::{
     ANONYMOUS, Credentials, Identity, Quota, Tenant, TenantError, Tenants, TokenHash,
@@ -571,6 +575,10 @@ mod tests {
             Limit::MaxConnectionsPerIdentity,
             Limit::HandshakeTimeout,
             Limit::MaxAuthorizationSize,
+            Limit::MessageIdleTimeout,
+            Limit::MaxUnauthorizedPerAddress,
+            Limit::CredentialFailureRate,
+            Limit::TenantCpuWeight,
         ];
         for limit in cases {
             let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
@@ -604,6 +612,12 @@ mod tests {
                     config.admission.handshake_timeout = Duration::from_millis(999);
                 }
                 Limit::MaxAuthorizationSize => config.admission.max_authorization_size = 4095,
+                Limit::MessageIdleTimeout => {
+                    config.message_idle_timeout = Duration::from_millis(999);
+                }
+                Limit::MaxUnauthorizedPerAddress => config.max_unauthorized_per_address = 0,
+                Limit::CredentialFailureRate => config.credential_failure_rate = 0,
+                Limit::TenantCpuWeight => config.tenant_cpu_weight = 0,
             }
             match Server::bind("127.0.0.1:0", config).await {
                 Err(BindError::Limit(error)) => {
@@ -644,6 +658,10 @@ mod tests {
             memory_budget: Limit::MIN_RUN_MEMORY,
             disk_budget: Limit::MIN_RUN_MEMORY,
         };
+        least.message_idle_timeout = Limit::MIN_AUTHORIZATION_GRACE;
+        least.max_unauthorized_per_address = 1;
+        least.credential_failure_rate = 1;
+        least.tenant_cpu_weight = 1;
         assert!(Server::bind("127.0.0.1:0", least).await.is_ok());
     }
 }

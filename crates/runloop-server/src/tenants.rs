@@ -266,6 +266,7 @@ pub(crate) mod tests {
             disk_budget: quota.disk_budget.unwrap_or(1 << 30),
             max_run_memory: quota.max_run_memory.unwrap_or(1 << 30),
             max_pulls: quota.max_pulls.unwrap_or(2),
+            cpu_weight: quota.cpu_weight.unwrap_or(100),
         }
     }
 

@@ -30,6 +30,10 @@
 //!                                           its authorization
 //! handshake_timeout             1 s         the same, for the handshake alone
 //! max_authorization_size        4096 bytes  an authorization frame with its credential
+//! message_idle_timeout          1 s         a message crossing a slow network
+//! max_unauthorized_per_address  1           one caller authorizing at a time from each address
+//! credential_failure_rate       1           a mistyped token can be tried again
+//! tenant_cpu_weight             1           some share of the CPU for each tenant's runs
 //! max_unauthorized              1           one caller authorizing at a time
 //! max_connections_per_address   1           one caller from each address
 //! max_connections_per_identity  1           one connection for each token
@@ -229,6 +233,17 @@ limits! {
     /// The server's `max_authorization_size`.
     MaxAuthorizationSize = "max_authorization_size", Message,
         "an authorization frame must hold a credential such as a bearer token or a JWT";
+    /// The server's `message_idle_timeout`.
+    MessageIdleTimeout = "message_idle_timeout", Duration,
+        "a message crossing a slow network makes progress every few round trips";
+    /// The server's `max_unauthorized_per_address`.
+    MaxUnauthorizedPerAddress = "max_unauthorized_per_address", Count,
+        "every caller would be turned away";
+    /// The server's `credential_failure_rate`.
+    CredentialFailureRate = "credential_failure_rate", Count,
+        "a caller who mistyped a token could never try again";
+    /// The server's `tenant_cpu_weight`.
+    TenantCpuWeight = "tenant_cpu_weight", Count, "a weight of zero is no share of the CPU";
 }
 
 impl Limit {

@@ -236,7 +236,7 @@ fn every_example_of_the_guide_runs_as_the_guide_says() {
 
     let usage = json!({"chunk": {"type": "usage", "prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}});
     let fatal = json!({"chunk": {"type": "notification", "is_fatal": true, "message": "the echo agent was asked to fail"}});
-    let empty = json!({"error": {"kind": "echo", "error": "the prompt is empty"}});
+    let empty = json!({"error": {"kind": "agent", "status": 400, "error": {"kind": "echo", "error": "the prompt is empty"}}});
     let endings: [(&str, i32, Vec<Value>); 3] = [
         (
             "hello world",

@@ -67,7 +67,13 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
-        let mut child = common::runloop()
+        Server::start_with(common::runloop(), args)
+    }
+
+    /// [`Server::start`] with `command` as the `runloop` to run (its
+    /// environment set).
+    fn start_with(mut command: std::process::Command, args: &[&str]) -> Server {
+        let mut child = command
             .arg("serve")
             .args(args)
             .env("RUST_LOG", "info")
@@ -143,6 +149,20 @@ impl Server {
             .status()
             .expect("kill");
         assert!(sent.success());
+    }
+
+    /// The status line of its `/healthz`, or why there was none within
+    /// `wait` (a server whose workers are all blocked accepts, and never
+    /// answers).
+    fn healthz(&self, wait: Duration) -> Result<String, String> {
+        let admin = self.admin.expect("an admin listener");
+        let mut tcp = TcpStream::connect_timeout(&admin, wait).map_err(|e| e.to_string())?;
+        tcp.set_read_timeout(Some(wait))
+            .map_err(|e| e.to_string())?;
+        write!(tcp, "GET /healthz HTTP/1.0\r\nHost: {admin}\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+        Ok(answer.lines().next().unwrap_or_default().to_owned())
     }
 
     /// A scrape of its /metrics.
@@ -541,6 +561,82 @@ fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied()
     }
 }
 
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+#[test]
+fn a_token_file_that_is_a_fifo_is_refused_on_reload_and_the_server_goes_on() {
+    // Issue 40, item 4: a tenant's token-file replaced by a FIFO with no
+    // writer. The reload opened it on a runtime worker and blocked there;
+    // with one worker (as on a one-CPU host) every connection, run and
+    // /healthz stalled until something wrote to it.
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("serve.toml");
+    let tokens = dir.path().join("alice.tokens");
+    std::fs::write(&tokens, "a1\n").expect("tokens");
+    write(
+        &config,
+        "[[tenant]]\nname = \"alice\"\ntoken-file = \"alice.tokens\"\nmax-runs = 1\n",
+    );
+    let mut command = common::runloop();
+    command.env("TOKIO_WORKER_THREADS", "1");
+    let server = Server::start_with(
+        command,
+        &[
+            "--config",
+            config.to_str().expect("a path"),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+    );
+    std::fs::remove_file(&tokens).expect("removed");
+    mkfifo(&tokens);
+    // The quota changes too: a reload that went through would apply it.
+    write(
+        &config,
+        "[[tenant]]\nname = \"alice\"\ntoken-file = \"alice.tokens\"\nmax-runs = 2\n",
+    );
+    server.hangup();
+    let line = server.wait_for(&["does not validate; nothing changed"]);
+    assert!(
+        line.contains("alice.tokens") && line.contains("not a regular file"),
+        "{line}"
+    );
+    assert_eq!(
+        server.healthz(Duration::from_secs(10)).as_deref(),
+        Ok("HTTP/1.0 200 OK"),
+        "/healthz answers"
+    );
+    // The old configuration is in force: alice's token, her one run.
+    let url = server.url.clone();
+    runtime().block_on(async {
+        let alice = Client::connect(&url, "a1").await.expect("connects");
+        let run = alice.start(request(MIB)).await.expect("alice is served");
+        let why = refusal(alice.start(request(MIB)).await);
+        assert!(why.contains("(max-runs 1)"), "{why}");
+        run.stop().await;
+    });
+    // /dev/zero as a token file: refused at once, never read on.
+    write(
+        &config,
+        "[[tenant]]\nname = \"alice\"\ntoken-file = \"/dev/zero\"\n",
+    );
+    server.hangup();
+    server.wait_for(&["does not validate", "/dev/zero", "character device"]);
+    assert_eq!(
+        server.healthz(Duration::from_secs(10)).as_deref(),
+        Ok("HTTP/1.0 200 OK")
+    );
+}
+
 #[test]
 fn check_config_reports_every_fault_at_once() {
     let dir = tempfile::tempdir().expect("a directory");
@@ -595,6 +691,150 @@ fn check_config_reports_every_fault_at_once() {
     ] {
         assert!(stdout.lines().any(|l| l == line), "{line} in\n{stdout}");
     }
+}
+
+#[test]
+fn check_config_reports_a_limit_beside_a_tls_fault_and_a_bad_tenant_once() {
+    // Issue 40, item 10: a TLS fault hid the limits below their minimum,
+    // and a bad tenant name was printed (and counted) twice.
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("serve.toml");
+    write(
+        &config,
+        &format!(
+            "max-scopes = 0\ntls-cert = \"missing.pem\"\ntls-key = \"missing.key\"\n\
+             [[tenant]]\nname = \"bad name\"\ntokens = [\"{}\"]\n",
+            hash("t")
+        ),
+    );
+    let (status, stdout, stderr) = common::run(&[
+        "serve",
+        "--check-config",
+        "--config",
+        config.to_str().expect("a path"),
+    ]);
+    assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
+    for fault in [
+        "--max-scopes is 0, below its minimum of 1",
+        "cannot read missing.pem",
+        "tenant name \"bad name\" is not",
+        "3 fault(s)",
+    ] {
+        assert_eq!(
+            stderr.matches(fault).count(),
+            1,
+            "{fault} once in\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_duration_or_size_past_its_maximum_is_a_fault_in_a_file_and_on_the_command_line() {
+    // Issue 40, item 6: `authorization-grace = "999999h"` was accepted.
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("serve.toml");
+    write(
+        &config,
+        "authorization-grace = \"999999h\"\ntenant-log-rate = \"2G\"\n\
+         [[tenant]]\nname = \"alice\"\ntokens = [\"sha256:97dd3707015dcf069cf73022ed7173b1165db6eff24b441cb57fd069a8c4e525\"]\ncpu-weight = 0\n",
+    );
+    let config = config.to_str().expect("a path");
+    let (status, stdout, stderr) = common::run(&["serve", "--check-config", "--config", config]);
+    assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
+    for fault in [
+        "authorization-grace: invalid value '999999h'",
+        "is more than the most it may be, 10m",
+        "tenant-log-rate: invalid value '2G'",
+        "tenant \"alice\": cpu-weight is a whole number from 1 to 10000, not 0",
+        "3 fault(s)",
+    ] {
+        assert!(stderr.contains(fault), "{fault} in\n{stderr}");
+    }
+    let (status, _, stderr) =
+        common::run(&["serve", "--check-config", "--drain-timeout", "100000h"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("the most it may be, 24h"), "{stderr}");
+}
+
+#[test]
+fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("a certificate");
+    std::fs::write(dir.path().join("cert.pem"), cert.pem()).expect("written");
+    let key_file = dir.path().join("key.pem");
+    std::fs::write(&key_file, key.serialize_pem()).expect("written");
+    let config = dir.path().join("serve.toml");
+    write(
+        &config,
+        &format!(
+            "tls-cert = {:?}\n",
+            dir.path().join("cert.pem").to_str().expect("a path")
+        ),
+    );
+    let config = config.to_str().expect("a path");
+    let key_file = key_file.to_str().expect("a path");
+    let (status, stdout, stderr) = common::run(&[
+        "serve",
+        "--check-config",
+        "--config",
+        config,
+        "--tls-key",
+        key_file,
+    ]);
+    assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == format!("tls-key = {key_file:?}  # command line")),
+        "{stdout}"
+    );
+    // One without the other is a fault that says which is missing.
+    let (status, _, stderr) = common::run(&["serve", "--check-config", "--config", config]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--tls-cert is given without --tls-key"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn print_config_with_a_file_prints_its_tenants_as_a_file_that_serves_the_same() {
+    let example = example();
+    let (status, printed, stderr) = common::run(&[
+        "serve",
+        "--print-config",
+        "--config",
+        example.to_str().expect("a path"),
+    ]);
+    assert_eq!(status.code(), Some(0), "{printed}\n{stderr}");
+    for line in [
+        "max-runs = 8  # file",
+        "[[tenant]]",
+        "name = \"alice\"",
+        "name = \"bob\"",
+        "[tenant-defaults]",
+        "max-connections = 4",
+    ] {
+        assert!(printed.lines().any(|l| l == line), "{line} in\n{printed}");
+    }
+    // Printed elsewhere, it is the same configuration: alice's token
+    // file is named where it is.
+    let dir = tempfile::tempdir().expect("a directory");
+    let copy = dir.path().join("copy.toml");
+    std::fs::write(&copy, &printed).expect("written");
+    let (status, again, stderr) = common::run(&[
+        "serve",
+        "--check-config",
+        "--config",
+        copy.to_str().expect("a path"),
+    ]);
+    assert_eq!(status.code(), Some(0), "{again}\n{stderr}");
+    let tenants = |text: &str| text[text.find("[[tenant]]").expect("tenants")..].to_owned();
+    assert_eq!(tenants(&again), tenants(&printed));
 }
 
 #[test]

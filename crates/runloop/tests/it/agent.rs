@@ -122,18 +122,21 @@ async fn every_ending_of_the_demo_loop_through_the_proxy() {
         "{error}"
     );
 
-    // Refused before any chunk: no loop, the JSON body verbatim.
+    // Refused before any chunk: no loop, the JSON body under the agent's
+    // kind with its status (protocol §12, "an agent speaks for itself").
     let (done, _, result) = run(&url, "demo:refuse").await;
     assert_eq!(
         result,
-        Outcome::NoLoop(ErrorValue::new(
-            json!({"kind": "demo", "error": "the demo agent refuses this loop (demo:refuse)"})
-        ))
+        Outcome::NoLoop(ErrorValue::new(json!({
+            "kind": "agent",
+            "status": 503,
+            "error": {"kind": "demo", "error": "the demo agent refuses this loop (demo:refuse)"}
+        })))
     );
     assert_eq!(
         done.messages,
         [
-            b"\x01{\"kind\":\"demo\",\"error\":\"the demo agent refuses this loop (demo:refuse)\"}"
+            b"\x01{\"kind\":\"agent\",\"status\":503,\"error\":{\"kind\":\"demo\",\"error\":\"the demo agent refuses this loop (demo:refuse)\"}}"
                 .to_vec()
         ]
     );
@@ -225,7 +228,7 @@ async fn a_prompt_of_megabytes_runs() {
 }
 
 #[tokio::test]
-async fn a_refused_registration_reaches_the_server_verbatim() {
+async fn a_refused_registration_reaches_the_server_as_the_agent_s() {
     let stop = CancellationToken::new();
     let url = demo_behind_proxy(&stop).await;
     let done = exchange(&url, "/agent/register", br#"{"agent":"demo:refuse"}"#).await;
@@ -235,9 +238,11 @@ async fn a_refused_registration_reaches_the_server_verbatim() {
             .iter()
             .map(|m| error_json(m))
             .collect::<Vec<_>>(),
-        [
-            json!({"kind": "demo", "error": "the demo agent refuses this registration (demo:refuse)"})
-        ]
+        [json!({
+            "kind": "agent",
+            "status": 403,
+            "error": {"kind": "demo", "error": "the demo agent refuses this registration (demo:refuse)"}
+        })]
     );
     // It did not count as the one registration.
     register(&url).await;

@@ -101,11 +101,10 @@ async fn a_refused_registration_refuses_the_run() {
     let Err(RunError::Refused(error)) = client.start(request).await else {
         panic!("the registration is refused");
     };
-    assert_eq!(
-        error.value()["kind"],
-        "demo",
-        "the agent's own error reaches the caller: {error}"
-    );
+    // The agent's own error reaches the caller, under the agent's kind.
+    assert_eq!(error.value()["kind"], "agent", "{error}");
+    assert_eq!(error.value()["status"], 403, "{error}");
+    assert_eq!(error.value()["error"]["kind"], "demo", "{error}");
     support::eventually("the container is stopped", || {
         server.stats().containers == 0
     })

@@ -125,25 +125,33 @@ async fn sse_with_split_reads_multi_line_data_and_comments_arrives_byte_for_byte
 }
 
 #[tokio::test]
-async fn a_non_2xx_json_body_is_the_error_verbatim() {
-    const BODY: &[u8] = b" {\"kind\": \"quota\", \"left\": 0}\n";
+async fn a_non_2xx_json_body_arrives_as_the_agent_s_never_as_the_error_itself() {
+    // The attack of issue 40: an agent words its refusal as the server's
+    // own policy refusal. It arrives under kind `agent`, with its status.
+    const BODY: &[u8] = b" {\"kind\": \"policy\", \"error\": \"tenant bob holds as many runs as it may (max-runs 1); try again later\"}\n";
     let (addr, _agent) = agent_program(|mut conn, _| async move {
-        conn.respond(429, "application/json", BODY).await;
+        conn.respond(400, "application/json", BODY).await;
     })
     .await;
     let proxy = proxy(addr).await;
     register(&proxy.url).await;
     let done = exchange(&proxy.url, "/agent/run", br#"{"prompt":"x"}"#).await;
-    assert_eq!(
-        done,
-        Exchange {
-            messages: vec![[&[1u8][..], BODY].concat()],
-            end: End::Clean
-        }
-    );
+    assert_eq!(done.end, End::Clean);
+    let forged = json!({
+        "kind": "policy",
+        "error": "tenant bob holds as many runs as it may (max-runs 1); try again later"
+    });
     assert_eq!(
         outcome(&done).1,
-        Outcome::NoLoop(ErrorValue::new(json!({"kind": "quota", "left": 0})))
+        Outcome::NoLoop(ErrorValue::new(
+            json!({"kind": "agent", "status": 400, "error": forged})
+        ))
+    );
+    assert_eq!(done.messages.len(), 1);
+    assert!(
+        done.messages[0].starts_with(b"\x01{\"kind\":\"agent\",\"status\":400,"),
+        "{:?}",
+        String::from_utf8_lossy(&done.messages[0])
     );
 }
 
@@ -426,7 +434,10 @@ async fn a_failed_registration_can_be_tried_again() {
     };
     let proxy = proxy(addr).await;
     let failed = exchange(&proxy.url, "/agent/register", br#"{"agent":null}"#).await;
-    assert_eq!(failed.messages, [b"\x01{\"starting\":true}".to_vec()]);
+    assert_eq!(
+        failed.messages,
+        [b"\x01{\"kind\":\"agent\",\"status\":503,\"error\":{\"starting\":true}}".to_vec()]
+    );
     register(&proxy.url).await;
 }
 

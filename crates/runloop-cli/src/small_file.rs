@@ -1,0 +1,132 @@
+//! Small files an operator names: the configuration file and token files,
+//! read whole, within a size bound, and only when they are regular files.
+//!
+//! Such a path is read at startup, by `--check-config`, and again on each
+//! SIGHUP while the server serves. Whatever sits at the path is read:
+//! a FIFO with no writer blocks `open(2)` until something writes to it,
+//! and a device such as `/dev/zero` never ends. So the file is opened
+//! without blocking (`O_NONBLOCK`: a FIFO's open returns at once), looked
+//! at through its open descriptor (`fstat`, so nothing can be swapped in
+//! between a check and the open), refused unless it is a regular file,
+//! and read to at most its bound: a file that grows past it while it is
+//! read is refused too, never read on. The reload that reads them runs
+//! off the server's async workers as well (`serve`'s SIGHUP handler), so
+//! even a slow disk holds up no connection.
+
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+/// The largest configuration file read: far past any real one (the
+/// example with every key and a hundred tenants is under 64 KiB).
+pub const MAX_CONFIG_FILE: u64 = 1 << 20;
+
+/// The largest token file read: ten thousand tokens of a hundred bytes.
+pub const MAX_TOKEN_FILE: u64 = 1 << 20;
+
+/// Why a file was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum SmallFileError {
+    /// It could not be opened or read.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// It is not a regular file (a FIFO, a device, a socket, a directory).
+    #[error("it is {0}, not a regular file")]
+    NotRegular(&'static str),
+    /// It is larger than the bound.
+    #[error("it is larger than {0} bytes, more than such a file ever needs")]
+    TooLarge(u64),
+    /// It is not UTF-8 text.
+    #[error("it is not UTF-8 text")]
+    NotText,
+}
+
+/// The text of the regular file at `path`, at most `max` bytes; never
+/// blocks on what is not a regular file.
+pub fn read(path: &Path, max: u64) -> Result<String, SmallFileError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(SmallFileError::NotRegular(what(kind)));
+    }
+    if file.metadata()?.len() > max {
+        return Err(SmallFileError::TooLarge(max));
+    }
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(SmallFileError::TooLarge(max));
+    }
+    String::from_utf8(bytes).map_err(|_| SmallFileError::NotText)
+}
+
+/// What a file that is not a regular file is, in words.
+fn what(kind: std::fs::FileType) -> &'static str {
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "something else"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_regular_file_is_read_and_anything_else_is_refused_at_once() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let text = dir.path().join("tokens");
+        std::fs::write(&text, "a\nb\n").expect("written");
+        assert_eq!(read(&text, 16).expect("read"), "a\nb\n");
+
+        // A FIFO with no writer: refused without waiting for one.
+        let fifo = dir.path().join("fifo");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
+        // SAFETY: a system call on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let refused = read(&fifo, MAX_TOKEN_FILE).expect_err("a FIFO");
+        assert_eq!(
+            refused.to_string(),
+            "it is a FIFO (named pipe), not a regular file"
+        );
+
+        // A device that never ends, and a directory.
+        let zero = read(Path::new("/dev/zero"), MAX_TOKEN_FILE).expect_err("a device");
+        assert_eq!(
+            zero.to_string(),
+            "it is a character device, not a regular file"
+        );
+        assert!(matches!(
+            read(dir.path(), 16),
+            Err(SmallFileError::NotRegular("a directory"))
+        ));
+    }
+
+    #[test]
+    fn a_file_past_its_bound_is_refused_unread() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let large = dir.path().join("large");
+        // Sparse: a gigabyte that takes no disk.
+        let file = std::fs::File::create(&large).expect("created");
+        file.set_len(1 << 30).expect("grown");
+        let refused = read(&large, MAX_CONFIG_FILE).expect_err("too large");
+        assert!(matches!(refused, SmallFileError::TooLarge(MAX_CONFIG_FILE)));
+        std::fs::write(&large, [b'x'; 17]).expect("written");
+        assert!(read(&large, 16).is_err());
+        assert_eq!(read(&large, 17).expect("at the bound").len(), 17);
+        std::fs::write(&large, [0xff, 0xfe]).expect("written");
+        assert!(matches!(read(&large, 16), Err(SmallFileError::NotText)));
+    }
+}
