@@ -50,7 +50,7 @@ use axum::body::Bytes;
 use axum::http::StatusCode;
 use futures_util::future::{self, BoxFuture};
 use futures_util::stream::{self, StreamExt};
-use rmcp::model::{ContentBlock, MetaObject};
+use runloop_proto::mcp::{ContentBlock, Meta};
 use runloop_proto::run_loop::{
     AgenticLoopChunk, NotificationChunk, RunLoopRequest, TextChunk, ToolCallChunk,
     ToolResponseChunk, UsageChunk,
@@ -223,9 +223,9 @@ fn plan(prompt: &str, mut pace: Duration) -> Result<(Plan, Duration), String> {
 }
 
 /// `_meta` carrying the chunk's index.
-fn seq(n: u64) -> Option<MetaObject> {
-    let mut meta = MetaObject::new();
-    meta.0.insert(SEQ.to_owned(), Value::from(n));
+fn seq(n: u64) -> Option<Meta> {
+    let mut meta = Meta::new();
+    meta.insert(SEQ.to_owned(), Value::from(n));
     Some(meta)
 }
 
@@ -306,7 +306,7 @@ struct Script {
 }
 
 impl Script {
-    fn next_seq(&self) -> Option<MetaObject> {
+    fn next_seq(&self) -> Option<Meta> {
         seq(self.items.len() as u64)
     }
 
@@ -332,7 +332,7 @@ impl Script {
             })));
     }
 
-    fn chunk(&mut self, build: impl FnOnce(Option<MetaObject>) -> AgenticLoopChunk) {
+    fn chunk(&mut self, build: impl FnOnce(Option<Meta>) -> AgenticLoopChunk) {
         let meta = self.next_seq();
         self.items.push(Ok(build(meta)));
     }

@@ -46,8 +46,8 @@
 use std::io::{self, Write};
 
 use anstyle::{AnsiColor, Style};
-use rmcp::model::{ContentBlock, ResourceContents};
 use runloop_proto::ErrorValue;
+use runloop_proto::mcp::{ContentBlock, ResourceContents};
 use runloop_proto::run_loop::{
     AgenticLoopChunk, MediaChunk, NotificationChunk, Outcome, Step, ToolCallChunk,
     ToolResponseChunk, Transcript, UsageCounts,
@@ -478,12 +478,10 @@ fn content_text(block: &ContentBlock) -> String {
         ContentBlock::Image(image) => format!("[image {}]", image.mime_type),
         ContentBlock::Audio(audio) => format!("[audio {}]", audio.mime_type),
         ContentBlock::Resource(embedded) => match &embedded.resource {
-            ResourceContents::TextResourceContents { text, .. } => text.clone(),
-            ResourceContents::BlobResourceContents { uri, .. } => format!("[resource {uri}]"),
-            _ => "[resource]".to_owned(),
+            ResourceContents::Text { text, .. } => text.clone(),
+            ResourceContents::Blob { uri, .. } => format!("[resource {uri}]"),
         },
         ContentBlock::ResourceLink(link) => format!("[link {}]", link.uri),
-        _ => "[content]".to_owned(),
     }
 }
 

@@ -30,7 +30,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use rmcp::model::{Annotations, ContentBlock, MetaObject};
+use runloop_proto::mcp::{Annotations, ContentBlock, Meta, TextContent};
 use runloop_proto::run_loop::{
     AgenticLoopChunk, NotificationChunk, Response, TextChunk, TokenLogprob, ToolCallChunk,
     ToolResponseChunk, UsageChunk,
@@ -190,10 +190,16 @@ fn turn(rng: &mut Rng, number: usize, chunks: &mut Vec<AgenticLoopChunk>) {
     }
     let id = format!("call_{number}");
     chunks.extend(tool_call(rng, &id, &parent));
-    let mut annotations = Annotations::default();
-    annotations.priority = Some(0.5);
-    let mut file = rmcp::model::TextContent::new(tool_output(rng, 2048, 20 * 1024));
-    file.annotations = rng.chance(30).then_some(annotations);
+    let annotations = Annotations {
+        priority: Some(0.5),
+        ..Annotations::default()
+    };
+    let text = tool_output(rng, 2048, 20 * 1024);
+    let file = TextContent {
+        text,
+        annotations: rng.chance(30).then_some(annotations),
+        meta: None,
+    };
     chunks.push(C::ToolResponse(ToolResponseChunk {
         id,
         content: vec![ContentBlock::Text(file)],
@@ -215,7 +221,7 @@ fn turn(rng: &mut Rng, number: usize, chunks: &mut Vec<AgenticLoopChunk>) {
             meta: rng.chance(50).then(|| {
                 let mut meta = serde_json::Map::new();
                 meta.insert("trace".to_owned(), json!("00-4bf92f3577b34da6-01"));
-                MetaObject(meta)
+                Meta(meta)
             }),
         }));
     }
@@ -285,7 +291,7 @@ struct RefText<T> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     annotations: Option<Annotations>,
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    meta: Option<MetaObject>,
+    meta: Option<Meta>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     parent_tool_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -301,7 +307,7 @@ struct RefToolCall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     arguments: Option<String>,
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    meta: Option<MetaObject>,
+    meta: Option<Meta>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     parent_tool_call_id: Option<String>,
 }
@@ -316,7 +322,7 @@ struct RefMedia<T> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     annotations: Option<Annotations>,
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    meta: Option<MetaObject>,
+    meta: Option<Meta>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     parent_tool_call_id: Option<String>,
 }
@@ -336,7 +342,7 @@ struct RefToolResponse {
     #[serde(rename = "isError", default, skip_serializing_if = "Option::is_none")]
     is_error: Option<bool>,
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    meta: Option<MetaObject>,
+    meta: Option<Meta>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     parent_tool_call_id: Option<String>,
 }
@@ -347,7 +353,7 @@ struct RefUser {
     kind: UserType,
     prompt: String,
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    meta: Option<MetaObject>,
+    meta: Option<Meta>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -358,7 +364,7 @@ struct RefUsage {
     prompt_tokens: u64,
     total_tokens: u64,
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    meta: Option<MetaObject>,
+    meta: Option<Meta>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -368,7 +374,7 @@ struct RefNotification {
     is_fatal: bool,
     message: Value,
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    meta: Option<MetaObject>,
+    meta: Option<Meta>,
 }
 
 /// The reference chunk: the first of the ten shapes that fits.

@@ -24,6 +24,8 @@
 //! registration     the /agent/register exchange                     (§10)
 //! run_loop         the run-loop request, response payload, chunks,
 //!                  reader, sender, relay and transcript             (§7, §8, §11, §12)
+//! mcp              the MCP types chunks carry: annotations, `_meta`,
+//!                  content blocks                                   (§8)
 //! error_value      the error value, and the kinds this project writes (§9, §12)
 //! codec            Encode, Decode and the append-only Writer
 //!
@@ -42,6 +44,7 @@ pub mod connection;
 pub mod endpoint;
 pub mod error_value;
 pub mod frame;
+pub mod mcp;
 pub mod observer;
 pub mod registration;
 pub mod run_loop;

@@ -3,8 +3,7 @@
 //! A chunk is one JSON object whose `type` member names its kind; the `type`
 //! string is the only thing that tells kinds apart, since three of them share
 //! a shape. The MCP members (`annotations`, `_meta`, content blocks) are the
-//! MCP SDK's own model types, so they follow MCP's schema rather than a copy
-//! of it.
+//! types of [`crate::mcp`], written from MCP's schema.
 //!
 //! # Why decoding is written by hand
 //!
@@ -26,10 +25,11 @@
 
 use std::fmt;
 
-use rmcp::model::{Annotations, ContentBlock, MetaObject};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::mcp::{Annotations, ContentBlock, Meta};
 
 /// One piece of an agentic loop.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -139,7 +139,7 @@ impl ChunkKind {
 /// Refuses an annotation priority that does not fit the 32-bit float MCP's
 /// model keeps it in.
 ///
-/// The MCP SDK reads `priority` as a 64-bit number and narrows it, so a
+/// [`Annotations`] reads `priority` as a 64-bit number and narrows it, so a
 /// number beyond the 32-bit range becomes infinity, which JSON cannot carry:
 /// it would be written back as `null` and read back as no priority, and the
 /// chunk would not survive its own round trip (which the `run_loop_frame`
@@ -159,23 +159,11 @@ pub(super) fn check_priorities(chunk: &AgenticLoopChunk) -> Result<(), &'static 
     };
     let mut all = own
         .into_iter()
-        .chain(blocks.iter().filter_map(block_annotations));
+        .chain(blocks.iter().filter_map(|block| block.annotations()));
     if all.any(|a| a.priority.is_some_and(|p| !p.is_finite())) {
         return Err("an annotation priority does not fit a 32-bit float");
     }
     Ok(())
-}
-
-/// A content block's annotations.
-fn block_annotations(block: &ContentBlock) -> Option<&Annotations> {
-    match block {
-        ContentBlock::Text(c) => c.annotations.as_ref(),
-        ContentBlock::Image(c) => c.annotations.as_ref(),
-        ContentBlock::Audio(c) => c.annotations.as_ref(),
-        ContentBlock::Resource(c) => c.annotations.as_ref(),
-        ContentBlock::ResourceLink(c) => c.annotations.as_ref(),
-        _ => None,
-    }
 }
 
 /// The `type` strings, indexed by [`ChunkKind`].
@@ -227,7 +215,7 @@ pub struct TextChunk {
     pub annotations: Option<Annotations>,
     /// MCP `_meta`.
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    pub meta: Option<MetaObject>,
+    pub meta: Option<Meta>,
     /// The tool call whose sub-agent produced this; absent on the main thread.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_tool_call_id: Option<String>,
@@ -275,7 +263,7 @@ pub struct ToolCallChunk {
     pub arguments: Option<String>,
     /// MCP `_meta`.
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    pub meta: Option<MetaObject>,
+    pub meta: Option<Meta>,
     /// The tool call whose sub-agent produced this; absent on the main thread.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_tool_call_id: Option<String>,
@@ -295,7 +283,7 @@ pub struct MediaChunk {
     pub annotations: Option<Annotations>,
     /// MCP `_meta`.
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    pub meta: Option<MetaObject>,
+    pub meta: Option<Meta>,
     /// The tool call whose sub-agent produced this; absent on the main thread.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_tool_call_id: Option<String>,
@@ -321,7 +309,7 @@ pub struct ToolResponseChunk {
     pub is_error: Option<bool>,
     /// MCP `_meta`.
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    pub meta: Option<MetaObject>,
+    pub meta: Option<Meta>,
     /// The tool call whose sub-agent produced this; absent on the main thread.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_tool_call_id: Option<String>,
@@ -335,7 +323,7 @@ pub struct UserChunk {
     pub prompt: String,
     /// MCP `_meta`.
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    pub meta: Option<MetaObject>,
+    pub meta: Option<Meta>,
 }
 
 /// Token counts since the previous usage chunk; the caller sums them.
@@ -362,7 +350,7 @@ pub struct UsageChunk {
     pub total_tokens: u64,
     /// MCP `_meta`.
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    pub meta: Option<MetaObject>,
+    pub meta: Option<Meta>,
 }
 
 impl UsageChunk {
@@ -398,7 +386,7 @@ pub struct NotificationChunk {
     pub message: Value,
     /// MCP `_meta`.
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
-    pub meta: Option<MetaObject>,
+    pub meta: Option<Meta>,
 }
 
 /// Reads a [`Value`] that must be present, even as `null`.
@@ -605,6 +593,7 @@ pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::mcp::Role;
 
     fn parse(json: &str) -> Result<AgenticLoopChunk, serde_json::Error> {
         serde_json::from_str(json)
@@ -615,13 +604,14 @@ pub(crate) mod tests {
         let meta = || {
             let mut m = serde_json::Map::new();
             m.insert("trace".into(), json!("t-1"));
-            Some(MetaObject(m))
+            Some(Meta(m))
         };
         let annotations = || {
-            let mut a = Annotations::default();
-            a.priority = Some(0.5);
-            a.audience = Some(vec![rmcp::model::Role::User]);
-            Some(a)
+            Some(Annotations {
+                audience: Some(vec![Role::User]),
+                priority: Some(0.5),
+                last_modified: None,
+            })
         };
         let logprobs = Some(vec![TokenLogprob {
             token: "Hel".into(),

@@ -36,7 +36,6 @@
 //! target (every input through both), the `fast_path` properties, and the
 //! unit tests below.
 
-use rmcp::model::{ContentBlock, TextContent};
 use serde::de::{DeserializeOwned, IgnoredAny};
 
 use super::chunk::{ChunkKind, check_priorities};
@@ -44,6 +43,7 @@ use super::{
     AgenticLoopChunk, MediaChunk, NotificationChunk, TextChunk, ToolCallChunk, ToolResponseChunk,
     UsageChunk, UserChunk,
 };
+use crate::mcp::{ContentBlock, TextContent};
 
 /// The chunk in `json`, or `None` when the serde path must decide.
 pub(super) fn chunk(json: &str) -> Option<AgenticLoopChunk> {
@@ -471,10 +471,11 @@ impl<'a> Scanner<'a> {
             "_meta" => put(&mut meta, at.nested(IN_BLOCK)?),
             _ => None,
         })?;
-        let mut block = TextContent::new(text?);
-        block.annotations = annotations.flatten();
-        block.meta = meta.flatten();
-        Some(block)
+        Some(TextContent {
+            text: text?,
+            meta: meta.flatten(),
+            annotations: annotations.flatten(),
+        })
     }
 }
 

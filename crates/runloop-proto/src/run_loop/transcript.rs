@@ -203,7 +203,7 @@ mod tests {
         first.logprobs = Some(vec![logprob("a")]);
         let mut second = text("b", None);
         second.logprobs = Some(vec![logprob("b")]);
-        second.meta = Some(rmcp::model::MetaObject::default());
+        second.meta = Some(crate::mcp::Meta::new());
         let t: Transcript = [
             AgenticLoopChunk::AssistantRefusal(first),
             AgenticLoopChunk::AssistantRefusal(second),

@@ -7,10 +7,12 @@
 //! the caller's reader agrees with a reference model and never calls a loop
 //! finished that was not (`reader`), the server's relay always hands the
 //! caller a readable sequence (`relay`), the proxy never says a word inside
-//! a fragmented message and ends its path once (`path_send`), and the transcript never loses a
-//! fragment (`transcript`). The strategies all live in `strategy`.
+//! a fragmented message and ends its path once (`path_send`), the
+//! transcript never loses a fragment (`transcript`), and the MCP types
+//! chunks carry read back in the bytes they were written as (`mcp`). The strategies all live in `strategy`.
 
 mod fast_path;
+mod mcp;
 mod never_panics;
 mod path_send;
 mod reader;

@@ -7,12 +7,12 @@
 //! infinity, and the protocol's floats (logprobs, priorities) are numbers.
 
 use proptest::prelude::*;
-use rmcp::model::{
-    Annotations, AudioContent, ContentBlock, EmbeddedResource, ImageContent, MetaObject, Resource,
-    ResourceContents, Role, TextContent,
-};
 use runloop_proto::agents_run::{
     Container, FuseMount, IdentityMount, Image, ImageRef, RegistryImage, RunRequest, VolumeMount,
+};
+use runloop_proto::mcp::{
+    Annotations, AudioContent, ContentBlock, EmbeddedResource, Icon, IconTheme, ImageContent, Meta,
+    ResourceContents, ResourceLink, Role, TextContent,
 };
 use runloop_proto::run_loop::{
     AgenticLoopChunk, MediaChunk, NotificationChunk, TextChunk, TokenLogprob, ToolCallChunk,
@@ -63,10 +63,10 @@ pub fn json_value() -> impl Strategy<Value = Value> + Clone {
 }
 
 /// An MCP `_meta` object, or none.
-pub fn meta() -> impl Strategy<Value = Option<MetaObject>> + Clone {
+pub fn meta() -> impl Strategy<Value = Option<Meta>> + Clone {
     prop::option::of(
         prop::collection::vec((text(), json_value()), 0..4)
-            .prop_map(|members| MetaObject(members.into_iter().collect())),
+            .prop_map(|members| members.into_iter().collect()),
     )
 }
 
@@ -79,12 +79,10 @@ pub fn annotations() -> impl Strategy<Value = Option<Annotations>> + Clone {
             prop::option::of(finite_f32()),
             prop::option::of(text()),
         )
-            .prop_map(|(audience, priority, last_modified)| {
-                let mut annotations = Annotations::default();
-                annotations.audience = audience;
-                annotations.priority = priority;
-                annotations.last_modified = last_modified;
-                annotations
+            .prop_map(|(audience, priority, last_modified)| Annotations {
+                audience,
+                priority,
+                last_modified,
             }),
     )
 }
@@ -158,32 +156,54 @@ pub fn media_chunk() -> impl Strategy<Value = MediaChunk> + Clone {
     )
 }
 
+/// An icon of a resource link.
+pub fn icon() -> impl Strategy<Value = Icon> + Clone {
+    let theme = prop_oneof![Just(IconTheme::Light), Just(IconTheme::Dark)];
+    (
+        text(),
+        prop::option::of(text()),
+        prop::option::of(prop::collection::vec(text(), 0..3)),
+        prop::option::of(theme),
+    )
+        .prop_map(|(src, mime_type, sizes, theme)| Icon {
+            src,
+            mime_type,
+            sizes,
+            theme,
+        })
+}
+
 /// One MCP content block: text, image, audio, embedded resource (text or
 /// blob) or resource link.
 pub fn content_block() -> BoxedStrategy<ContentBlock> {
     let text_block = (text(), meta(), annotations()).prop_map(|(text, meta, annotations)| {
-        let mut content = TextContent::new(text);
-        content.meta = meta;
-        content.annotations = annotations;
-        ContentBlock::Text(content)
+        ContentBlock::Text(TextContent {
+            text,
+            meta,
+            annotations,
+        })
     });
     let image =
         (text(), text(), meta(), annotations()).prop_map(|(data, mime_type, meta, annotations)| {
-            let mut content = ImageContent::new(data, mime_type);
-            content.meta = meta;
-            content.annotations = annotations;
-            ContentBlock::Image(content)
+            ContentBlock::Image(ImageContent {
+                data,
+                mime_type,
+                meta,
+                annotations,
+            })
         });
     let audio =
         (text(), text(), meta(), annotations()).prop_map(|(data, mime_type, meta, annotations)| {
-            let mut content = AudioContent::new(data, mime_type);
-            content.meta = meta;
-            content.annotations = annotations;
-            ContentBlock::Audio(content)
+            ContentBlock::Audio(AudioContent {
+                data,
+                mime_type,
+                meta,
+                annotations,
+            })
         });
     let contents = prop_oneof![
         (text(), prop::option::of(text()), text(), meta()).prop_map(
-            |(uri, mime_type, text, meta)| ResourceContents::TextResourceContents {
+            |(uri, mime_type, text, meta)| ResourceContents::Text {
                 uri,
                 mime_type,
                 text,
@@ -191,7 +211,7 @@ pub fn content_block() -> BoxedStrategy<ContentBlock> {
             }
         ),
         (text(), prop::option::of(text()), text(), meta()).prop_map(
-            |(uri, mime_type, blob, meta)| ResourceContents::BlobResourceContents {
+            |(uri, mime_type, blob, meta)| ResourceContents::Blob {
                 uri,
                 mime_type,
                 blob,
@@ -199,27 +219,35 @@ pub fn content_block() -> BoxedStrategy<ContentBlock> {
             }
         ),
     ];
-    let resource = (contents, meta(), annotations()).prop_map(|(contents, meta, annotations)| {
-        let mut resource = EmbeddedResource::new(contents);
-        resource.meta = meta;
-        resource.annotations = annotations;
-        ContentBlock::Resource(resource)
+    let resource = (contents, meta(), annotations()).prop_map(|(resource, meta, annotations)| {
+        ContentBlock::Resource(EmbeddedResource {
+            resource,
+            meta,
+            annotations,
+        })
     });
     let link = (
         (text(), text(), prop::option::of(text())),
         (prop::option::of(text()), prop::option::of(text())),
-        (prop::option::of(any::<u64>()), meta(), annotations()),
+        (
+            prop::option::of(any::<u64>()),
+            prop::option::of(prop::collection::vec(icon(), 0..3)),
+        ),
+        (meta(), annotations()),
     )
         .prop_map(
-            |((uri, name, title), (description, mime_type), (size, meta, annotations))| {
-                let mut link = Resource::new(uri, name);
-                link.title = title;
-                link.description = description;
-                link.mime_type = mime_type;
-                link.size = size;
-                link.meta = meta;
-                link.annotations = annotations;
-                ContentBlock::ResourceLink(link)
+            |((uri, name, title), (description, mime_type), (size, icons), (meta, annotations))| {
+                ContentBlock::ResourceLink(ResourceLink {
+                    uri,
+                    name,
+                    title,
+                    description,
+                    mime_type,
+                    size,
+                    icons,
+                    meta,
+                    annotations,
+                })
             },
         );
     prop_oneof![
