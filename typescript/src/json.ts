@@ -81,3 +81,57 @@ export function quote(bytes: Uint8Array): string {
   const cut = bytes.length > kept ? "…" : "";
   return `"${shown}${cut}" (${bytes.length} ${bytes.length === 1 ? "byte" : "bytes"})`;
 }
+
+/**
+ * Whether the object `text` holds names one of `members` twice at its top
+ * level: serde refuses a struct member written twice, where `JSON.parse`
+ * keeps the last. A quoted name that occurs once in the whole text cannot
+ * be twice at the top, so only a text where one does is scanned.
+ */
+export function repeatsMember(text: string, members: readonly string[]): boolean {
+  let suspect = false;
+  for (const member of members) {
+    const quoted = `"${member}"`;
+    const first = text.indexOf(quoted);
+    if (first >= 0 && text.indexOf(quoted, first + quoted.length) >= 0) {
+      suspect = true;
+      break;
+    }
+  }
+  if (!suspect) return false;
+  const seen = new Set<string>();
+  let depth = 0;
+  let expectKey = false;
+  for (let at = 0; at < text.length; at++) {
+    const ch = text.charCodeAt(at);
+    if (ch === 0x22) {
+      // A string: find its end, stepping over escapes.
+      let end = at + 1;
+      for (;;) {
+        end = text.indexOf('"', end);
+        if (end < 0) return false;
+        let slashes = 0;
+        for (let back = end - 1; text.charCodeAt(back) === 0x5c; back--) slashes++;
+        if (slashes % 2 === 0) break;
+        end += 1;
+      }
+      if (depth === 1 && expectKey) {
+        const name = JSON.parse(text.slice(at, end + 1)) as string;
+        if (members.includes(name)) {
+          if (seen.has(name)) return true;
+          seen.add(name);
+        }
+        expectKey = false;
+      }
+      at = end;
+    } else if (ch === 0x7b || ch === 0x5b) {
+      depth++;
+      expectKey = ch === 0x7b && depth === 1;
+    } else if (ch === 0x7d || ch === 0x5d) {
+      depth--;
+    } else if (ch === 0x2c && depth === 1) {
+      expectKey = true;
+    }
+  }
+  return false;
+}

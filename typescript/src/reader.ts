@@ -25,9 +25,9 @@
  * come out as `finished`.
  */
 
-import { checkChunk, type ChunkData, type Json } from "./chunks.js";
+import { checkChunk, MEMBERS, type ChunkData, type Json } from "./chunks.js";
 import { Chunk, LoopError, Outcome } from "./events.js";
-import { parseJson, quote, utf8 } from "./json.js";
+import { parseJson, quote, repeatsMember, utf8 } from "./json.js";
 
 /** Why a channel's sequence is broken: the Rust reader's words. */
 export const BROKEN = {
@@ -57,11 +57,24 @@ export function decodeResponse(payload: Uint8Array): Chunk | LoopError | string 
     return `agentic loop ${half} did not parse: ${(error as Error).message}; the payload was ${quote(body)}`;
   }
   if (tag === ERROR) return new LoopError(text, value as Json);
-  const why = checkChunk(value);
+  const why = checkChunk(value) ?? strictness(text, value as ChunkData);
   if (why !== null) {
     return `agentic loop chunk did not parse: ${why}; the payload was ${quote(body)}`;
   }
   return new Chunk(text, value as ChunkData);
+}
+
+/** A count written as a float: serde reads `1.0` as no unsigned integer. */
+const FLOAT_COUNT = /"(?:completion|prompt|total)_tokens"\s*:\s*-?\d+(?:\.|[eE])/;
+
+/**
+ * What the schema cannot say and `JSON.parse` does not see, checked on the
+ * text: a member written twice, a token count written as a float.
+ */
+function strictness(text: string, data: ChunkData): string | null {
+  if (repeatsMember(text, MEMBERS[data.type])) return "a member is written twice";
+  if (data.type === "usage" && FLOAT_COUNT.test(text)) return "a token count is not an unsigned integer";
+  return null;
 }
 
 const OPEN = 0;

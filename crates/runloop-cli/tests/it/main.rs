@@ -11,6 +11,7 @@ mod check;
 mod cli;
 mod common;
 mod conventions;
+mod corpus;
 mod decode;
 mod descriptors;
 mod docs;
