@@ -83,6 +83,6 @@ export function serve(args: string[] = []): Promise<Child> {
 
 /** An exec agent of the tests (test/agents/agent.mjs) in `mode`, as a catalog entry. */
 export function testAgent(name: string, mode: string): string {
-  const script = join(dirname(fileURLToPath(import.meta.url)), "agents", "agent.mjs");
+  const script = join(PACKAGE, "test", "agents", "agent.mjs");
   return `${name}=exec:${process.execPath} ${script} ${mode}`;
 }
