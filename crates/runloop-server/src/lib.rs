@@ -93,6 +93,7 @@ mod config;
 mod connection;
 mod handshake_rate;
 mod identity;
+mod origin;
 mod outbox;
 mod path_frames;
 mod pings;
@@ -135,6 +136,7 @@ pub use identity::{
     ANONYMOUS, Credentials, Identity, Quota, Tenant, TenantError, Tenants, TokenHash,
     TokenHashError,
 };
+pub use origin::invalid_origin;
 pub use runloop_metrics::StatsSnapshot;
 pub use shared::Stats;
 pub use tenants::{PerIdentity, TenantChange};

@@ -22,6 +22,7 @@ mod limits;
 mod logs;
 mod memory;
 mod messages;
+mod origins;
 mod outgoing;
 mod pipes;
 mod run;
