@@ -19,7 +19,9 @@
  *
  * A loop's responses wait in its own queue and go through the `Reader` as
  * the consumer iterates. On Node, a queue that reaches `maxQueuedResponses`
- * pauses the socket until it is read below that again: a consumer that stops
+ * or `maxQueuedBytes` pauses the socket until half of each is read (one
+ * read of the socket can bring hundreds of small responses at once, so
+ * the bound is well above that, or every read would pause): a consumer that stops
  * iterating stops the reading, and with it (TCP's flow control) the
  * server's sending, as the Rust client does. The protocol has no
  * per-channel flow control, so this holds up every loop of the connection:
@@ -50,8 +52,10 @@ export interface ConnectOptions {
   token?: string;
   /** Milliseconds for TCP, TLS and the WebSocket upgrade (default 10 000; 0: no limit). */
   connectTimeoutMs?: number;
-  /** Responses a loop may hold unread before the connection stops reading (Node; default 256). */
+  /** Responses a loop may hold unread before the connection stops reading (Node; default 1024). */
   maxQueuedResponses?: number;
+  /** Bytes a loop may hold unread before the connection stops reading (Node; default 4 MiB). */
+  maxQueuedBytes?: number;
 }
 
 /** How `run.loop` asks. */
@@ -68,7 +72,7 @@ export const MAX_MESSAGE = (16 << 20) + frame.HEADER;
 const CLOSE_GRACE_MS = 2000;
 const encoder = new TextEncoder();
 
-/** What a loop's queue carries. */
+/** What a loop's queue carries: a channel response (the whole message), or an end. */
 type Input = Uint8Array | typeof FINISH | typeof RUN_ENDED | typeof CONNECTION_ENDED;
 const FINISH = 0;
 const RUN_ENDED = 1;
@@ -108,12 +112,14 @@ export class Client {
   /** Loops whose queue is full: the socket is paused while any is. */
   private readonly full = new Set<Stream>();
   /** @internal */ readonly maxQueued: number;
+  /** @internal */ readonly maxQueuedBytes: number;
 
   /** @internal */
-  constructor(transport: Transport, credential: boolean, maxQueued: number) {
+  constructor(transport: Transport, credential: boolean, maxQueued: number, maxQueuedBytes: number) {
     this.transport = transport;
     this.credential = credential;
     this.maxQueued = maxQueued;
+    this.maxQueuedBytes = maxQueuedBytes;
     this.whenClosed = new Promise((resolve) => (this.markClosed = resolve));
   }
 
@@ -219,10 +225,12 @@ export class Client {
   /** @internal One message from the server. */
   received(message: Uint8Array): void {
     if (this.over) return;
-    const decoded = frame.decodeServerFrame(message);
-    if (typeof decoded === "string") return; // malformed: disregarded (protocol §2)
+    // Malformed (short, or a type a server does not send): disregarded (protocol §2).
+    if (!frame.isServerFrame(message)) return;
     this.answered = true;
-    const { type, scope, channel, payload } = decoded;
+    const type = message[0]!;
+    const scope = frame.u32(message, 1);
+    const channel = frame.u32(message, 5);
     if (type === frame.AUTHORIZATION) {
       // The client dialled: an authorization from the server is a violation.
       this.end();
@@ -233,7 +241,7 @@ export class Client {
     if (!open) return; // a scope that is not open: disregarded
     switch (type) {
       case frame.RESPONSE:
-        this.mainResponse(scope, open, payload);
+        this.mainResponse(scope, open, message.subarray(frame.HEADER));
         return;
       case frame.RESPONSE_FINISH: {
         this.scopes.delete(scope);
@@ -248,7 +256,8 @@ export class Client {
         this.send(frame.encode(frame.CHANNEL_RESPONSE_FINISH, scope, channel));
         return;
       case frame.CHANNEL_RESPONSE:
-        open.loops.get(channel)?.push(payload);
+        // The whole message is queued; the reader reads its payload in place.
+        open.loops.get(channel)?.push(message);
         return;
       case frame.CHANNEL_RESPONSE_FINISH: {
         const stream = open.loops.get(channel);
@@ -418,9 +427,16 @@ export class Stream implements AsyncIterable<Event> {
   private readonly kept: Transcript | null;
   private queue: Input[] = [];
   private head = 0;
+  /** Bytes of the responses in the queue. */
+  private queuedBytes = 0;
   private isFull = false;
   /** The iteration's consumer, waiting for the next input. */
   private waiting: { resolve(result: IteratorResult<Event>): void; reject(error: unknown): void } | null = null;
+  /** A consumer of batches, waiting for the next. */
+  private waitingBatch: { resolve(result: IteratorResult<Event[]>): void; reject(error: unknown): void } | null =
+    null;
+  /** Whether a batch is to be handed out once the current socket read is through. */
+  private batchDue = false;
   /** What the next `next()` rejects with, once. */
   private failure: unknown = null;
   private readonly signal: AbortSignal | undefined;
@@ -455,6 +471,25 @@ export class Stream implements AsyncIterable<Event> {
     };
   }
 
+  /**
+   * The same loop in batches: each step hands out every event that has come
+   * and not been read, with one `await` for all of them. The events, the
+   * outcome and the cancellation are the iteration's; what it saves is an
+   * `await` per event (about 150 ns, as much as reading a small chunk
+   * costs), for a consumer that must keep up with a fast loop.
+   */
+  batches(): AsyncIterable<Event[]> {
+    return {
+      [Symbol.asyncIterator]: () => ({
+        next: () => this.nextBatch(),
+        return: async () => {
+          await this.leave();
+          return { value: undefined, done: true };
+        },
+      }),
+    };
+  }
+
   /** @internal The loop cannot start: its run has ended. */
   failBefore(error: RunEnded): void {
     this.failure = error;
@@ -465,13 +500,29 @@ export class Stream implements AsyncIterable<Event> {
   push(input: Input): void {
     if (this.settled) return;
     this.queue.push(input);
-    const waiting = this.waiting;
-    if (waiting) {
-      this.waiting = null;
-      this.step().then(waiting.resolve, waiting.reject);
+    if (this.waitingBatch) {
+      // Handed out once this read of the socket is through, all of it at once.
+      if (!this.batchDue) {
+        this.batchDue = true;
+        queueMicrotask(() => this.handBatch());
+      }
       return;
     }
-    if (!this.isFull && this.queue.length - this.head >= this.client.maxQueued) {
+    const waiting = this.waiting;
+    if (waiting) {
+      // The consumer waits: hand it the next event at once.
+      const next = this.step();
+      if (next !== null) {
+        this.waiting = null;
+        waiting.resolve(next);
+      }
+      return;
+    }
+    if (input instanceof Uint8Array) this.queuedBytes += input.length;
+    if (
+      !this.isFull &&
+      (this.queue.length - this.head >= this.client.maxQueued || this.queuedBytes >= this.client.maxQueuedBytes)
+    ) {
       this.isFull = true;
       this.client.queueFull(this, true);
     }
@@ -484,11 +535,51 @@ export class Stream implements AsyncIterable<Event> {
       return Promise.reject(failure);
     }
     if (this.waiting) return Promise.reject(new RunloopError("a loop is read by one consumer at a time"));
-    return this.step();
+    const next = this.step();
+    if (next !== null) return Promise.resolve(next);
+    return new Promise((resolve, reject) => (this.waiting = { resolve, reject }));
   }
 
-  /** The next event from the queue, or a wait for one. */
-  private step(): Promise<IteratorResult<Event>> {
+  private nextBatch(): Promise<IteratorResult<Event[]>> {
+    if (this.failure !== null) {
+      const failure = this.failure;
+      this.failure = null;
+      return Promise.reject(failure);
+    }
+    if (this.waiting || this.waitingBatch) {
+      return Promise.reject(new RunloopError("a loop is read by one consumer at a time"));
+    }
+    const batch = this.drain();
+    if (batch !== null) return Promise.resolve(batch);
+    return new Promise((resolve, reject) => (this.waitingBatch = { resolve, reject }));
+  }
+
+  /** Every event the queue holds, the end, or null when it holds none. */
+  private drain(): IteratorResult<Event[]> | null {
+    const events: Event[] = [];
+    for (;;) {
+      const next = this.step();
+      if (next === null || next.done) break;
+      events.push(next.value);
+    }
+    if (events.length > 0) return { value: events, done: false };
+    return this.settled ? { value: undefined, done: true } : null;
+  }
+
+  /** Hands the waiting batch consumer what has come. */
+  private handBatch(): void {
+    this.batchDue = false;
+    const waiting = this.waitingBatch;
+    if (!waiting) return;
+    const batch = this.drain();
+    if (batch !== null) {
+      this.waitingBatch = null;
+      waiting.resolve(batch);
+    }
+  }
+
+  /** The next event from the queue, the end, or null when the queue is empty. */
+  private step(): IteratorResult<Event> | null {
     while (this.head < this.queue.length) {
       if (this.settled) break;
       const input = this.queue[this.head]!;
@@ -497,17 +588,24 @@ export class Stream implements AsyncIterable<Event> {
         this.queue = [];
         this.head = 0;
       }
-      if (this.isFull && this.queue.length - this.head < this.client.maxQueued) {
+      if (input instanceof Uint8Array) this.queuedBytes -= input.length;
+      // Read again once half the bounds are read: not at every response,
+      // which would pause and resume the socket for each.
+      if (
+        this.isFull &&
+        this.queue.length - this.head <= this.client.maxQueued >> 1 &&
+        this.queuedBytes <= this.client.maxQueuedBytes / 2
+      ) {
         this.isFull = false;
         this.client.queueFull(this, false);
       }
       if (input instanceof Uint8Array) {
-        const step = this.reader.response(input);
+        const step = this.reader.response(input, frame.HEADER);
         if (step instanceof Chunk) {
           this.kept?.push(step);
-          return Promise.resolve({ value: step, done: false });
+          return { value: step, done: false };
         }
-        if (step instanceof LoopError) return Promise.resolve({ value: step, done: false });
+        if (step instanceof LoopError) return { value: step, done: false };
         this.finish(step);
       } else if (input === FINISH) {
         this.finish(this.reader.finish());
@@ -515,8 +613,7 @@ export class Stream implements AsyncIterable<Event> {
         this.finish(this.reader.cut(input === RUN_ENDED ? BROKEN.runEnded : BROKEN.connectionEnded));
       }
     }
-    if (this.settled) return Promise.resolve({ value: undefined, done: true });
-    return new Promise((resolve, reject) => (this.waiting = { resolve, reject }));
+    return this.settled ? { value: undefined, done: true } : null;
   }
 
   /** The loop's outcome is known: nothing more is read. */
@@ -525,6 +622,7 @@ export class Stream implements AsyncIterable<Event> {
     this.settled = outcome ?? new Outcome("broken", null, false, BROKEN.connectionEnded);
     this.queue = [];
     this.head = 0;
+    this.queuedBytes = 0;
     if (this.isFull) {
       this.isFull = false;
       this.client.queueFull(this, false);
@@ -539,13 +637,11 @@ export class Stream implements AsyncIterable<Event> {
     this.run.abandon();
     this.finish(this.reader.cut(BROKEN.runEnded));
     const reason: unknown = this.signal?.reason ?? new RunloopError("aborted");
-    const waiting = this.waiting;
-    if (waiting) {
-      this.waiting = null;
-      waiting.reject(reason);
-    } else {
-      this.failure = reason;
-    }
+    const waiting = this.waiting ?? this.waitingBatch;
+    this.waiting = null;
+    this.waitingBatch = null;
+    if (waiting) waiting.reject(reason);
+    else this.failure = reason;
   }
 
   /** `for await` left early: the loop can only end with its run, so the run is stopped. */
@@ -563,9 +659,13 @@ export class Stream implements AsyncIterable<Event> {
 export async function connectWith(dial: Dial, url: string, options: ConnectOptions = {}): Promise<Client> {
   const token = options.token ?? "";
   const timeout = options.connectTimeoutMs ?? 10_000;
-  const maxQueued = options.maxQueuedResponses ?? 256;
+  const maxQueued = options.maxQueuedResponses ?? 1024;
+  const maxQueuedBytes = options.maxQueuedBytes ?? 4 << 20;
   if (!Number.isInteger(maxQueued) || maxQueued < 1) {
     throw new RangeError("maxQueuedResponses must be a whole number of at least 1");
+  }
+  if (!Number.isInteger(maxQueuedBytes) || maxQueuedBytes < 1) {
+    throw new RangeError("maxQueuedBytes must be a whole number of at least 1");
   }
   let client: Client | null = null;
   const early: Uint8Array[] = [];
@@ -580,7 +680,7 @@ export async function connectWith(dial: Dial, url: string, options: ConnectOptio
       else closedEarly = [code, reason];
     },
   });
-  client = new Client(transport, token !== "", maxQueued);
+  client = new Client(transport, token !== "", maxQueued, maxQueuedBytes);
   // Authorization first: nothing precedes it.
   client.send(frame.encode(frame.AUTHORIZATION, 0, 0, encoder.encode("\x00" + token)));
   for (const bytes of early) client.received(bytes);

@@ -23,14 +23,6 @@ export const CHANNEL_REQUEST = 4;
 export const CHANNEL_RESPONSE = 5;
 export const CHANNEL_RESPONSE_FINISH = 6;
 
-/** A frame from the server, its payload a view of the message (no copy). */
-export interface ServerFrame {
-  type: number;
-  scope: number;
-  channel: number;
-  payload: Uint8Array;
-}
-
 /** A frame the client sends: the header, then `payload`. */
 export function encode(type: number, scope: number, channel: number, payload?: Uint8Array): Uint8Array {
   const out = new Uint8Array(HEADER + (payload?.length ?? 0));
@@ -42,20 +34,14 @@ export function encode(type: number, scope: number, channel: number, payload?: U
   return out;
 }
 
-/** A frame the server sent, or why it is malformed. */
-export function decodeServerFrame(message: Uint8Array): ServerFrame | string {
-  if (message.length < HEADER) {
-    return `frame is truncated: ${message.length} bytes, the header alone is 9`;
-  }
+/** The big-endian u32 at `at` of `bytes`. */
+export function u32(bytes: Uint8Array, at: number): number {
+  return ((bytes[at]! << 24) | (bytes[at + 1]! << 16) | (bytes[at + 2]! << 8) | bytes[at + 3]!) >>> 0;
+}
+
+/** Whether a message from the server is a frame of a type a server sends (protocol §2). */
+export function isServerFrame(message: Uint8Array): boolean {
+  if (message.length < HEADER) return false;
   const type = message[0]!;
-  if (type === REQUEST || type > CHANNEL_RESPONSE_FINISH) {
-    return `frame type ${type} is not defined for frames sent by a server`;
-  }
-  const view = new DataView(message.buffer, message.byteOffset, HEADER);
-  return {
-    type,
-    scope: view.getUint32(1),
-    channel: view.getUint32(5),
-    payload: message.subarray(HEADER),
-  };
+  return type !== REQUEST && type <= CHANNEL_RESPONSE_FINISH;
 }

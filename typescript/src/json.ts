@@ -5,57 +5,97 @@
  * read as `Infinity`, and a string holding half of a surrogate pair is
  * refused rather than kept.
  *
- * `JSON.parse` does the reading; the extra rules are checked after it, and
- * only when the text could break one of them (a long text, an exponent of
- * three digits, a `\u` escape of a surrogate), so a chunk of ordinary JSON
- * pays for one parse and three short scans.
+ * `JSON.parse` does the reading; the extra rules are checked after it, on
+ * the parsed value, whose walk costs its members, not its bytes.
  */
 
 const decoder = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
-/** Nesting serde_json reads; one more level is refused. */
-const MAX_DEPTH = 127;
+/** The text of `bytes` from `start`. */
+export type Utf8 = (bytes: Uint8Array, start: number) => string;
 
-/** The text of UTF-8 bytes; throws on bytes that are not UTF-8. */
-export function utf8(bytes: Uint8Array): string {
+/** The platform's `TextDecoder`, refusing what is not UTF-8 and keeping a byte-order mark. */
+const standard: Utf8 = (bytes, start) => decoder.decode(start === 0 ? bytes : bytes.subarray(start));
+
+let decode: Utf8 = standard;
+/** Whether `decode` refuses bytes that are not UTF-8 (else it writes U+FFFD for them). */
+let strict = true;
+
+/**
+ * Puts a faster decoder in place of `TextDecoder`: one that writes U+FFFD
+ * for bytes that are not UTF-8 (the Node entry's, over `Buffer`). A text
+ * with a U+FFFD in it is then checked again, strictly.
+ */
+export function useUtf8(faster: Utf8): void {
+  decode = faster;
+  strict = false;
+}
+
+/**
+ * The text of UTF-8 bytes from `start`, as fast as the platform decodes:
+ * bytes that are not UTF-8 may come out as U+FFFD, which `checkUtf8` then
+ * tells from a U+FFFD the bytes hold.
+ */
+export function looseUtf8(bytes: Uint8Array, start = 0): string {
   try {
-    return decoder.decode(bytes);
+    return decode(bytes, start);
   } catch {
     throw new Error("invalid UTF-8");
   }
 }
 
-const RISKY = /\\u[dD][89a-fA-F]|[eE][+-]?\d{3}|\d{300}/;
+/** Throws unless `text`, read by `looseUtf8` from `bytes` at `start`, was UTF-8. */
+export function checkUtf8(text: string, bytes: Uint8Array, start = 0): void {
+  if (strict || !text.includes("\uFFFD")) return;
+  standard(bytes, start);
+}
+
+/** The text of UTF-8 bytes from `start`; throws on bytes that are not UTF-8. */
+export function utf8(bytes: Uint8Array, start = 0): string {
+  const text = looseUtf8(bytes, start);
+  try {
+    checkUtf8(text, bytes, start);
+  } catch {
+    throw new Error("invalid UTF-8");
+  }
+  return text;
+}
+
+/** Nesting serde_json reads; one more level is refused. */
+const MAX_DEPTH = 127;
+
 
 /** Exactly one JSON value; throws an `Error` that says why not. */
 export function parseJson(text: string): unknown {
   const value: unknown = JSON.parse(text);
-  if (text.length >= 2 * MAX_DEPTH || RISKY.test(text)) {
-    const why = check(value, 0);
-    if (why !== null) throw new Error(why);
-  }
+  // The parsed value is walked (its containers and numbers, not its
+  // bytes); its strings are looked at only when the text has a \u escape,
+  // the one way JSON can write half a surrogate pair.
+  const why = check(value, 0, text.includes("\\u"));
+  if (why !== null) throw new Error(why);
   return value;
 }
 
-function check(value: unknown, depth: number): string | null {
+function check(value: unknown, depth: number, escapes: boolean): string | null {
   switch (typeof value) {
     case "number":
       return Number.isFinite(value) ? null : "number out of range";
     case "string":
-      return value.isWellFormed() ? null : "lone surrogate in a string";
+      return !escapes || value.isWellFormed() ? null : "lone surrogate in a string";
     case "object": {
       if (value === null) return null;
       if (depth >= MAX_DEPTH) return "recursion limit exceeded";
       if (Array.isArray(value)) {
         for (const item of value) {
-          const why = check(item, depth + 1);
+          const why = check(item, depth + 1, escapes);
           if (why !== null) return why;
         }
         return null;
       }
-      for (const [key, item] of Object.entries(value)) {
-        if (!key.isWellFormed()) return "lone surrogate in a member name";
-        const why = check(item, depth + 1);
+      const object = value as { [key: string]: unknown };
+      for (const key in object) {
+        if (escapes && !key.isWellFormed()) return "lone surrogate in a member name";
+        const why = check(object[key], depth + 1, escapes);
         if (why !== null) return why;
       }
       return null;
@@ -82,18 +122,33 @@ export function quote(bytes: Uint8Array): string {
   return `"${shown}${cut}" (${bytes.length} ${bytes.length === 1 ? "byte" : "bytes"})`;
 }
 
+const quoted = new WeakMap<readonly string[], readonly string[]>();
+
+/** `members`, each in quotes, made once per list. */
+function quotedNames(members: readonly string[]): readonly string[] {
+  let names = quoted.get(members);
+  if (names === undefined) {
+    names = members.map((member) => `"${member}"`);
+    quoted.set(members, names);
+  }
+  return names;
+}
+
 /**
  * Whether the object `text` holds names one of `members` twice at its top
  * level: serde refuses a struct member written twice, where `JSON.parse`
  * keeps the last. A quoted name that occurs once in the whole text cannot
  * be twice at the top, so only a text where one does is scanned.
  */
-export function repeatsMember(text: string, members: readonly string[]): boolean {
+export function repeatsMember(text: string, value: { [key: string]: unknown }, members: readonly string[]): boolean {
+  // A member written twice is in the parse (the last one wins), so only
+  // the known members the parse has are looked for.
   let suspect = false;
-  for (const member of members) {
-    const quoted = `"${member}"`;
-    const first = text.indexOf(quoted);
-    if (first >= 0 && text.indexOf(quoted, first + quoted.length) >= 0) {
+  const names = quotedNames(members);
+  for (let at = 0; at < members.length; at++) {
+    if (!Object.hasOwn(value, members[at]!)) continue;
+    const quoted = names[at]!;
+    if (text.indexOf(quoted) !== text.lastIndexOf(quoted)) {
       suspect = true;
       break;
     }

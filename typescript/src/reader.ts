@@ -27,7 +27,8 @@
 
 import { checkChunk, MEMBERS, type ChunkData, type Json } from "./chunks.js";
 import { Chunk, LoopError, Outcome } from "./events.js";
-import { parseJson, quote, repeatsMember, utf8 } from "./json.js";
+import { checkUtf8, looseUtf8, parseJson, quote, repeatsMember } from "./json.js";
+import { scanText } from "./scan.js";
 
 /** Why a channel's sequence is broken: the Rust reader's words. */
 export const BROKEN = {
@@ -39,27 +40,33 @@ export const BROKEN = {
 const CHUNK = 0;
 const ERROR = 1;
 
-/** One response payload, decoded: a chunk, an error, or why it does not decode. */
-export function decodeResponse(payload: Uint8Array): Chunk | LoopError | string {
-  if (payload.length === 0) return "agentic loop frame is empty";
-  const tag = payload[0]!;
+/** The response payload from `start` of `message`, decoded: a chunk, an error, or why it does not decode. */
+export function decodeResponse(message: Uint8Array, start = 0): Chunk | LoopError | string {
+  if (message.length <= start) return "agentic loop frame is empty";
+  const tag = message[start]!;
   if (tag !== CHUNK && tag !== ERROR) {
-    return `unknown agentic loop frame tag ${tag}; the payload was ${quote(payload)}`;
+    return `unknown agentic loop frame tag ${tag}; the payload was ${quote(message.subarray(start))}`;
   }
-  const body = payload.subarray(1);
   const half = tag === CHUNK ? "chunk" : "error";
   let text: string;
   let value: unknown;
   try {
-    text = utf8(body);
+    text = looseUtf8(message, start + 1);
+    if (tag === CHUNK) {
+      // The fast path refuses a U+FFFD, so what it reads was UTF-8.
+      const plain = scanText(text);
+      if (plain !== undefined) return new Chunk(text, plain);
+    }
+    checkUtf8(text, message, start + 1);
     value = parseJson(text);
   } catch (error) {
+    const body = message.subarray(start + 1);
     return `agentic loop ${half} did not parse: ${(error as Error).message}; the payload was ${quote(body)}`;
   }
   if (tag === ERROR) return new LoopError(text, value as Json);
   const why = checkChunk(value) ?? strictness(text, value as ChunkData);
   if (why !== null) {
-    return `agentic loop chunk did not parse: ${why}; the payload was ${quote(body)}`;
+    return `agentic loop chunk did not parse: ${why}; the payload was ${quote(message.subarray(start + 1))}`;
   }
   return new Chunk(text, value as ChunkData);
 }
@@ -72,7 +79,9 @@ const FLOAT_COUNT = /"(?:completion|prompt|total)_tokens"\s*:\s*-?\d+(?:\.|[eE])
  * text: a member written twice, a token count written as a float.
  */
 function strictness(text: string, data: ChunkData): string | null {
-  if (repeatsMember(text, MEMBERS[data.type])) return "a member is written twice";
+  if (repeatsMember(text, data as unknown as { [key: string]: unknown }, MEMBERS[data.type])) {
+    return "a member is written twice";
+  }
   if (data.type === "usage" && FLOAT_COUNT.test(text)) return "a token count is not an unsigned integer";
   return null;
 }
@@ -94,17 +103,18 @@ export class Reader {
   }
 
   /**
-   * One channel response payload: a chunk or the error to hand out, or the
-   * outcome when the sequence broke; undefined once the reader has ended.
+   * One channel response payload (from `start` of `message`): a chunk or
+   * the error to hand out, or the outcome when the sequence broke;
+   * undefined once the reader has ended.
    */
-  response(payload: Uint8Array): Chunk | LoopError | Outcome | undefined {
+  response(message: Uint8Array, start = 0): Chunk | LoopError | Outcome | undefined {
     switch (this.state) {
       case ENDED:
         return undefined;
       case ERRED:
         return this.end(new Outcome("broken", null, false, BROKEN.responseAfterError));
       default: {
-        const decoded = decodeResponse(payload);
+        const decoded = decodeResponse(message, start);
         if (decoded instanceof Chunk) {
           this.chunks += 1;
           this.lastFatal = decoded.isFatal;
