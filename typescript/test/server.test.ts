@@ -270,3 +270,29 @@ test("a consumer that stops iterating stops the reading (Node)", async () => {
     await client.close();
   }
 });
+
+test("batches() hands out the same loop as the per-event iteration", async () => {
+  const client = await connect(server.url, { token: TOKEN });
+  try {
+    const reads: string[][] = [];
+    for (const batched of [false, true]) {
+      const run = await client.start("demo", { memory: "64M" });
+      const stream = run.loop(PROMPT);
+      const events: Event[] = [];
+      if (batched) {
+        for await (const batch of stream.batches()) {
+          assert.ok(batch.length > 0);
+          events.push(...batch);
+        }
+      } else {
+        events.push(...(await read(stream)));
+      }
+      assert.equal((await stream.outcome).kind, "finished");
+      reads.push(events.map((event) => event.json));
+      await run.stop();
+    }
+    assert.deepEqual(reads[1], reads[0]);
+  } finally {
+    await client.close();
+  }
+});
