@@ -21,22 +21,24 @@ function show(v: unknown): string {
 /** An error value: one JSON value, `null` by default. */
 export type ErrorValue = Json;
 
-/** Optional annotations for the client. The client can use annotations to inform how objects are
- * used or displayed. */
+/** MCP annotations. */
 export interface Annotations {
+  /** Who the content is meant for; both roles when it serves both. */
   audience?: Role[] | null;
+  /** How important the content is, from 0 (not at all) to 1 (required).
+   * 
+   * Kept as a 32-bit float, as runloop always has, so a priority is
+   * written back with the digits it was read as a 32-bit float. */
   priority?: number | null;
+  /** When the content last changed, as ISO 8601 text (not checked). */
   lastModified?: string | null;
 }
 
-/** Represents the role of a participant in a conversation or message exchange.
- * 
- * Used in sampling and chat contexts to distinguish between different
- * types of message senders in the conversation flow. */
+/** Who a message or piece of content is for. */
 export type Role = "user" | "assistant";
 
-/** See [MCP general fields](https://modelcontextprotocol.io/specification/2026-07-28/basic#general-fields) for notes on _meta usage. */
-export type MetaObject = { [key: string]: Json };
+/** MCP `_meta`: any JSON object, carried as it came. */
+export type Meta = { [key: string]: Json };
 
 /** The log probability of one token. */
 export interface TokenLogprob {
@@ -67,7 +69,7 @@ export interface TextFields {
   /** MCP text-content annotations. */
   annotations?: Annotations | null;
   /** MCP `_meta`. */
-  _meta?: MetaObject | null;
+  _meta?: Meta | null;
   /** The tool call whose sub-agent produced this; absent on the main thread. */
   parent_tool_call_id?: string | null;
   /** Log probabilities of this fragment's tokens. */
@@ -83,7 +85,7 @@ export interface ToolCallFields {
   /** A fragment of the arguments' JSON text (not JSON by itself). */
   arguments?: string | null;
   /** MCP `_meta`. */
-  _meta?: MetaObject | null;
+  _meta?: Meta | null;
   /** The tool call whose sub-agent produced this; absent on the main thread. */
   parent_tool_call_id?: string | null;
 }
@@ -97,14 +99,12 @@ export interface MediaFields {
   /** MCP annotations. */
   annotations?: Annotations | null;
   /** MCP `_meta`. */
-  _meta?: MetaObject | null;
+  _meta?: Meta | null;
   /** The tool call whose sub-agent produced this; absent on the main thread. */
   parent_tool_call_id?: string | null;
 }
 
-/** Unified content block union (spec `ContentBlock`).
- * 
- * `text | image | audio | resource_link | resource` */
+/** One MCP content block. */
 export type ContentBlock = {
   type: "text";
 } | {
@@ -117,108 +117,109 @@ export type ContentBlock = {
   type: "resource_link";
 };
 
-/** Text content block (spec `TextContent`). */
+/** A `text` block. */
 export interface TextContent {
-  /** The text content of the message. */
+  /** The text. */
   text: string;
-  /** Optional protocol-level metadata for this content block. */
-  _meta?: MetaObject | null;
-  /** Optional annotations describing how the client should use this content. */
+  /** MCP `_meta`. */
+  _meta?: Meta | null;
+  /** MCP annotations. */
   annotations?: Annotations | null;
 }
 
-/** Image content with base64-encoded data (spec `ImageContent`). */
+/** An `image` block. */
 export interface ImageContent {
-  /** The base64-encoded image data. */
+  /** The image, base64. */
   data: string;
-  /** The MIME type of the image (e.g. `image/png`). */
+  /** Its MIME type, such as `image/png`. */
   mimeType: string;
-  /** Optional protocol-level metadata for this content block. */
-  _meta?: MetaObject | null;
-  /** Optional annotations describing how the client should use this content. */
+  /** MCP `_meta`. */
+  _meta?: Meta | null;
+  /** MCP annotations. */
   annotations?: Annotations | null;
 }
 
-/** Audio content with base64-encoded data (spec `AudioContent`). */
+/** An `audio` block. */
 export interface AudioContent {
-  /** The base64-encoded audio data. */
+  /** The audio, base64. */
   data: string;
-  /** The MIME type of the audio (e.g. `audio/wav`). */
+  /** Its MIME type, such as `audio/wav`. */
   mimeType: string;
-  /** Optional protocol-level metadata for this content block. */
-  _meta?: MetaObject | null;
-  /** Optional annotations describing how the client should use this content. */
+  /** MCP `_meta`. */
+  _meta?: Meta | null;
+  /** MCP annotations. */
   annotations?: Annotations | null;
 }
 
-/** The contents of a specific resource or sub-resource. */
+/** What an embedded resource holds: text, or a base64 blob.
+ * 
+ * MCP's `TextResourceContents` and `BlobResourceContents`. Read untagged:
+ * contents with a `text` member are text (a `blob` beside it is ignored),
+ * else contents with a `blob` are binary, else they do not decode. */
 export type ResourceContents = {
+  /** The resource's URI. */
   uri: string;
+  /** Its MIME type, when known. */
   mimeType?: string | null;
+  /** The text. */
   text: string;
-  _meta?: MetaObject | null;
+  /** MCP `_meta`. */
+  _meta?: Meta | null;
 } | {
+  /** The resource's URI. */
   uri: string;
+  /** Its MIME type, when known. */
   mimeType?: string | null;
+  /** The data, base64. */
   blob: string;
-  _meta?: MetaObject | null;
+  /** MCP `_meta`. */
+  _meta?: Meta | null;
 };
 
-/** Embedded resource content (spec `EmbeddedResource`). */
+/** A `resource` block: a resource's contents, embedded. */
 export interface EmbeddedResource {
-  /** The embedded resource contents (text or blob). */
+  /** The contents, as text or as a base64 blob. */
   resource: ResourceContents;
-  /** Optional protocol-level metadata for this content block. */
-  _meta?: MetaObject | null;
-  /** Optional annotations describing how the client should use this content. */
+  /** MCP `_meta`. */
+  _meta?: Meta | null;
+  /** MCP annotations. */
   annotations?: Annotations | null;
 }
 
-/** A URL pointing to an icon resource or a base64-encoded data URI.
- * 
- * Clients that support rendering icons MUST support at least the following MIME types:
- * - image/png - PNG images (safe, universal compatibility)
- * - image/jpeg (and image/jpg) - JPEG images (safe, universal compatibility)
- * 
- * Clients that support rendering icons SHOULD also support:
- * - image/svg+xml - SVG images (scalable but requires security precautions)
- * - image/webp - WebP images (modern, efficient format) */
+/** An icon: an image a user interface may show. */
 export interface Icon {
-  /** A standard URI pointing to an icon resource */
+  /** Where the image is: a URL, or a `data:` URI. */
   src: string;
-  /** Optional override if the server's MIME type is missing or generic */
+  /** Its MIME type, when the source's own is missing or too vague. */
   mimeType?: string | null;
-  /** Size specification, each string should be in WxH format (e.g., `\"48x48\"`, `\"96x96\"`) or `\"any\"` for scalable formats like SVG */
+  /** The sizes it suits, each `WxH` (such as `48x48`) or `any`. */
   sizes?: string[] | null;
-  /** Optional specifier for the theme this icon is designed for
-   * If not provided, the client should assume the icon can be used with any theme. */
+  /** The background it is drawn for; any, when absent. */
   theme?: IconTheme | null;
 }
 
-/** Icon themes supported by the MCP specification */
+/** The background an icon is drawn for. */
 export type IconTheme = "light" | "dark";
 
-/** A known resource that the server is capable of reading (spec `Resource`).
- * 
- * Also used as the inner type of `ContentBlock::ResourceLink` (spec `ResourceLink extends Resource`). */
-export interface Resource {
-  /** The URI of this resource (e.g. `file:///path/to/file`). */
+/** A `resource_link` block: a resource named by its URI. */
+export interface ResourceLink {
+  /** The resource's URI. */
   uri: string;
-  /** The programmatic name of the resource. */
+  /** Its name, for programs (and for people when there is no title). */
   name: string;
-  /** Optional human-readable display title. */
+  /** Its name for people. */
   title?: string | null;
-  /** Optional description of what this resource represents. */
+  /** What it is, for a model or a person. */
   description?: string | null;
-  /** The MIME type of this resource, if known. */
+  /** Its MIME type, when known. */
   mimeType?: string | null;
-  /** The size of the raw resource content in bytes (before base64/tokenization), if known. */
+  /** Its size in bytes before any encoding, when known. */
   size?: number | null;
-  /** Optional set of icons the client may display for this resource. */
+  /** Icons a user interface may show for it. */
   icons?: Icon[] | null;
-  /** Optional protocol-level metadata for this resource. */
-  _meta?: MetaObject | null;
-  /** Optional annotations describing how the client should use this resource. */
+  /** MCP `_meta`. */
+  _meta?: Meta | null;
+  /** MCP annotations. */
   annotations?: Annotations | null;
 }
 
@@ -233,7 +234,7 @@ export interface ToolResponseFields {
   /** Whether the tool failed. */
   isError?: boolean | null;
   /** MCP `_meta`. */
-  _meta?: MetaObject | null;
+  _meta?: Meta | null;
   /** The tool call whose sub-agent produced this; absent on the main thread. */
   parent_tool_call_id?: string | null;
 }
@@ -243,7 +244,7 @@ export interface UserFields {
   /** The message. */
   prompt: string;
   /** MCP `_meta`. */
-  _meta?: MetaObject | null;
+  _meta?: Meta | null;
 }
 
 /** A usage delta. */
@@ -255,7 +256,7 @@ export interface UsageFields {
   /** Both. */
   total_tokens: number;
   /** MCP `_meta`. */
-  _meta?: MetaObject | null;
+  _meta?: Meta | null;
 }
 
 /** News from the loop. */
@@ -265,7 +266,7 @@ export interface NotificationFields {
   /** Any JSON; the key is required, the value may be `null`. */
   message: Json;
   /** MCP `_meta`. */
-  _meta?: MetaObject | null;
+  _meta?: Meta | null;
 }
 
 /** `assistant_reasoning`: a fragment of the model's reasoning. */
@@ -380,9 +381,9 @@ function checkRole(v: unknown): string | null {
   return null;
 }
 
-/** Why `v` is not a MetaObject, or null when it is. */
-function checkMetaObject(v: unknown): string | null {
-  if (!(isObject(v))) return `invalid type: ${show(v)}, expected object for MetaObject`;
+/** Why `v` is not a Meta, or null when it is. */
+function checkMeta(v: unknown): string | null {
+  if (!(isObject(v))) return `invalid type: ${show(v)}, expected object for Meta`;
   return null;
 }
 
@@ -474,7 +475,7 @@ function checkTextFields(v: unknown): string | null {
     const p38 = o34["_meta"];
     if (p38 !== undefined) {
       if (p38 !== null) {
-        const e39 = checkMetaObject(p38);
+        const e39 = checkMeta(p38);
         if (e39 !== null) return e39;
       }
     }
@@ -518,7 +519,7 @@ function checkToolCallFields(v: unknown): string | null {
     const p48 = o44["_meta"];
     if (p48 !== undefined) {
       if (p48 !== null) {
-        const e49 = checkMetaObject(p48);
+        const e49 = checkMeta(p48);
         if (e49 !== null) return e49;
       }
     }
@@ -555,7 +556,7 @@ function checkMediaFields(v: unknown): string | null {
     const p56 = o51["_meta"];
     if (p56 !== undefined) {
       if (p56 !== null) {
-        const e57 = checkMetaObject(p56);
+        const e57 = checkMeta(p56);
         if (e57 !== null) return e57;
       }
     }
@@ -598,7 +599,7 @@ function checkContentBlock(v: unknown): string | null {
       break;
     }
     case "resource_link": {
-      const e64 = checkResource(v);
+      const e64 = checkResourceLink(v);
       if (e64 !== null) return e64;
       if (!(isObject(v))) return `invalid type: ${show(v)}, expected object for ContentBlock`;
       break;
@@ -622,7 +623,7 @@ function checkTextContent(v: unknown): string | null {
     const p67 = o65["_meta"];
     if (p67 !== undefined) {
       if (p67 !== null) {
-        const e68 = checkMetaObject(p67);
+        const e68 = checkMeta(p67);
         if (e68 !== null) return e68;
       }
     }
@@ -655,7 +656,7 @@ function checkImageContent(v: unknown): string | null {
     const p74 = o71["_meta"];
     if (p74 !== undefined) {
       if (p74 !== null) {
-        const e75 = checkMetaObject(p74);
+        const e75 = checkMeta(p74);
         if (e75 !== null) return e75;
       }
     }
@@ -688,7 +689,7 @@ function checkAudioContent(v: unknown): string | null {
     const p81 = o78["_meta"];
     if (p81 !== undefined) {
       if (p81 !== null) {
-        const e82 = checkMetaObject(p81);
+        const e82 = checkMeta(p81);
         if (e82 !== null) return e82;
       }
     }
@@ -724,7 +725,7 @@ function checkEmbeddedResource(v: unknown): string | null {
     const p103 = o100["_meta"];
     if (p103 !== undefined) {
       if (p103 !== null) {
-        const e104 = checkMetaObject(p103);
+        const e104 = checkMeta(p103);
         if (e104 !== null) return e104;
       }
     }
@@ -780,9 +781,9 @@ function checkIconTheme(v: unknown): string | null {
   return null;
 }
 
-/** Why `v` is not a Resource, or null when it is. */
-function checkResource(v: unknown): string | null {
-  if (!(isObject(v))) return `invalid type: ${show(v)}, expected object for Resource`;
+/** Why `v` is not a ResourceLink, or null when it is. */
+function checkResourceLink(v: unknown): string | null {
+  if (!(isObject(v))) return `invalid type: ${show(v)}, expected object for ResourceLink`;
   if (isObject(v)) {
     const o117 = v as { [key: string]: unknown };
     if (!Object.hasOwn(o117, "uri")) return "missing field `uri`";
@@ -825,7 +826,7 @@ function checkResource(v: unknown): string | null {
     const p127 = o117["_meta"];
     if (p127 !== undefined) {
       if (p127 !== null) {
-        const e128 = checkMetaObject(p127);
+        const e128 = checkMeta(p127);
         if (e128 !== null) return e128;
       }
     }
@@ -868,7 +869,7 @@ function checkToolResponseFields(v: unknown): string | null {
     const p138 = o131["_meta"];
     if (p138 !== undefined) {
       if (p138 !== null) {
-        const e139 = checkMetaObject(p138);
+        const e139 = checkMeta(p138);
         if (e139 !== null) return e139;
       }
     }
@@ -893,7 +894,7 @@ function checkUserFields(v: unknown): string | null {
     const p143 = o141["_meta"];
     if (p143 !== undefined) {
       if (p143 !== null) {
-        const e144 = checkMetaObject(p143);
+        const e144 = checkMeta(p143);
         if (e144 !== null) return e144;
       }
     }
@@ -927,7 +928,7 @@ function checkUsageFields(v: unknown): string | null {
     const p149 = o145["_meta"];
     if (p149 !== undefined) {
       if (p149 !== null) {
-        const e150 = checkMetaObject(p149);
+        const e150 = checkMeta(p149);
         if (e150 !== null) return e150;
       }
     }
@@ -949,7 +950,7 @@ function checkNotificationFields(v: unknown): string | null {
     const p154 = o151["_meta"];
     if (p154 !== undefined) {
       if (p154 !== null) {
-        const e155 = checkMetaObject(p154);
+        const e155 = checkMeta(p154);
         if (e155 !== null) return e155;
       }
     }
@@ -1060,7 +1061,7 @@ function variant85(v: unknown): string | null {
     const p90 = o86["_meta"];
     if (p90 !== undefined) {
       if (p90 !== null) {
-        const e91 = checkMetaObject(p90);
+        const e91 = checkMeta(p90);
         if (e91 !== null) return e91;
       }
     }
@@ -1088,7 +1089,7 @@ function variant92(v: unknown): string | null {
     const p97 = o93["_meta"];
     if (p97 !== undefined) {
       if (p97 !== null) {
-        const e98 = checkMetaObject(p97);
+        const e98 = checkMeta(p97);
         if (e98 !== null) return e98;
       }
     }
