@@ -9,7 +9,9 @@ use std::io;
 use clap::CommandFactory;
 
 use crate::exit::{Exit, Failure};
-use crate::{agent, bench, check, completions, decode, man, proxy, run, schema, serve, store};
+use crate::{
+    agent, bench, check, completions, decode, man, proxy, replay, run, schema, serve, store,
+};
 
 /// `runloop`: the run-loop channel of the Diverge Provider Protocol 2.3.0.
 #[derive(Debug, clap::Parser)]
@@ -66,6 +68,9 @@ pub enum Command {
     /// The bench's synthetic proxy alone (run by python/bench.py).
     #[command(name = "__synthetic-proxy", hide = true)]
     SyntheticProxy(bench::SyntheticArgs),
+    /// The server's side of the corpus's captures, for the clients' tests.
+    #[command(name = "__replay", hide = true)]
+    Replay(replay::ReplayArgs),
 }
 
 impl Command {
@@ -90,6 +95,7 @@ impl Command {
             Command::Man(args) => args.execute(Cli::command(), &mut out),
             Command::Forward(args) => args.execute(),
             Command::SyntheticProxy(args) => args.execute(&mut out),
+            Command::Replay(args) => args.execute(&mut out),
         }
     }
 }

@@ -24,6 +24,7 @@
 //! process  the async runtime, logs, shutdown signals and the admin listener they share
 //! decode   a capture → JSON lines, exit code from the loops' endings
 //! schema   the JSON Schema of the chunk vocabulary and the error value
+//! replay   the server's side of corpus/'s captures, played to a client (hidden)
 //! render   one loop for a terminal, as plain text, or as JSON lines
 //! json     the JSON lines shared by decode and render
 //! check    a provider server probed case by case against protocol §1-§7
@@ -55,6 +56,7 @@ pub mod notes;
 pub mod process;
 pub mod proxy;
 pub mod render;
+pub mod replay;
 pub mod run;
 pub mod schema;
 pub mod seconds;

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use clap::builder::ValueParser;
-use clap::{Arg, ArgMatches};
+use clap::{Arg, ArgAction, ArgMatches};
 use runloop::limits::Limit;
 use runloop::server::ServerConfig;
 use runloop_oci::HostConfig;
@@ -28,10 +28,13 @@ pub enum Unit {
     Bytes,
     /// A duration: `30s`, `2m`, `500ms`, or a bare number of seconds.
     Duration,
+    /// Web origins (`https://app.example.com`), the option repeated (its
+    /// file key is the plural, a list).
+    Origins,
 }
 
 /// A limit's value, as its unit reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {
     /// A [`Unit::Count`].
     Count(usize),
@@ -39,6 +42,8 @@ pub enum Value {
     Bytes(u64),
     /// A [`Unit::Duration`].
     Duration(Duration),
+    /// A [`Unit::Origins`].
+    Origins(Vec<String>),
 }
 
 impl Value {
@@ -47,6 +52,14 @@ impl Value {
             Value::Count(n) => n,
             Value::Bytes(n) => usize::try_from(n).unwrap_or(usize::MAX),
             Value::Duration(d) => usize::try_from(d.as_secs()).unwrap_or(usize::MAX),
+            Value::Origins(origins) => origins.len(),
+        }
+    }
+
+    fn origins(self) -> Vec<String> {
+        match self {
+            Value::Origins(origins) => origins,
+            _ => Vec::new(),
         }
     }
 
@@ -99,7 +112,7 @@ pub enum Set {
 }
 
 /// Every limit of `serve`, in the order `--help` shows them.
-pub static LIMITS: [Row; 28] = [
+pub static LIMITS: [Row; 29] = [
     Row {
         key: "max-message-size",
         limit: Some(Limit::MaxMessageSize),
@@ -199,6 +212,16 @@ pub static LIMITS: [Row; 28] = [
         help: "Connections from one IP address, authorized or not; one more is closed at once, nothing of it read",
         live: false,
         set: Set::Server(|c, v| c.admission.max_connections_per_address = v.count()),
+    },
+    Row {
+        key: "allow-origin",
+        limit: None,
+        unit: Unit::Origins,
+        default: None,
+        maximum: None,
+        help: "A web page's origin (https://app.example.com) that may connect from a browser: an upgrade whose Origin is not one of these gets HTTP 403, and one that is never authorizes with an empty credential; callers that send no Origin are unaffected [default: none: no browser page]",
+        live: false,
+        set: Set::Server(|c, v| c.allowed_origins = v.origins()),
     },
     Row {
         key: "max-connections-per-identity",
@@ -389,6 +412,7 @@ impl Row {
             Unit::Count => "",
             Unit::Bytes => "; bytes, K/M/G suffixes",
             Unit::Duration => "; a duration: 30s, 2m, 500ms or seconds",
+            Unit::Origins => "; repeatable (the configuration file's key: allowed-origins, a list)",
         };
         let minimum = self
             .limit
@@ -410,6 +434,7 @@ impl Row {
                 Unit::Count => "N",
                 Unit::Bytes => "SIZE",
                 Unit::Duration => "DURATION",
+                Unit::Origins => "ORIGIN",
             })
             .value_parser(match (self.unit, self.maximum) {
                 (Unit::Count, None) => clap::value_parser!(usize).into(),
@@ -420,7 +445,13 @@ impl Row {
                 (Unit::Duration, Some(most)) => {
                     ValueParser::new(crate::seconds::at_most(most, false))
                 }
+                (Unit::Origins, _) => ValueParser::new(origin),
             });
+        let arg = match self.unit {
+            // One origin an option; the file's key is the list's name.
+            Unit::Origins => arg.action(ArgAction::Append).alias("allowed-origins"),
+            _ => arg,
+        };
         match self.default {
             Some(default) => arg.default_value(default),
             None => arg,
@@ -445,7 +476,19 @@ impl Row {
                 .try_get_one::<Duration>(self.key)
                 .map_err(wrong)?
                 .map(|d| Value::Duration(*d)),
+            Unit::Origins => matches
+                .try_get_many::<String>(self.key)
+                .map_err(wrong)?
+                .map(|origins| Value::Origins(origins.cloned().collect())),
         })
+    }
+}
+
+/// An origin as `--allow-origin` takes it.
+fn origin(text: &str) -> Result<String, String> {
+    match runloop::server::invalid_origin(text) {
+        Some(why) => Err(why),
+        None => Ok(text.to_owned()),
     }
 }
 
@@ -509,7 +552,7 @@ impl LimitArgs {
         self.values
             .iter()
             .find(|(k, _)| *k == key)
-            .map(|(_, value)| *value)
+            .map(|(_, value)| value.clone())
     }
 
     /// Puts every value given (or defaulted) of the server into `config`.
@@ -520,7 +563,7 @@ impl LimitArgs {
                 ..
             }) = row(key)
             {
-                set(config, *value);
+                set(config, value.clone());
             }
         }
     }
@@ -534,7 +577,7 @@ impl LimitArgs {
                 ..
             }) = row(key)
             {
-                set(config, *value);
+                set(config, value.clone());
             }
         }
     }
@@ -730,7 +773,11 @@ mod tests {
     fn every_size_and_duration_has_a_maximum_that_parses_and_is_over_its_default() {
         for row in &LIMITS {
             let Some(most) = row.maximum else {
-                assert_eq!(row.unit, Unit::Count, "{} has no maximum", row.key);
+                assert!(
+                    matches!(row.unit, Unit::Count | Unit::Origins),
+                    "{} has no maximum",
+                    row.key
+                );
                 continue;
             };
             let command = <LimitArgs as clap::Args>::augment_args(clap::Command::new("t"));
@@ -745,6 +792,7 @@ mod tests {
                     Unit::Duration => crate::seconds::duration(text)
                         .ok()
                         .map(|d| d.as_millis() as u64),
+                    Unit::Origins => None,
                 };
                 assert!(parse(default) <= parse(most), "{}", row.key);
             }

@@ -3,7 +3,8 @@
 //! server starts.
 //!
 //! Every option of `serve` is a key of the same name (`max-runs = 256`,
-//! `listen = "127.0.0.1:7878"`, `agent = ["demo=builtin:demo"]`), its
+//! `listen = "127.0.0.1:7878"`, `agent = ["demo=builtin:demo"]`), or of
+//! its alias when it has one (`--allow-origin`: `allowed-origins`), its
 //! value read by the option's own parser, so sizes take the same suffixes
 //! (`"16M"`) and durations the same syntax (`"30s"`, `"2m"`, a bare number
 //! of seconds) as on the command line. An option given on the command line
@@ -48,6 +49,15 @@ const QUOTA_KEYS: [&str; 8] = [
     "max-pulls",
     "cpu-weight",
 ];
+
+/// The key of a file that stands for `arg`: its alias when it has one (a
+/// repeatable option named for one value, such as `--allow-origin`, keeps
+/// its list under a plural key, `allowed-origins`), else its long name.
+fn file_key(arg: &clap::Arg) -> Option<&str> {
+    arg.get_all_aliases()
+        .and_then(|aliases| aliases.first().copied())
+        .or(arg.get_long())
+}
 
 /// The `serve` command as clap sees it: its options, defaults and help.
 pub fn command() -> clap::Command {
@@ -105,7 +115,7 @@ pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
                         continue;
                     }
                     let Some(arg) = serve.get_arguments().find(|a| {
-                        a.get_long() == Some(key.as_str()) && !NOT_KEYS.contains(&key.as_str())
+                        file_key(a) == Some(key.as_str()) && !NOT_KEYS.contains(&key.as_str())
                     }) else {
                         faults.push(unknown(&shown.to_string(), key, &keys(&serve)));
                         continue;
@@ -227,7 +237,7 @@ fn first_line(error: &clap::Error) -> String {
 fn keys(serve: &clap::Command) -> Vec<String> {
     serve
         .get_arguments()
-        .filter_map(|a| a.get_long())
+        .filter_map(file_key)
         .filter(|long| !NOT_KEYS.contains(long))
         .map(str::to_owned)
         .chain(TABLES.iter().map(|t| (*t).to_owned()))
@@ -455,7 +465,7 @@ fn quota(place: &str, table: &toml::Table, faults: &mut Vec<String>) -> Quota {
 fn options(serve: &clap::Command) -> Vec<&clap::Arg> {
     serve
         .get_arguments()
-        .filter(|a| a.get_long().is_some_and(|l| !NOT_KEYS.contains(&l)))
+        .filter(|a| file_key(a).is_some_and(|l| !NOT_KEYS.contains(&l)))
         .collect()
 }
 
@@ -486,7 +496,7 @@ pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
             writeln!(out, "\n# ── {this} ──")?;
             heading = Some(this);
         }
-        let key = arg.get_long().unwrap_or_default();
+        let key = file_key(arg).unwrap_or_default();
         writeln!(out)?;
         let help = arg
             .get_long_help()
@@ -564,7 +574,7 @@ pub fn effective(matches: &ArgMatches) -> BTreeMap<String, String> {
     let serve = command();
     let mut values = BTreeMap::new();
     for arg in options(&serve) {
-        let key = arg.get_long().unwrap_or_default();
+        let key = file_key(arg).unwrap_or_default();
         let id = arg.get_id().as_str();
         let raw: Vec<String> = matches
             .get_raw(id)
@@ -608,7 +618,7 @@ pub fn print_effective(
     let serve = command();
     let values = effective(matches);
     for arg in options(&serve) {
-        let key = arg.get_long().unwrap_or_default();
+        let key = file_key(arg).unwrap_or_default();
         let source = match matches.value_source(arg.get_id().as_str()) {
             _ if from_file.iter().any(|k| k == key) => "file",
             Some(ValueSource::CommandLine) => "command line",

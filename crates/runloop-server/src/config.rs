@@ -68,6 +68,12 @@ pub struct ServerConfig {
     /// the server's log per second (protocol §12, "fair shares"); past
     /// it, lines are dropped and counted. Zero: none is logged.
     pub tenant_log_rate: u64,
+    /// The origins whose pages may connect (protocol §12, "Browser
+    /// callers"): an upgrade with an `Origin` not among them gets HTTP 403,
+    /// and one with an allowed `Origin` never authorizes with an empty
+    /// credential. Callers that send no `Origin` are unaffected. Empty by
+    /// default: no browser page may connect.
+    pub allowed_origins: Vec<String>,
 }
 
 /// [`ServerConfig::message_idle_timeout`] unless configured otherwise.
@@ -110,6 +116,7 @@ impl ServerConfig {
             credential_failure_rate: DEFAULT_CREDENTIAL_FAILURE_RATE,
             tenant_cpu_weight: DEFAULT_TENANT_CPU_WEIGHT,
             tenant_log_rate: DEFAULT_TENANT_LOG_RATE,
+            allowed_origins: Vec::new(),
         }
     }
 

@@ -50,13 +50,14 @@ use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use tokio_tungstenite::{WebSocketStream, accept_async_with_config};
+use tokio_tungstenite::{WebSocketStream, accept_hdr_async_with_config};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::admission::{Admitted, OverAllowance};
 use super::identity::Identity;
+use super::origin::{self, Caller};
 use super::outbox::{Order, Outbox, ScopeOutbox, ServerTable, Serving};
 use super::pings::{Flood, Pings};
 use super::scope::{self, Run};
@@ -136,7 +137,7 @@ pub(crate) async fn serve(
         // Data frames go to the socket on the lane, from their own bytes;
         // the WebSocket's own frames go there too, once it has shaken hands.
         let (io, lane) = Lane::new(io);
-        let Some(ws) = handshake(io, &shared, handshake_by, &logged).await else {
+        let Some((ws, caller)) = handshake(io, &shared, handshake_by, &logged).await else {
             return;
         };
         lane.frames();
@@ -144,7 +145,7 @@ pub(crate) async fn serve(
         let limits = shared.config.limits;
         let mut table = Table::server(limits.max_scopes, limits.max_channels);
         let identity = tokio::select! {
-            result = tokio::time::timeout_at(deadline, authorize(&mut stream, &shared, &mut table)) => match result {
+            result = tokio::time::timeout_at(deadline, authorize(&mut stream, &shared, &mut table, caller)) => match result {
                 Ok(Ok(identity)) => identity,
                 Ok(Err(why)) => {
                     if let Some(refusal) = why.refusal() {
@@ -195,6 +196,8 @@ enum Refused {
     Violation(Violation),
     #[error("the credential is not accepted")]
     Credential,
+    #[error("an empty credential is not accepted from a browser (the upgrade carried an Origin)")]
+    EmptyFromBrowser,
     #[error(transparent)]
     Flood(Flood),
     #[error("the connection ended before it authorized")]
@@ -208,7 +211,9 @@ impl Refused {
     fn refusal(&self) -> Option<AuthorizationRefusal> {
         match self {
             Refused::NotAFrame(_) | Refused::Violation(_) => Some(AuthorizationRefusal::Malformed),
-            Refused::Credential => Some(AuthorizationRefusal::Credential),
+            Refused::Credential | Refused::EmptyFromBrowser => {
+                Some(AuthorizationRefusal::Credential)
+            }
             Refused::TooLarge(_) => Some(AuthorizationRefusal::TooLarge),
             Refused::Flood(_) => Some(AuthorizationRefusal::Flood),
             Refused::Closed => None,
@@ -216,11 +221,13 @@ impl Refused {
     }
 }
 
-/// Waits for the first frame, which must be an acceptable authorization.
+/// Waits for the first frame, which must be an acceptable authorization;
+/// from a browser (`caller`), never an empty credential (protocol §12).
 async fn authorize(
     stream: &mut SplitStream<WebSocketStream<impl Io>>,
     shared: &Shared,
     table: &mut ServerTable,
+    caller: Caller,
 ) -> Result<Identity, Refused> {
     let bound = shared.config.admission.max_authorization_size;
     let mut pings = Pings::new(Instant::now());
@@ -243,6 +250,11 @@ async fn authorize(
     let frame = ClientFrame::decode(&bytes).map_err(Refused::NotAFrame)?;
     let frame_type = frame.frame_type();
     match table.received(frame) {
+        Serve::Authorization(authorization)
+            if caller == Caller::Browser && authorization.credential().is_empty() =>
+        {
+            Err(Refused::EmptyFromBrowser)
+        }
         Serve::Authorization(authorization) => shared
             .tenants
             .accept(authorization.credential())
@@ -257,17 +269,27 @@ async fn authorize(
 }
 
 /// The WebSocket handshake, by `deadline` and unless the server shuts down
-/// first; `None` (and a log line) when it does not complete.
+/// first, and what its `Origin` says of the caller (an origin not allowed
+/// is answered with 403, before the upgrade); `None` (and a log line) when
+/// it does not complete.
 async fn handshake<S: Io>(
     io: S,
     shared: &Shared,
     deadline: tokio::time::Instant,
     logged: impl Fn() -> bool,
-) -> Option<WebSocketStream<S>> {
-    let handshake = accept_async_with_config(io, Some(shared.config.limits.websocket()));
+) -> Option<(WebSocketStream<S>, Caller)> {
+    let mut caller = Caller::NoOrigin;
+    // The handshake callback's error type is tungstenite's, large by design.
+    #[allow(clippy::result_large_err)]
+    let callback = |request: &_, response| {
+        caller = origin::check(request, &shared.config.allowed_origins)?;
+        Ok(response)
+    };
+    let handshake =
+        accept_hdr_async_with_config(io, callback, Some(shared.config.limits.websocket()));
     tokio::select! {
         result = tokio::time::timeout_at(deadline, handshake) => match result {
-            Ok(Ok(ws)) => Some(ws),
+            Ok(Ok(ws)) => Some((ws, caller)),
             Ok(Err(error)) => {
                 debug!(%error, "WebSocket handshake failed");
                 None
@@ -298,7 +320,7 @@ async fn turn_away(io: impl Io, shared: &Shared, deadline: tokio::time::Instant,
             "turned away: the server is serving as many connections as it may"
         );
     }
-    let Some(ws) = handshake(io, shared, deadline, || false).await else {
+    let Some((ws, _)) = handshake(io, shared, deadline, || false).await else {
         return;
     };
     let reason =
@@ -317,7 +339,7 @@ pub(crate) async fn refuse(
     deadline: tokio::time::Instant,
     reason: &str,
 ) {
-    let Some(ws) = handshake(io, shared, deadline, || false).await else {
+    let Some((ws, _)) = handshake(io, shared, deadline, || false).await else {
         return;
     };
     close_with(ws, CloseCode::Again, reason.to_owned()).await;

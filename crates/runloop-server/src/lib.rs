@@ -41,6 +41,7 @@
 //! read_ahead.rs   a path's socket read in large pieces, small buffers kept
 //! path_frames.rs  a path's frames read where they lie, the rest handed on
 //! pings.rs        a connection's budget of control frames
+//! origin.rs       a browser's Origin at the upgrade: 403, or no empty credential
 //! shared.rs       what every connection shares: config, shutdown, drain,
 //!                 tasks, counts, metrics, slots, ids, refusal log; the parts
 //! config.rs       the configuration, and what a quota comes to under it
@@ -93,6 +94,7 @@ mod config;
 mod connection;
 mod handshake_rate;
 mod identity;
+mod origin;
 mod outbox;
 mod path_frames;
 mod pings;
@@ -135,6 +137,7 @@ pub use identity::{
     ANONYMOUS, Credentials, Identity, Quota, Tenant, TenantError, Tenants, TokenHash,
     TokenHashError,
 };
+pub use origin::invalid_origin;
 pub use runloop_metrics::StatsSnapshot;
 pub use shared::Stats;
 pub use tenants::{PerIdentity, TenantChange};

@@ -94,7 +94,8 @@ fn decode(capture: &str, stdout: &str, code: i32) {
     assert_eq!(loop_lines(&output.stdout), stdout);
 }
 
-const FINISHED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/captures/finished.txt");
+/// The shared corpus's finished loop (corpus/ at the repository's root).
+const FINISHED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../corpus/finished.txt");
 
 #[test]
 fn every_frame_of_a_capture() {
@@ -105,8 +106,8 @@ fn every_frame_of_a_capture() {
         .code(0)
         .stdout(
             r#"{"authorization":"unbrokered"}
-{"scope":1,"run":{"image":{"server":{"name":"demo","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000"}},"memory":268435456,"disk":1048576,"agent":{}}}
-{"scope":1,"id":"r-7f3a"}
+{"scope":1,"run":{"image":{"server":{"name":"demo","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000"}},"memory":1073741824,"disk":0,"agent":{}}}
+{"scope":1,"id":"r-1"}
 {"scope":1,"channel":1,"run_loop":{"prompt":"hi"}}
 {"scope":1,"channel":1,"chunk":{"type":"assistant_text_content","text":"Hel"}}
 {"scope":1,"channel":1,"chunk":{"type":"assistant_text_content","text":"lo"}}
