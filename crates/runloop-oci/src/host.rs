@@ -253,6 +253,9 @@ impl Host {
             ));
         }
         let cgroups = cgroup::detect().map_err(HostError::Missing)?;
+        // The tenants' cgroups the runs go below; those of servers that
+        // are gone are removed now, before anything runs.
+        let _ = runloop_runtime::cgroup::Tenants::of_host();
         let store = Store::open(&config.store, config.unpack)?
             .with_ids(config.ids)?
             .with_max_size(config.store_max_size);
@@ -355,6 +358,9 @@ impl Host {
         }
         if let Some(egress) = &self.egress {
             egress.close().await;
+        }
+        if let Some(tenants) = runloop_runtime::cgroup::Tenants::of_host() {
+            tenants.release();
         }
     }
 

@@ -1316,10 +1316,7 @@ fn stop_time(layout: &Path, init: bool, grace: std::time::Duration) -> std::time
         let host = runloop_oci::Host::open(config).await.expect("host");
         let (_, oci) = host.layout(layout, None).await.expect("layout");
         let container = oci
-            .spawn(runloop::runtime::ContainerLimits {
-                memory: 64 << 20,
-                disk: 4 << 20,
-            })
+            .spawn(runloop::runtime::ContainerLimits::new(64 << 20, 4 << 20))
             .await
             .expect("starts");
         let started = std::time::Instant::now();
