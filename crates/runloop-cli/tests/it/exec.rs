@@ -408,7 +408,7 @@ fn a_tenant_s_runs_share_one_cpu_weight_in_a_cgroup_of_its_own() {
 /// iterations), as the caller sees it.
 async fn bob_s_work(run: &runloop::client::Run, n: u64) -> Duration {
     let start = Instant::now();
-    let outcome = run.run_loop(&n.to_string()).outcome().await;
+    let outcome = run.run_loop(n.to_string()).outcome().await;
     assert_eq!(
         outcome,
         runloop::proto::run_loop::Outcome::Finished { fatal: false }
