@@ -1220,16 +1220,30 @@ fn quotas_seen<T>(during: impl FnOnce() -> T) -> (T, std::collections::BTreeSet<
         let watcher = scope.spawn(|| {
             let mut seen = std::collections::BTreeSet::new();
             while !done.load(Ordering::Relaxed) {
-                for dir in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"] {
-                    let Ok(entries) = fs::read_dir(dir) else {
-                        continue;
-                    };
-                    for entry in entries.flatten() {
-                        if entry.file_name().to_string_lossy().starts_with("runloop-")
-                            && let Ok(quota) =
-                                fs::read_to_string(entry.path().join("cpu.cfs_quota_us"))
-                        {
-                            seen.insert(quota.trim().to_owned());
+                for root in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"] {
+                    // Containers are below their tenant's cgroup, below
+                    // their server's: runloop-tenants/*/*/runloop-KEY.
+                    let tenants = fs::read_dir(format!("{root}/runloop-tenants"))
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .flat_map(|server| fs::read_dir(server.path()).into_iter().flatten())
+                        .flatten()
+                        .map(|tenant| tenant.path());
+                    for dir in tenants.chain([PathBuf::from(root)]) {
+                        let Ok(entries) = fs::read_dir(dir) else {
+                            continue;
+                        };
+                        for entry in entries.flatten() {
+                            let name = entry.file_name().to_string_lossy().into_owned();
+                            if name.starts_with("runloop-")
+                                && name != "runloop-tenants"
+                                && name != "runloop-exec"
+                                && let Ok(quota) =
+                                    fs::read_to_string(entry.path().join("cpu.cfs_quota_us"))
+                            {
+                                seen.insert(quota.trim().to_owned());
+                            }
                         }
                     }
                 }
