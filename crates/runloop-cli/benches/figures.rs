@@ -23,6 +23,9 @@ mod budget;
 #[path = "../tests/it/common/mod.rs"]
 mod common;
 #[allow(dead_code, unused_imports)]
+#[path = "../tests/it/exec.rs"]
+mod exec;
+#[allow(dead_code, unused_imports)]
 #[path = "../tests/it/memory.rs"]
 mod memory;
 
@@ -43,6 +46,10 @@ fn main() {
         (
             "budget::exec_runs_at_the_default_budget",
             budget::exec_runs_at_the_default_budget,
+        ),
+        (
+            "exec::cpu_weights_while_alice_spins",
+            exec::cpu_weights_while_alice_spins,
         ),
         (
             "memory::a_large_prompt_of_short_words_keeps_the_server_small",

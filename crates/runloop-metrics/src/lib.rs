@@ -33,6 +33,13 @@ use prometheus_client::registry::Registry;
 
 pub use runloop_wire::histogram::{Histogram, MS, S, US};
 
+/// Lines of agent programs' output the runtimes of this process dropped
+/// instead of logging, over a run's output budget or its tenant's log rate
+/// (`runloop_agent_log_dropped_lines_total`). Process-wide, since the
+/// runtimes that read the output know nothing of the server's metrics;
+/// the server's exposition reads it.
+pub static AGENT_LOG_DROPPED_LINES: AtomicU64 = AtomicU64::new(0);
+
 pub use proxy::{AgentFault, ProxyLoop, ProxyMetrics, Registration};
 pub use server::{
     AuthorizationRefusal, ClosedAtAccept, LoopOutcome, ProxyFault, Reload, RunEnd, RunRefusal,

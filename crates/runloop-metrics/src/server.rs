@@ -530,6 +530,11 @@ impl ServerMetrics {
             ConstCounter::new(live.disregarded),
         );
         gauges.register(
+            "agent_log_dropped_lines",
+            "Lines of agent output dropped instead of logged: over a run's output budget or its tenant's log rate",
+            ConstCounter::new(super::AGENT_LOG_DROPPED_LINES.load(Ordering::Relaxed)),
+        );
+        gauges.register(
             "draining",
             "1 while the server drains: it accepts no connection and /readyz answers 503",
             ConstGauge::new(i64::from(draining)),
@@ -584,6 +589,7 @@ mod tests {
             "runloop_connections_open 2",
             "runloop_connections_turned_away_total 5",
             "runloop_draining 1",
+            "runloop_agent_log_dropped_lines_total 0",
             "runloop_runs_refused_total{reason=\"registration\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} is not in\n{text}");

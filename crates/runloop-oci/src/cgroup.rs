@@ -2,8 +2,9 @@
 //! says about it afterwards.
 //!
 //! runc creates the container's cgroup (named after the container) with
-//! the run's memory limit and the host's pids limit, and removes it on
-//! `runc delete`. This crate only reads them — whether the controllers
+//! the run's memory limit and the host's pids limit, below the cgroup of
+//! its tenant ([`runloop_runtime::cgroup::Tenants`]: a tenant's runs share
+//! one CPU weight), and removes it on `runc delete`. This crate only reads them — whether the controllers
 //! are there (checked at startup), whether swap is accounted, how many
 //! processes the OOM killer killed in a container, or, for a runsc
 //! sandbox whose cgroup went with it, whether the kernel's log says it
@@ -12,9 +13,26 @@
 
 pub use runloop_runtime::cgroup::{Cgroup, Version, detect};
 
-/// The cgroup path runc is given for a container: its own, at the top.
+use runloop_runtime::cgroup::TENANTS;
+
+/// The cgroup path of a container with no tenant's cgroup above it (no
+/// cgroups for tenants on the host): its own, at the top.
 pub fn path(id: &str) -> String {
     format!("/{id}")
+}
+
+/// Every cgroup of container `id` there may be, by its name alone: below
+/// any server's tenant (`runloop-tenants/*/*/id`), or at the top, in any
+/// hierarchy. What a teardown that knows only the run's key removes.
+pub fn of_container(version: Version, id: &str) -> Vec<Cgroup> {
+    let mut found = vec![Cgroup::new(version, &path(id))];
+    for server in Cgroup::new(version, TENANTS).children() {
+        for tenant in server.children() {
+            found.push(tenant.child(id));
+        }
+    }
+    found.retain(|cgroup| !cgroup.leftovers().is_empty());
+    found
 }
 
 /// Whether the kernel's log says it killed a process of container `id`'s
@@ -38,7 +56,14 @@ pub fn oom_logged(id: &str) -> bool {
     else {
         return false;
     };
-    let named = format!("oom_memcg={},", path(id));
+    // The memcg is the container's own, wherever it is in the tree.
+    let own = format!("/{id}");
+    let names = |text: &str| {
+        text.split("oom_memcg=")
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .is_some_and(|memcg| memcg.ends_with(&own))
+    };
     // One record a read; a record is at most a few KiB.
     let mut record = vec![0u8; 8192];
     loop {
@@ -46,7 +71,7 @@ pub fn oom_logged(id: &str) -> bool {
             Ok(0) => return false,
             Ok(read) => {
                 let text = String::from_utf8_lossy(&record[..read]);
-                if text.contains("oom-kill:") && text.contains(&named) {
+                if text.contains("oom-kill:") && names(&text) {
                     return true;
                 }
             }
@@ -78,6 +103,13 @@ mod tests {
         std::fs::write("/dev/kmsg", line).expect("written to the kernel's log");
         assert!(oom_logged(&killed));
         assert!(!oom_logged(&other));
+        // Below a tenant's cgroup, as runs are.
+        let nested = format!("runloop-{}", crate::random_name());
+        let line = format!(
+            "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset={nested},mems_allowed=0,oom_memcg=/runloop-tenants/1.2/tenant-alice/{nested},task_memcg=/runloop-tenants/1.2/tenant-alice/{nested},task=exe,pid=1,uid=0\n"
+        );
+        std::fs::write("/dev/kmsg", line).expect("written to the kernel's log");
+        assert!(oom_logged(&nested));
         // A name that only begins the same is another cgroup.
         assert!(!oom_logged(&killed[..killed.len() - 1]));
     }

@@ -44,6 +44,8 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
+use runloop_runtime::cgroup::{TenantHold, Tenants};
+use runloop_runtime::output::TenantLog;
 use runloop_runtime::supervised::{self, Agent, NotReady, Supervised, Supervisor};
 use runloop_runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use tokio::process::Child;
@@ -140,13 +142,36 @@ impl OciRuntime {
         }
         // The image is used now, and held until the run is torn down.
         self.image.hold.touch();
+        let key = crate::random_name();
+        // The run's cgroup goes below its tenant's, whose CPU weight the
+        // tenant's runs share (exec runs included).
+        let tenant = match Tenants::of_host() {
+            Some(tenants) => Some(
+                tenants
+                    .hold(&limits.tenant.name, limits.tenant.cpu_weight)
+                    .map_err(|error| {
+                        StartError::new(format!(
+                            "cannot make the cgroup of tenant {}: {error}",
+                            limits.tenant.name
+                        ))
+                    })?,
+            ),
+            None => None,
+        };
+        let cgroup = match &tenant {
+            Some(tenant) => format!("/{}/{}", tenant.cgroup().path(), runc::id(&key)),
+            None => cgroup::path(&runc::id(&key)),
+        };
         let run = Run {
             host: Arc::clone(&self.host),
-            key: crate::random_name(),
+            key,
             armed: true,
             image: self.image.hold.clone(),
+            cgroup,
+            tenant,
         };
-        let made = self.make(&run, limits).await;
+        let log = limits.tenant.log();
+        let made = self.make(&run, &limits).await;
         let (netns, child) = match made {
             Ok(_) if abandoned.is_cancelled() => {
                 warn!(key = %run.key, "a container start was given up on; removing what it made");
@@ -172,12 +197,12 @@ impl OciRuntime {
                 .clone()
                 .unwrap_or_else(|| "SIGTERM".to_owned()),
         };
-        started.ready(child, &abandoned).await
+        started.ready(child, log, &abandoned).await
     }
 
     /// Makes the run's files, mounts, network and configuration, and starts
     /// runc.
-    async fn make(&self, run: &Run, limits: ContainerLimits) -> Result<(Netns, Child), String> {
+    async fn make(&self, run: &Run, limits: &ContainerLimits) -> Result<(Netns, Child), String> {
         let key = run.key.as_str();
         let dir = run.dir();
         let ids = self.host.config().ids;
@@ -218,7 +243,7 @@ impl OciRuntime {
             run: &dir,
             hostname: key,
             netns: network::namespace_path(key),
-            cgroup: cgroup::path(&id),
+            cgroup: run.cgroup.clone(),
             memory: limits.memory,
             swap: self.host.cgroups().accounts_swap(),
             pids: self.host.config().pids,
@@ -285,6 +310,11 @@ struct Run {
     armed: bool,
     /// The image under the run's root: no collection removes it first.
     image: Hold,
+    /// The path of the container's cgroup, below its tenant's.
+    cgroup: String,
+    /// The run's hold on its tenant's cgroup, given back once the run's
+    /// own cgroup is gone.
+    tenant: Option<TenantHold>,
 }
 
 impl Run {
@@ -316,12 +346,14 @@ impl Drop for Run {
         let host = Arc::clone(&self.host);
         let key = std::mem::take(&mut self.key);
         let image = self.image.clone();
+        let tenant = self.tenant.take();
         warn!(%key, "a run's task was dropped; removing what it made");
         let tasks = host.tasks().clone();
         tasks.spawn_on(
             async move {
                 end_now(&host, &key).await;
                 drop(image);
+                drop(tenant);
             },
             &runtime,
         );
@@ -356,6 +388,7 @@ impl Started {
     async fn ready(
         self,
         child: Child,
+        log: Option<TenantLog>,
         abandoned: &CancellationToken,
     ) -> Result<OciContainer, StartError> {
         let host = Arc::clone(&self.run.host);
@@ -365,12 +398,14 @@ impl Started {
             child,
             Arc::from(runc::id(&key)),
             host.config().output,
+            log,
             host.closing().child_token(),
             host.config().grace,
         );
         let watch = Arc::new(Memory {
             host: Arc::clone(&host),
             id: runc::id(&key),
+            cgroup: self.run.cgroup.clone(),
             ended: supervisor.end_now().clone(),
             exited: supervisor.ends(),
         });
@@ -448,7 +483,7 @@ impl Agent for Started {
     /// says instead, and the sandbox is the one process it killed.
     fn oom_kills(&self) -> Option<u64> {
         let id = runc::id(&self.run.key);
-        match cgroup::Cgroup::new(self.run.host.cgroups(), &id).oom_kills() {
+        match cgroup::Cgroup::new(self.run.host.cgroups(), &self.run.cgroup).oom_kills() {
             Some(kills) if kills > 0 => Some(kills),
             _ if cgroup::oom_logged(&id) => Some(1),
             counted => counted,
@@ -496,13 +531,14 @@ impl Agent for Started {
 struct Memory {
     host: Arc<Host>,
     id: String,
+    cgroup: String,
     ended: CancellationToken,
     exited: watch::Receiver<Option<String>>,
 }
 
 impl Watch for Memory {
     fn out_of_memory(&self) -> bool {
-        match cgroup::Cgroup::new(self.host.cgroups(), &self.id).oom_kills() {
+        match cgroup::Cgroup::new(self.host.cgroups(), &self.cgroup).oom_kills() {
             Some(kills) => kills > 0,
             // Gone with a runsc sandbox the kernel killed: its log says.
             None => cgroup::oom_logged(&self.id),

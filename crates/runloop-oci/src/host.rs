@@ -46,6 +46,39 @@ use crate::store::{Store, StoreError, UnpackLimits};
 use crate::teardown::teardown;
 use crate::user::IdMapping;
 
+/// Whether host uid `uid` with gid `gid` may pass through every directory
+/// from `/` down to `store` (search permission); the first that stops it
+/// is the error.
+pub fn reachable(store: &Path, uid: u32, gid: u32) -> Result<(), HostError> {
+    use std::os::unix::fs::MetadataExt;
+    let canonical = fs::canonicalize(store).unwrap_or_else(|_| store.to_owned());
+    for dir in canonical.ancestors().skip(1) {
+        let Ok(meta) = fs::metadata(dir) else {
+            continue;
+        };
+        let mode = meta.mode() & 0o7777;
+        let passes = if meta.uid() == uid {
+            mode & 0o100 != 0
+        } else if meta.gid() == gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        };
+        if !passes {
+            return Err(HostError::Unreachable {
+                store: store.to_owned(),
+                dir: dir.to_owned(),
+                mode,
+                owner: meta.uid(),
+                group: meta.gid(),
+                uid,
+                gid,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// How the host runs containers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostConfig {
@@ -154,6 +187,30 @@ pub enum HostError {
     /// Another server holds the store.
     #[error("the store {0} is in use by another server; give each server its own --store")]
     Locked(PathBuf),
+    /// A directory above the store that the containers' user cannot pass:
+    /// every container would fail in runc with "permission denied".
+    #[error(
+        "the store {store} is below {dir} (mode {mode:04o}, owner {owner}:{group}), which the \
+         containers' user (host uid {uid}, gid {gid}) cannot pass through: every container would \
+         fail in runc with \"error preparing rootfs: … permission denied\"; let others pass \
+         (chmod o+x {dir}) or put the store where they can (--store /var/lib/runloop)"
+    )]
+    Unreachable {
+        /// The store.
+        store: PathBuf,
+        /// The directory that stops them.
+        dir: PathBuf,
+        /// Its mode.
+        mode: u32,
+        /// Its owner.
+        owner: u32,
+        /// Its group.
+        group: u32,
+        /// The containers' root, as a host uid.
+        uid: u32,
+        /// Their root group, as a host gid.
+        gid: u32,
+    },
     /// An image layout of the catalog.
     #[error("image layout {dir}: {source}")]
     Image {
@@ -253,9 +310,18 @@ impl Host {
             ));
         }
         let cgroups = cgroup::detect().map_err(HostError::Missing)?;
+        // The tenants' cgroups the runs go below; those of servers that
+        // are gone are removed now, before anything runs.
+        let _ = runloop_runtime::cgroup::Tenants::of_host();
         let store = Store::open(&config.store, config.unpack)?
             .with_ids(config.ids)?
             .with_max_size(config.store_max_size);
+        // runc sets each container up as its root, an unprivileged host
+        // id: it must pass through every directory above the store. Under
+        // runsc the sandbox's gofer reaches the files as root.
+        if config.runtime == crate::runc::Kind::Runc && !config.ids.is_identity() {
+            reachable(store.dir(), config.ids.uids.start, config.ids.gids.start)?;
+        }
         if !disk::overlay_safe(store.dir()) {
             return Err(HostError::Missing(format!(
                 "the store's path {} holds `,`, `:` or `\\`, which overlay mounts cannot name",
@@ -356,6 +422,9 @@ impl Host {
         if let Some(egress) = &self.egress {
             egress.close().await;
         }
+        if let Some(tenants) = runloop_runtime::cgroup::Tenants::of_host() {
+            tenants.release();
+        }
     }
 
     /// The tasks that own runs: what [`Host::close`] waits for.
@@ -401,5 +470,35 @@ impl Host {
     /// Removes everything of the run `key` ([`teardown`]).
     pub async fn teardown(&self, key: &str) {
         teardown(&self.runc, self.cgroups, &self.store.runs(), key).await;
+    }
+}
+
+#[cfg(test)]
+mod reach_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_store_below_a_directory_others_cannot_pass_is_named_with_its_fix() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let store = dir.path().join("store");
+        fs::create_dir(&store).expect("made");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        let (uid, gid) = (2_000_000_000, 2_000_000_000);
+        assert!(reachable(&store, uid, gid).is_ok());
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
+        let refused = reachable(&store, uid, gid).expect_err("0700 stops them");
+        let words = refused.to_string();
+        assert!(
+            words.contains(&format!("is below {} (mode 0700", dir.path().display()))
+                && words.contains(&format!("chmod o+x {}", dir.path().display())),
+            "{words}"
+        );
+        // Its owner, or its group with g+x, passes.
+        let meta = fs::metadata(dir.path()).expect("meta");
+        use std::os::unix::fs::MetadataExt;
+        assert!(reachable(&store, meta.uid(), gid).is_ok());
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o710)).expect("chmod");
+        assert!(reachable(&store, uid, meta.gid()).is_ok());
     }
 }

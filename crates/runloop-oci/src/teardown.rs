@@ -28,15 +28,17 @@ pub async fn teardown(runc: &Runc, cgroups: cgroup::Version, runs: &Path, key: &
         warn!(%id, %error, "cannot delete the container");
     }
     // What runc did not know of (a runc killed while it made the
-    // container leaves its `runc init` in the cgroup).
-    let group = cgroup::Cgroup::new(cgroups, &cgroup::path(&id));
-    if !group.procs().is_empty() {
-        let killing = group.clone();
-        let _ = tokio::task::spawn_blocking(move || killing.kill()).await;
-    }
-    for dir in group.leftovers() {
-        if let Err(error) = std::fs::remove_dir(&dir) {
-            warn!(%id, dir = %dir.display(), %error, "cannot remove the container's cgroup");
+    // container leaves its `runc init` in the cgroup), wherever the
+    // container's cgroup is (below its tenant's, by its name alone).
+    for group in cgroup::of_container(cgroups, &id) {
+        if !group.procs().is_empty() {
+            let killing = group.clone();
+            let _ = tokio::task::spawn_blocking(move || killing.kill()).await;
+        }
+        for dir in group.leftovers() {
+            if let Err(error) = std::fs::remove_dir(&dir) {
+                warn!(%id, dir = %dir.display(), %error, "cannot remove the container's cgroup");
+            }
         }
     }
     let run = runs.join(key);

@@ -70,7 +70,7 @@ mod tests {
     async fn attach_hands_out_the_url() {
         let runtime = Attach::new("ws://127.0.0.1:14979/");
         let container = runtime
-            .start(ContainerLimits { memory: 1, disk: 0 })
+            .start(ContainerLimits::new(1, 0))
             .await
             .expect("starts");
         assert_eq!(container.proxy_url(), "ws://127.0.0.1:14979");

@@ -35,13 +35,63 @@ pub use exec::{Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer, ExecPro
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The limits a run asked for (protocol §5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The limits a run asked for (protocol §5), and the tenant it runs for.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerLimits {
     /// Memory limit, bytes.
     pub memory: u64,
     /// Bytes the container may write to its own file system.
     pub disk: u64,
+    /// Whose run it is: what it shares with the tenant's other runs.
+    pub tenant: RunTenant,
+}
+
+impl ContainerLimits {
+    /// `memory` and `disk` for a run of [`RunTenant::default`].
+    pub fn new(memory: u64, disk: u64) -> ContainerLimits {
+        ContainerLimits {
+            memory,
+            disk,
+            tenant: RunTenant::default(),
+        }
+    }
+}
+
+/// The tenant a run is for, as the runtimes see it: what its runs share
+/// rather than hold each (protocol §12, "fair shares"). A runtime that
+/// starts processes puts the tenant's runs under one cgroup of the
+/// tenant's, of this CPU weight ([`cgroup::Tenants`]), and logs their
+/// output at this rate together ([`output::TenantLog`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunTenant {
+    /// The tenant's name (from the server's configuration, never from a
+    /// caller).
+    pub name: Arc<str>,
+    /// The CPU weight its runs share, 1 to 10000 (cgroup v2's scale).
+    pub cpu_weight: u32,
+    /// Bytes of its runs' output logged per second, together; `None`: no
+    /// rate but each run's own budget.
+    pub log_rate: Option<u64>,
+}
+
+impl RunTenant {
+    /// Its log rate, shared with its other runs in this process; `None`
+    /// without a rate.
+    pub fn log(&self) -> Option<output::TenantLog> {
+        self.log_rate
+            .map(|rate| output::TenantLog::of(&self.name, rate))
+    }
+}
+
+impl Default for RunTenant {
+    /// `anonymous`, weight 100 (the kernel's default), no log rate.
+    fn default() -> RunTenant {
+        RunTenant {
+            name: Arc::from("anonymous"),
+            cpu_weight: cgroup::DEFAULT_WEIGHT,
+            log_rate: None,
+        }
+    }
 }
 
 /// Why a container did not start. The message reaches the caller inside the

@@ -19,8 +19,22 @@
 //!         ├─ lines ─▶ budget ───┤
 //! stderr ─┘   (≤ MAX_LINE)      └─ over it: counted ─▶ "N lines (B bytes) suppressed" per window
 //! ```
+//!
+//! A run's budget bounds one run; a tenant with many runs would still
+//! fill the log many times over (eight flooding runs wrote 8.9 MB in
+//! 1.9 s). So every run of one tenant also draws on one bucket of bytes,
+//! the tenant's log rate ([`TenantLog`], protocol §12 "fair shares"): a
+//! line is logged only when both its run's budget and its tenant's
+//! bucket have room, and each line costs the bucket its length and
+//! [`LINE_COST`] more, the log line's own timestamp, level and fields, so
+//! that many short lines cost what they take of the log. What either
+//! drops is counted in the run's "suppressed" line, which says which
+//! bound it was, and in the process-wide
+//! `runloop_agent_log_dropped_lines_total`.
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
@@ -89,6 +103,113 @@ impl Default for OutputLimit {
     }
 }
 
+/// What a tenant's bucket charges a logged line beside its bytes: about
+/// what the log line adds to them (time, level, target, program, pid,
+/// stream).
+pub const LINE_COST: u64 = 128;
+
+/// One tenant's log rate: a bucket of bytes, as many as a second's rate
+/// at most and refilled evenly, that every run of the tenant in this
+/// process draws on. Made by [`TenantLog::of`], one per tenant name for as
+/// long as one of its runs holds it.
+#[derive(Debug, Clone)]
+pub struct TenantLog {
+    name: Arc<str>,
+    bucket: Arc<Mutex<Bucket>>,
+}
+
+/// A tenant's bucket of bytes.
+#[derive(Debug)]
+struct Bucket {
+    /// Bytes a second, and the most it holds.
+    rate: u64,
+    /// Bytes in it now.
+    bytes: f64,
+    /// When it was last refilled.
+    at: Instant,
+}
+
+impl Bucket {
+    /// Takes `cost` bytes if it holds them.
+    fn take(&mut self, cost: u64, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.bytes = (self.bytes + elapsed * self.rate as f64).min(self.rate as f64);
+        if self.bytes >= cost as f64 {
+            self.bytes -= cost as f64;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Every tenant's bucket, by name, while a run holds it.
+type Buckets = Mutex<HashMap<Arc<str>, Weak<Mutex<Bucket>>>>;
+
+/// This process's [`Buckets`].
+fn buckets() -> &'static Buckets {
+    static BUCKETS: OnceLock<Buckets> = OnceLock::new();
+    BUCKETS.get_or_init(Mutex::default)
+}
+
+impl TenantLog {
+    /// The log rate of tenant `name`: `rate` bytes a second for all its
+    /// runs together, shared with every other run of it that holds one
+    /// (the rate of the latest applies to all: a reload that changes it
+    /// reaches the runs already there).
+    pub fn of(name: &Arc<str>, rate: u64) -> TenantLog {
+        let mut all = buckets()
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        all.retain(|_, bucket| bucket.strong_count() > 0);
+        let bucket = match all.get(name).and_then(Weak::upgrade) {
+            Some(bucket) => {
+                bucket
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .rate = rate;
+                bucket
+            }
+            None => {
+                let bucket = Arc::new(Mutex::new(Bucket {
+                    rate,
+                    bytes: rate as f64,
+                    at: Instant::now(),
+                }));
+                all.insert(Arc::clone(name), Arc::downgrade(&bucket));
+                bucket
+            }
+        };
+        TenantLog {
+            name: Arc::clone(name),
+            bucket,
+        }
+    }
+
+    /// The tenant's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its rate, bytes a second.
+    pub fn rate(&self) -> u64 {
+        self.lock().rate
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Bucket> {
+        self.bucket
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether a line of `len` bytes may be logged now (and if so, it is
+    /// paid for).
+    fn take(&self, len: usize, now: Instant) -> bool {
+        self.lock().take(len as u64 + LINE_COST, now)
+    }
+}
+
 /// What a run may still log in the current window, and what it dropped.
 #[derive(Debug)]
 struct Budget {
@@ -98,6 +219,8 @@ struct Budget {
     bytes: u64,
     dropped_lines: u64,
     dropped_bytes: u64,
+    /// Of the dropped lines, those its tenant's rate dropped.
+    dropped_by_tenant: u64,
 }
 
 /// Lines and bytes dropped in a window that is over.
@@ -105,6 +228,8 @@ struct Budget {
 struct Dropped {
     lines: u64,
     bytes: u64,
+    /// Of the lines, those its tenant's rate dropped.
+    by_tenant: u64,
 }
 
 impl Budget {
@@ -116,6 +241,7 @@ impl Budget {
             bytes: 0,
             dropped_lines: 0,
             dropped_bytes: 0,
+            dropped_by_tenant: 0,
         }
     }
 
@@ -128,6 +254,7 @@ impl Budget {
         let dropped = Dropped {
             lines: self.dropped_lines,
             bytes: self.dropped_bytes,
+            by_tenant: self.dropped_by_tenant,
         };
         *self = Budget::new(self.limit, now);
         (dropped.lines > 0).then_some(dropped)
@@ -138,23 +265,29 @@ impl Budget {
         let dropped = Dropped {
             lines: std::mem::take(&mut self.dropped_lines),
             bytes: std::mem::take(&mut self.dropped_bytes),
+            by_tenant: std::mem::take(&mut self.dropped_by_tenant),
         };
         (dropped.lines > 0).then_some(dropped)
     }
 
-    /// Whether a line of `len` bytes is logged (else it is counted as
-    /// dropped).
-    fn admit(&mut self, len: usize) -> bool {
-        let len = len as u64;
-        if self.lines < self.limit.lines && self.bytes + len <= self.limit.bytes {
+    /// Whether a line of `len` bytes is logged: it fits this budget and
+    /// `tenant`'s bucket has room for it (else it is counted as dropped).
+    fn admit(&mut self, len: usize, tenant: Option<&TenantLog>, now: Instant) -> bool {
+        let bytes = len as u64;
+        let fits = self.lines < self.limit.lines && self.bytes + bytes <= self.limit.bytes;
+        let paid = fits && tenant.is_none_or(|tenant| tenant.take(len, now));
+        if paid {
             self.lines += 1;
-            self.bytes += len;
-            true
-        } else {
-            self.dropped_lines += 1;
-            self.dropped_bytes += len;
-            false
+            self.bytes += bytes;
+            return true;
         }
+        self.dropped_lines += 1;
+        self.dropped_bytes += bytes;
+        if fits {
+            self.dropped_by_tenant += 1;
+        }
+        runloop_metrics::AGENT_LOG_DROPPED_LINES.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
     /// When the current window ends, if it has dropped lines to report.
@@ -163,12 +296,14 @@ impl Budget {
     }
 }
 
-/// Where a run's lines are logged from, and the budget its pipes share.
+/// Where a run's lines are logged from, the budget its pipes share, and
+/// its tenant's log rate.
 #[derive(Debug, Clone)]
 struct Source {
     program: Arc<str>,
     pid: u32,
     budget: Arc<Mutex<Budget>>,
+    tenant: Option<TenantLog>,
 }
 
 impl Source {
@@ -180,11 +315,20 @@ impl Source {
 
     fn report(&self, dropped: Dropped) {
         let limit = self.budget().limit;
+        let tenant = match &self.tenant {
+            Some(tenant) if dropped.by_tenant > 0 => format!(
+                "; {} of them over tenant {}'s log rate of {} bytes a second",
+                dropped.by_tenant,
+                tenant.name(),
+                tenant.rate()
+            ),
+            _ => String::new(),
+        };
         warn!(
             target: "runloop::agent_program",
             program = %self.program,
             pid = self.pid,
-            "{} lines ({} bytes) of output suppressed: over {} lines or {} bytes per {:?}",
+            "{} lines ({} bytes) of output suppressed: over {} lines or {} bytes per {:?}{tenant}",
             dropped.lines,
             dropped.bytes,
             limit.lines,
@@ -196,9 +340,10 @@ impl Source {
     /// Logs `line` if the budget has room; reports a window that is over.
     fn line(&self, line: &[u8], stream: &'static str) {
         let (dropped, admitted) = {
+            let now = Instant::now();
             let mut budget = self.budget();
-            let dropped = budget.roll(Instant::now());
-            (dropped, budget.admit(line.len()))
+            let dropped = budget.roll(now);
+            (dropped, budget.admit(line.len(), self.tenant.as_ref(), now))
         };
         if let Some(dropped) = dropped {
             self.report(dropped);
@@ -227,18 +372,20 @@ impl Source {
 }
 
 /// Logs a child's stdout and stderr (whichever are piped) until they end,
-/// naming `program` and `pid`, within `limit` for both together; the
-/// tasks that do it.
+/// naming `program` and `pid`, within `limit` for both together and
+/// `tenant`'s log rate with the tenant's other runs; the tasks that do it.
 pub fn log_output(
     child: &mut Child,
     program: Arc<str>,
     pid: u32,
     limit: OutputLimit,
+    tenant: Option<TenantLog>,
 ) -> Vec<JoinHandle<()>> {
     let source = Source {
         program,
         pid,
         budget: Arc::new(Mutex::new(Budget::new(limit, Instant::now()))),
+        tenant,
     };
     let mut tasks = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -328,6 +475,46 @@ mod tests {
         assert_eq!(Escaped("plain text").to_string(), "plain text");
     }
 
+    impl Budget {
+        fn admit_alone(&mut self, len: usize) -> bool {
+            self.admit(len, None, Instant::now())
+        }
+    }
+
+    #[test]
+    fn a_tenant_s_runs_share_one_rate_and_its_drops_are_named() {
+        let name: Arc<str> = Arc::from("alice-log-test");
+        let limit = OutputLimit::default();
+        let start = Instant::now();
+        let (one, two) = (TenantLog::of(&name, 1000), TenantLog::of(&name, 1000));
+        let (mut a, mut b) = (Budget::new(limit, start), Budget::new(limit, start));
+        // 1000 bytes a second: three lines of 200 (328 each with their
+        // cost) from two runs together, not a fourth.
+        assert!(a.admit(200, Some(&one), start));
+        assert!(b.admit(200, Some(&two), start));
+        assert!(a.admit(200, Some(&one), start));
+        assert!(!b.admit(200, Some(&two), start));
+        assert_eq!(b.dropped_by_tenant, 1);
+        // Half a second later the bucket holds 500 more.
+        let later = start + Duration::from_millis(500);
+        assert!(b.admit(200, Some(&two), later));
+        assert!(!a.admit(200, Some(&one), later));
+        assert_eq!(
+            a.take_dropped(),
+            Some(Dropped {
+                lines: 1,
+                bytes: 200,
+                by_tenant: 1
+            })
+        );
+        // Another tenant has a bucket of its own.
+        let bob = TenantLog::of(&Arc::from("bob-log-test"), 1000);
+        assert!(a.admit(200, Some(&bob), later));
+        // A rate of zero logs nothing; a run's own budget still holds.
+        let mute = TenantLog::of(&Arc::from("mute-log-test"), 0);
+        assert!(!a.admit(1, Some(&mute), later));
+    }
+
     #[test]
     fn a_budget_admits_lines_and_bytes_up_to_its_limit_per_window() {
         let limit = OutputLimit {
@@ -337,24 +524,32 @@ mod tests {
         };
         let start = Instant::now();
         let mut budget = Budget::new(limit, start);
-        assert!(budget.admit(10));
-        assert!(budget.admit(80));
-        assert!(!budget.admit(20), "110 bytes is over 100");
-        assert!(budget.admit(10));
-        assert!(!budget.admit(1), "a fourth line is over 3");
+        assert!(budget.admit_alone(10));
+        assert!(budget.admit_alone(80));
+        assert!(!budget.admit_alone(20), "110 bytes is over 100");
+        assert!(budget.admit_alone(10));
+        assert!(!budget.admit_alone(1), "a fourth line is over 3");
         assert_eq!(budget.report_due(), Some(start + limit.window));
         assert_eq!(budget.roll(start + Duration::from_secs(9)), None);
         assert_eq!(
             budget.roll(start + Duration::from_secs(10)),
             Some(Dropped {
                 lines: 2,
-                bytes: 21
+                bytes: 21,
+                by_tenant: 0
             })
         );
-        assert!(budget.admit(100), "a new window");
+        assert!(budget.admit_alone(100), "a new window");
         assert_eq!(budget.report_due(), None);
-        assert!(!budget.admit(1));
-        assert_eq!(budget.take_dropped(), Some(Dropped { lines: 1, bytes: 1 }));
+        assert!(!budget.admit_alone(1));
+        assert_eq!(
+            budget.take_dropped(),
+            Some(Dropped {
+                lines: 1,
+                bytes: 1,
+                by_tenant: 0
+            })
+        );
         assert_eq!(budget.take_dropped(), None, "reported once");
         assert_eq!(budget.roll(start + Duration::from_secs(30)), None);
     }

@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use super::output::{OutputLimit, log_output};
+use super::output::{OutputLimit, TenantLog, log_output};
 use super::{BoxFuture, Container, StartError};
 
 /// The first pause between two readiness probes; each pause doubles, up
@@ -138,17 +138,19 @@ pub struct Supervisor {
 
 impl Supervisor {
     /// Takes `child` (called `name` in the log, whose output is logged
-    /// within `output`); `stop` stops it once it serves, and a stopped
+    /// within `output` and its tenant's log rate, `tenant`); `stop` stops
+    /// it once it serves, and a stopped
     /// agent has `grace` between its stop signal and the kill.
     pub fn new(
         mut child: Child,
         name: Arc<str>,
         output: OutputLimit,
+        tenant: Option<TenantLog>,
         stop: CancellationToken,
         grace: Duration,
     ) -> Supervisor {
         let pid = child.id().unwrap_or_default();
-        let logs = log_output(&mut child, Arc::clone(&name), pid, output);
+        let logs = log_output(&mut child, Arc::clone(&name), pid, output, tenant);
         Supervisor {
             name,
             child,
@@ -545,6 +547,7 @@ mod tests {
             child,
             Arc::from("sh"),
             OutputLimit::default(),
+            None,
             CancellationToken::new(),
             Duration::from_secs(5),
         );

@@ -38,7 +38,7 @@ use super::outbox::{Order, ScopeOutbox};
 use super::shared::{Held, Shared, Stats};
 use super::{proxy_path, relay};
 use runloop_metrics::{RunEnd, RunRefusal, TenantFigures};
-use runloop_runtime::{Container, ContainerLimits, Puller, Registry};
+use runloop_runtime::{Container, ContainerLimits, Puller, Registry, RunTenant};
 
 /// What a run is served with: the server's shared state, the connection's
 /// end, who it is served as, its outbox, and its stop.
@@ -173,9 +173,20 @@ impl Run {
                 (runtime, reference)
             }
         };
+        // What the run shares with its tenant's others: one CPU weight
+        // and one log rate (protocol §12, "fair shares").
+        let tenant = RunTenant {
+            name: Arc::from(self.identity.name()),
+            cpu_weight: shared
+                .tenants
+                .shares(&self.identity)
+                .map_or(shared.config.tenant_cpu_weight, |shares| shares.cpu_weight),
+            log_rate: Some(shared.config.tenant_log_rate),
+        };
         let limits = ContainerLimits {
             memory: container.memory,
             disk: container.disk,
+            tenant,
         };
         info!(image = %name, "starting the container");
         let starting = Instant::now();

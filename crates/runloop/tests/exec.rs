@@ -24,7 +24,7 @@ fn fixture(name: &str) -> String {
 }
 
 fn limits(memory: u64) -> ContainerLimits {
-    ContainerLimits { memory, disk: 0 }
+    ContainerLimits::new(memory, 0)
 }
 
 /// An exec runtime whose runs' `disk` is accepted unenforced.
@@ -305,10 +305,7 @@ async fn without_cgroups_the_memory_limit_is_rlimit_data() {
 async fn a_run_s_disk_is_refused_unless_the_operator_accepts_it_unenforced() {
     let refusing = Exec::new("python3", [fixture("sse_agent.py")]);
     let error = refusing
-        .start(ContainerLimits {
-            memory: GIB,
-            disk: 64 << 20,
-        })
+        .start(ContainerLimits::new(GIB, 64 << 20))
         .await
         .expect_err("disk cannot be held");
     assert_eq!(
@@ -325,20 +322,14 @@ async fn a_run_s_disk_is_refused_unless_the_operator_accepts_it_unenforced() {
     );
     // Disk 0 asks nothing that needs holding.
     let nothing = refusing
-        .spawn(ContainerLimits {
-            memory: GIB,
-            disk: 0,
-        })
+        .spawn(ContainerLimits::new(GIB, 0))
         .await
         .expect("disk 0 runs under --exec-disk refuse");
     nothing.terminate().await;
     let accepting = refusing.with_disk(DiskPolicy::Unenforced);
     assert_eq!(accepting.caveat(), None);
     let container = accepting
-        .spawn(ContainerLimits {
-            memory: GIB,
-            disk: 64 << 20,
-        })
+        .spawn(ContainerLimits::new(GIB, 64 << 20))
         .await
         .expect("runs, disk unenforced");
     container.terminate().await;

@@ -30,10 +30,9 @@ use super::images::{self, Images};
 use super::registry::LocalRegistry;
 use super::{Server, leftovers, run_against};
 
-const LIMITS: ContainerLimits = ContainerLimits {
-    memory: 128 << 20,
-    disk: 16 << 20,
-};
+fn limits() -> ContainerLimits {
+    ContainerLimits::new(128 << 20, 16 << 20)
+}
 
 fn p50(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -100,7 +99,7 @@ fn figures() {
                 .expect("host");
             let started = Instant::now();
             let (_, oci) = host.layout(&layout, None).await.expect("layout");
-            let container = oci.spawn(LIMITS).await.expect("starts");
+            let container = oci.spawn(limits()).await.expect("starts");
             cold.push(started.elapsed());
             container.terminate().await;
         }
@@ -113,7 +112,7 @@ fn figures() {
         let mut cached = Vec::new();
         for _ in 0..20 {
             let started = Instant::now();
-            let container = oci.spawn(LIMITS).await.expect("starts");
+            let container = oci.spawn(limits()).await.expect("starts");
             cached.push(started.elapsed());
             container.terminate().await;
         }
@@ -322,11 +321,11 @@ fn start_p50() {
         let host = Host::open(config).await.expect("host");
         let (_, oci) = host.layout(&layout, None).await.expect("layout");
         // One start to warm the caches, not counted.
-        oci.spawn(LIMITS).await.expect("starts").terminate().await;
+        oci.spawn(limits()).await.expect("starts").terminate().await;
         let mut starts = Vec::new();
         for _ in 0..40 {
             let started = Instant::now();
-            let container = oci.spawn(LIMITS).await.expect("starts");
+            let container = oci.spawn(limits()).await.expect("starts");
             starts.push(started.elapsed());
             container.terminate().await;
         }

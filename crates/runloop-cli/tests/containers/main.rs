@@ -289,6 +289,14 @@ fn leftovers(store: &Path, keys: &[String]) -> Vec<String> {
                 found.push(format!("cgroup {}", dir.display()));
             }
         }
+        // Below a tenant's cgroup, where runs are.
+        if let Ok(version) = runloop_oci::cgroup::detect() {
+            for cgroup in runloop_oci::cgroup::of_container(version, &id) {
+                for dir in cgroup.leftovers() {
+                    found.push(format!("cgroup {}", dir.display()));
+                }
+            }
+        }
     }
     let mounts = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     let store_text = store.display().to_string();
@@ -1019,6 +1027,138 @@ fn serve_refuses_at_startup_what_it_cannot_run() {
 }
 
 #[test]
+fn a_store_the_containers_cannot_reach_is_refused_at_startup_with_its_fix() {
+    // Issue 40, item 8: `serve --store DIR/store` with DIR mode 0700 (a
+    // `mktemp -d`) started, and every container run failed with runc's
+    // "error preparing rootfs: … permission denied".
+    if !ready() {
+        return;
+    }
+    let images = Images::get();
+    let (layout, digest) = images.agent_layout("unreachable-store");
+    let agent = format!("demo=oci:{}", layout.display());
+    let scratch = tempfile::tempdir().expect("temp");
+    let private = scratch.path().join("private");
+    fs::create_dir(&private).expect("made");
+    fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod 0700");
+    let store = private.join("store");
+    if oci_runtime() == "runsc" {
+        // The sandbox's gofer reaches the store as root: nothing to refuse.
+        return;
+    }
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_runloop"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(&store)
+        .args(["--oci-runtime", &oci_runtime(), "--agent", &agent])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve runs");
+    let mut url = String::new();
+    BufReader::new(serve.stdout.take().expect("stdout"))
+        .read_line(&mut url)
+        .expect("reads");
+    if !url.is_empty() {
+        let _ = serve.kill();
+        let _ = serve.wait();
+        panic!("serve started at {url} with a store its containers cannot reach");
+    }
+    let output = serve.wait_with_output().expect("serve exits");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(&format!("is below {} (mode 0700", private.display()))
+            && said.contains(&format!("chmod o+x {}", private.display())),
+        "{said}"
+    );
+    // The fix it names works: a loop runs.
+    fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .expect("chmod o+x");
+    let server = Server::start_on(scratch, store, &[agent], &[]);
+    let ran = server.run(&format!("demo@{digest}"), "256M", "64M", "hello");
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}\n{}", server.log());
+    assert_eq!(server.terminate(), Some(0));
+}
+
+#[test]
+fn a_container_runs_below_its_tenant_s_cgroup_of_the_tenant_s_weight() {
+    // Issue 40, item 6: a tenant's oci runs share one CPU weight, as its
+    // exec runs do (tests/it/exec.rs has the two tenants).
+    if !ready() {
+        return;
+    }
+    let images = Images::get();
+    let (layout, digest) = images.agent_layout("tenant-cgroup");
+    let server = Server::start(
+        &[format!("demo=oci:{}", layout.display())],
+        &["--tenant-cpu-weight", "250"],
+    );
+    let own = format!("{}.", server.pid());
+    let root = if Path::new("/sys/fs/cgroup/cpu/cpu.shares").exists() {
+        "/sys/fs/cgroup/cpu"
+    } else {
+        "/sys/fs/cgroup"
+    };
+    let tenant = || -> Option<PathBuf> {
+        fs::read_dir(format!("{root}/runloop-tenants"))
+            .ok()?
+            .flatten()
+            .find(|d| d.file_name().to_string_lossy().starts_with(&own))
+            .map(|d| d.path().join("tenant-anonymous"))
+            .filter(|dir| dir.is_dir())
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(async {
+        let client = runloop::client::Client::connect(&server.url, "")
+            .await
+            .expect("connects");
+        let json = format!(
+            r#"{{"image":{{"server":{{"name":"demo","digest":"{digest}"}}}},"memory":268435456,"disk":67108864,"agent":{{}}}}"#
+        );
+        let request = <runloop::proto::agents_run::RunRequest as runloop::proto::Decode>::decode(
+            json.as_bytes(),
+        )
+        .expect("a request");
+        let run = client.start(request).await.expect("the run starts");
+        let dir = tenant().expect("the tenant's cgroup");
+        let containers: Vec<String> = fs::read_dir(&dir)
+            .expect("its runs")
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(containers.len(), 1, "{containers:?}");
+        assert!(containers[0].starts_with("runloop-"), "{containers:?}");
+        let (file, expected) = if root.ends_with("/cpu") {
+            ("cpu.shares", "2560")
+        } else {
+            ("cpu.weight", "250")
+        };
+        assert_eq!(
+            fs::read_to_string(dir.join(file)).expect("a weight").trim(),
+            expected
+        );
+        run.stop().await;
+        client.close().await;
+    });
+    assert!(
+        tenant().is_none(),
+        "the tenant's cgroup goes with its last run"
+    );
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
+
+#[test]
 fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
     if !ready() {
         return;
@@ -1080,16 +1220,30 @@ fn quotas_seen<T>(during: impl FnOnce() -> T) -> (T, std::collections::BTreeSet<
         let watcher = scope.spawn(|| {
             let mut seen = std::collections::BTreeSet::new();
             while !done.load(Ordering::Relaxed) {
-                for dir in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"] {
-                    let Ok(entries) = fs::read_dir(dir) else {
-                        continue;
-                    };
-                    for entry in entries.flatten() {
-                        if entry.file_name().to_string_lossy().starts_with("runloop-")
-                            && let Ok(quota) =
-                                fs::read_to_string(entry.path().join("cpu.cfs_quota_us"))
-                        {
-                            seen.insert(quota.trim().to_owned());
+                for root in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"] {
+                    // Containers are below their tenant's cgroup, below
+                    // their server's: runloop-tenants/*/*/runloop-KEY.
+                    let tenants = fs::read_dir(format!("{root}/runloop-tenants"))
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .flat_map(|server| fs::read_dir(server.path()).into_iter().flatten())
+                        .flatten()
+                        .map(|tenant| tenant.path());
+                    for dir in tenants.chain([PathBuf::from(root)]) {
+                        let Ok(entries) = fs::read_dir(dir) else {
+                            continue;
+                        };
+                        for entry in entries.flatten() {
+                            let name = entry.file_name().to_string_lossy().into_owned();
+                            if name.starts_with("runloop-")
+                                && name != "runloop-tenants"
+                                && name != "runloop-exec"
+                                && let Ok(quota) =
+                                    fs::read_to_string(entry.path().join("cpu.cfs_quota_us"))
+                            {
+                                seen.insert(quota.trim().to_owned());
+                            }
                         }
                     }
                 }
@@ -1316,10 +1470,7 @@ fn stop_time(layout: &Path, init: bool, grace: std::time::Duration) -> std::time
         let host = runloop_oci::Host::open(config).await.expect("host");
         let (_, oci) = host.layout(layout, None).await.expect("layout");
         let container = oci
-            .spawn(runloop::runtime::ContainerLimits {
-                memory: 64 << 20,
-                disk: 4 << 20,
-            })
+            .spawn(runloop::runtime::ContainerLimits::new(64 << 20, 4 << 20))
             .await
             .expect("starts");
         let started = std::time::Instant::now();

@@ -1,6 +1,8 @@
 //! `runloop serve` with `exec:` agents, as a process: what a run's
 //! programs leave behind when the server ends (gracefully, or killed
-//! outright), and how much of their output reaches the server's log.
+//! outright), how much of their output reaches the server's log (a run's,
+//! and a tenant's runs' together), and the cgroups of tenants that share
+//! one CPU weight.
 
 use crate::common;
 
@@ -151,7 +153,7 @@ fn the_next_start_removes_what_a_killed_server_left() {
     let mut log = String::new();
     stderr.read_to_string(&mut log).expect("the log");
     assert!(
-        log.contains("removed the runs of an exec server that ended without stopping them"),
+        log.contains("removed the runs of a server that ended without stopping them"),
         "{log}"
     );
 }
@@ -218,4 +220,279 @@ fn a_program_that_floods_its_output_fills_the_log_only_so_far() {
                 .contains("bytes) of output suppressed: over 1000 lines or 1048576 bytes per 10s"),
         "{suppressed:?}"
     );
+}
+
+/// A run of `image` asking for 64 MiB.
+fn small_request(image: &str) -> RunRequest {
+    let json = format!(
+        r#"{{"image":{{"server":{{"name":"{image}","digest":"sha256:{}"}}}},"memory":67108864,"disk":0,"agent":{{}}}}"#,
+        "0".repeat(64)
+    );
+    RunRequest::decode(json.as_bytes()).expect("a request")
+}
+
+/// The log of a `runloop serve` read as it comes: its bytes so far, and
+/// its text once it ends.
+struct Counted {
+    bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    text: std::thread::JoinHandle<String>,
+}
+
+impl Counted {
+    fn of(mut server: Serve) -> (Serve, Counted) {
+        let log = server.stderr();
+        let bytes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counting = std::sync::Arc::clone(&bytes);
+        let text = std::thread::spawn(move || {
+            let mut reader = BufReader::new(log);
+            let (mut text, mut line) = (String::new(), Vec::new());
+            while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+                counting.fetch_add(line.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                let shown = String::from_utf8_lossy(&line);
+                // The agents' own lines are many; the rest is kept.
+                if !shown.contains("flood xxxx") {
+                    text.push_str(&shown);
+                }
+                line.clear();
+            }
+            text
+        });
+        (server, Counted { bytes, text })
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn one_tenant_s_flooding_runs_fill_the_log_at_its_rate_only() {
+    // Issue 40, item 6: one tenant's 8 runs wrote 8.9 MB of server log in
+    // 1.9 s, each within its own budget. Bar: at most 2 MiB in 5 s.
+    let agent = format!("flood=exec:python3 {}", fixture("flood_forever.py"));
+    let server = Serve::start("info", &["--exec-disk", "unenforced", "--agent", &agent]);
+    let url = server.url.clone();
+    let (server, log) = Counted::of(server);
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let before = log.bytes();
+    let start = Instant::now();
+    let (client, runs) = runtime.block_on(async {
+        let client = Client::connect(&url, "").await.expect("connects");
+        let starts = (0..8).map(|_| client.start(small_request("flood")));
+        let runs: Vec<_> = futures_util::future::join_all(starts)
+            .await
+            .into_iter()
+            .map(|run| run.expect("a flooding run starts"))
+            .collect();
+        (client, runs)
+    });
+    let started = start.elapsed();
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(started));
+    let in_five_seconds = log.bytes() - before;
+    runtime.block_on(async {
+        for run in runs {
+            run.stop().await;
+        }
+        client.close().await;
+    });
+    assert_eq!(server.terminate().code(), Some(0));
+    let text = log.text.join().expect("the log");
+    println!(
+        "8 flooding runs of one tenant: {} KiB of log in the 5 s from their start (runs up in {started:?})",
+        in_five_seconds >> 10
+    );
+    assert!(
+        in_five_seconds <= 2 << 20,
+        "{in_five_seconds} bytes of log in 5 s"
+    );
+    // What was dropped is said, and why.
+    assert!(
+        text.contains("of them over tenant anonymous's log rate of 65536 bytes a second"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_tenant_s_runs_share_one_cpu_weight_in_a_cgroup_of_its_own() {
+    if !cgroups() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        "[[tenant]]\nname = \"alice\"\ntokens = [\"sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90\"]\ncpu-weight = 300\n\
+         [[tenant]]\nname = \"bob\"\ntokens = [\"sha256:81b637d8fcd2c6da6359e6963113a1170de795e4b725b84d1e0b4cfd9ec58ce9\"]\n",
+    )
+    .expect("written");
+    let agent = format!("sse=exec:python3 {}", fixture("sse_agent.py"));
+    let server = Serve::start(
+        "info",
+        &[
+            "--config",
+            config.to_str().expect("a path"),
+            "--exec-disk",
+            "unenforced",
+            "--agent",
+            &agent,
+        ],
+    );
+    let own = format!("{}.", server.pid());
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let url = server.url.clone();
+    // The hierarchy that holds the CPU: v1's cpu, or the unified one.
+    let root = if std::path::Path::new("/sys/fs/cgroup/cpu/cpu.shares").exists() {
+        "/sys/fs/cgroup/cpu"
+    } else {
+        "/sys/fs/cgroup"
+    };
+    let servers = format!("{root}/runloop-tenants");
+    let tree = || -> Option<std::path::PathBuf> {
+        std::fs::read_dir(&servers)
+            .ok()?
+            .flatten()
+            .find(|d| d.file_name().to_string_lossy().starts_with(&own))
+            .map(|d| d.path())
+    };
+    let weight = |tenant: &std::path::Path| -> u64 {
+        let (file, scale) = if root.ends_with("/cpu") {
+            ("cpu.shares", 1024)
+        } else {
+            ("cpu.weight", 100)
+        };
+        let raw: u64 = std::fs::read_to_string(tenant.join(file))
+            .expect("a weight")
+            .trim()
+            .parse()
+            .expect("a number");
+        raw * 100 / scale
+    };
+    let runs = |tenant: &std::path::Path| -> usize {
+        std::fs::read_dir(tenant)
+            .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+            .unwrap_or(0)
+    };
+    runtime.block_on(async {
+        // "alice" and "bob" are the tokens of the hashes above.
+        let alice = Client::connect(&url, "alice").await.expect("alice");
+        let bob = Client::connect(&url, "bob").await.expect("bob");
+        let a1 = alice
+            .start(small_request("sse"))
+            .await
+            .expect("alice's run");
+        let a2 = alice
+            .start(small_request("sse"))
+            .await
+            .expect("alice's run");
+        let b1 = bob.start(small_request("sse")).await.expect("bob's run");
+        let tree = tree().expect("the server's tenants' cgroup");
+        let (alices, bobs) = (tree.join("tenant-alice"), tree.join("tenant-bob"));
+        // Each tenant's runs below one cgroup of its weight.
+        assert_eq!(weight(&alices), 300);
+        assert_eq!(weight(&bobs), 100);
+        assert_eq!((runs(&alices), runs(&bobs)), (2, 1));
+        a1.stop().await;
+        assert_eq!(runs(&alices), 1, "a run's cgroup goes with it");
+        b1.stop().await;
+        assert!(!bobs.exists(), "a tenant's cgroup goes with its last run");
+        a2.stop().await;
+        assert!(!alices.exists());
+        alice.close().await;
+        bob.close().await;
+    });
+    assert_eq!(server.terminate().code(), Some(0));
+    assert!(tree().is_none(), "the server's own goes with it");
+}
+
+/// The time of one loop of bob's fixed CPU work (`work` agent, `n`
+/// iterations), as the caller sees it.
+async fn bob_s_work(run: &runloop::client::Run, n: u64) -> Duration {
+    let start = Instant::now();
+    let outcome = run.run_loop(n.to_string()).outcome().await;
+    assert_eq!(
+        outcome,
+        runloop::proto::run_loop::Outcome::Finished { fatal: false }
+    );
+    start.elapsed()
+}
+
+/// Bob's fixed CPU workload alone, then while alice spins 8 runs (each a
+/// CPU's worth, on however many the machine has): the ratio, against the
+/// bar of 1.6 (issue 40, item 6: 1.6 s alone took 4.3 s before, when each
+/// run weighed the same whoever's it was). A figure of
+/// `benches/figures.rs` (not a test: a load, timed).
+#[allow(dead_code)]
+pub fn cpu_weights_while_alice_spins() {
+    if !cgroups() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        "[[tenant]]\nname = \"alice\"\ntokens = [\"sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90\"]\n\
+         [[tenant]]\nname = \"bob\"\ntokens = [\"sha256:81b637d8fcd2c6da6359e6963113a1170de795e4b725b84d1e0b4cfd9ec58ce9\"]\n",
+    )
+    .expect("written");
+    let spin = format!("spin=exec:python3 {} spin", fixture("cpu.py"));
+    let work = format!("work=exec:python3 {} work", fixture("cpu.py"));
+    let server = Serve::start(
+        "warn",
+        &[
+            "--config",
+            config.to_str().expect("a path"),
+            "--exec-disk",
+            "unenforced",
+            "--agent",
+            &spin,
+            "--agent",
+            &work,
+        ],
+    );
+    let url = server.url.clone();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let n: u64 = std::env::var("RUNLOOP_CPU_WORK")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(30_000_000);
+    let (alone, loaded) = runtime.block_on(async {
+        let bob = Client::connect(&url, "bob").await.expect("bob");
+        let work = bob.start(small_request("work")).await.expect("bob's run");
+        let mut alone = Vec::new();
+        for _ in 0..3 {
+            alone.push(bob_s_work(&work, n).await);
+        }
+        let alice = Client::connect(&url, "alice").await.expect("alice");
+        let mut spinning = Vec::new();
+        for _ in 0..8 {
+            spinning.push(
+                alice
+                    .start(small_request("spin"))
+                    .await
+                    .expect("alice's run"),
+            );
+        }
+        // Her spinners are up to speed.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut loaded = Vec::new();
+        for _ in 0..3 {
+            loaded.push(bob_s_work(&work, n).await);
+        }
+        for run in spinning {
+            run.stop().await;
+        }
+        work.stop().await;
+        alice.close().await;
+        bob.close().await;
+        alone.sort();
+        loaded.sort();
+        (alone[1], loaded[1])
+    });
+    assert_eq!(server.terminate().code(), Some(0));
+    let ratio = loaded.as_secs_f64() / alone.as_secs_f64();
+    println!(
+        "bob's fixed work ({n} iterations), median of 3: {alone:?} alone, {loaded:?} while alice \
+         spins 8 runs: {ratio:.2}x (bar 1.6x)"
+    );
+    assert!(ratio <= 1.6, "bob's work took {ratio:.2}x its time alone");
 }

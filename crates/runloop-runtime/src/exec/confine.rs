@@ -2,12 +2,16 @@
 //! limits, and how a server cleans up after one that was killed.
 //!
 //! With cgroups (root, and the memory and pids controllers), every run
-//! gets a cgroup of its own, below one per server process:
+//! gets a cgroup of its own, below its tenant's, below one per server
+//! process ([`cgroup::Tenants`]: the tenant's runs share its CPU weight):
 //!
 //! ```text
-//! /sys/fs/cgroup/{memory,pids}/runloop-exec/<server pid>.<server start time>/<run>   (v1)
-//! /sys/fs/cgroup/runloop-exec/<server pid>.<server start time>/<run>                 (v2)
+//! /sys/fs/cgroup/{memory,pids,cpu}/runloop-tenants/<server pid>.<start time>/tenant-<name>/<run>   (v1)
+//! /sys/fs/cgroup/runloop-tenants/<server pid>.<start time>/tenant-<name>/<run>                     (v2)
 //! ```
+//!
+//! (`runloop-exec/<server pid>.<start time>/`, where they were before, is
+//! still made and swept: it says which servers run exec runs.)
 //!
 //! The child joins its run's cgroup before it runs a single instruction
 //! of the program, so its memory limit counts everything the program and
@@ -68,7 +72,10 @@ impl Confinement {
         };
         let parent = Cgroup::new(version, PARENT);
         sweep(&parent);
-        let own = parent.child(&server_name(std::process::id(), own_start_time()));
+        // The tenants' cgroups, where the runs go: those of servers gone
+        // are removed now too, before anything runs.
+        let _ = cgroup::Tenants::of_host();
+        let own = parent.child(&cgroup::own_server_name());
         match own.create(None) {
             Ok(()) => Confinement::Cgroups(own),
             Err(error) => {
@@ -99,27 +106,10 @@ impl Confinement {
         {
             let _ = own.remove();
         }
+        if let Some(tenants) = cgroup::Tenants::of_host() {
+            tenants.release();
+        }
     }
-}
-
-/// The name of a server's cgroup: its pid and start time, which no other
-/// process shares, so a later server can tell whether it is still alive.
-fn server_name(pid: u32, start: u64) -> String {
-    format!("{pid}.{start}")
-}
-
-/// A process's start time (clock ticks since boot, field 22 of its
-/// `stat`), `None` when there is no such process.
-fn start_time(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses; the
-    // fields after its last `)` start with field 3.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-fn own_start_time() -> u64 {
-    start_time("self").unwrap_or_default()
 }
 
 /// Kills and removes the runs of every server below `parent` whose
@@ -127,11 +117,7 @@ fn own_start_time() -> u64 {
 fn sweep(parent: &Cgroup) {
     for server in parent.children() {
         let name = server.path().rsplit('/').next().unwrap_or_default();
-        let alive = name
-            .split_once('.')
-            .and_then(|(pid, start)| Some((start_time(pid)?, start.parse::<u64>().ok()?)))
-            .is_some_and(|(now, then)| now == then);
-        if alive {
+        if cgroup::alive(name) {
             continue;
         }
         let mut killed = 0;
@@ -154,18 +140,5 @@ fn sweep(parent: &Cgroup) {
                 "removed the runs of an exec server that ended without stopping them"
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_start_time_is_read_past_any_command_name() {
-        let own = start_time("self").expect("this process has one");
-        assert_eq!(start_time(&std::process::id().to_string()), Some(own));
-        assert_eq!(start_time("0"), None);
-        assert_eq!(server_name(12, 345), "12.345");
     }
 }

@@ -81,7 +81,7 @@ use tracing::{info, warn};
 
 pub use confine::{Confinement, PARENT};
 
-use super::cgroup::{Bounds, Cgroup, Joiner};
+use super::cgroup::{Bounds, Cgroup, Joiner, TenantHold, Tenants};
 use super::output::OutputLimit;
 use super::supervised::{self, Agent, NotReady, Supervised, Supervisor};
 use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
@@ -216,7 +216,7 @@ impl Exec {
         }
         let mut taken = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
-            match self.attempt(limits).await {
+            match self.attempt(&limits).await {
                 Ok(container) => return Ok(container),
                 Err(Failed::PortTaken(port)) => {
                     warn!(program = %self.program, port, "another process listens on the agent program's port; trying another");
@@ -233,14 +233,14 @@ impl Exec {
     }
 
     /// One try at a start, on one port.
-    async fn attempt(&self, limits: ContainerLimits) -> Result<ExecContainer, Failed> {
+    async fn attempt(&self, limits: &ContainerLimits) -> Result<ExecContainer, Failed> {
         let lease = Lease::take().map_err(|error| {
             Failed::Start(format!(
                 "cannot find a free port for the agent program: {error}"
             ))
         })?;
         let port = lease.port();
-        let (cgroup, setup) = self.hold(limits)?;
+        let (cgroup, tenant, setup) = self.hold(limits)?;
         let spawned = self.command(port, setup).spawn();
         let child = match spawned {
             Ok(child) => child,
@@ -248,6 +248,7 @@ impl Exec {
                 if let Some(cgroup) = cgroup {
                     let _ = cgroup.remove();
                 }
+                drop(tenant);
                 return Err(Failed::Start(format!(
                     "cannot start the agent program {:?}: {error}",
                     self.program
@@ -264,6 +265,7 @@ impl Exec {
                     None => Hold::Group(pid),
                 },
                 armed: true,
+                tenant,
             },
             lease,
         };
@@ -273,6 +275,7 @@ impl Exec {
             child,
             Arc::clone(&name),
             self.config.output,
+            limits.tenant.log(),
             CancellationToken::new(),
             self.config.grace,
         );
@@ -310,12 +313,35 @@ impl Exec {
         Ok(container)
     }
 
-    /// The run's cgroup, made, and what the child does to join it; or,
-    /// without cgroups, the memory limit for `RLIMIT_DATA`.
-    fn hold(&self, limits: ContainerLimits) -> Result<(Option<Cgroup>, Setup), Failed> {
-        let Confinement::Cgroups(parent) = self.confinement() else {
-            return Ok((None, Setup::Data(limits.memory)));
+    /// The run's cgroup, made below its tenant's (whose weight it shares
+    /// with the tenant's other runs), and what the child does to join it;
+    /// or, without cgroups, the memory limit for `RLIMIT_DATA`.
+    fn hold(
+        &self,
+        limits: &ContainerLimits,
+    ) -> Result<(Option<Cgroup>, Option<TenantHold>, Setup), Failed> {
+        let Confinement::Cgroups(own) = self.confinement() else {
+            return Ok((None, None, Setup::Data(limits.memory)));
         };
+        // The host's confinement puts runs below their tenant's cgroup; one
+        // given by hand (tests) below its own.
+        let tenant = match self.config.confinement {
+            Some(_) => None,
+            None => match Tenants::of_host() {
+                Some(tenants) => Some(
+                    tenants
+                        .hold(&limits.tenant.name, limits.tenant.cpu_weight)
+                        .map_err(|error| {
+                            Failed::Start(format!(
+                                "cannot make the cgroup of tenant {}: {error}",
+                                limits.tenant.name
+                            ))
+                        })?,
+                ),
+                None => None,
+            },
+        };
+        let parent = tenant.as_ref().map_or(own, TenantHold::cgroup);
         let name = random_name().map_err(Failed::Start)?;
         let cgroup = parent.child(&name);
         let bounds = Bounds {
@@ -323,7 +349,7 @@ impl Exec {
             pids: self.config.pids,
         };
         match cgroup.create(Some(bounds)).and_then(|()| cgroup.joiner()) {
-            Ok(joiner) => Ok((Some(cgroup), Setup::Join(Arc::new(joiner)))),
+            Ok(joiner) => Ok((Some(cgroup), tenant, Setup::Join(Arc::new(joiner)))),
             Err(error) => {
                 let _ = cgroup.remove();
                 Err(Failed::Start(format!(
@@ -521,10 +547,14 @@ fn signal_group(pgid: u32, signal: libc::c_int) {
 }
 
 /// A run whose processes are killed (and cgroup removed) when this guard
-/// is dropped armed.
+/// is dropped armed; its hold on its tenant's cgroup goes after that.
 struct Guard {
     hold: Hold,
     armed: bool,
+    /// Held, never read: dropped after the run's cgroup is gone, it
+    /// removes the tenant's once no other run holds it.
+    #[allow(dead_code)]
+    tenant: Option<TenantHold>,
 }
 
 impl Drop for Guard {

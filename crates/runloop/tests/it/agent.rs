@@ -275,10 +275,7 @@ async fn a_loop_running_when_the_agent_program_shuts_down_is_unfinished() {
 async fn the_builtin_runtime_runs_the_demo_and_stops() {
     let runtime = Builtin::demo();
     let container = runtime
-        .start(ContainerLimits {
-            memory: 1 << 30,
-            disk: 0,
-        })
+        .start(ContainerLimits::new(1 << 30, 0))
         .await
         .expect("starts");
     let url = container.proxy_url().to_owned();

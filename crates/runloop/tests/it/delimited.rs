@@ -23,10 +23,7 @@ async fn one_loop(mode: &str) -> (Vec<String>, Outcome, Option<String>) {
     let exec = Exec::new("python3", [fixture("framed_agent.py"), mode.to_owned()])
         .with_disk(DiskPolicy::Unenforced);
     let container = exec
-        .spawn(ContainerLimits {
-            memory: 1 << 30,
-            disk: 0,
-        })
+        .spawn(ContainerLimits::new(1 << 30, 0))
         .await
         .expect("the agent program starts");
     let url = runloop::runtime::Container::proxy_url(&container).to_owned();
