@@ -48,10 +48,10 @@ fn config(ca: &[PathBuf]) -> PyResult<ClientConfig> {
             Failure::Connect(format!("cannot use the certificate authorities: {error}")).raise()
         })?)
     };
-    Ok(ClientConfig {
-        tls,
-        ..ClientConfig::default()
-    })
+    // The package bounds connecting itself (`connect_timeout`, named).
+    let mut config = ClientConfig::default().connect_timeout(None);
+    config.tls = tls;
+    Ok(config)
 }
 
 fn seconds(value: Option<f64>, what: &str) -> PyResult<Option<Duration>> {

@@ -397,11 +397,9 @@ impl Args {
             (None, Some((handle, _))) => handle.url(),
             (None, None) => unreachable!("an embedded server is started when no URL is given"),
         };
-        let config = ClientConfig {
-            tap: Some(tap),
-            tls: client_tls(&self.authorities)?,
-            ..ClientConfig::default()
-        };
+        // `--connect-timeout` bounds the connection here (exit 8, named).
+        let mut config = ClientConfig::default().tap(tap).connect_timeout(None);
+        config.tls = client_tls(&self.authorities)?;
         let client = limits
             .connect(Client::connect_with(&url, token, config))
             .await?

@@ -19,7 +19,7 @@
 //! ```
 //! Every loop's responses go through
 //! `runloop_proto`'s [`Reader`](runloop_proto::run_loop::Reader), so a
-//! loop's [`Outcome`](runloop_proto::run_loop::Outcome) means exactly what
+//! loop's [`Outcome`] means exactly what
 //! the protocol says: a dropped connection or an ended run is `Broken`,
 //! never `Finished`.
 //!
@@ -28,19 +28,24 @@
 //! pauses every other scope on the same connection: the protocol has no
 //! per-channel flow control, so bounded memory costs head-of-line blocking.
 //! Read loops you open, or open them on separate connections.
+//!
+//! A caller needs this crate alone: what it uses of the protocol's types
+//! (the run request, chunks, outcomes, the transcript, error values) is
+//! re-exported here, and the whole of `runloop-proto` as [`proto`].
 
 mod connection;
 mod run;
 mod run_loop;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use runloop_proto::agents_run::{RunRequest, RunResponseError};
+use runloop_proto::agents_run::RunResponseError;
 use runloop_proto::authorization::Authorization;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, Role};
-use runloop_proto::{Encode, ErrorValue, Undecodable};
+use runloop_proto::{Encode, Undecodable};
 use tokio::sync::oneshot;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
@@ -49,15 +54,52 @@ use tracing::debug;
 pub use run::Run;
 pub use run_loop::{Event, RunLoop};
 
+/// The whole protocol crate, for what the names below leave out (the
+/// chunk kinds' own structs, the capture format, …).
+#[doc(no_inline)]
+pub use runloop_proto as proto;
+#[doc(no_inline)]
+pub use runloop_proto::agents_run::{
+    Container, DEFAULT_LIMIT, Image, ImageRef, InvalidRequest, RegistryImage, RunRequest,
+};
+#[doc(no_inline)]
+pub use runloop_proto::run_loop::{
+    AgenticLoopChunk, Broken, ChunkKind, Outcome, RunLoopRequest, Transcript,
+};
+#[doc(no_inline)]
+pub use runloop_proto::{ErrorKind, ErrorValue};
+#[doc(no_inline)]
+pub use runloop_wire::limits::Limits;
+#[doc(no_inline)]
+pub use runloop_wire::tls::{ClientTls, TlsError};
+#[doc(no_inline)]
+pub use runloop_wire::transport::DialError;
+
 use self::connection::{Connection, Shared, Started};
-use runloop_wire::limits::{LimitError, Limits};
-use runloop_wire::tls::ClientTls;
-use runloop_wire::transport::{self, DialError};
+use runloop_wire::limits::LimitError;
+use runloop_wire::transport;
 pub use runloop_wire::writer::Tap;
 use runloop_wire::writer::{self, write_frames};
 
+/// How long connecting may take by default: TCP, TLS, the WebSocket
+/// upgrade and sending the authorization (the Python package's default too).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How a client behaves.
-#[derive(Clone, Default)]
+///
+/// Made from [`ClientConfig::default`] and changed with the setters (or
+/// by assigning a field): the struct is `#[non_exhaustive]`, so a field
+/// added later never breaks a caller.
+///
+/// ```
+/// use std::time::Duration;
+/// use runloop_client::ClientConfig;
+///
+/// let config = ClientConfig::default().connect_timeout(Some(Duration::from_secs(3)));
+/// assert_eq!(config.connect_timeout, Some(Duration::from_secs(3)));
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// Per-connection limits (message size, queued responses per loop).
     pub limits: Limits,
@@ -66,6 +108,51 @@ pub struct ClientConfig {
     /// Whom a `wss://` server's certificate must come from; none: the
     /// platform's roots ([`ClientTls::platform`]).
     pub tls: Option<ClientTls>,
+    /// How long [`Client::connect_with`] may take, from the dial to the
+    /// authorization sent; `None`: no bound. [`DEFAULT_CONNECT_TIMEOUT`]
+    /// by default.
+    pub connect_timeout: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            limits: Limits::default(),
+            tap: None,
+            tls: None,
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// With these per-connection limits.
+    #[must_use]
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// With a tap that sees every frame in both directions.
+    #[must_use]
+    pub fn tap(mut self, tap: Tap) -> Self {
+        self.tap = Some(tap);
+        self
+    }
+
+    /// Trusting `tls`'s authorities (and the platform's roots) for `wss://`.
+    #[must_use]
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// With this bound on connecting; `None`: no bound.
+    #[must_use]
+    pub fn connect_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.connect_timeout = limit;
+        self
+    }
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -74,6 +161,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("limits", &self.limits)
             .field("tap", &self.tap.is_some())
             .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }
@@ -93,6 +181,9 @@ pub enum ConnectError {
     /// A limit of the configuration is below its minimum.
     #[error("the client's configuration cannot work: {0}")]
     Limit(#[source] LimitError),
+    /// Connecting took longer than [`ClientConfig::connect_timeout`].
+    #[error("connecting took longer than {} s", .0.as_secs_f64())]
+    Timeout(Duration),
 }
 
 /// Why a run did not start.
@@ -180,21 +271,31 @@ impl Client {
         config: ClientConfig,
     ) -> Result<Client, ConnectError> {
         config.limits.validate().map_err(ConnectError::Limit)?;
-        let (ws, _response) = transport::dial(url, config.tls.as_ref(), config.limits.websocket())
-            .await
-            .map_err(ConnectError::Dial)?;
-        let (mut sink, stream) = ws.split();
-        // Authorization first: nothing precedes it (protocol §3).
-        let authorization = Authorization::Unbrokered(credential);
-        let mut payload = Vec::new();
-        let Ok(()) = authorization.encode_to(&mut payload);
-        let message = frame::to_message(&ClientFrame::Authorization { payload: &payload });
-        if let Some(tap) = &config.tap {
-            tap(Role::Client, &message);
-        }
-        sink.send(Message::Binary(message.into()))
-            .await
-            .map_err(ConnectError::Authorization)?;
+        let opening = async {
+            let (ws, _response) =
+                transport::dial(url, config.tls.as_ref(), config.limits.websocket())
+                    .await
+                    .map_err(ConnectError::Dial)?;
+            let (mut sink, stream) = ws.split();
+            // Authorization first: nothing precedes it (protocol §3).
+            let authorization = Authorization::Unbrokered(credential);
+            let mut payload = Vec::new();
+            let Ok(()) = authorization.encode_to(&mut payload);
+            let message = frame::to_message(&ClientFrame::Authorization { payload: &payload });
+            if let Some(tap) = &config.tap {
+                tap(Role::Client, &message);
+            }
+            sink.send(Message::Binary(message.into()))
+                .await
+                .map_err(ConnectError::Authorization)?;
+            Ok((sink, stream))
+        };
+        let (sink, stream) = match config.connect_timeout {
+            Some(limit) => tokio::time::timeout(limit, opening)
+                .await
+                .map_err(|_| ConnectError::Timeout(limit))??,
+            None => opening.await?,
+        };
 
         let writer_done = CancellationToken::new();
         let tap = config.tap.clone().map(|tap| (tap, Role::Client));
