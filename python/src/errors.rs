@@ -43,15 +43,12 @@ impl From<RunError> for Failure {
         match error {
             RunError::Refused(value) => Failure::Refused(message, value),
             RunError::NotServed => Failure::NotServed,
-            // Nothing came from the server before it closed: a refused
-            // credential (protocol §3), none where one was wanted, or a
-            // server that turned the connection away and said why. Either
-            // way, not connected.
-            RunError::ConnectionEnded {
-                answered_before: false,
+            // The server turned the connection away: a refused credential
+            // (protocol §3), none where one was wanted, or a close that
+            // said why. Not connected.
+            RunError::CredentialRefused | RunError::NoCredential | RunError::Closed { .. } => {
+                Failure::Connect(message)
             }
-            | RunError::NoCredential
-            | RunError::Closed { .. } => Failure::Connect(message),
             RunError::Encode(_) => Failure::Value(message),
             _ => Failure::Other(message),
         }

@@ -51,6 +51,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+pub use connection::Ending;
 pub use run::Run;
 pub use run_loop::{Event, RunLoop};
 
@@ -199,27 +200,26 @@ pub enum RunError {
     /// The server's answer broke the rules.
     #[error("the server's answer did not decode: {0}")]
     Broken(#[source] Undecodable<RunResponseError>),
-    /// The connection ended before an answer. When nothing at all came from
-    /// the server first, the likeliest cause is a refused credential, since
-    /// a refusal is a close with no frame (protocol §3).
-    #[error("{}", if *.answered_before { "the connection ended before the run started" } else {
-        "the server closed the connection without answering (is the credential right?)"
-    })]
-    ConnectionEnded {
-        /// Whether the server had sent any frame on this connection.
-        answered_before: bool,
-    },
-    /// The connection ended with no frame from the server, and the
-    /// authorization carried no credential (an empty one): the server
-    /// wants one, since a refusal is a close with no frame (protocol §3).
+    /// The server refused the credential: before any frame it closed the
+    /// connection as a refusal does (close code 1008 and no reason, no
+    /// frame: protocol §3).
+    #[error("the server closed the connection without answering (is the credential right?)")]
+    CredentialRefused,
+    /// As [`RunError::CredentialRefused`], and the authorization carried
+    /// no credential (an empty one): the server wants one.
     #[error(
         "the server closed the connection without answering: it wants a credential, and none was sent"
     )]
     NoCredential,
+    /// The connection ended before the run's answer, otherwise than by a
+    /// refusal or a close with a reason: [`Ending`] says how (it broke, the
+    /// server sent what cannot be read, this side closed it, …).
+    #[error("the connection ended before the run started: {0}")]
+    ConnectionEnded(Ending),
     /// The server closed the connection and said why, in the WebSocket
     /// close frame: for instance that it is serving as many connections as
     /// it may. (A refused credential closes with no reason: that is
-    /// `ConnectionEnded`.)
+    /// [`RunError::CredentialRefused`].)
     #[error("the server closed the connection: {reason} (close code {code})")]
     Closed {
         /// The WebSocket close code (1013: try again later).

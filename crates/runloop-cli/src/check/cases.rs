@@ -263,9 +263,7 @@ async fn served(ctx: &mut Ctx) -> Checked {
         Ok(Err(RunError::NotServed)) => fail(
             "a bare finish, but a request that decodes is answered with the id or an error (§5)",
         ),
-        Ok(Err(RunError::ConnectionEnded {
-            answered_before: false,
-        })) => Err(ctx.unserved(Verdict::Skip(
+        Ok(Err(RunError::CredentialRefused)) => Err(ctx.unserved(Verdict::Skip(
             "the server closed the connection with no frame, as it does for a refused \
              credential (§3): is --token right?"
                 .to_owned(),
