@@ -7,6 +7,8 @@ import os
 from typing import Any, Awaitable, Optional, Sequence, Tuple, Union
 
 BATCH: int
+# The checkout the extension was built from (python/..), for python -m runloop run's advice.
+CHECKOUT: str
 
 _Path = Union[str, os.PathLike[str]]
 # (name, digest, image JSON, memory, disk, agent JSON)
@@ -107,13 +109,6 @@ class Client:
     def close(self) -> Awaitable[None]: ...
     def close_blocking(self) -> None: ...
     def is_closed(self) -> bool: ...
-
-class DemoServer:
-    @staticmethod
-    def start() -> DemoServer: ...
-    @property
-    def url(self) -> str: ...
-    def close(self) -> None: ...
 
 def connect(
     url: str, token: str, ca: Sequence[_Path], connect_timeout: Optional[float]

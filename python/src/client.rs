@@ -19,8 +19,7 @@ use std::time::Duration;
 use futures_util::{FutureExt, StreamExt};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use runloop::client::{Client, ClientConfig, Event, Run, RunLoop};
-use runloop::tls::ClientTls;
+use runloop_client::{Client, ClientConfig, ClientTls, Event, Run, RunLoop};
 use runloop_proto::agents_run::{
     Container, DIGEST_RULE, Image, ImageRef, RunRequest, is_valid_digest, is_valid_name,
 };

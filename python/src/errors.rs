@@ -9,7 +9,7 @@
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use runloop::client::{ConnectError, RunError};
+use runloop_client::{ConnectError, RunError};
 
 use crate::value;
 
