@@ -82,7 +82,6 @@ async def run(url: str, token: str, image: dict[str, Any], prompt: str, as_json:
             if not started.ended:
                 await started.stop()
     outcome = stream.outcome
-    assert outcome is not None
     if as_json:
         line = '{"outcome":"%s"' % outcome.kind
         if outcome.reason is not None:
