@@ -61,7 +61,8 @@ pub use run_loop::{Event, RunLoop};
 pub use runloop_proto as proto;
 #[doc(no_inline)]
 pub use runloop_proto::agents_run::{
-    Container, DEFAULT_LIMIT, Image, ImageRef, InvalidRequest, RegistryImage, RunRequest,
+    Container, DEFAULT_DISK, DEFAULT_MEMORY, Image, ImageRef, InvalidRequest, RegistryImage,
+    RunRequest,
 };
 #[doc(no_inline)]
 pub use runloop_proto::run_loop::{

@@ -421,7 +421,7 @@ fn an_idle_timeout_shows_what_came_then_says_which_limit() {
 
 /// Issue 30 §8: an exec catalog under the default `--exec-disk refuse`
 /// says at startup that its runs will be refused, and a run that asks for
-/// no disk (`--disk 0`) goes ahead.
+/// no disk (`--disk 0`, the default) goes ahead.
 #[test]
 fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
     let exe = env!("CARGO_BIN_EXE_runloop");
@@ -430,7 +430,13 @@ fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
     let log = common::drain(server.stderr());
     let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--disk", "0", "hi"]);
     assert_eq!(status.code(), Some(0), "disk 0 runs: {stdout}{stderr}");
-    let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the default disk, 0, runs: {stdout}{stderr}"
+    );
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "--disk", "1G", "hi"]);
     assert_eq!(status.code(), Some(7), "disk 1G is refused: {stderr}");
     assert!(stderr.contains("; disk 0 goes ahead"), "{stderr}");
     server.terminate();
