@@ -1,16 +1,23 @@
-"""Chunks per second of one loop: this package against a pure-Python client.
+"""Chunks per second of one loop, and the caller's CPU per chunk: this package
+against a pure-Python client.
 
-    python bench.py [--chunks N] [--rounds R] [--mix MIX] [--runloop PATH]
+    python bench.py [--chunks N] [--rounds R] [--mix MIX] [--rate R] [--runloop PATH]
 
 Both clients read the same loops from the same ``runloop serve``, which
 stands in front of the bench's synthetic proxy (``runloop
-__synthetic-proxy``: chunks as fast as their reader takes them, so the
-source is never what is measured). The pure-Python client speaks the same
-protocol on the ``websockets`` library, written as a competent engineer
-would: its asyncio API, the message limit raised, compression off, the
-9-byte header read with ``int.from_bytes``, the chunk JSON kept as bytes.
-A third side, the Rust client alone (in the extension, no Python per
-chunk), is the ceiling.
+__synthetic-proxy``: chunks as fast as their reader takes them, or
+``--rate`` chunks a second, so the source is never what is measured). The
+pure-Python client speaks the same protocol on the ``websockets`` library,
+written as a competent engineer would: its asyncio API, the message limit
+raised, compression off, the 9-byte header read with ``int.from_bytes``,
+the chunk JSON kept as bytes. A third side, the Rust client alone (in the
+extension, no Python per chunk), is the ceiling.
+
+Each side's figures are its chunks per second and the CPU time of this
+process (every thread: the extension's runtime included) per chunk. At a
+``--rate`` every side reads at the rate, and the CPU per chunk is the
+figure: the paced regime, where chunks come one by one and a caller pays
+its cost of handing each over.
 
 Sides take turns, in an order that turns around every round; each figure
 is the median of its rounds, and the ratios are medians of per-round
@@ -45,16 +52,21 @@ ANY_DIGEST = "sha256:" + "0" * 64
 HEADER = struct.Struct(">BII")
 
 
-def prompt(index: int, chunks: int) -> str:
+#: One loop's figures: (chunks, seconds of the loop, CPU seconds of this process).
+Figures = tuple[int, float, float]
+
+
+def prompt(index: int, chunks: int, rate: int) -> str:
     """The synthetic proxy's loop: ``bench:INDEX:ROUND:CHUNKS:RATE`` (rate 0: unpaced)."""
-    return f"bench:{index}:0:{chunks}:0"
+    return f"bench:{index}:0:{chunks}:{rate}"
 
 
-async def package_loop(url: str, text: str, transcript: bool) -> tuple[int, float]:
-    """One loop through this package; (chunks, seconds of the loop)."""
+async def package_loop(url: str, text: str, transcript: bool) -> Figures:
+    """One loop through this package."""
     async with runloop.connect(url, token=TOKEN) as client:
         run = await client.start(IMAGE)
         began = time.perf_counter()
+        cpu = time.process_time()
         chunks = 0
         last: Optional[runloop.Event] = None
         async with run.loop(text, transcript=transcript) as stream:
@@ -62,13 +74,14 @@ async def package_loop(url: str, text: str, transcript: bool) -> tuple[int, floa
                 chunks += 1
                 last = event
         took = time.perf_counter() - began
-        assert stream.outcome is not None and stream.outcome.kind == "finished", stream.outcome
+        cpu = time.process_time() - cpu
+        assert stream.outcome.kind == "finished", stream.outcome
         assert last is not None
         await run.stop()
-    return chunks, took
+    return chunks, took, cpu
 
 
-async def pure_python_loop(url: str, text: str) -> tuple[int, float]:
+async def pure_python_loop(url: str, text: str) -> Figures:
     """One loop through a pure-Python client of the same protocol on ``websockets``."""
     async with ws_connect(url, max_size=None, compression=None, max_queue=None) as ws:
         # Authorization (type 0, mode 0 = unbrokered), then a run on scope 1.
@@ -89,6 +102,7 @@ async def pure_python_loop(url: str, text: str) -> tuple[int, float]:
         # The loop on channel 1 (tag 5: run-loop).
         await ws.send(HEADER.pack(4, 1, 1) + b"\x05" + json.dumps({"prompt": text}).encode())
         began = time.perf_counter()
+        cpu = time.process_time()
         chunks = 0
         last = b""
         finished = False
@@ -111,6 +125,7 @@ async def pure_python_loop(url: str, text: str) -> tuple[int, float]:
             elif kind == 3:
                 break  # the run ended
         took = time.perf_counter() - began
+        cpu = time.process_time() - cpu
         assert finished and last, "the loop did not finish"
         # Stop (channel 2, tag 0), and wait for the scope's finish.
         await ws.send(HEADER.pack(4, 1, 2) + b"\x00")
@@ -118,14 +133,16 @@ async def pure_python_loop(url: str, text: str) -> tuple[int, float]:
             message = await ws.recv()
             if isinstance(message, bytes) and message[0] == 3:
                 break
-    return chunks, took
+    return chunks, took, cpu
 
 
-async def rust_loop(url: str, text: str) -> tuple[int, float]:
-    """One loop read by the Rust client alone, in the extension (the ceiling)."""
+async def rust_loop(url: str, text: str) -> Figures:
+    """One loop read by the Rust client alone, in the extension (the ceiling).
+    Its CPU includes the connection and the run's start, a little more than the loop's."""
+    cpu = time.process_time()
     chunks, took, ending = await asyncio.to_thread(_native.rust_client_loop, url, TOKEN, IMAGE, text)
     assert ending == "finished", ending
-    return chunks, took
+    return chunks, took, time.process_time() - cpu
 
 
 def spawn(command: list[str], env: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen[str], str]:
@@ -138,24 +155,29 @@ def spawn(command: list[str], env: Optional[dict[str, str]] = None) -> tuple[sub
     return child, url
 
 
-async def measure(url: str, chunks: int, rounds: int) -> dict[str, list[float]]:
-    sides: dict[str, Callable[[str], Awaitable[tuple[int, float]]]] = {
+#: One side's figures over the rounds: chunks per second, CPU microseconds per chunk.
+Rates = dict[str, tuple[list[float], list[float]]]
+
+
+async def measure(url: str, chunks: int, rounds: int, rate: int) -> Rates:
+    sides: dict[str, Callable[[str], Awaitable[Figures]]] = {
         "package": lambda text: package_loop(url, text, True),
         "package, transcript=False": lambda text: package_loop(url, text, False),
         "pure Python (websockets)": lambda text: pure_python_loop(url, text),
         "Rust client": lambda text: rust_loop(url, text),
     }
     names = list(sides)
-    rates: dict[str, list[float]] = {name: [] for name in names}
+    rates: Rates = {name: ([], []) for name in names}
     # A warm-up loop on each side, not counted.
     for name in names:
-        await sides[name](prompt(0, min(chunks, 2000)))
+        await sides[name](prompt(0, min(chunks, 2000), rate))
     for index in range(rounds):
         order = names if index % 2 == 0 else list(reversed(names))
         for name in order:
-            got, took = await sides[name](prompt(index + 1, chunks))
+            got, took, cpu = await sides[name](prompt(index + 1, chunks, rate))
             assert got == chunks, f"{name}: {got} of {chunks} chunks"
-            rates[name].append(got / took)
+            rates[name][0].append(got / took)
+            rates[name][1].append(cpu / got * 1e6)
     return rates
 
 
@@ -164,6 +186,8 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=200_000, help="chunks per loop")
     parser.add_argument("--rounds", type=int, default=5, help="rounds (each side once a round)")
     parser.add_argument("--mix", default="20-200:1", help="chunk sizes, as runloop bench --mix")
+    parser.add_argument("--rate", type=int, default=0,
+                        help="chunks a second the source sends (0: as fast as they are read)")
     parser.add_argument("--runloop", default=None, help="the runloop binary (default: target/release)")
     args = parser.parse_args()
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
@@ -177,22 +201,31 @@ def main() -> int:
         env=dict(os.environ, RUNLOOP_TOKEN=TOKEN, RUST_LOG="warn"),
     )
     try:
-        rates = asyncio.run(measure(url, args.chunks, args.rounds))
+        rates = asyncio.run(measure(url, args.chunks, args.rounds, args.rate))
     finally:
         for child in (server, proxy):
             child.kill()
             child.wait()
     base = "pure Python (websockets)"
-    print(f"one loop of {args.chunks} chunks (sizes {args.mix}), {args.rounds} rounds, "
-          f"websockets {version('websockets')}, Python {sys.version.split()[0]}")
-    for name, figures in rates.items():
-        line = f"  {name:28} {statistics.median(figures):>12,.0f} chunks/s"
+    pace = f"{args.rate:,} a second" if args.rate else "unpaced"
+    print(f"one loop of {args.chunks} chunks (sizes {args.mix}, {pace}), {args.rounds} rounds, "
+          f"websockets {version('websockets')}, Python {sys.version.split()[0]}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'':28} {'chunks/s':>12} {'':>18} {'CPU/chunk':>10}")
+    for name, (per_second, cpu) in rates.items():
+        line = f"  {name:28} {statistics.median(per_second):>12,.0f}"
         if name != base:
-            ratio = statistics.median(a / b for a, b in zip(figures, rates[base]))
+            ratio = statistics.median(a / b for a, b in zip(per_second, rates[base][0]))
             line += f"   {ratio:5.2f}x pure Python"
+        else:
+            line += " " * 21
+        line += f" {statistics.median(cpu):>8.2f} us"
+        if name != base:
+            ratio = statistics.median(a / b for a, b in zip(cpu, rates[base][1]))
+            line += f"   {ratio:5.2f}x pure Python's"
         print(line)
-    package = rates["package"]
-    to_rust = statistics.median(a / b for a, b in zip(package, rates["Rust client"]))
+    package = rates["package"][0]
+    to_rust = statistics.median(a / b for a, b in zip(package, rates["Rust client"][0]))
     print(f"  the package reads at {to_rust:.2f}x the Rust client's rate")
     return 0
 

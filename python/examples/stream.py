@@ -37,7 +37,6 @@ async def main(prompt: str) -> int:
         print(f"runloop: {error}", file=sys.stderr)
         return 1
     outcome = stream.outcome
-    assert outcome is not None
     print(f"\n[{outcome.kind}{' (fatal)' if outcome.fatal else ''}]")
     return 0 if outcome.ok else 1
 

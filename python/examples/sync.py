@@ -22,7 +22,6 @@ def main(prompt: str) -> int:
             for chunk in stream.transcript():
                 print(chunk.json)
     outcome = stream.outcome
-    assert outcome is not None
     print(outcome)
     return 0 if outcome.ok else 1
 

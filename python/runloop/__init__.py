@@ -6,7 +6,7 @@
             async for event in stream:
                 if isinstance(event, runloop.Chunk):
                     print(event.kind, event.json)
-        print(stream.outcome)
+        print(stream.outcome.kind)
         await run.stop()
 
 The framing, the authorization, the sequence rules, the outcome and the
@@ -20,28 +20,37 @@ from . import _native
 from ._client import Client, Connecting, Event, Run, Stream, connect
 from ._errors import (
     ConnectError,
+    ConnectionLost,
     ConnectTimeout,
+    NotEnded,
     RunEnded,
     RunloopError,
     RunNotServed,
     RunRefused,
     Timeout,
+    TranscriptTooLarge,
     UsedAfterFork,
 )
 from ._native import Chunk, Error, Outcome
+from ._request import CLIENT_DEFAULT, DEFAULT_TIMEOUT, DEFAULT_TRANSCRIPT_LIMIT
 from ._sync import SyncClient, SyncRun, SyncStream, connect_sync
 
 # The runtime's threads take the GIL no more once the interpreter exits.
 _atexit.register(_native.at_exit)
 
 __all__ = [
+    "CLIENT_DEFAULT",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_TRANSCRIPT_LIMIT",
     "Chunk",
     "Client",
     "ConnectError",
     "ConnectTimeout",
     "Connecting",
+    "ConnectionLost",
     "Error",
     "Event",
+    "NotEnded",
     "Outcome",
     "Run",
     "RunEnded",
@@ -53,6 +62,7 @@ __all__ = [
     "SyncRun",
     "SyncStream",
     "Timeout",
+    "TranscriptTooLarge",
     "UsedAfterFork",
     "connect",
     "connect_sync",

@@ -2,9 +2,9 @@
 (a catalog image, pinned or not, or a registry image; the run's memory and
 disk).
 
-Without ``--url`` an embedded server with the built-in demo agent serves
-on a loopback port of this process, so the command works with nothing
-else installed. The exit code is the loop's ending, with the CLI's
+Without ``--url`` a demo server with the built-in demo agent serves on a
+loopback port: the ``runloop`` command's ``serve``, run as a child process
+(``RUNLOOP_BIN``, else ``runloop`` on ``PATH``; see ``_demo``). The exit code is the loop's ending, with the CLI's
 numbers: 0 finished, 1 unfinished, 3 no loop, 4 not served, 5 broken,
 6 finished with a fatal notification, 7 refused, 8 timed out, 2 anything
 else; Ctrl-C stops the run and exits 130.
@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
-from . import _native
+from . import _demo
 from ._client import connect
 from ._errors import ConnectError, RunloopError, RunNotServed, RunRefused, Timeout
 from ._native import Chunk, Error, Outcome
@@ -82,7 +82,6 @@ async def run(url: str, token: str, image: dict[str, Any], prompt: str, as_json:
             if not started.ended:
                 await started.stop()
     outcome = stream.outcome
-    assert outcome is not None
     if as_json:
         line = '{"outcome":"%s"' % outcome.kind
         if outcome.reason is not None:
@@ -101,7 +100,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     one = commands.add_parser("run", help="run one loop and show it as it streams")
     one.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent or -")
     one.add_argument("--url", default=os.environ.get("RUNLOOP_URL"),
-                     help="the provider server (default: an embedded demo server)")
+                     help="the provider server (default: a demo server, runloop serve run by "
+                          "this command: $RUNLOOP_BIN, else runloop on PATH)")
     which = one.add_mutually_exclusive_group()
     which.add_argument("--image", default="demo", metavar="NAME[@DIGEST]",
                        help="the server's catalog image to run, pinned to its "
@@ -118,7 +118,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     prompt = args.prompt if args.prompt not in (None, "-") else sys.stdin.read()
     token = os.environ.get("RUNLOOP_TOKEN", "")
-    demo = None if args.url else _native.DemoServer.start()
+    demo = None
+    if not args.url:
+        try:
+            demo = _demo.start()
+        except RunloopError as error:
+            print(f"runloop: {error}", file=sys.stderr)
+            return 2
+        token = demo.token
     url = args.url or (demo.url if demo else "")
     try:
         return asyncio.run(run(url, token, image_of(args), prompt, args.json))

@@ -11,11 +11,14 @@ from typing import Any
 __all__ = [
     "ConnectError",
     "ConnectTimeout",
+    "ConnectionLost",
+    "NotEnded",
     "RunEnded",
     "RunNotServed",
     "RunRefused",
     "RunloopError",
     "Timeout",
+    "TranscriptTooLarge",
     "UsedAfterFork",
 ]
 
@@ -25,16 +28,31 @@ class RunloopError(Exception):
 
 
 class ConnectError(RunloopError):
-    """The server could not be reached, TLS failed, or the credential was refused.
+    """The server could not be reached, TLS failed, or it turned the connection away.
 
     A refused credential shows at the first ``start``: the protocol answers a
     refusal with a closed connection and no frame, so nothing tells it from a
-    connection that works until something is asked of it.
+    connection that works until something is asked of it. A server that
+    closes the connection and says why (it is full, it is draining) is one too.
+    """
+
+
+class ConnectionLost(RunloopError):
+    """The connection ended before the server answered, and not by a refusal.
+
+    The message names how: it broke with no close handshake (the server
+    stopped, or something on the way cut it), the server sent a message over
+    this client's limit or what is not a WebSocket message, or it closed the
+    connection without a word.
     """
 
 
 class Timeout(RunloopError, TimeoutError):
-    """A wait the caller bounded ran out; also a builtin ``TimeoutError``."""
+    """A wait ran past its bound (``timeout=``); also a builtin ``TimeoutError``.
+
+    A loop whose wait for its next event times out has its run stopped, as an
+    interrupted one does.
+    """
 
 
 class ConnectTimeout(ConnectError, Timeout):
@@ -61,3 +79,21 @@ class RunEnded(RunloopError):
 
 class UsedAfterFork(RunloopError):
     """A connection made before ``os.fork()`` was used in the child."""
+
+
+class NotEnded(RunloopError):
+    """A stream's ``outcome`` was read before the stream was read to its end."""
+
+
+class TranscriptTooLarge(RunloopError):
+    """A loop's transcript passed its bound (``transcript_limit``) and was let go.
+
+    The loop itself went on, and its stream and outcome are whole; only the
+    coalesced copy is gone. ``limit`` is the bound, in bytes of chunk JSON.
+    """
+
+    limit: int
+
+    def __init__(self, message: str, limit: int = 0) -> None:
+        super().__init__(message)
+        self.limit = limit

@@ -14,6 +14,35 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 Size = Union[int, str]
 PathLike = Union[str, "os.PathLike[str]"]
 
+#: How long any one wait after connecting may take by default, seconds: a
+#: run's start, each event of a loop, a stop. A server that falls silent
+#: cannot hold a caller longer than this.
+DEFAULT_TIMEOUT = 300.0
+
+#: The bytes of chunk JSON a loop's transcript keeps by default; past them
+#: it is let go (``TranscriptTooLarge`` when asked for) and the loop goes on.
+DEFAULT_TRANSCRIPT_LIMIT = 64 << 20
+
+
+class ClientDefault:
+    """The value of a call's ``timeout=`` that means "the client's own"."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CLIENT_DEFAULT"
+
+
+CLIENT_DEFAULT = ClientDefault()
+
+#: A call's ``timeout=``: seconds, None (no bound), or the client's.
+Wait = Union[float, None, ClientDefault]
+
+
+def seconds(value: Wait, default: Optional[float]) -> Optional[float]:
+    """A call's bound in seconds: its own, or the client's ``default``."""
+    return default if isinstance(value, ClientDefault) else value
+
 _SCALE = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 

@@ -2,8 +2,11 @@
 
 Each blocking call releases the GIL and waits in slices of a few tens of
 milliseconds, running Python's signal handlers between them: Ctrl-C
-interrupts any wait well within 100 ms. An interrupted loop stops its run,
-as a cancelled one does in the async API.
+interrupts any wait well within 100 ms. Every wait is bounded by the
+client's ``timeout`` (300 s by default) or the call's own, so a server
+that falls silent raises Timeout instead of hanging the caller. An
+interrupted or timed-out loop stops its run, as a cancelled one does in
+the async API.
 """
 
 from __future__ import annotations
@@ -12,9 +15,20 @@ from types import TracebackType
 from typing import Any, Iterator, Mapping, Optional, Sequence, Type, Union
 
 from . import _native
-from ._errors import RunEnded
+from ._client import loop_args
+from ._errors import NotEnded, RunEnded
 from ._native import Chunk, Error, Outcome
-from ._request import PathLike, Size, authorities, start_args
+from ._request import (
+    CLIENT_DEFAULT,
+    DEFAULT_TIMEOUT,
+    DEFAULT_TRANSCRIPT_LIMIT,
+    PathLike,
+    Size,
+    Wait,
+    authorities,
+    seconds,
+    start_args,
+)
 
 Event = Union[Chunk, Error]
 
@@ -23,14 +37,15 @@ class SyncStream:
     """One loop: an iterator of ``Chunk`` and ``Error``, in order; a context
     manager whose early exit stops the run."""
 
-    __slots__ = ("_run", "_native", "_batch", "_at", "_outcome")
+    __slots__ = ("_run", "_native", "_batch", "_at", "_outcome", "_timeout")
 
-    def __init__(self, run: SyncRun, native: _native.Loop) -> None:
+    def __init__(self, run: SyncRun, native: _native.Loop, timeout: Optional[float]) -> None:
         self._run = run
         self._native = native
         self._batch: list[Event] = []
         self._at = 0
         self._outcome: Optional[Outcome] = None
+        self._timeout = timeout
 
     def __iter__(self) -> Iterator[Event]:
         return self
@@ -43,22 +58,32 @@ class SyncStream:
             return batch[at]
         if self._outcome is not None:
             raise StopIteration
+        native = self._native
         try:
-            batch = self._native.next_batch_blocking()
+            # What is there already, without releasing the GIL; else a wait.
+            taken = native.take()
+            if taken is not None and not taken:
+                taken = native.next_batch_blocking(self._timeout)
         except BaseException:
             self._run._abandon()
             raise
-        if not batch:
-            self._outcome = self._native.outcome()
+        if taken is None:
+            self._outcome = native.outcome()
             raise StopIteration
-        self._batch = batch
+        self._batch = taken
         self._at = 1
-        return batch[0]
+        return taken[0]
 
     @property
-    def outcome(self) -> Optional[Outcome]:
-        """How the loop ended; None until the stream is exhausted."""
-        return self._outcome
+    def outcome(self) -> Outcome:
+        """How the loop ended, once the stream has been read to its end.
+
+        Raises NotEnded before that (``ended`` says whether it has).
+        """
+        outcome = self._outcome
+        if outcome is None:
+            raise NotEnded("the loop has not ended: read the stream to its end first")
+        return outcome
 
     @property
     def ended(self) -> bool:
@@ -66,7 +91,7 @@ class SyncStream:
         return self._outcome is not None
 
     def transcript(self) -> list[Chunk]:
-        """The loop coalesced so far (protocol §11), as chunks."""
+        """The loop coalesced so far (protocol §11), as chunks (see ``Stream.transcript``)."""
         return self._native.transcript()
 
     def __enter__(self) -> SyncStream:
@@ -85,11 +110,12 @@ class SyncStream:
 class SyncRun:
     """A run, blocking; stopped on leaving ``with``."""
 
-    __slots__ = ("_native", "_abandoned")
+    __slots__ = ("_native", "_abandoned", "_timeout")
 
-    def __init__(self, native: _native.Run) -> None:
+    def __init__(self, native: _native.Run, timeout: Optional[float]) -> None:
         self._native = native
         self._abandoned = False
+        self._timeout = timeout
 
     @property
     def id(self) -> str:
@@ -101,20 +127,29 @@ class SyncRun:
         """Whether the run has ended, or has been stopped by this side."""
         return self._abandoned or self._native.is_ended()
 
-    def loop(self, prompt: str, *, transcript: bool = True) -> SyncStream:
-        """Asks for one loop with ``prompt``; raises RunEnded if the run is over."""
+    def loop(
+        self,
+        prompt: str,
+        *,
+        transcript: bool = True,
+        transcript_limit: Size = DEFAULT_TRANSCRIPT_LIMIT,
+        timeout: Wait = CLIENT_DEFAULT,
+    ) -> SyncStream:
+        """Asks for one loop with ``prompt``; raises RunEnded if the run is over
+        (see ``Run.loop``)."""
         if self.ended:
             raise RunEnded(f"run {self.id} has ended: start a new run for another loop")
-        return SyncStream(self, self._native.open_loop(prompt, transcript))
+        native = self._native.open_loop(prompt, loop_args(transcript, transcript_limit))
+        return SyncStream(self, native, seconds(timeout, self._timeout))
 
-    def stop(self) -> None:
+    def stop(self, *, timeout: Wait = CLIENT_DEFAULT) -> None:
         """Stops the run and waits until the server says it has ended."""
         self._abandoned = True
-        self._native.stop_blocking()
+        self._native.stop_blocking(seconds(timeout, self._timeout))
 
-    def wait_ended(self) -> None:
+    def wait_ended(self, *, timeout: Wait = CLIENT_DEFAULT) -> None:
         """Waits until the run has ended on the server."""
-        self._native.wait_ended_blocking()
+        self._native.wait_ended_blocking(seconds(timeout, self._timeout))
 
     def _abandon(self) -> None:
         self._abandoned = True
@@ -141,10 +176,11 @@ class SyncRun:
 class SyncClient:
     """A connection to a provider server, blocking; closed on leaving ``with``."""
 
-    __slots__ = ("_native",)
+    __slots__ = ("_native", "_timeout")
 
-    def __init__(self, native: _native.Client) -> None:
+    def __init__(self, native: _native.Client, timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
         self._native = native
+        self._timeout = timeout
 
     def start(
         self,
@@ -155,13 +191,15 @@ class SyncClient:
         memory: Size = "1G",
         disk: Size = 0,
         agent: Any = None,
+        timeout: Wait = CLIENT_DEFAULT,
     ) -> SyncRun:
         """Opens a run and waits for its id (see ``Client.start``)."""
         args = start_args(name, image, digest, memory, disk, agent)
-        return SyncRun(self._native.start_blocking(args))
+        limit = seconds(timeout, self._timeout)
+        return SyncRun(self._native.start_blocking(args, limit), self._timeout)
 
     def close(self) -> None:
-        """Closes the connection and waits for the close handshake."""
+        """Closes the connection and waits for the close handshake (2 s at most)."""
         self._native.close_blocking()
 
     @property
@@ -187,6 +225,9 @@ def connect_sync(
     *,
     ca: Union[None, PathLike, Sequence[PathLike]] = None,
     connect_timeout: Optional[float] = 10.0,
+    timeout: Optional[float] = DEFAULT_TIMEOUT,
 ) -> SyncClient:
-    """Connects, blocking (see ``connect``)."""
-    return SyncClient(_native.connect_blocking(url, token, authorities(ca), connect_timeout))
+    """Connects, blocking (see ``connect``): every later wait is bounded by
+    ``timeout`` (300 s by default; None: no bound) unless a call gives its own."""
+    native = _native.connect_blocking(url, token, authorities(ca), connect_timeout)
+    return SyncClient(native, timeout)

@@ -1,30 +1,44 @@
 //! The client's handles for Python: a connection, a run, a loop, each with
-//! an awaitable and a blocking form of every call that waits.
+//! an awaitable and a blocking form of every call that waits, and a bound
+//! on each wait.
 //!
 //! ```text
-//! connect / connect_blocking ──▶ Client ──start──▶ Run ──open_loop──▶ Loop ──next_batch──▶ [Chunk | Error, …]
-//!                                                                            └─ outcome(), transcript()
+//! connect / connect_blocking ──▶ Client ──start──▶ Run ──open_loop──▶ Loop ──take / next_batch_blocking──▶ [Chunk | Error, …]
+//!                                                                           └─ outcome(), transcript()
 //! ```
 //!
-//! Everything of the protocol is `runloop::client`'s; this module only
-//! carries its values across. A loop is read in batches: one await takes
-//! the next event and then every event already queued behind it (up to
-//! [`BATCH`]), so a Python caller pays one crossing of the event loop per
-//! batch, not per chunk, when the server is ahead of it.
+//! Everything of the protocol is `runloop_client`'s; this module only
+//! carries its values across.
+//!
+//! A loop is handed over in batches, and the async path crosses from the
+//! runtime to Python once per wait, not once per chunk: [`NativeLoop::take`]
+//! runs on Python's thread and takes every event that is ready (up to
+//! [`BATCH`]) without waiting; when none is, Python waits for the loop's
+//! wake-up descriptor ([`NativeLoop::fileno`]) in its own event loop, and
+//! the runtime's only part is one byte written to that socket when the
+//! next event arrives. No thread of the runtime takes the GIL for it, and
+//! whatever arrives while Python works on a batch is in the next one.
+//!
+//! A loop keeps its transcript (protocol §11) up to a bound in bytes of
+//! chunk JSON; past it the transcript is let go, the loop goes on, and
+//! asking for the transcript says so.
 
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use runloop::client::{Client, ClientConfig, Event, Run, RunLoop};
-use runloop::tls::ClientTls;
-use runloop_proto::agents_run::{
-    Container, DIGEST_RULE, Image, ImageRef, RunRequest, is_valid_digest, is_valid_name,
+use runloop_client::{
+    Broken, Client, ClientConfig, ClientTls, Container, Event, Image, ImageRef,
+    Outcome as WireOutcome, Run, RunLoop, RunRequest, Transcript,
 };
-use runloop_proto::run_loop::{Broken, Outcome as WireOutcome, Transcript};
+use runloop_proto::agents_run::{DIGEST_RULE, is_valid_digest, is_valid_name};
 use serde_json::value::RawValue;
 
 use crate::errors::{self, Failure};
@@ -36,24 +50,22 @@ pub const BATCH: usize = 512;
 
 /// The digest sent when a caller names none: any unpinned catalog entry
 /// accepts it (as `runloop run` sends).
-pub const ANY_DIGEST: &str =
-    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+pub const ANY_DIGEST: &str = runloop_proto::agents_run::UNPINNED;
 
-/// The configuration of a connection, checked before any dial.
+/// The configuration of a connection, checked before any dial. The
+/// connect timeout is the package's own (it names `connect_timeout`).
 fn config(ca: &[PathBuf]) -> PyResult<ClientConfig> {
-    let tls = if ca.is_empty() {
-        None
-    } else {
-        Some(ClientTls::new(ca).map_err(|error| {
-            Failure::Connect(format!("cannot use the certificate authorities: {error}")).raise()
-        })?)
-    };
-    Ok(ClientConfig {
-        tls,
-        ..ClientConfig::default()
-    })
+    let config = ClientConfig::default().connect_timeout(None);
+    if ca.is_empty() {
+        return Ok(config);
+    }
+    let tls = ClientTls::new(ca).map_err(|error| {
+        Failure::Connect(format!("cannot use the certificate authorities: {error}")).raise()
+    })?;
+    Ok(config.tls(tls))
 }
 
+/// A bound on a wait from Python's seconds (`None`: no bound).
 fn seconds(value: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
     value
         .map(|s| {
@@ -62,6 +74,20 @@ fn seconds(value: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
             })
         })
         .transpose()
+}
+
+/// `fut`, or [`Failure::Timeout`] naming `what` when `limit` passes first.
+async fn bounded<T>(
+    limit: Option<Duration>,
+    what: &'static str,
+    fut: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, fut)
+            .await
+            .map_err(|_| Failure::Timeout(what, limit.as_secs_f64()))?,
+        None => fut.await,
+    }
 }
 
 async fn dial(
@@ -163,8 +189,17 @@ fn request((name, digest, image, memory, disk, agent): Spec) -> PyResult<RunRequ
     Ok(RunRequest::new(Container::new(image, memory, disk), agent))
 }
 
-async fn start(client: Client, request: RunRequest) -> Result<NativeRun, Failure> {
-    let run = client.start(request).await?;
+async fn start(
+    client: Client,
+    request: RunRequest,
+    limit: Option<Duration>,
+) -> Result<NativeRun, Failure> {
+    // A start given up on stops its run when the answer comes (the
+    // client's rule for a dropped `start`).
+    let run = bounded(limit, "the run's start", async {
+        Ok(client.start(request).await?)
+    })
+    .await?;
     Ok(NativeRun {
         id: run.id().to_owned(),
         run: Owned::new(run),
@@ -180,22 +215,35 @@ pub struct NativeClient {
 #[pymethods]
 impl NativeClient {
     /// Opens a run: an awaitable of a [`NativeRun`].
-    fn start<'py>(&self, py: Python<'py>, spec: Spec) -> PyResult<Bound<'py, PyAny>> {
+    fn start<'py>(
+        &self,
+        py: Python<'py>,
+        spec: Spec,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client.get()?.clone();
         let request = request(spec)?;
+        let limit = seconds(timeout, "timeout")?;
         awaitable(py, async move {
-            start(client, request).await.map_err(Failure::raise)
+            start(client, request, limit).await.map_err(Failure::raise)
         })
     }
 
     /// Opens a run, blocking.
-    fn start_blocking(&self, py: Python<'_>, spec: Spec) -> PyResult<NativeRun> {
+    fn start_blocking(
+        &self,
+        py: Python<'_>,
+        spec: Spec,
+        timeout: Option<f64>,
+    ) -> PyResult<NativeRun> {
         let client = self.client.get()?.clone();
         let request = request(spec)?;
-        block(py, start(client, request))?.map_err(|f| f.into_pyerr(py))
+        let limit = seconds(timeout, "timeout")?;
+        block(py, start(client, request, limit))?.map_err(|f| f.into_pyerr(py))
     }
 
-    /// Closes the connection (every run on it ends): an awaitable.
+    /// Closes the connection (every run on it ends): an awaitable. Bounded
+    /// by the client's close grace (2 s).
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client.get()?.clone();
         awaitable(py, async move {
@@ -223,6 +271,15 @@ pub struct NativeRun {
     run: Owned<Run>,
 }
 
+/// Waits for `run`'s end, at most `limit`.
+async fn ended(run: Run, limit: Option<Duration>, what: &'static str) -> Result<(), Failure> {
+    bounded(limit, what, async {
+        run.ended().await;
+        Ok(())
+    })
+    .await
+}
+
 #[pymethods]
 impl NativeRun {
     /// The run's id, as the server minted it.
@@ -231,16 +288,28 @@ impl NativeRun {
         &self.id
     }
 
-    /// Asks for one loop with `prompt`.
-    #[pyo3(signature = (prompt, transcript = true))]
-    fn open_loop(&self, prompt: String, transcript: bool) -> PyResult<NativeLoop> {
+    /// Asks for one loop with `prompt`; its transcript is kept up to
+    /// `transcript_limit` bytes of chunk JSON (`None`: none is kept).
+    #[pyo3(signature = (prompt, transcript_limit))]
+    fn open_loop(&self, prompt: String, transcript_limit: Option<u64>) -> PyResult<NativeLoop> {
         let stream = self.run.get()?.run_loop(prompt);
+        let (wake, signal) = UnixStream::pair()
+            .and_then(|(read, write)| {
+                read.set_nonblocking(true)?;
+                write.set_nonblocking(true)?;
+                Ok((read, write))
+            })
+            .map_err(|error| {
+                errors::plain(&format!("cannot make a loop's wake-up socket: {error}"))
+            })?;
         Ok(NativeLoop {
-            state: Owned::new(Arc::new(tokio::sync::Mutex::new(LoopState {
+            state: Owned::new(Arc::new(Mutex::new(LoopState {
                 stream,
-                transcript: transcript.then(Transcript::new),
+                transcript: transcript_limit.map(Kept::new),
                 outcome: None,
             }))),
+            signal: Arc::new(Signal(signal)),
+            wake,
         })
     }
 
@@ -253,34 +322,46 @@ impl NativeRun {
     }
 
     /// Stops the run and waits for its end: an awaitable.
-    fn stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    fn stop<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
         let run = self.run.get()?.clone();
+        let limit = seconds(timeout, "timeout")?;
+        let _ = run.stop().now_or_never();
         awaitable(py, async move {
-            run.stop().await;
-            Ok(())
+            ended(run, limit, "the run's end after its stop")
+                .await
+                .map_err(Failure::raise)
         })
     }
 
     /// Stops the run and waits for its end, blocking.
-    fn stop_blocking(&self, py: Python<'_>) -> PyResult<()> {
+    fn stop_blocking(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let run = self.run.get()?.clone();
-        block(py, async move { run.stop().await })
+        let limit = seconds(timeout, "timeout")?;
+        let _ = run.stop().now_or_never();
+        block(py, ended(run, limit, "the run's end after its stop"))?.map_err(|f| f.into_pyerr(py))
     }
 
     /// Resolves when the run has ended (by a stop, its container's end, or
     /// the connection's): an awaitable.
-    fn wait_ended<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    fn wait_ended<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let run = self.run.get()?.clone();
+        let limit = seconds(timeout, "timeout")?;
         awaitable(py, async move {
-            run.ended().await;
-            Ok(())
+            ended(run, limit, "the run's end")
+                .await
+                .map_err(Failure::raise)
         })
     }
 
     /// Waits until the run has ended, blocking.
-    fn wait_ended_blocking(&self, py: Python<'_>) -> PyResult<()> {
+    fn wait_ended_blocking(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let run = self.run.get()?.clone();
-        block(py, async move { run.ended().await })
+        let limit = seconds(timeout, "timeout")?;
+        block(py, ended(run, limit, "the run's end"))?.map_err(|f| f.into_pyerr(py))
     }
 
     /// Whether the run has ended.
@@ -289,11 +370,65 @@ impl NativeRun {
     }
 }
 
+/// The write end of a loop's wake-up socket, as the waker of its stream:
+/// when the stream has something after a poll found nothing, one byte says
+/// so to whoever waits on the read end (Python's event loop).
+struct Signal(UnixStream);
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Full: a byte is there already, which says the same.
+        let _ = (&self.0).write(&[1]);
+    }
+}
+
+/// A transcript kept up to a bound.
+struct Kept {
+    /// The loop coalesced so far; `None` once it passed the bound.
+    transcript: Option<Transcript>,
+    /// Bytes of chunk JSON taken into it.
+    bytes: u64,
+    /// The bound.
+    limit: u64,
+    /// Chunks taken in before the bound was passed.
+    chunks: u64,
+}
+
+impl Kept {
+    fn new(limit: u64) -> Self {
+        Kept {
+            transcript: Some(Transcript::new()),
+            bytes: 0,
+            limit,
+            chunks: 0,
+        }
+    }
+
+    fn push(&mut self, chunk: &runloop_client::AgenticLoopChunk, json_len: usize) {
+        let Some(transcript) = &mut self.transcript else {
+            return;
+        };
+        self.bytes = self.bytes.saturating_add(json_len as u64);
+        if self.bytes > self.limit {
+            // Let go, all of it: a transcript cut short would read as the
+            // whole loop.
+            self.transcript = None;
+            return;
+        }
+        self.chunks += 1;
+        transcript.push(chunk.clone());
+    }
+}
+
 /// What a loop's reading keeps between batches.
 struct LoopState {
     stream: RunLoop,
-    /// The loop coalesced so far, when asked for.
-    transcript: Option<Transcript>,
+    /// The transcript, when one is kept.
+    transcript: Option<Kept>,
     /// Set once the loop has ended.
     outcome: Option<WireOutcome>,
 }
@@ -309,8 +444,8 @@ impl LoopState {
     fn take(&mut self, event: Option<Event>, batch: &mut Vec<Item>) {
         match event {
             Some(Event::Chunk { chunk, json }) => {
-                if let Some(transcript) = &mut self.transcript {
-                    transcript.push(chunk.clone());
+                if let Some(kept) = &mut self.transcript {
+                    kept.push(&chunk, json.len());
                 }
                 batch.push(Item::Chunk(Chunk::new(chunk, json)));
             }
@@ -321,66 +456,108 @@ impl LoopState {
             None => self.outcome = Some(WireOutcome::Broken(Broken::ConnectionEnded)),
         }
     }
-}
 
-/// The next events of a loop: at least one unless it has ended (then none).
-async fn next_batch(state: Arc<tokio::sync::Mutex<LoopState>>) -> Vec<Item> {
-    let mut state = state.lock().await;
-    let mut batch = Vec::new();
-    if state.outcome.is_some() {
-        return batch;
-    }
-    let event = state.stream.next().await;
-    state.take(event, &mut batch);
-    while batch.len() < BATCH && state.outcome.is_none() {
-        match state.stream.next().now_or_never() {
-            Some(event) => state.take(event, &mut batch),
-            None => break,
+    /// Every event ready now, up to [`BATCH`]; `cx`'s waker is woken when
+    /// more come after a poll that found none. `Ready(None)`: the loop has
+    /// ended and every event was taken before.
+    fn poll_batch(&mut self, cx: &mut Context<'_>) -> Poll<Option<Vec<Item>>> {
+        if self.outcome.is_some() {
+            return Poll::Ready(None);
+        }
+        let mut batch = Vec::new();
+        while batch.len() < BATCH && self.outcome.is_none() {
+            match self.stream.poll_next_unpin(cx) {
+                Poll::Ready(event) => self.take(event, &mut batch),
+                Poll::Pending => break,
+            }
+        }
+        if !batch.is_empty() {
+            Poll::Ready(Some(batch))
+        } else if self.outcome.is_some() {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
         }
     }
-    batch
 }
 
 /// One loop of a run, read in batches.
 #[pyclass(module = "runloop._native", name = "Loop", frozen)]
 pub struct NativeLoop {
-    state: Owned<Arc<tokio::sync::Mutex<LoopState>>>,
+    state: Owned<Arc<Mutex<LoopState>>>,
+    /// The waker of [`NativeLoop::take`]'s polls.
+    signal: Arc<Signal>,
+    /// The read end of the wake-up socket.
+    wake: UnixStream,
+}
+
+fn lock(state: &Mutex<LoopState>) -> MutexGuard<'_, LoopState> {
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[pymethods]
 impl NativeLoop {
-    /// The next events (`Chunk`, `Error`), in order: an awaitable of a
-    /// list, empty once the loop has ended.
-    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let state = Arc::clone(self.state.get()?);
-        awaitable(py, async move { Ok(next_batch(state).await) })
+    /// Every event ready now, in order (up to [`BATCH`]), without waiting:
+    /// an empty list when none is (then the wake-up descriptor becomes
+    /// readable when one comes), `None` once the loop has ended and all
+    /// was taken.
+    fn take(&self) -> PyResult<Option<Vec<Item>>> {
+        let state = self.state.get()?;
+        let waker = Waker::from(Arc::clone(&self.signal));
+        let mut cx = Context::from_waker(&waker);
+        Ok(match lock(state).poll_batch(&mut cx) {
+            Poll::Ready(batch) => batch,
+            Poll::Pending => Some(Vec::new()),
+        })
     }
 
-    /// The next events, blocking.
-    fn next_batch_blocking(&self, py: Python<'_>) -> PyResult<Vec<Item>> {
-        let state = Arc::clone(self.state.get()?);
-        block(py, next_batch(state))
+    /// The descriptor that becomes readable when events are ready after a
+    /// [`take`](Self::take) that found none.
+    fn fileno(&self) -> i32 {
+        self.wake.as_raw_fd()
     }
 
-    /// How the loop ended; `None` until it has (or while a batch is read).
+    /// Empties the wake-up socket (before the next `take`).
+    fn drain(&self) {
+        let mut sink = [0u8; 64];
+        while let Ok(n @ 1..) = std::io::Read::read(&mut &self.wake, &mut sink) {
+            if n < sink.len() {
+                break;
+            }
+        }
+    }
+
+    /// The next events, blocking (the GIL released) until at least one is
+    /// ready, `timeout` at most; `None` once the loop has ended.
+    fn next_batch_blocking(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<Vec<Item>>> {
+        let state = Arc::clone(self.state.get()?);
+        let limit = seconds(timeout, "timeout")?;
+        let next = std::future::poll_fn(move |cx| lock(&state).poll_batch(cx));
+        block(py, bounded(limit, "the loop's next event", next.map(Ok)))?
+            .map_err(|f| f.into_pyerr(py))
+    }
+
+    /// How the loop ended; `None` until it has.
     fn outcome(&self) -> PyResult<Option<Outcome>> {
-        let Ok(state) = self.state.get()?.try_lock() else {
-            return Ok(None);
-        };
-        Ok(state.outcome.clone().map(Outcome::new))
+        Ok(lock(self.state.get()?).outcome.clone().map(Outcome::new))
     }
 
     /// The loop coalesced so far (protocol §11), as chunks.
     fn transcript(&self) -> PyResult<Vec<Chunk>> {
-        let Ok(state) = self.state.get()?.try_lock() else {
-            return Err(errors::plain(
-                "the loop is being read: ask for its transcript after its end",
-            ));
-        };
-        let Some(transcript) = &state.transcript else {
+        let state = lock(self.state.get()?);
+        let Some(kept) = &state.transcript else {
             return Err(errors::plain(
                 "this loop keeps no transcript (it was opened with transcript=False)",
             ));
+        };
+        let Some(transcript) = &kept.transcript else {
+            return Err(errors::transcript_too_large(kept.limit, kept.chunks));
         };
         transcript
             .chunks()

@@ -9,7 +9,7 @@
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use runloop::client::{ConnectError, RunError};
+use runloop_client::{ConnectError, RunError};
 
 use crate::value;
 
@@ -17,10 +17,17 @@ use crate::value;
 #[derive(Debug)]
 pub enum Failure {
     /// `ConnectError`: the server could not be reached, TLS failed, or the
-    /// credential was refused.
+    /// server turned the connection away (a refused credential, a close
+    /// with its reason).
     Connect(String),
     /// `ConnectTimeout`: connecting took longer than allowed.
     ConnectTimeout(f64),
+    /// `ConnectionLost`: the connection ended before the server's answer,
+    /// otherwise than by a refusal (it broke, the server sent what cannot
+    /// be read, …); the message names which.
+    Lost(String),
+    /// `Timeout`: a wait (named) took longer than its bound, in seconds.
+    Timeout(&'static str, f64),
     /// `RunRefused`, with the server's error value.
     Refused(String, runloop_proto::ErrorValue),
     /// `RunNotServed`: a bare finish.
@@ -43,15 +50,15 @@ impl From<RunError> for Failure {
         match error {
             RunError::Refused(value) => Failure::Refused(message, value),
             RunError::NotServed => Failure::NotServed,
-            // Nothing came from the server before it closed: a refused
-            // credential (protocol §3), none where one was wanted, or a
-            // server that turned the connection away and said why. Either
-            // way, not connected.
-            RunError::ConnectionEnded {
-                answered_before: false,
+            // Turned away: a refused credential (a close with no frame,
+            // protocol §3), none where one was wanted, or a server that
+            // closed the connection and said why. Not connected.
+            RunError::CredentialRefused | RunError::NoCredential | RunError::Closed { .. } => {
+                Failure::Connect(message)
             }
-            | RunError::NoCredential
-            | RunError::Closed { .. } => Failure::Connect(message),
+            // Anything else that ended the connection first: named by the
+            // client (a broken socket, a message over the limit, …).
+            RunError::ConnectionEnded(_) => Failure::Lost(message),
             RunError::Encode(_) => Failure::Value(message),
             _ => Failure::Other(message),
         }
@@ -67,6 +74,14 @@ impl Failure {
                 py,
                 "ConnectTimeout",
                 (format!("connecting took longer than {seconds} s"),),
+            ),
+            Failure::Lost(message) => make(py, "ConnectionLost", (message,)),
+            Failure::Timeout(what, seconds) => make(
+                py,
+                "Timeout",
+                (format!(
+                    "{what} did not come within {seconds} s (timeout={seconds})"
+                ),),
             ),
             Failure::Refused(message, error) => match value::to_python(py, &error.0) {
                 Ok(error) => make(py, "RunRefused", (message, error)),
@@ -108,6 +123,26 @@ pub fn forked(pid: u32) -> PyErr {
                  (pid {}): a connection cannot cross os.fork(), connect again in the child",
                 std::process::id()
             ),),
+        )
+        .unwrap_or_else(|error| error)
+    })
+}
+
+/// A `TranscriptTooLarge`: the loop's transcript passed `limit` bytes of
+/// chunk JSON after `chunks` chunks and was let go.
+pub fn transcript_too_large(limit: u64, chunks: u64) -> PyErr {
+    Python::attach(|py| {
+        make(
+            py,
+            "TranscriptTooLarge",
+            (
+                format!(
+                    "the loop's transcript passed its bound of {limit} bytes of chunk JSON after \
+                     {chunks} chunks and was let go (the loop itself went on): open the loop with \
+                     a larger transcript_limit=, or transcript=False to keep none"
+                ),
+                limit,
+            ),
         )
         .unwrap_or_else(|error| error)
     })

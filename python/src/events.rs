@@ -11,8 +11,8 @@ use bytes::Bytes;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyString;
-use runloop_proto::ErrorValue;
-use runloop_proto::run_loop::{AgenticLoopChunk, Outcome as WireOutcome};
+use runloop_client::ErrorValue;
+use runloop_client::{AgenticLoopChunk, Outcome as WireOutcome};
 
 use crate::value;
 

@@ -5,10 +5,13 @@
 //! context managers, iterators, the exception hierarchy, the blocking
 //! twin — and this module does all the work underneath: the framing, the
 //! authorization, the sequence rules, the outcome and the transcript are
-//! `runloop::client`'s, never rewritten in Python.
+//! `runloop_client`'s, never rewritten in Python. It builds on the client
+//! and the protocol's types only (no server, proxy or runtime):
+//! `python -m runloop run`'s demo server is the `runloop` command, run as
+//! a child process (`runloop/_demo.py`).
 //!
 //! ```text
-//! client.rs    Client, Run, Loop: connect, start, loops read in batches, stop, close
+//! client.rs    Client, Run, Loop: connect, start, loops handed over in batches, stop, close
 //! events.rs    Chunk, Error, Outcome: what a loop hands to Python
 //! errors.rs    the exceptions, made from runloop/_errors.py's classes
 //! runtime.rs   the runtime of this process, awaitables, blocking waits, fork
@@ -21,70 +24,14 @@ mod events;
 mod runtime;
 mod value;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::StreamExt;
 use pyo3::prelude::*;
-use runloop::client::{Client, Event};
-use runloop::runtime::Catalog;
-use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
+use runloop_client::{Client, Event, RunRequest};
 
 use crate::errors::Failure;
-use crate::runtime::{Owned, block};
-
-/// How long closing the demo server waits for its connections to end.
-const DEMO_CLOSE_GRACE: Duration = Duration::from_secs(5);
-
-/// A provider server with the built-in demo agent on a loopback port, in
-/// this process: `python -m runloop run`'s server, as `runloop run`
-/// without `--url` has one.
-#[pyclass(module = "runloop._native", name = "DemoServer", frozen)]
-struct DemoServer {
-    handle: Owned<ServerHandle>,
-    serving: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-#[pymethods]
-impl DemoServer {
-    /// Binds 127.0.0.1 on a free port and serves (any credential).
-    #[staticmethod]
-    fn start(py: Python<'_>) -> PyResult<DemoServer> {
-        let started = block(py, async {
-            let config = ServerConfig::new(Credentials::Any, Catalog::demo());
-            let server = Server::bind("127.0.0.1:0", config).await?;
-            Ok::<_, runloop::server::BindError>(server.spawn())
-        })?;
-        let (handle, serving) = started.map_err(|error| {
-            Failure::Other(format!("cannot start the demo server: {error}")).into_pyerr(py)
-        })?;
-        Ok(DemoServer {
-            handle: Owned::new(handle),
-            serving: std::sync::Mutex::new(Some(serving)),
-        })
-    }
-
-    /// The server's URL (`ws://127.0.0.1:PORT`).
-    #[getter]
-    fn url(&self) -> PyResult<String> {
-        Ok(self.handle.get()?.url())
-    }
-
-    /// Shuts the server down and waits (5 s at most) until it has.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        self.handle.get()?.shutdown();
-        let serving = self
-            .serving
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        if let Some(serving) = serving {
-            block(py, async move {
-                let _ = tokio::time::timeout(DEMO_CLOSE_GRACE, serving).await;
-            })?;
-        }
-        Ok(())
-    }
-}
+use crate::runtime::block;
 
 /// The bench's yardstick: one loop read by the Rust client alone, in Rust
 /// (connect, start `image`, the loop, stop, close), counting its chunks.
@@ -99,19 +46,7 @@ fn rust_client_loop(
 ) -> PyResult<(u64, f64, &'static str)> {
     let counted = block(py, async move {
         let client = Client::connect(&url, &token).await?;
-        let request = runloop_proto::agents_run::RunRequest::new(
-            runloop_proto::agents_run::Container::new(
-                runloop_proto::agents_run::Image::Server(runloop_proto::agents_run::ImageRef {
-                    name: image,
-                    digest: client::ANY_DIGEST.to_owned(),
-                }),
-                1 << 30,
-                0,
-            ),
-            serde_json::value::RawValue::from_string("{}".to_owned())
-                .map_err(|error| Failure::Value(error.to_string()))?,
-        );
-        let run = client.start(request).await?;
+        let run = client.start(RunRequest::server(image).disk(0)).await?;
         let began = Instant::now();
         let mut stream = run.run_loop(prompt);
         let mut chunks = 0u64;
@@ -131,6 +66,10 @@ fn rust_client_loop(
     counted.map_err(|f| f.into_pyerr(py))
 }
 
+/// The checkout this extension was built from (`python/`'s parent), for
+/// `python -m runloop run`'s word on how to install the `runloop` command.
+const CHECKOUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+
 /// The module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -144,7 +83,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::Chunk>()?;
     m.add_class::<events::Error>()?;
     m.add_class::<events::Outcome>()?;
-    m.add_class::<DemoServer>()?;
     m.add("BATCH", client::BATCH)?;
+    m.add("CHECKOUT", CHECKOUT)?;
     Ok(())
 }

@@ -30,7 +30,7 @@ async def a_new_loop_works_at_once(client: runloop.Client) -> None:
     async with run.loop("demo:pace=0 again") as stream:
         async for _ in stream:
             pass
-    assert stream.outcome is not None and stream.outcome.kind == "finished"
+    assert stream.outcome.kind == "finished"
     assert asyncio.get_running_loop().time() - began < 2
     await run.stop()
 
@@ -70,7 +70,10 @@ async def test_leaving_the_stream_early_stops_the_run(fresh_server: Server) -> N
         async with run.loop(SLOW) as stream:
             async for _ in stream:
                 break
-        assert stream.outcome is None
+        # No outcome: the loop was left before its end.
+        assert not stream.ended
+        with pytest.raises(runloop.NotEnded):
+            stream.outcome
         assert run.ended
         with pytest.raises(runloop.RunEnded):
             run.loop("another")
@@ -113,7 +116,6 @@ async def test_two_hundred_loops_at_once_in_one_event_loop(server: Server) -> No
                 async for event in stream:
                     if isinstance(event, runloop.Chunk) and event.kind == "assistant_text_content":
                         text += event.text or ""
-            assert stream.outcome is not None
             return index, stream.outcome.kind, text
 
         results = await asyncio.gather(*(one(i, run) for i, run in enumerate(runs)))

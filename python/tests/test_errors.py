@@ -115,7 +115,7 @@ async def test_tls_with_ca(certificates: Path) -> None:
             async with run.loop("over TLS") as stream:
                 async for _ in stream:
                     pass
-            assert stream.outcome is not None and stream.outcome.kind == "finished"
+            assert stream.outcome.kind == "finished"
             await run.stop()
         # Without the CA, the platform's roots do not vouch for it.
         with pytest.raises(runloop.ConnectError, match="certificate"):

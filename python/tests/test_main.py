@@ -1,13 +1,24 @@
-"""``python -m runloop run``: one loop against the embedded demo server, the
-CLI's exit codes."""
+"""``python -m runloop run``: one loop against its demo server (``runloop
+serve`` run as a child), the CLI's exit codes, and the word on how to get
+the ``runloop`` command when there is none."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Optional
 
 import pytest
+
+from conftest import runloop_binary
+
+
+def main_env(**extra: str) -> dict[str, str]:
+    """The environment of ``python -m runloop``: the workspace's ``runloop`` as RUNLOOP_BIN."""
+    return dict(os.environ, RUNLOOP_BIN=str(runloop_binary()), **extra)
 
 
 @pytest.mark.parametrize(
@@ -22,6 +33,7 @@ import pytest
 def test_python_m_runloop_run_has_its_own_demo(prompt: str, outcome: str, code: int) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "runloop", "run", "--json", prompt],
+        env=main_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -36,6 +48,7 @@ def test_python_m_runloop_run_has_its_own_demo(prompt: str, outcome: str, code: 
 def test_python_m_runloop_run_without_json_shows_the_text() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "runloop", "run", "Count the words in this sentence"],
+        env=main_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -45,9 +58,10 @@ def test_python_m_runloop_run_without_json_shows_the_text() -> None:
     assert "[finished]" in done.stderr
 
 
-def run_main(*args: str) -> "subprocess.CompletedProcess[str]":
+def run_main(*args: str, env: Optional[dict[str, str]] = None) -> "subprocess.CompletedProcess[str]":
     return subprocess.run(
         [sys.executable, "-m", "runloop", "run", *args],
+        env=main_env() if env is None else env,
         capture_output=True,
         text=True,
         timeout=60,
@@ -76,3 +90,23 @@ def test_a_pinned_image_is_sent_with_its_digest() -> None:
     done = run_main("--json", "--image", "demo@sha256:" + "0" * 64, "hi")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"outcome": "finished"}
+
+
+def test_without_a_runloop_command_it_says_how_to_install_one(tmp_path: Path) -> None:
+    # No RUNLOOP_BIN, nothing named runloop on PATH, an empty cargo home.
+    env = {k: v for k, v in os.environ.items() if k != "RUNLOOP_BIN"}
+    env["PATH"] = str(Path(sys.executable).parent)
+    env["CARGO_HOME"] = str(tmp_path)
+    done = run_main("hi", env=env)
+    assert done.returncode == 2, done.stderr
+    root = Path(__file__).resolve().parents[2]
+    assert f"cargo install --locked --path {root / 'crates' / 'runloop-cli'}" in done.stderr
+    assert "RUNLOOP_BIN" in done.stderr and "--url" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_runloop_bin_that_is_not_there_is_named(tmp_path: Path) -> None:
+    done = run_main("hi", env=dict(os.environ, RUNLOOP_BIN=str(tmp_path / "nothing")))
+    assert done.returncode == 2, done.stderr
+    assert f"cannot run RUNLOOP_BIN={tmp_path / 'nothing'}" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -201,9 +201,7 @@ impl Failure {
             Failure::Run(
                 RunError::Refused(_)
                 | RunError::NotServed
-                | RunError::ConnectionEnded {
-                    answered_before: false,
-                }
+                | RunError::CredentialRefused
                 | RunError::NoCredential
                 | RunError::Closed { .. },
             ) => Exit::Refused,

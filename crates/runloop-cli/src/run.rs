@@ -75,9 +75,10 @@ pub struct Args {
     /// The container's memory limit (K/M/G suffixes).
     #[arg(long, default_value = "1G", value_parser = bytes)]
     pub memory: u64,
-    /// Bytes the container may write (K/M/G suffixes). A container (oci:
-    /// or registry) needs 1M at least; 0 is for demo and exec: images.
-    #[arg(long, default_value = "1G", value_parser = bytes)]
+    /// Bytes the container may write (K/M/G suffixes). 0, the default, is
+    /// for demo and exec: images; a container (oci: or registry) needs 1M
+    /// at least.
+    #[arg(long, default_value = "0", value_parser = bytes)]
     pub disk: u64,
     /// One JSON object per line: {"chunk":…}, {"error":…}, then {"outcome":…}.
     #[arg(long, conflicts_with_all = ["pretty", "text", "transcript", "quiet"])]
@@ -397,11 +398,9 @@ impl Args {
             (None, Some((handle, _))) => handle.url(),
             (None, None) => unreachable!("an embedded server is started when no URL is given"),
         };
-        let config = ClientConfig {
-            tap: Some(tap),
-            tls: client_tls(&self.authorities)?,
-            ..ClientConfig::default()
-        };
+        // `--connect-timeout` bounds the connection here (exit 8, named).
+        let mut config = ClientConfig::default().tap(tap).connect_timeout(None);
+        config.tls = client_tls(&self.authorities)?;
         let client = limits
             .connect(Client::connect_with(&url, token, config))
             .await?

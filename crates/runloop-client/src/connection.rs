@@ -66,32 +66,116 @@ pub(super) enum ChannelEvent {
     RunEnded,
 }
 
+/// How a connection ended, as this side saw it: what a run that got no
+/// answer is told, so that each fault is named as what it is (a refused
+/// credential only when the server closed the way a refusal does).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Ending {
+    /// The server closed the connection with a close handshake, and said
+    /// nothing more (a refusal's shape, close code 1008 before any frame,
+    /// is [`RunError::CredentialRefused`]).
+    #[error("the server closed it (close code {code})")]
+    Closed {
+        /// The WebSocket close code.
+        code: u16,
+    },
+    /// The connection broke without a close handshake: the server's
+    /// process stopped (a crash, a kill), or something on the way cut it.
+    #[error("it broke with no close handshake (did the server stop?): {0}")]
+    Broke(String),
+    /// The server sent a message larger than this client's
+    /// `max_message_size`, which the WebSocket layer cannot skip.
+    #[error(
+        "the server sent a message of {size} bytes, over this client's max_message_size of {limit} bytes"
+    )]
+    TooLarge {
+        /// The message's size, as far as it was read.
+        size: usize,
+        /// This client's limit.
+        limit: usize,
+    },
+    /// The server sent what is not a WebSocket message (a torn or
+    /// malformed frame), so the connection could not go on.
+    #[error("the server sent what is not a WebSocket message: {0}")]
+    Unreadable(String),
+    /// The server broke the protocol's connection rules, so this side
+    /// ended the connection.
+    #[error("the server broke the protocol ({0}), and this client ended the connection")]
+    Violation(String),
+    /// This side closed the connection ([`Client::close`](super::Client::close),
+    /// or its last handle dropped), or could no longer write to it.
+    #[error("this client closed it")]
+    ClosedHere,
+}
+
+impl Ending {
+    /// How a read that failed with `error` ended the connection.
+    fn of(error: &WsError) -> Ending {
+        use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
+        match error {
+            WsError::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
+                Ending::TooLarge {
+                    size: *size,
+                    limit: *max_size,
+                }
+            }
+            WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) | WsError::Io(_) => {
+                Ending::Broke(error.to_string())
+            }
+            WsError::Capacity(_) | WsError::Protocol(_) | WsError::Utf8(_) => {
+                Ending::Unreadable(error.to_string())
+            }
+            other => Ending::Broke(other.to_string()),
+        }
+    }
+}
+
 /// The table and what is known about the connection as a whole.
 #[derive(Debug)]
 struct State {
     table: ClientTable,
-    /// Whether any frame has come from the server.
+    /// Whether any message has come from the server (one that did not
+    /// decode included: a server that sent it did not refuse in silence).
     answered: bool,
     /// Whether the authorization carried a credential (not an empty one).
     credential: bool,
     /// Whether the reading task has stopped.
     closed: bool,
-    /// The code and reason of the server's close frame, if it gave one.
+    /// The server's close frame (code and reason), when it sent one.
     closed_with: Option<(u16, String)>,
+    /// How the connection ended otherwise, when it has.
+    ending: Option<Ending>,
 }
+
+/// The close code of a refusal at authorization: policy (protocol §3 says
+/// no frame; the server closes with this code and no reason).
+const REFUSAL_CODE: u16 = 1008;
 
 impl State {
     /// Why a run cannot start (or did not) on a connection that is over.
     fn ended(&self) -> RunError {
         match &self.closed_with {
-            Some((code, reason)) => RunError::Closed {
+            Some((REFUSAL_CODE, reason)) if reason.is_empty() && !self.answered => {
+                if self.credential {
+                    RunError::CredentialRefused
+                } else {
+                    RunError::NoCredential
+                }
+            }
+            Some((code, reason)) if !reason.is_empty() => RunError::Closed {
                 code: *code,
                 reason: reason.clone(),
             },
-            None if !self.answered && !self.credential => RunError::NoCredential,
-            None => RunError::ConnectionEnded {
-                answered_before: self.answered,
-            },
+            Some((code, _)) => RunError::ConnectionEnded(Ending::Closed { code: *code }),
+            None => RunError::ConnectionEnded(self.ending.clone().unwrap_or(Ending::ClosedHere)),
+        }
+    }
+
+    /// Keeps the first thing known about the connection's end.
+    fn ending(&mut self, ending: Ending) {
+        if self.closed_with.is_none() && self.ending.is_none() {
+            self.ending = Some(ending);
         }
     }
 }
@@ -117,6 +201,7 @@ impl Shared {
                 credential,
                 closed: false,
                 closed_with: None,
+                ending: None,
             }),
             queue,
             limits,
@@ -245,8 +330,10 @@ pub(super) async fn serve<S>(
 {
     tokio::select! {
         () = read_frames(&shared, &mut stream, tap) => {}
-        () = close.cancelled() => {}
-        () = writer_done.cancelled() => {}
+        () = close.cancelled() => shared.state().ending(Ending::ClosedHere),
+        () = writer_done.cancelled() => shared.state().ending(Ending::Broke(
+            "writing to the server failed".to_owned(),
+        )),
     }
     end(&shared);
     close.cancel();
@@ -283,15 +370,17 @@ where
                 continue;
             }
             Ok(Message::Close(frame)) => {
-                if let Some(frame) = frame.filter(|f| !f.reason.is_empty()) {
-                    debug!(code = u16::from(frame.code), reason = %frame.reason, "the server closed the connection");
-                    shared.state().closed_with =
-                        Some((frame.code.into(), frame.reason.to_string()));
-                }
+                debug!(?frame, "the server closed the connection");
+                // A close frame with no code is read as 1005 (no status).
+                let (code, reason) = frame.map_or((1005, String::new()), |frame| {
+                    (frame.code.into(), frame.reason.to_string())
+                });
+                shared.state().closed_with = Some((code, reason));
                 return;
             }
             Err(error) => {
                 debug!(%error, "reading from the server failed");
+                shared.state().ending(Ending::of(&error));
                 return;
             }
         };
@@ -301,9 +390,15 @@ where
         match route(shared, &bytes) {
             Ok(Some(delivery)) => delivery.deliver().await,
             Ok(None) => {}
-            Err(()) => return,
+            Err(why) => {
+                shared.state().ending(Ending::Violation(why));
+                return;
+            }
         }
     }
+    shared.state().ending(Ending::Broke(
+        "the stream ended without a close frame".to_owned(),
+    ));
 }
 
 /// Where a routed frame still has to go once the table is unlocked: a
@@ -331,8 +426,10 @@ impl Delivery {
 }
 
 /// Applies one server frame to the table, and says what is left to deliver.
-/// `Err` ends the connection (a violation).
-fn route(shared: &Shared, bytes: &Bytes) -> Result<Option<Delivery>, ()> {
+/// `Err` ends the connection (a violation, said in words).
+fn route(shared: &Shared, bytes: &Bytes) -> Result<Option<Delivery>, String> {
+    let mut state = shared.state();
+    state.answered = true;
     let frame = match ServerFrame::decode(bytes) {
         Ok(frame) => frame,
         Err(error) => {
@@ -340,8 +437,6 @@ fn route(shared: &Shared, bytes: &Bytes) -> Result<Option<Delivery>, ()> {
             return Ok(None);
         }
     };
-    let mut state = shared.state();
-    state.answered = true;
     Ok(match state.table.received(frame) {
         Route::Response {
             scope,
@@ -376,7 +471,7 @@ fn route(shared: &Shared, bytes: &Bytes) -> Result<Option<Delivery>, ()> {
         }
         Route::Violation(why) => {
             warn!(%why, "ending the connection");
-            return Err(());
+            return Err(why.to_string());
         }
     })
 }

@@ -19,7 +19,7 @@
 //! ```
 //! Every loop's responses go through
 //! `runloop_proto`'s [`Reader`](runloop_proto::run_loop::Reader), so a
-//! loop's [`Outcome`](runloop_proto::run_loop::Outcome) means exactly what
+//! loop's [`Outcome`] means exactly what
 //! the protocol says: a dropped connection or an ended run is `Broken`,
 //! never `Finished`.
 //!
@@ -28,36 +28,80 @@
 //! pauses every other scope on the same connection: the protocol has no
 //! per-channel flow control, so bounded memory costs head-of-line blocking.
 //! Read loops you open, or open them on separate connections.
+//!
+//! A caller needs this crate alone: what it uses of the protocol's types
+//! (the run request, chunks, outcomes, the transcript, error values) is
+//! re-exported here, and the whole of `runloop-proto` as [`proto`].
 
 mod connection;
 mod run;
 mod run_loop;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use runloop_proto::agents_run::{RunRequest, RunResponseError};
+use runloop_proto::agents_run::RunResponseError;
 use runloop_proto::authorization::Authorization;
 use runloop_proto::endpoint::EndpointRequest;
 use runloop_proto::frame::{self, ClientFrame, Role};
-use runloop_proto::{Encode, ErrorValue, Undecodable};
+use runloop_proto::{Encode, Undecodable};
 use tokio::sync::oneshot;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+pub use connection::Ending;
 pub use run::Run;
 pub use run_loop::{Event, RunLoop};
 
+/// The whole protocol crate, for what the names below leave out (the
+/// chunk kinds' own structs, the capture format, …).
+#[doc(no_inline)]
+pub use runloop_proto as proto;
+#[doc(no_inline)]
+pub use runloop_proto::agents_run::{
+    Container, DEFAULT_DISK, DEFAULT_MEMORY, Image, ImageRef, InvalidRequest, RegistryImage,
+    RunRequest,
+};
+#[doc(no_inline)]
+pub use runloop_proto::run_loop::{
+    AgenticLoopChunk, Broken, ChunkKind, Outcome, RunLoopRequest, Transcript,
+};
+#[doc(no_inline)]
+pub use runloop_proto::{ErrorKind, ErrorValue};
+#[doc(no_inline)]
+pub use runloop_wire::limits::Limits;
+#[doc(no_inline)]
+pub use runloop_wire::tls::{ClientTls, TlsError};
+#[doc(no_inline)]
+pub use runloop_wire::transport::DialError;
+
 use self::connection::{Connection, Shared, Started};
-use runloop_wire::limits::{LimitError, Limits};
-use runloop_wire::tls::ClientTls;
-use runloop_wire::transport::{self, DialError};
+use runloop_wire::limits::LimitError;
+use runloop_wire::transport;
 pub use runloop_wire::writer::Tap;
 use runloop_wire::writer::{self, write_frames};
 
+/// How long connecting may take by default: TCP, TLS, the WebSocket
+/// upgrade and sending the authorization (the Python package's default too).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How a client behaves.
-#[derive(Clone, Default)]
+///
+/// Made from [`ClientConfig::default`] and changed with the setters (or
+/// by assigning a field): the struct is `#[non_exhaustive]`, so a field
+/// added later never breaks a caller.
+///
+/// ```
+/// use std::time::Duration;
+/// use runloop_client::ClientConfig;
+///
+/// let config = ClientConfig::default().connect_timeout(Some(Duration::from_secs(3)));
+/// assert_eq!(config.connect_timeout, Some(Duration::from_secs(3)));
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// Per-connection limits (message size, queued responses per loop).
     pub limits: Limits,
@@ -66,6 +110,51 @@ pub struct ClientConfig {
     /// Whom a `wss://` server's certificate must come from; none: the
     /// platform's roots ([`ClientTls::platform`]).
     pub tls: Option<ClientTls>,
+    /// How long [`Client::connect_with`] may take, from the dial to the
+    /// authorization sent; `None`: no bound. [`DEFAULT_CONNECT_TIMEOUT`]
+    /// by default.
+    pub connect_timeout: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            limits: Limits::default(),
+            tap: None,
+            tls: None,
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// With these per-connection limits.
+    #[must_use]
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// With a tap that sees every frame in both directions.
+    #[must_use]
+    pub fn tap(mut self, tap: Tap) -> Self {
+        self.tap = Some(tap);
+        self
+    }
+
+    /// Trusting `tls`'s authorities (and the platform's roots) for `wss://`.
+    #[must_use]
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// With this bound on connecting; `None`: no bound.
+    #[must_use]
+    pub fn connect_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.connect_timeout = limit;
+        self
+    }
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -74,6 +163,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("limits", &self.limits)
             .field("tap", &self.tap.is_some())
             .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }
@@ -93,6 +183,9 @@ pub enum ConnectError {
     /// A limit of the configuration is below its minimum.
     #[error("the client's configuration cannot work: {0}")]
     Limit(#[source] LimitError),
+    /// Connecting took longer than [`ClientConfig::connect_timeout`].
+    #[error("connecting took longer than {} s", .0.as_secs_f64())]
+    Timeout(Duration),
 }
 
 /// Why a run did not start.
@@ -108,27 +201,26 @@ pub enum RunError {
     /// The server's answer broke the rules.
     #[error("the server's answer did not decode: {0}")]
     Broken(#[source] Undecodable<RunResponseError>),
-    /// The connection ended before an answer. When nothing at all came from
-    /// the server first, the likeliest cause is a refused credential, since
-    /// a refusal is a close with no frame (protocol §3).
-    #[error("{}", if *.answered_before { "the connection ended before the run started" } else {
-        "the server closed the connection without answering (is the credential right?)"
-    })]
-    ConnectionEnded {
-        /// Whether the server had sent any frame on this connection.
-        answered_before: bool,
-    },
-    /// The connection ended with no frame from the server, and the
-    /// authorization carried no credential (an empty one): the server
-    /// wants one, since a refusal is a close with no frame (protocol §3).
+    /// The server refused the credential: before any frame it closed the
+    /// connection as a refusal does (close code 1008 and no reason, no
+    /// frame: protocol §3).
+    #[error("the server closed the connection without answering (is the credential right?)")]
+    CredentialRefused,
+    /// As [`RunError::CredentialRefused`], and the authorization carried
+    /// no credential (an empty one): the server wants one.
     #[error(
         "the server closed the connection without answering: it wants a credential, and none was sent"
     )]
     NoCredential,
+    /// The connection ended before the run's answer, otherwise than by a
+    /// refusal or a close with a reason: [`Ending`] says how (it broke, the
+    /// server sent what cannot be read, this side closed it, …).
+    #[error("the connection ended before the run started: {0}")]
+    ConnectionEnded(Ending),
     /// The server closed the connection and said why, in the WebSocket
     /// close frame: for instance that it is serving as many connections as
     /// it may. (A refused credential closes with no reason: that is
-    /// `ConnectionEnded`.)
+    /// [`RunError::CredentialRefused`].)
     #[error("the server closed the connection: {reason} (close code {code})")]
     Closed {
         /// The WebSocket close code (1013: try again later).
@@ -180,21 +272,31 @@ impl Client {
         config: ClientConfig,
     ) -> Result<Client, ConnectError> {
         config.limits.validate().map_err(ConnectError::Limit)?;
-        let (ws, _response) = transport::dial(url, config.tls.as_ref(), config.limits.websocket())
-            .await
-            .map_err(ConnectError::Dial)?;
-        let (mut sink, stream) = ws.split();
-        // Authorization first: nothing precedes it (protocol §3).
-        let authorization = Authorization::Unbrokered(credential);
-        let mut payload = Vec::new();
-        let Ok(()) = authorization.encode_to(&mut payload);
-        let message = frame::to_message(&ClientFrame::Authorization { payload: &payload });
-        if let Some(tap) = &config.tap {
-            tap(Role::Client, &message);
-        }
-        sink.send(Message::Binary(message.into()))
-            .await
-            .map_err(ConnectError::Authorization)?;
+        let opening = async {
+            let (ws, _response) =
+                transport::dial(url, config.tls.as_ref(), config.limits.websocket())
+                    .await
+                    .map_err(ConnectError::Dial)?;
+            let (mut sink, stream) = ws.split();
+            // Authorization first: nothing precedes it (protocol §3).
+            let authorization = Authorization::Unbrokered(credential);
+            let mut payload = Vec::new();
+            let Ok(()) = authorization.encode_to(&mut payload);
+            let message = frame::to_message(&ClientFrame::Authorization { payload: &payload });
+            if let Some(tap) = &config.tap {
+                tap(Role::Client, &message);
+            }
+            sink.send(Message::Binary(message.into()))
+                .await
+                .map_err(ConnectError::Authorization)?;
+            Ok((sink, stream))
+        };
+        let (sink, stream) = match config.connect_timeout {
+            Some(limit) => tokio::time::timeout(limit, opening)
+                .await
+                .map_err(|_| ConnectError::Timeout(limit))??,
+            None => opening.await?,
+        };
 
         let writer_done = CancellationToken::new();
         let tap = config.tap.clone().map(|tap| (tap, Role::Client));

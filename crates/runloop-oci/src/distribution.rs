@@ -44,6 +44,8 @@ use std::time::Duration;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE};
 use reqwest::{Client, Response, StatusCode, Url};
+use runloop_wire::tls::ClientTls;
+use tracing::warn;
 
 /// Redirects one blob request may take.
 pub const MAX_HOPS: usize = 3;
@@ -96,6 +98,9 @@ pub enum FetchError {
     /// The connection or the HTTP exchange.
     #[error("{}", http_failure(.0))]
     Http(#[source] reqwest::Error),
+    /// TLS settings could not be made.
+    #[error("cannot make the registry client's TLS settings: {0}")]
+    Tls(String),
 }
 
 /// A reqwest error with its causes, which its own Display leaves out.
@@ -170,8 +175,19 @@ impl Distribution {
             .map(reqwest::Proxy::all)
             .transpose()
             .map_err(FetchError::Http)?;
+        // The process's one TLS stack: rustls with `ring` and the platform's
+        // roots, as the WebSocket client has. Without roots, registries
+        // over HTTPS fail at the handshake (unknown issuer), said at once
+        // here; insecure (plain HTTP) registries go on.
+        runloop_wire::tls::install_default_provider();
+        let (tls, no_roots) =
+            ClientTls::platform_or_none().map_err(|error| FetchError::Tls(error.to_string()))?;
+        if let Some(why) = no_roots {
+            warn!(%why, "no trust roots for registries over HTTPS: each pull from one will fail");
+        }
         let builder = || {
             let builder = Client::builder()
+                .tls_backend_preconfigured(tls.rustls_config())
                 .redirect(reqwest::redirect::Policy::none())
                 .connect_timeout(connect_timeout)
                 .read_timeout(read_timeout)

@@ -143,6 +143,9 @@ fn client() -> io::Result<reqwest::Client> {
     if let Some(client) = CLIENT.get() {
         return Ok(client.clone());
     }
+    // reqwest may be built with TLS and no provider (the registry
+    // client's feature, shared by the build): it then wants a default.
+    runloop_wire::tls::install_default_provider();
     let client = reqwest::Client::builder()
         // The agent program is on the container's loopback: a proxy from
         // the environment would be wrong.

@@ -120,6 +120,19 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::clone(PROVIDER.get_or_init(|| Arc::new(rustls::crypto::ring::default_provider())))
 }
 
+/// Makes `ring` the process's default rustls provider, unless one is set
+/// already. The sides of this crate name theirs; this is for clients that
+/// take the process's default: reqwest, built with TLS but no provider of
+/// its own (the registry client's `rustls-no-provider`, a feature every
+/// reqwest of the build then has), panics when it makes a client with
+/// neither. Call it before making one.
+pub fn install_default_provider() {
+    if CryptoProvider::get_default().is_none() {
+        // Another thread may have set one meanwhile: theirs stands.
+        let _ = CryptoProvider::install_default(rustls::crypto::ring::default_provider());
+    }
+}
+
 /// Reads a PEM file, bounded by [`MAX_PEM_FILE`].
 fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
     let read = |source| TlsError::Read {
@@ -297,6 +310,10 @@ impl ClientTls {
                 platform.errors.iter().map(ToString::to_string).collect(),
             ));
         }
+        ClientTls::trusting(roots)
+    }
+
+    fn trusting(roots: RootCertStore) -> Result<ClientTls, TlsError> {
         let mut config = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(TlsError::Settings)?
@@ -306,6 +323,17 @@ impl ClientTls {
         Ok(ClientTls {
             config: Arc::new(config),
         })
+    }
+
+    /// The platform's roots as [`ClientTls::platform`] reads them, or,
+    /// when there are none, TLS that trusts nothing (every handshake fails
+    /// with an unknown issuer) and why: for a client whose plain-HTTP uses
+    /// must go on without them (the registry client's insecure registries).
+    pub fn platform_or_none() -> Result<(ClientTls, Option<TlsError>), TlsError> {
+        match ClientTls::platform() {
+            Ok(tls) => Ok((tls, None)),
+            Err(why) => Ok((ClientTls::trusting(RootCertStore::empty())?, Some(why))),
+        }
     }
 
     /// The platform's roots alone, read once per process.
@@ -321,6 +349,13 @@ impl ClientTls {
     /// A connector for outgoing connections.
     pub fn connector(&self) -> tokio_rustls::TlsConnector {
         tokio_rustls::TlsConnector::from(Arc::clone(&self.config))
+    }
+
+    /// Its rustls settings (these roots, the `ring` provider), for another
+    /// client of the process to use the same TLS: the registry client's
+    /// HTTP/1.1 (`http/1.1` is offered by ALPN, as for a WebSocket dial).
+    pub fn rustls_config(&self) -> ClientConfig {
+        ClientConfig::clone(&self.config)
     }
 }
 

@@ -45,10 +45,9 @@ fn request() -> Result<RunRequest, Failure> {
 }
 
 fn config(side: &Side) -> ClientConfig {
-    ClientConfig {
-        tls: side.tls.clone(),
-        ..ClientConfig::default()
-    }
+    let mut config = ClientConfig::default();
+    config.tls = side.tls.clone();
+    config
 }
 
 /// Connections per second: `count` of them, one after another.

@@ -235,10 +235,9 @@ fn fail<T>(detail: impl Into<String>) -> Checked<T> {
 
 /// Connects with the library's client, bounded by the timeout.
 async fn client(ctx: &Ctx) -> Result<Client, Verdict> {
-    let config = ClientConfig {
-        tls: ctx.tls.clone(),
-        ..ClientConfig::default()
-    };
+    // Bounded here by the check's own timeout, which says so in its words.
+    let mut config = ClientConfig::default().connect_timeout(None);
+    config.tls = ctx.tls.clone();
     match timeout(
         ctx.timeout,
         Client::connect_with(&ctx.url, ctx.token(), config),
@@ -264,9 +263,7 @@ async fn served(ctx: &mut Ctx) -> Checked {
         Ok(Err(RunError::NotServed)) => fail(
             "a bare finish, but a request that decodes is answered with the id or an error (§5)",
         ),
-        Ok(Err(RunError::ConnectionEnded {
-            answered_before: false,
-        })) => Err(ctx.unserved(Verdict::Skip(
+        Ok(Err(RunError::CredentialRefused)) => Err(ctx.unserved(Verdict::Skip(
             "the server closed the connection with no frame, as it does for a refused \
              credential (§3): is --token right?"
                 .to_owned(),

@@ -818,6 +818,84 @@ fn a_registry_image_runs_and_two_runs_at_once_pull_it_once() {
     assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
 
+/// A registry over HTTPS, pulled with the tree's one TLS stack (rustls with
+/// `ring`, the platform's roots; no OpenSSL): trusted when the platform's
+/// roots hold its authority (`SSL_CERT_FILE`, as the operator's machine
+/// would), and refused, naming the certificate, when they do not.
+#[test]
+fn a_registry_over_https_is_pulled_when_its_authority_is_trusted() {
+    if !ready_with_registry() {
+        return;
+    }
+    let images = Images::get();
+    let (path, digest) = images.agent_layout("registry");
+    let scratch = tempfile::tempdir().expect("temp");
+    let storage = scratch.path().join("storage");
+    // Pushed over plain HTTP, then served from the same storage over HTTPS.
+    {
+        let plain = LocalRegistry::start_at(&storage, None);
+        plain.push(
+            &Layout::open(&path).expect("layout"),
+            &digest,
+            "agents/demo",
+            "1",
+        );
+    }
+    let (ca, cert, key) = authority_and_certificate(scratch.path());
+    let registry = LocalRegistry::start_at(&storage, Some((&cert, &key)));
+    let reference = format!("{}/agents/demo:1", registry.host);
+    let prompt = "pulled over https";
+    let ca = ca.to_str().expect("UTF-8");
+
+    let trusted = Server::start_with_env(
+        &[],
+        &["--registry", &registry.host],
+        &[("SSL_CERT_FILE", ca)],
+    );
+    let output = pull_and_run(&trusted.url, &reference, prompt);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{output:?}\n{}",
+        trusted.log()
+    );
+    assert_eq!(chunks(&json_lines(&output)), builtin_chunks(prompt));
+    drop(trusted);
+
+    // The platform's roots alone do not hold the test's authority.
+    let untrusted = Server::start(&[], &["--registry", &registry.host]);
+    let output = pull_and_run(&untrusted.url, &reference, prompt);
+    let refused = refusal(&output);
+    assert!(refused.contains("certificate"), "{refused}");
+}
+
+/// A certificate authority, and a certificate it signed for 127.0.0.1 and
+/// localhost with its key: three PEM files in `dir`.
+fn authority_and_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().expect("a key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca.self_signed(&ca_key).expect("the authority");
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().expect("a key");
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .expect("params")
+        .signed_by(&key, &issuer)
+        .expect("a certificate");
+    let write = |name: &str, pem: String| {
+        let file = dir.join(name);
+        fs::write(&file, pem).expect("a PEM file");
+        file
+    };
+    (
+        write("ca.pem", ca_cert.pem()),
+        write("registry.pem", leaf.pem()),
+        write("registry.key", key.serialize_pem()),
+    )
+}
+
 /// The message of a refused run (`runloop run` exits 7 and says it).
 fn refusal(output: &Output) -> String {
     assert_eq!(output.status.code(), Some(7), "{output:?}");

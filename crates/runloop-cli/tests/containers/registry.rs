@@ -5,7 +5,7 @@
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,11 +30,36 @@ impl LocalRegistry {
     pub fn start() -> LocalRegistry {
         let dir = tempfile::tempdir().expect("temp");
         let storage = dir.path().join("storage");
+        LocalRegistry::start_in(dir, storage, None)
+    }
+
+    /// Starts one on a free loopback port that keeps its images in
+    /// `storage` (which may outlive it, for another registry to serve), in
+    /// HTTPS with `tls` (a certificate and its key, PEM files) when given.
+    pub fn start_at(storage: &Path, tls: Option<(&Path, &Path)>) -> LocalRegistry {
+        let dir = tempfile::tempdir().expect("temp");
+        LocalRegistry::start_in(dir, storage.to_owned(), tls)
+    }
+
+    fn start_in(
+        dir: tempfile::TempDir,
+        storage: PathBuf,
+        tls: Option<(&Path, &Path)>,
+    ) -> LocalRegistry {
         let config = dir.path().join("config.yml");
+        let tls = tls
+            .map(|(cert, key)| {
+                format!(
+                    "  tls:\n    certificate: {}\n    key: {}\n",
+                    cert.display(),
+                    key.display()
+                )
+            })
+            .unwrap_or_default();
         fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:0\n",
+                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:0\n{tls}",
                 storage.display()
             ),
         )
@@ -73,8 +98,13 @@ impl LocalRegistry {
                 .expect("the registry logs where it listens")
                 .expect("a log line");
             if let Some(at) = line.find("listening on ") {
+                // `listening on 127.0.0.1:PORT"`, or `…:PORT, tls"`.
                 let rest = &line[at + "listening on ".len()..];
-                break rest.split('"').next().expect("an address").to_owned();
+                break rest
+                    .split(['"', ','])
+                    .next()
+                    .expect("an address")
+                    .to_owned();
             }
             assert!(Instant::now() < deadline, "the registry did not listen");
         };
@@ -94,6 +124,8 @@ impl LocalRegistry {
         let reference: Reference = format!("{}/{repository}:{tag}", self.host)
             .parse()
             .expect("reference");
+        // oci-client's reqwest has TLS with no provider (runloop-oci's feature).
+        runloop::tls::install_default_provider();
         let client = Client::new(ClientConfig {
             protocol: ClientProtocol::Http,
             ..ClientConfig::default()

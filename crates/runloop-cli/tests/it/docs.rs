@@ -506,8 +506,10 @@ fn the_guide_s_exit_codes_are_the_ones_run_exits_with() {
 
 /// The `[dependencies]` of the Rust caller's guide: each crate its program
 /// names, at the major version the workspace builds it with, with the
-/// features the program needs; `runloop` by a path that ends at the crate.
-/// (The program itself is a doctest of the `runloop` crate.)
+/// features the program needs; `runloop-client` (a caller's one crate of
+/// this project, not the facade) by a path that ends at the crate. (The
+/// program itself is a doctest of the `runloop` crate, whose embedded
+/// server its hidden lines start.)
 #[test]
 fn the_rust_guide_s_dependencies_are_what_its_program_uses() {
     let guide = read("docs/rust.md");
@@ -528,7 +530,7 @@ fn the_rust_guide_s_dependencies_are_what_its_program_uses() {
         .filter(|line| !line.trim_start().starts_with('#') || line.contains("#[tokio::main]"))
         .collect::<Vec<_>>()
         .join("\n");
-    let used: BTreeSet<&str> = ["runloop", "tokio", "futures_util"]
+    let used: BTreeSet<&str> = ["runloop_client", "tokio", "futures_util"]
         .into_iter()
         .filter(|krate| program.contains(&format!("{krate}::")))
         .collect();
@@ -545,10 +547,14 @@ fn the_rust_guide_s_dependencies_are_what_its_program_uses() {
         "no dependency the program does not use: {names:?}"
     );
     let spec = |name: &str| deps.iter().find(|(n, _)| *n == name).map(|(_, spec)| *spec);
-    let runloop = spec("runloop").unwrap_or_default();
+    let client = spec("runloop-client").unwrap_or_default();
     assert!(
-        runloop.contains("path = \"") && runloop.contains("/crates/runloop\""),
-        "{runloop}"
+        client.contains("path = \"") && client.contains("/crates/runloop-client\""),
+        "{client}"
+    );
+    assert!(
+        !program.contains("runloop::"),
+        "the program names the client's crate, not the facade's: {program}"
     );
     let tokio = spec("tokio").unwrap_or_default();
     for feature in ["\"macros\"", "\"rt-multi-thread\""] {

@@ -421,7 +421,7 @@ fn an_idle_timeout_shows_what_came_then_says_which_limit() {
 
 /// Issue 30 §8: an exec catalog under the default `--exec-disk refuse`
 /// says at startup that its runs will be refused, and a run that asks for
-/// no disk (`--disk 0`) goes ahead.
+/// no disk (`--disk 0`, the default) goes ahead.
 #[test]
 fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
     let exe = env!("CARGO_BIN_EXE_runloop");
@@ -430,7 +430,13 @@ fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
     let log = common::drain(server.stderr());
     let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--disk", "0", "hi"]);
     assert_eq!(status.code(), Some(0), "disk 0 runs: {stdout}{stderr}");
-    let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the default disk, 0, runs: {stdout}{stderr}"
+    );
+    let (status, _, stderr) = run(&["run", "--url", &server.url, "--disk", "1G", "hi"]);
     assert_eq!(status.code(), Some(7), "disk 1G is refused: {stderr}");
     assert!(stderr.contains("; disk 0 goes ahead"), "{stderr}");
     server.terminate();
@@ -608,6 +614,47 @@ fn no_credential_is_told_apart_from_a_wrong_one() {
         stderr,
         "runloop: the server closed the connection without answering (is the credential right?)\n"
     );
+}
+
+/// Issue 40 item 9: a server killed while a run starts is named as a
+/// connection that broke, not as a credential it wanted (none was sent:
+/// the server takes any), and exits 2, not 7 (nothing refused the run).
+#[test]
+fn a_server_killed_mid_start_is_a_broken_connection() {
+    // The exec agent never listens: the run's start is still going on.
+    let mut server = common::Serve::start("error", &["--agent", "slow=exec:sleep 60"]);
+    let mut caller = common::runloop()
+        .args([
+            "run",
+            "--url",
+            &server.url,
+            "--image",
+            "slow",
+            "--disk",
+            "0",
+            "hi",
+        ])
+        .env_remove("RUNLOOP_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+    let stderr = common::drain(caller.stderr.take().expect("stderr"));
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    assert_eq!(caller.try_wait().expect("waits"), None, "still starting");
+    server.kill();
+    let status = common::exits(&mut caller, "runloop run after the server's kill");
+    let stderr = stderr.join().expect("stderr");
+    assert!(
+        stderr.starts_with(
+            "runloop: the connection ended before the run started: it broke with no close \
+             handshake (did the server stop?): "
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("credential"), "{stderr}");
+    assert_eq!(status.code(), Some(2), "{stderr}");
 }
 
 /// Newcomer G14: `serve` says at startup when an `exec:` entry's program,

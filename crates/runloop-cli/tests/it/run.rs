@@ -300,6 +300,23 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
         .expect("runs");
     assert_eq!(
         output.status.code(),
+        Some(0),
+        "no disk, the default: {output:?}"
+    );
+    let output = runloop()
+        .args([
+            "run",
+            "--json",
+            "--url",
+            &server.url,
+            "--disk",
+            "1G",
+            "through exec",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
         Some(7),
         "a disk it cannot hold: {output:?}"
     );
@@ -322,7 +339,15 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
         &exec,
     ]);
     let output = runloop()
-        .args(["run", "--json", "--url", &server.url, "through exec"])
+        .args([
+            "run",
+            "--json",
+            "--url",
+            &server.url,
+            "--disk",
+            "1G",
+            "through exec",
+        ])
         .output()
         .expect("runs");
     assert_eq!(output.status.code(), Some(0), "{output:?}");

@@ -48,10 +48,8 @@ fn runtime() -> tokio::runtime::Runtime {
 /// loop, check that it finished with chunks 0 to CHUNKS - 1 in order,
 /// close. `Err` says what went wrong.
 async fn one_loop(url: &str, tls: Option<&ClientTls>, prompt: &str) -> Result<(), String> {
-    let config = ClientConfig {
-        tls: tls.cloned(),
-        ..ClientConfig::default()
-    };
+    let mut config = ClientConfig::default();
+    config.tls = tls.cloned();
     let client = Client::connect_with(url, "", config)
         .await
         .map_err(|e| format!("connect: {e}"))?;

@@ -22,5 +22,7 @@ pub use image::{
     DIGEST_RULE, Image, ImageRef, RegistryImage, UNPINNED, is_valid_digest, is_valid_name,
 };
 pub use mounts::{FuseMount, IdentityMount, PathRule, VolumeMount};
-pub use request::{Container, DEFAULT_LIMIT, InvalidRequest, RunRequest, RunRequestError};
+pub use request::{
+    Container, DEFAULT_DISK, DEFAULT_MEMORY, InvalidRequest, RunRequest, RunRequestError,
+};
 pub use response::{RunResponse, RunResponseError};

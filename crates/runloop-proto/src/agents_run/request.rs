@@ -209,10 +209,18 @@ pub enum InvalidRequest {
     },
 }
 
-/// The memory and disk a request built by [`RunRequest::server`] or
-/// [`RunRequest::registry`] asks for until told otherwise: 1 GiB each, as
-/// `runloop run` does.
-pub const DEFAULT_LIMIT: u64 = 1 << 30;
+/// The memory a request built by [`RunRequest::server`] or
+/// [`RunRequest::registry`] asks for until told otherwise: 1 GiB, as
+/// `runloop run` and the Python package do.
+pub const DEFAULT_MEMORY: u64 = 1 << 30;
+
+/// The disk such a request asks for until told otherwise: none, as
+/// `runloop run` and the Python package do. A run asks for the disk it
+/// will write: none holds nothing of the server's disk budget and is what
+/// the demo and `exec:` agents take (an exec server refuses disk it cannot
+/// hold, by default); a container needs a file system of a size only its
+/// caller knows (1 MiB at least), and a refusal says so.
+pub const DEFAULT_DISK: u64 = 0;
 
 impl RunRequest {
     /// A request for `container` with `agent` as its registration value.
@@ -221,7 +229,7 @@ impl RunRequest {
     }
 
     /// A request for the server's catalog image `name`, unpinned
-    /// ([`UNPINNED`]), with [`DEFAULT_LIMIT`] memory and disk, no mounts
+    /// ([`UNPINNED`]), with [`DEFAULT_MEMORY`] and [`DEFAULT_DISK`], no mounts
     /// and `{}` as the agent's registration; the methods below change
     /// each:
     ///
@@ -253,7 +261,7 @@ impl RunRequest {
 
     fn of(image: Image) -> Self {
         let agent = RawValue::from_string("{}".to_owned()).unwrap_or_else(|_| unreachable!());
-        RunRequest::new(Container::new(image, DEFAULT_LIMIT, DEFAULT_LIMIT), agent)
+        RunRequest::new(Container::new(image, DEFAULT_MEMORY, DEFAULT_DISK), agent)
     }
 
     /// Pins a `server` or `client` image to `digest` (`sha256:…`, checked
@@ -404,7 +412,9 @@ mod tests {
             )
         );
         let unpinned = RunRequest::server("demo");
-        assert_eq!(unpinned.container.memory, DEFAULT_LIMIT);
+        assert_eq!(unpinned.container.memory, DEFAULT_MEMORY);
+        assert_eq!(unpinned.container.disk, 0);
+        assert_eq!(RunRequest::registry("r/x:1").container.disk, DEFAULT_DISK);
         assert_eq!(unpinned.agent.get(), "{}");
         assert!(
             matches!(&unpinned.container.image, Image::Server(image) if image.digest == UNPINNED)

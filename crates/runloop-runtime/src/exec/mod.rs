@@ -442,9 +442,7 @@ fn child_setup(parent: u32, setup: &Setup) -> io::Result<()> {
     }
     // SAFETY: plain system calls on integers and a local struct.
     unsafe {
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-            return Err(io::Error::last_os_error());
-        }
+        die_with_parent()?;
         // The server may have died before the death signal was armed.
         if libc::getppid() as u32 != parent {
             return Err(io::Error::from_raw_os_error(libc::ESRCH));
@@ -467,6 +465,57 @@ fn child_setup(parent: u32, setup: &Setup) -> io::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// Has the kernel kill this process (SIGKILL) when its parent, the
+/// server, dies, however it dies: `prctl(PR_SET_PDEATHSIG)` on Linux,
+/// `procctl(PROC_PDEATHSIG_CTL)` on FreeBSD.
+///
+/// # Safety
+///
+/// Async-signal-safe: one system call, no allocation.
+#[cfg(target_os = "linux")]
+unsafe fn die_with_parent() -> io::Result<()> {
+    // SAFETY: a plain system call on integers.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// See the Linux version.
+///
+/// # Safety
+///
+/// Async-signal-safe: one system call, no allocation.
+#[cfg(target_os = "freebsd")]
+unsafe fn die_with_parent() -> io::Result<()> {
+    let mut signal: libc::c_int = libc::SIGKILL;
+    // SAFETY: `signal` outlives the call, which only reads it.
+    let done = unsafe {
+        libc::procctl(
+            libc::P_PID,
+            0,
+            libc::PROC_PDEATHSIG_CTL,
+            (&raw mut signal).cast::<libc::c_void>(),
+        )
+    };
+    if done == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Other Unix systems have no death signal: a server that is killed (not
+/// one that exits, which ends its runs' process groups) leaves its exec
+/// programs running until they exit, or are killed by hand.
+///
+/// # Safety
+///
+/// Does nothing.
+#[cfg(not(any(target_os = "linux", target_os = "freebsd")))]
+unsafe fn die_with_parent() -> io::Result<()> {
     Ok(())
 }
 

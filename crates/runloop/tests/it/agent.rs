@@ -174,6 +174,8 @@ async fn large_load_chunks_reach_the_socket_whole() {
         .expect("binds")
         .spawn();
     let prompt = "demo:load=3x200000";
+    // In a workspace build reqwest has runloop-oci's TLS with no provider.
+    runloop::tls::install_default_provider();
     let response = reqwest::Client::new()
         .post(format!("{}/run", agent.url()))
         .body(RunLoopRequest::new(prompt).json().to_vec())

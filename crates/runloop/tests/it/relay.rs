@@ -479,9 +479,7 @@ async fn authorization_accepted_rejected_and_repeated() {
         .expect("the socket opens");
     assert_eq!(
         client.start(support::run_request()).await.err(),
-        Some(RunError::ConnectionEnded {
-            answered_before: false
-        })
+        Some(RunError::CredentialRefused)
     );
 
     // Repeated: a second authorization ends the connection.
