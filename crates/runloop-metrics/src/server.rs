@@ -652,6 +652,10 @@ mod tests {
             "runloop_draining 1",
             "runloop_agent_log_dropped_lines_total 0",
             "runloop_runs_refused_total{reason=\"registration\"} 0",
+            "runloop_runs_refused_total{reason=\"disk\"} 0",
+            "runloop_connections_closed_total{reason=\"half_sent_memory\"} 0",
+            "runloop_credential_checks_slowed_total 0",
+            "runloop_half_sent_bytes 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} is not in\n{text}");
         }
