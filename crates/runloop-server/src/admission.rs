@@ -274,6 +274,17 @@ impl Gate {
         })
     }
 
+    /// `io` of a caller turned away at accept, being told why: read
+    /// through the allowance of a connection not yet authorized, which it
+    /// never will be, so that what it sends meanwhile is not read past it.
+    pub(crate) fn turned_away<S>(&self, io: S) -> Bounded<S> {
+        Bounded {
+            io,
+            left: self.admission.allowance(),
+            authorized: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
     /// Waits for `address`'s turn to have a credential checked (none for
     /// a connection of no address); says whether it had to wait. The
     /// turn is spent unless [`credential_accepted`](Self::credential_accepted)

@@ -503,12 +503,14 @@ async fn refuse(
     let started = tokio::time::Instant::now();
     let deadline = started + shared.config.admission.handshake_timeout;
     match acceptor {
-        None => connection::refuse(tcp, &shared, deadline, &reason).await,
+        // What it sends meanwhile is read no further than the allowance
+        // of a connection not yet authorized.
+        None => connection::refuse(shared.gate.turned_away(tcp), &shared, deadline, &reason).await,
         Some(acceptor) => {
             let Some(tls) = tls_handshake(tcp, peer, &acceptor, &shared).await else {
                 return;
             };
-            connection::refuse(tls, &shared, deadline, &reason).await;
+            connection::refuse(shared.gate.turned_away(tls), &shared, deadline, &reason).await;
         }
     }
 }
