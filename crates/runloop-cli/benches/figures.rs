@@ -20,6 +20,9 @@ mod admission;
 #[path = "../tests/it/budget.rs"]
 mod budget;
 #[allow(dead_code, unused_imports)]
+#[path = "../tests/operate/certs.rs"]
+mod certs;
+#[allow(dead_code, unused_imports)]
 #[path = "../tests/it/common/mod.rs"]
 mod common;
 #[allow(dead_code, unused_imports)]
@@ -28,9 +31,6 @@ mod exec;
 #[allow(dead_code, unused_imports)]
 #[path = "../tests/it/memory.rs"]
 mod memory;
-#[allow(dead_code, unused_imports)]
-#[path = "../tests/operate/certs.rs"]
-mod certs;
 #[allow(dead_code, unused_imports)]
 #[path = "../tests/it/walls.rs"]
 mod walls;
