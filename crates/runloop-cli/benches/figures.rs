@@ -20,6 +20,9 @@ mod admission;
 #[path = "../tests/it/budget.rs"]
 mod budget;
 #[allow(dead_code, unused_imports)]
+#[path = "../tests/operate/certs.rs"]
+mod certs;
+#[allow(dead_code, unused_imports)]
 #[path = "../tests/it/common/mod.rs"]
 mod common;
 #[allow(dead_code, unused_imports)]
@@ -28,6 +31,9 @@ mod exec;
 #[allow(dead_code, unused_imports)]
 #[path = "../tests/it/memory.rs"]
 mod memory;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/it/walls.rs"]
+mod walls;
 
 fn main() {
     runloop_testkit::run_figures(&[
@@ -58,6 +64,26 @@ fn main() {
         (
             "memory::memory_goes_back_after_waves_of_large_messages",
             memory::memory_goes_back_after_waves_of_large_messages,
+        ),
+        (
+            "walls::half_sent_256_connections_of_16_mib",
+            walls::half_sent_256_connections_of_16_mib,
+        ),
+        (
+            "walls::pre_authorization_flood_from_five_addresses",
+            walls::pre_authorization_flood_from_five_addresses,
+        ),
+        (
+            "walls::slowloris_128_from_one_address",
+            walls::slowloris_128_from_one_address,
+        ),
+        (
+            "walls::slow_tls_handshakes_from_five_addresses",
+            walls::slow_tls_handshakes_from_five_addresses,
+        ),
+        (
+            "walls::credential_guesses_from_one_address",
+            walls::credential_guesses_from_one_address,
         ),
     ]);
 }

@@ -80,6 +80,17 @@ pub enum DialError {
         /// What its answer's body says.
         body: String,
     },
+    /// The server closed the connection before it answered the upgrade:
+    /// what a runloop server does with a caller it turns away when it
+    /// cannot take the time to say why.
+    #[error("cannot connect to {url}: {}", transport::CLOSED_BEFORE_ANSWER)]
+    Closed {
+        /// The URL.
+        url: String,
+        /// How it ended.
+        #[source]
+        source: WsError,
+    },
     /// Something answered that does not complete a WebSocket handshake.
     #[error(
         "{url} is not a runloop server: its answer to the WebSocket upgrade is not one ({source})"
@@ -144,6 +155,7 @@ impl DialError {
     pub fn websocket(url: &str, error: WsError) -> DialError {
         let url = url.to_owned();
         match error {
+            source if transport::closed_before_answer(&source) => DialError::Closed { url, source },
             WsError::Io(source) => DialError::Network { url, source },
             WsError::Http(response) => {
                 let status = response.status().to_string();
@@ -219,6 +231,20 @@ mod tests {
         assert_eq!(text.matches("cannot connect").count(), 1, "{text}");
         assert!(text.ends_with(": is a server listening there?"), "{text}");
         assert!(refused.source().is_some());
+
+        let closed = DialError::websocket(
+            "ws://h:1",
+            WsError::Protocol(
+                tokio_tungstenite::tungstenite::error::ProtocolError::HandshakeIncomplete,
+            ),
+        );
+        let text = closed.to_string();
+        assert!(
+            text.starts_with("cannot connect to ws://h:1: the server closed the connection")
+                && text.contains("try again later")
+                && !text.contains("not a runloop server"),
+            "{text}"
+        );
 
         let mut response = tokio_tungstenite::tungstenite::http::Response::new(None);
         *response.status_mut() = tokio_tungstenite::tungstenite::http::StatusCode::NOT_FOUND;

@@ -317,6 +317,8 @@ impl Args {
         let host = Host::open(self.host_config()?)
             .await
             .map_err(Failure::Containers)?;
+        // Runs' disks are files of the store: a run's must fit its free space.
+        config.run_disks = Some(host.store().runs());
         if pulls {
             let registry = RegistryConfig {
                 mirrors: self.registry_mirrors.clone(),

@@ -42,8 +42,8 @@ pub static AGENT_LOG_DROPPED_LINES: AtomicU64 = AtomicU64::new(0);
 
 pub use proxy::{AgentFault, ProxyLoop, ProxyMetrics, Registration};
 pub use server::{
-    AuthorizationRefusal, ClosedAtAccept, LoopOutcome, ProxyFault, Reload, RunEnd, RunRefusal,
-    ServerMetrics, StatsSnapshot, TenantFigures, TlsFailure,
+    AuthorizationRefusal, ClosedAtAccept, ConnectionClosed, LoopOutcome, ProxyFault, Reload,
+    RunEnd, RunRefusal, ServerMetrics, StatsSnapshot, TenantFigures, TlsFailure,
 };
 
 /// The `Content-Type` of the exposition (the Prometheus text format 0.0.4).

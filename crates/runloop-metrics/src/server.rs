@@ -38,6 +38,9 @@ pub struct StatsSnapshot {
     /// started: closed at once when accepted (per address, not yet
     /// authorized), with close code 1013 (`max_connections`, per identity).
     pub turned_away: u64,
+    /// Bytes of callers' messages begun and not yet ended, held by the
+    /// server (protocol §12: they count against the memory budgets).
+    pub half_sent: u64,
 }
 
 label! {
@@ -53,6 +56,24 @@ label! {
         TooLarge = "too_large",
         /// More control frames (pings, pongs) than the budget allows.
         Flood = "flood",
+        /// The credential's token was revoked by a reload while it was
+        /// being checked.
+        Revoked = "revoked",
+    }
+}
+
+label! {
+    /// Why the server closed an authorized connection for a wall of its
+    /// own (protocol §12), not for the caller's words.
+    pub enum ConnectionClosed("reason") {
+        /// A half-sent message did not fit its tenant's memory budget or
+        /// the server's.
+        HalfSentMemory = "half_sent_memory",
+        /// A half-sent message made no progress for `--message-idle-timeout`.
+        MessageIdle = "message_idle",
+        /// Its token or tenant was revoked by a reload, and
+        /// `--revoked-grace` is over.
+        Revoked = "revoked",
     }
 }
 
@@ -62,6 +83,9 @@ label! {
     pub enum ClosedAtAccept("reason") {
         /// Its address held `--max-connections-per-address`.
         Address = "address",
+        /// Its address held `--max-unauthorized-per-address` connections
+        /// not yet authorized.
+        UnauthorizedAddress = "unauthorized_address",
         /// `--max-unauthorized` connections were authorizing.
         Unauthorized = "unauthorized",
         /// Its address had spent its `--handshake-rate`.
@@ -96,6 +120,11 @@ label! {
         /// Over a limit of runs: the runs at once (server-wide or per
         /// identity), a run's largest memory or disk, the memory budget.
         Budget = "budget",
+        /// Its disk does not fit the free space of the filesystem that
+        /// holds runs' disks, less what the runs admitted may still write.
+        Disk = "disk",
+        /// The connection's token or tenant was revoked by a reload.
+        Revoked = "revoked",
         /// The container did not start.
         Runtime = "runtime",
         /// The agent's registration failed (the proxy or the agent program refused it, or the proxy could not be reached).
@@ -118,6 +147,9 @@ label! {
         Disconnect = "disconnect",
         /// The server shut down (or its drain deadline passed).
         Shutdown = "shutdown",
+        /// Its connection's token or tenant was revoked by a reload, and
+        /// the revocation grace is over.
+        Revoked = "revoked",
     }
 }
 
@@ -255,6 +287,12 @@ pub struct ServerMetrics {
     pub refused: Counts<AuthorizationRefusal>,
     /// Connections turned away as they were accepted, by reason.
     pub closed_at_accept: Counts<ClosedAtAccept>,
+    /// Authorized connections the server closed for a wall of its own,
+    /// by reason.
+    pub closed: Counts<ConnectionClosed>,
+    /// Credential checks that waited for their address's turn
+    /// (`--credential-failure-rate`).
+    pub credential_checks_slowed: Counter,
     /// TLS handshakes that failed, by reason.
     pub tls_failures: Counts<TlsFailure>,
     /// Certificate reloads, by result.
@@ -267,7 +305,7 @@ pub struct ServerMetrics {
     pub runs_ended: Counts<RunEnd>,
     /// Loops relayed, by outcome.
     pub loops: Counts<LoopOutcome>,
-    /// Loops refused at a loop limit.
+    /// Loops refused at a loop limit, or for a revoked token.
     pub loops_refused: Counter,
     /// Chunks relayed to callers.
     pub chunks: Counter,
@@ -311,6 +349,20 @@ impl ServerMetrics {
             "Connections turned away as they were accepted, before any handshake, by reason",
             closed_at_accept.clone(),
         );
+        let closed = Counts::new();
+        registry.register(
+            "connections_closed",
+            "Authorized connections the server closed for a limit of its own (a half-sent \
+             message over the memory budget or idle, a revoked token), by reason",
+            closed.clone(),
+        );
+        let credential_checks_slowed = Counter::default();
+        registry.register(
+            "credential_checks_slowed",
+            "Credential checks that waited their turn: their address had spent its \
+             credential-failure-rate",
+            credential_checks_slowed.clone(),
+        );
         let tls_failures = Counts::new();
         registry.register(
             "tls_handshake_failures",
@@ -350,7 +402,8 @@ impl ServerMetrics {
         let loops_refused = Counter::default();
         registry.register(
             "loops_refused",
-            "Run-loop channels refused at max_loops_per_identity (counted as no_loop too)",
+            "Run-loop channels refused at max_loops_per_identity or for a revoked token \
+             (counted as no_loop too)",
             loops_refused.clone(),
         );
         let chunks = Counter::default();
@@ -398,6 +451,8 @@ impl ServerMetrics {
             connections,
             refused,
             closed_at_accept,
+            closed,
+            credential_checks_slowed,
             tls_failures,
             tls_reloads,
             runs_started,
@@ -524,6 +579,12 @@ impl ServerMetrics {
             "Connections closed at the connection limit (close code 1013)",
             ConstCounter::new(live.turned_away),
         );
+        gauges.register_with_unit(
+            "half_sent",
+            "Bytes of callers' messages begun and not yet ended, held by the server",
+            Unit::Bytes,
+            ConstGauge::new(i64::try_from(live.half_sent).unwrap_or(i64::MAX)),
+        );
         gauges.register(
             "frames_disregarded",
             "Frames disregarded (protocol §2): malformed, or naming a scope or channel not open",
@@ -591,6 +652,10 @@ mod tests {
             "runloop_draining 1",
             "runloop_agent_log_dropped_lines_total 0",
             "runloop_runs_refused_total{reason=\"registration\"} 0",
+            "runloop_runs_refused_total{reason=\"disk\"} 0",
+            "runloop_connections_closed_total{reason=\"half_sent_memory\"} 0",
+            "runloop_credential_checks_slowed_total 0",
+            "runloop_half_sent_bytes 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} is not in\n{text}");
         }
@@ -598,6 +663,6 @@ mod tests {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("runloop_"), "{line}");
         }
-        assert!(RunRefusal::ALL.len() == 7);
+        assert!(RunRefusal::ALL.len() == 9);
     }
 }

@@ -185,6 +185,7 @@ impl OciRuntime {
                 return Err(StartError::new(why));
             }
         };
+        let disk = disk::image(&run.dir());
         let started = Started {
             run,
             netns,
@@ -197,7 +198,11 @@ impl OciRuntime {
                 .clone()
                 .unwrap_or_else(|| "SIGTERM".to_owned()),
         };
-        started.ready(child, log, &abandoned).await
+        // Its disk file's blocks are what it has written of its disk.
+        started
+            .ready(child, log, &abandoned)
+            .await
+            .map(|container| container.with_disk_file(disk))
     }
 
     /// Makes the run's files, mounts, network and configuration, and starts

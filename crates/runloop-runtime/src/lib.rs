@@ -200,6 +200,16 @@ pub trait Container: Send + fmt::Debug {
     /// Stops the container and releases all it holds (processes, ports,
     /// tasks). Resolves when it is gone.
     fn stop(self: Box<Self>) -> BoxFuture<'static, ()>;
+
+    /// The file that holds the container's disk, when it is one file of
+    /// the server's filesystem (a sparse disk image): the blocks it holds
+    /// are what the container has written of its `disk`. The server
+    /// counts the rest as still to be written when it admits the next
+    /// run (protocol §12, "disk is real space"); `None` (the default): all
+    /// of it.
+    fn disk_file(&self) -> Option<&std::path::Path> {
+        None
+    }
 }
 
 #[cfg(test)]

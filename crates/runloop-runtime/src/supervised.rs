@@ -301,6 +301,7 @@ impl Supervisor {
             logs,
             exited: ends,
             runtime,
+            disk_file: None,
         })
     }
 }
@@ -401,12 +402,21 @@ pub struct Supervised<T> {
     logs: Vec<JoinHandle<()>>,
     exited: watch::Receiver<Option<String>>,
     runtime: T,
+    /// The file that holds its disk, if its runtime made one.
+    disk_file: Option<std::path::PathBuf>,
 }
 
 impl<T> Supervised<T> {
     /// What its runtime says of it.
     pub fn runtime(&self) -> &T {
         &self.runtime
+    }
+
+    /// The same agent, whose disk is the file `file` (see
+    /// [`Container::disk_file`]).
+    pub fn with_disk_file(mut self, file: std::path::PathBuf) -> Self {
+        self.disk_file = Some(file);
+        self
     }
 
     /// Stops the agent (its stop signal, the grace, then a kill of every
@@ -471,6 +481,10 @@ impl<T: Send + std::fmt::Debug + 'static> Container for Supervised<T> {
         Box::pin(async move {
             (*self).terminate().await;
         })
+    }
+
+    fn disk_file(&self) -> Option<&std::path::Path> {
+        self.disk_file.as_deref()
     }
 }
 

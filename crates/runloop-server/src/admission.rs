@@ -6,13 +6,31 @@
 //!
 //! ```text
 //! accept ─▶ this address holds max_connections_per_address ─▶ closed at once (TCP)
+//!        ─▶ this address holds max_unauthorized_per_address not yet
+//!             authorized ─▶ 1013 with a reason, or closed
 //!        ─▶ max_unauthorized connections not yet authorized ─▶ 1013 with a reason, or closed
 //!        ─▶ this address's handshake_rate spent (if set) ─▶ 1013 with a reason, or closed
 //!        ─▶ handshake by handshake_timeout ─▶ authorization by the grace
 //!             at most max_authorization_size (+ the HTTP upgrade) read
+//!             the credential checked in its address's turn
+//!               (credential_failure_rate failures a second)
 //!        ─▶ authorized: the tenant holds its max-connections
 //!             ─▶ close code 1013 with a reason
 //! ```
+//!
+//! Connections not yet authorized — the TCP connection, the TLS handshake
+//! and the upgrade included — are held per address as well as
+//! server-wide (protocol §12 "Authorization deadline"): strangers on a few
+//! addresses hold a few places each, and the rest stay for everyone else.
+//! Those turned away for the server's sake, or for their address's, are
+//! told why (close code 1013 and a reason) while a refusal place is free;
+//! an address holds at most [`REFUSALS_PER_ADDRESS`] of those, so a flood
+//! cannot take the words away from the callers it crowds out.
+//!
+//! A failed credential costs a check, and a stranger guessing tokens
+//! wants as many as it can get: the failures of one address are held to a
+//! rate ([`AddressRate::reserve`]), past which its next checks wait their
+//! turn, while an accepted credential gives its turn back.
 //!
 //! Closed at once means the accepted socket is dropped: nothing of it is
 //! read, and its descriptor is free again before the next accept. Until
@@ -45,9 +63,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::handshake_rate::HandshakeRate;
+use super::address_rate::AddressRate;
 use super::identity::Identity;
-use super::tenants::Roster;
+use super::tenants::{Revoked, Roster};
 use runloop_wire::limits::{Limit, LimitError};
 
 /// How a server admits connections.
@@ -115,15 +133,40 @@ impl Admission {
 /// Room for the HTTP upgrade request: its request line and headers.
 const UPGRADE_REQUEST: usize = 16 << 10;
 
+/// Refusal places (a caller being told why it was turned away) one
+/// address holds at once; past that its connections are closed at once.
+pub(crate) const REFUSALS_PER_ADDRESS: usize = 2;
+
 /// Why a connection was closed at once when it was accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum TurnedAway {
     #[error("its address holds as many connections as one address may")]
     Address,
+    #[error("its address holds as many connections not yet authorized as one address may")]
+    UnauthorizedAddress,
     #[error("as many connections as may be are not authorized yet")]
     Unauthorized,
     #[error("its address opens new connections faster than its handshake rate")]
     Rate,
+}
+
+/// Why an authorized connection was not taken on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NotTaken {
+    /// Its tenant holds as many connections as it may: this many.
+    Limit(usize),
+    /// Its token was revoked between its check and now.
+    Revoked(Revoked),
+}
+
+/// The walls before authorization that are per address, beside
+/// [`Admission`]'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PerAddress {
+    /// Connections of one address not yet authorized, at once.
+    pub(crate) max_unauthorized: usize,
+    /// Failed credential checks of one address per second.
+    pub(crate) credential_failure_rate: usize,
 }
 
 /// What the connections of the server hold, by address and by identity.
@@ -131,7 +174,10 @@ pub(crate) enum TurnedAway {
 struct Held {
     unauthorized: usize,
     addresses: HashMap<IpAddr, usize>,
+    unauthorized_addresses: HashMap<IpAddr, usize>,
     identities: HashMap<Identity, usize>,
+    /// Refusal places, by address.
+    refusing: HashMap<IpAddr, usize>,
 }
 
 /// The admission of a server: which connections it takes on, and what
@@ -139,35 +185,53 @@ struct Held {
 #[derive(Debug)]
 pub(crate) struct Gate {
     admission: Admission,
+    per_address: PerAddress,
     /// What connections hold, by address and identity.
     held: Mutex<Held>,
     /// New connections per address.
-    rate: HandshakeRate,
+    rate: AddressRate,
+    /// Failed credential checks per address.
+    failures: AddressRate,
     /// Whose share of connections an identity holds.
     tenants: Arc<Roster>,
 }
 
 impl Gate {
-    /// The admission of `admission`, asking `tenants` for their shares.
-    pub(crate) fn new(admission: Admission, tenants: Arc<Roster>) -> Gate {
+    /// The admission of `admission` and `per_address`, asking `tenants`
+    /// for their shares.
+    pub(crate) fn new(admission: Admission, per_address: PerAddress, tenants: Arc<Roster>) -> Gate {
         Gate {
             admission,
+            per_address,
             held: Mutex::new(Held::default()),
-            rate: HandshakeRate::new(admission.handshake_rate),
+            rate: AddressRate::new(admission.handshake_rate),
+            failures: AddressRate::new(per_address.credential_failure_rate),
             tenants,
         }
     }
 
     /// Takes the places of a connection from `address` (`None` for one
-    /// that came some other way than the listener), or says why not.
+    /// that came some other way than the listener), or says why not. Its
+    /// address's limits are looked at first: a flood from one address is
+    /// turned away for its own sake, not for the server's.
     pub(crate) fn admit(self: &Arc<Self>, address: Option<IpAddr>) -> Result<Admitted, TurnedAway> {
         let admission = &self.admission;
         let mut held = self.held();
-        if let Some(address) = address
-            && held.addresses.get(&address).copied().unwrap_or(0)
+        if let Some(address) = address {
+            if held.addresses.get(&address).copied().unwrap_or(0)
                 >= admission.max_connections_per_address
-        {
-            return Err(TurnedAway::Address);
+            {
+                return Err(TurnedAway::Address);
+            }
+            if held
+                .unauthorized_addresses
+                .get(&address)
+                .copied()
+                .unwrap_or(0)
+                >= self.per_address.max_unauthorized
+            {
+                return Err(TurnedAway::UnauthorizedAddress);
+            }
         }
         if held.unauthorized >= admission.max_unauthorized {
             return Err(TurnedAway::Unauthorized);
@@ -182,6 +246,7 @@ impl Gate {
         held.unauthorized += 1;
         if let Some(address) = address {
             *held.addresses.entry(address).or_default() += 1;
+            *held.unauthorized_addresses.entry(address).or_default() += 1;
         }
         drop(held);
         Ok(Admitted {
@@ -193,10 +258,62 @@ impl Gate {
         })
     }
 
-    /// Forgets the handshake buckets that are full again; the server calls
+    /// A place for telling a caller from `address` why it was turned away,
+    /// unless its address holds [`REFUSALS_PER_ADDRESS`] already; held
+    /// until dropped.
+    pub(crate) fn refusing(self: &Arc<Self>, address: IpAddr) -> Option<Refusing> {
+        let mut held = self.held();
+        let count = held.refusing.entry(address).or_default();
+        if *count >= REFUSALS_PER_ADDRESS {
+            return None;
+        }
+        *count += 1;
+        Some(Refusing {
+            gate: Arc::clone(self),
+            address,
+        })
+    }
+
+    /// `io` of a caller turned away at accept, being told why: read
+    /// through the allowance of a connection not yet authorized, which it
+    /// never will be, so that what it sends meanwhile is not read past it.
+    pub(crate) fn turned_away<S>(&self, io: S) -> Bounded<S> {
+        Bounded {
+            io,
+            left: self.admission.allowance(),
+            authorized: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Waits for `address`'s turn to have a credential checked (none for
+    /// a connection of no address); says whether it had to wait. The
+    /// turn is spent unless [`credential_accepted`](Self::credential_accepted)
+    /// gives it back.
+    pub(crate) async fn credential_turn(&self, address: Option<IpAddr>) -> bool {
+        let Some(address) = address else {
+            return false;
+        };
+        let wait = self.failures.reserve(address);
+        if wait.is_zero() {
+            return false;
+        }
+        tokio::time::sleep(wait).await;
+        true
+    }
+
+    /// The credential checked in `address`'s turn was accepted: the turn
+    /// goes back, since only failures spend the rate.
+    pub(crate) fn credential_accepted(&self, address: Option<IpAddr>) {
+        if let Some(address) = address {
+            self.failures.refund(address);
+        }
+    }
+
+    /// Forgets the address buckets that are full again; the server calls
     /// it now and then.
     pub(crate) fn sweep(&self) {
         self.rate.sweep();
+        self.failures.sweep();
     }
 
     /// What the connections hold, locked.
@@ -237,25 +354,28 @@ impl Admitted {
     /// The connection authorized as `identity`: its place among those not
     /// yet authorized is free, its reads are no longer bounded here, and
     /// it takes a place of its tenant — unless the tenant holds as many
-    /// as it may, when its limit is the error.
-    pub(crate) fn authorized(&mut self, identity: &Identity) -> Result<(), usize> {
-        let limit = self
-            .gate
-            .tenants
-            .shares(identity)
-            .map(|shares| shares.max_connections);
+    /// as it may, or its token was revoked in the meantime: that is the
+    /// error.
+    pub(crate) fn authorized(&mut self, identity: &Identity) -> Result<(), NotTaken> {
+        let shares = self.gate.tenants.shares(identity);
         let mut held = self.gate.held();
         if self.unauthorized {
             held.unauthorized -= 1;
             self.unauthorized = false;
+            if let Some(address) = self.address {
+                release(&mut held.unauthorized_addresses, &address);
+            }
         }
+        let limit = shares
+            .map_err(NotTaken::Revoked)?
+            .map(|s| s.max_connections);
         if let Some(limit) = limit {
             let count = held.identities.entry(identity.clone()).or_default();
             if *count >= limit {
                 if *count == 0 {
                     held.identities.remove(identity);
                 }
-                return Err(limit);
+                return Err(NotTaken::Limit(limit));
             }
             *count += 1;
             self.identity = Some(identity.clone());
@@ -266,11 +386,27 @@ impl Admitted {
     }
 }
 
+/// A refusal place of an address ([`Gate::refusing`]); dropping it gives
+/// it back.
+pub(crate) struct Refusing {
+    gate: Arc<Gate>,
+    address: IpAddr,
+}
+
+impl Drop for Refusing {
+    fn drop(&mut self) {
+        release(&mut self.gate.held().refusing, &self.address);
+    }
+}
+
 impl Drop for Admitted {
     fn drop(&mut self) {
         let mut held = self.gate.held();
         if self.unauthorized {
             held.unauthorized -= 1;
+            if let Some(address) = self.address {
+                release(&mut held.unauthorized_addresses, &address);
+            }
         }
         if let Some(address) = self.address {
             release(&mut held.addresses, &address);
@@ -382,7 +518,15 @@ mod tests {
     /// A gate of `admission` for callers of `credentials`, whose tenants
     /// hold two connections each.
     fn gate(admission: Admission, credentials: &Credentials) -> Arc<Gate> {
-        Arc::new(Gate::new(admission, Arc::new(roster(credentials))))
+        let per_address = PerAddress {
+            max_unauthorized: 4,
+            credential_failure_rate: 10,
+        };
+        Arc::new(Gate::new(
+            admission,
+            per_address,
+            Arc::new(roster(credentials)),
+        ))
     }
 
     fn address(n: u8) -> Option<IpAddr> {
@@ -407,6 +551,49 @@ mod tests {
         drop((second, other, piped, again));
         let held = gate.held();
         assert_eq!((held.unauthorized, held.addresses.len()), (0, 0));
+    }
+
+    #[test]
+    fn an_address_holds_few_connections_not_yet_authorized_and_others_get_in() {
+        let admission = Admission {
+            max_unauthorized: 6,
+            ..Admission::default()
+        };
+        let gate = gate(admission, &Credentials::Any);
+        let anyone = gate.tenants.accept("").expect("any credential");
+        // A flood from one address holds its four places, not the server's six.
+        let mut flood: Vec<Admitted> = (0..4)
+            .map(|_| gate.admit(address(1)).expect("the flood's own"))
+            .collect();
+        assert_eq!(
+            gate.admit(address(1)).err(),
+            Some(TurnedAway::UnauthorizedAddress)
+        );
+        let caller = gate.admit(address(2)).expect("another address gets in");
+        // Authorized, a connection gives its address's place back.
+        flood[0]
+            .authorized(&anyone)
+            .expect("not counted per identity");
+        let again = gate.admit(address(1)).expect("its place is back");
+        drop((flood, caller, again));
+        let held = gate.held();
+        assert!(held.unauthorized_addresses.is_empty() && held.addresses.is_empty());
+        assert_eq!(held.unauthorized, 0);
+    }
+
+    #[test]
+    fn an_address_holds_few_refusal_places() {
+        let gate = gate(Admission::default(), &Credentials::Any);
+        let one = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let places: Vec<Refusing> = (0..REFUSALS_PER_ADDRESS)
+            .map(|_| gate.refusing(one).expect("a place"))
+            .collect();
+        assert!(gate.refusing(one).is_none());
+        let other = gate
+            .refusing(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)))
+            .expect("another address's");
+        drop((places, other));
+        assert!(gate.held().refusing.is_empty());
     }
 
     #[test]
@@ -456,7 +643,11 @@ mod tests {
         };
         let first = authorized(&alice).expect("alice's first");
         let second = authorized(&alice).expect("alice's second");
-        assert_eq!(authorized(&alice).err(), Some(2), "alice's share is two");
+        assert_eq!(
+            authorized(&alice).err(),
+            Some(NotTaken::Limit(2)),
+            "alice's share is two"
+        );
         let bobs = authorized(&bob).expect("bob's own share");
         drop(first);
         let again = authorized(&alice).expect("alice's place is back");

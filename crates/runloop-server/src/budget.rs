@@ -44,6 +44,38 @@
 //! every caller is the same tenant, and the server-wide limits are its
 //! limits: the per-tenant ones apply only to tenants of tokens.
 //!
+//! Memory a tenant pays for includes what it has half sent (protocol §12):
+//! the bytes of a caller's message that has begun and not ended are held
+//! by the server, so they are a claim on the same memory as runs'
+//! ([`HalfSent`], grown as the message grows, given back when it ends or
+//! its connection does). A message that does not fit closes its
+//! connection:
+//!
+//! ```text
+//! the tenant's memory + half sent + more > its memory-budget   closed
+//! memory claimed + half sent + more > memory_budget            closed
+//! ```
+//!
+//! Disk is real space (protocol §12): run disks are sparse files, which
+//! take blocks only as they are written, so a disk budget of the store's
+//! size would admit runs whose disks the filesystem cannot hold together.
+//! Where runs' disks are made on a filesystem of the server's
+//! ([`Ledger::new`]'s `run_disks`), a run asking for disk is admitted only
+//! when it fits that filesystem's free space (statvfs, blocks available
+//! to unprivileged writers) less what the runs admitted may still write:
+//! each one's disk, less the blocks its disk file already holds (which
+//! the free space already counts), when its runtime says which file that
+//! is ([`Claim::disk_file`]), else the whole of its disk. So no run meets
+//! a full disk before its own limit:
+//!
+//! ```text
+//! disk + what admitted runs may still write > free space    refused, try again later
+//! ```
+//!
+//! A connection whose token a reload revoked holds nothing new: every run
+//! and loop it asks for is refused, naming the revocation; what it half
+//! sends in its grace counts against the server's budget alone.
+//!
 //! The [`Ledger`] is the run budget's part of the server's shared state:
 //! the budget, what runs and loops claim under its own lock, and the
 //! roster it asks for a tenant's share ([`Ledger::share`], its one
@@ -51,13 +83,15 @@
 //! hold the ledger, and nothing else of the server.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use runloop_metrics::RunRefusal;
 use runloop_proto::{ErrorKind, ErrorValue};
 
 use super::admission::release;
 use super::identity::{Identity, Shares};
-use super::tenants::Roster;
+use super::tenants::{Revoked, Roster};
 use runloop_wire::limits::{Limit, LimitError};
 
 /// Runs held at once unless configured otherwise.
@@ -147,19 +181,41 @@ pub fn default_store_max_size(path: &std::path::Path) -> u64 {
 /// The size in bytes of the filesystem that holds `path` or its nearest
 /// existing ancestor.
 fn filesystem_size(path: &std::path::Path) -> Option<u64> {
+    let stat = statvfs(path)?;
+    stat.f_blocks.checked_mul(stat.f_frsize)
+}
+
+/// The bytes an unprivileged writer may still write on the filesystem
+/// that holds `path` or its nearest existing ancestor (its available
+/// blocks: a run's disk file is written by the server for an agent that
+/// is nobody on the host, so the blocks kept for root are not its).
+fn filesystem_free(path: &Path) -> Option<u64> {
+    let stat = statvfs(path)?;
+    stat.f_bavail.checked_mul(stat.f_frsize)
+}
+
+/// statvfs(3) of `path` or its nearest existing ancestor.
+fn statvfs(path: &Path) -> Option<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
     let existing = path.ancestors().find(|p| p.exists())?;
     let name = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
     let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
     // SAFETY: `name` is a NUL-terminated path and `stat` is written by
     // statvfs(3) before it is read, only when it succeeds.
-    let stat = unsafe {
+    unsafe {
         if libc::statvfs(name.as_ptr(), stat.as_mut_ptr()) != 0 {
             return None;
         }
-        stat.assume_init()
-    };
-    stat.f_blocks.checked_mul(stat.f_frsize)
+        Some(stat.assume_init())
+    }
+}
+
+/// The bytes `file` holds on its filesystem (its allocated blocks: a
+/// sparse file's written part); none when it is not there (yet, or any
+/// more).
+fn allocated(file: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(file).map_or(0, |meta| meta.blocks().saturating_mul(512))
 }
 
 /// Three quarters of the machine's memory (`MemTotal` in /proc/meminfo),
@@ -191,16 +247,40 @@ struct Claimed {
     runs: usize,
     memory: u64,
     disk: u64,
+    /// Bytes of messages begun and not ended, over every connection.
+    half_sent: u64,
     tenants: HashMap<Identity, TenantClaimed>,
     loops_per_identity: HashMap<Identity, usize>,
+    /// The disks of the runs admitted, on the filesystem of `run_disks`,
+    /// by claim.
+    disks: HashMap<u64, RunDisk>,
+    /// The number of the next disk claimed.
+    next_disk: u64,
 }
 
-/// What one tenant's runs claim.
+/// What one tenant's runs and half-sent messages claim.
 #[derive(Debug, Default, Clone, Copy)]
 struct TenantClaimed {
     runs: usize,
     memory: u64,
     disk: u64,
+    half_sent: u64,
+}
+
+/// An admitted run's disk: its size, and the file that holds it once its
+/// runtime has said.
+#[derive(Debug)]
+struct RunDisk {
+    size: u64,
+    file: Option<PathBuf>,
+}
+
+impl RunDisk {
+    /// What the run may still write: its size less what its file holds.
+    fn still(&self) -> u64 {
+        let written = self.file.as_deref().map_or(0, allocated);
+        self.size.saturating_sub(written)
+    }
 }
 
 /// The run ledger of a server: what its runs and loops claim of the run
@@ -208,6 +288,8 @@ struct TenantClaimed {
 #[derive(Debug)]
 pub(crate) struct Ledger {
     budget: RunBudget,
+    /// Where runs' disks are made, when on a filesystem of the server's.
+    run_disks: Option<PathBuf>,
     /// What the runs and loops held claim.
     claimed: Mutex<Claimed>,
     /// Whose share an identity holds.
@@ -215,20 +297,42 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
-    /// The ledger of `budget`, asking `tenants` for their shares.
-    pub(crate) fn new(budget: RunBudget, tenants: Arc<Roster>) -> Ledger {
+    /// The ledger of `budget`, asking `tenants` for their shares; runs'
+    /// disks are made on the filesystem that holds `run_disks`, if any.
+    pub(crate) fn new(
+        budget: RunBudget,
+        run_disks: Option<PathBuf>,
+        tenants: Arc<Roster>,
+    ) -> Ledger {
         Ledger {
             budget,
+            run_disks,
             claimed: Mutex::new(Claimed::default()),
             tenants,
         }
     }
 
     /// What `identity`'s tenant may hold, when tenants are counted
-    /// (tokens); `None` with any credential accepted. Every claim asks
-    /// here.
-    fn share(&self, identity: &Identity) -> Option<Shares> {
+    /// (tokens); `None` with any credential accepted; an error when its
+    /// token was revoked. Every claim asks here.
+    fn share(&self, identity: &Identity) -> Result<Option<Shares>, Revoked> {
         self.tenants.shares(identity)
+    }
+
+    /// Bytes of half-sent messages held, over every connection.
+    pub(crate) fn half_sent(&self) -> u64 {
+        self.claimed().half_sent
+    }
+
+    /// A claim on the memory for a message `identity`'s connection has
+    /// begun and not ended: nothing yet, grown as the message grows.
+    pub(crate) fn half_sent_by(self: &Arc<Self>, identity: &Identity) -> HalfSent {
+        HalfSent {
+            ledger: Arc::clone(self),
+            identity: identity.clone(),
+            tenant_bytes: 0,
+            held: 0,
+        }
     }
 
     /// What the runs and loops held claim, locked.
@@ -246,16 +350,17 @@ impl Ledger {
     }
 
     /// Admits a run asking for `memory` and `disk`, served as `identity`,
-    /// or says which limit refuses it: the tenant's, when that is what
-    /// was hit, or the server's.
+    /// or says which limit refuses it — the tenant's, when that is what
+    /// was hit, or the server's — and how the refusal is counted.
     pub(crate) fn claim_run(
         self: &Arc<Self>,
         identity: &Identity,
         memory: u64,
         disk: u64,
-    ) -> Result<Claim, ErrorValue> {
+    ) -> Result<Claim, (RunRefusal, ErrorValue)> {
         let budget = &self.budget;
-        let refuse = |why: String| Err(ErrorValue::kind(ErrorKind::Policy, why));
+        let refuse =
+            |why: String| Err((RunRefusal::Budget, ErrorValue::kind(ErrorKind::Policy, why)));
         if memory > budget.max_run_memory {
             return refuse(format!(
                 "memory {memory} is over this server's largest run memory (max_run_memory {} bytes)",
@@ -268,7 +373,12 @@ impl Ledger {
                 budget.max_run_disk
             ));
         }
-        let shares = self.share(identity);
+        let shares = self.share(identity).map_err(|revoked| {
+            (
+                RunRefusal::Revoked,
+                ErrorValue::kind(ErrorKind::Policy, revoked.to_string()),
+            )
+        })?;
         let per_identity = shares.is_some().then(|| identity.clone());
         if let Some(shares) = &shares
             && memory > shares.max_run_memory
@@ -289,11 +399,17 @@ impl Ledger {
                     shares.max_runs
                 ));
             }
-            if held.memory.saturating_add(memory) > shares.memory_budget {
+            if held
+                .memory
+                .saturating_add(held.half_sent)
+                .saturating_add(memory)
+                > shares.memory_budget
+            {
                 return refuse(format!(
-                    "memory {memory} does not fit tenant {identity}'s memory budget: its runs \
-                     hold {} of memory-budget {} bytes; try again later",
-                    held.memory, shares.memory_budget
+                    "memory {memory} does not fit tenant {identity}'s memory budget: {} of \
+                     memory-budget {} bytes; try again later",
+                    holding("its runs", held.memory, "its", held.half_sent),
+                    shares.memory_budget
                 ));
             }
             if held.disk.saturating_add(disk) > shares.disk_budget {
@@ -310,11 +426,17 @@ impl Ledger {
                 budget.max_runs
             ));
         }
-        if claimed.memory.saturating_add(memory) > budget.memory_budget {
+        if claimed
+            .memory
+            .saturating_add(claimed.half_sent)
+            .saturating_add(memory)
+            > budget.memory_budget
+        {
             return refuse(format!(
-                "memory {memory} does not fit this server's memory budget: runs hold {} of \
+                "memory {memory} does not fit this server's memory budget: {} of \
                  memory_budget {} bytes; try again later",
-                claimed.memory, budget.memory_budget
+                holding("runs", claimed.memory, "", claimed.half_sent),
+                budget.memory_budget
             ));
         }
         if claimed.disk.saturating_add(disk) > budget.disk_budget {
@@ -324,6 +446,10 @@ impl Ledger {
                 claimed.disk, budget.disk_budget
             ));
         }
+        let disk_claim = match (&self.run_disks, disk) {
+            (Some(place), 1..) => Some(self.fits_the_filesystem(&mut claimed, place, disk)?),
+            _ => None,
+        };
         claimed.runs += 1;
         claimed.memory += memory;
         claimed.disk += disk;
@@ -339,7 +465,48 @@ impl Ledger {
             identity: per_identity,
             memory,
             disk,
+            disk_claim,
         })
+    }
+
+    /// Whether `disk` fits the free space of the filesystem that holds
+    /// `place`, less what the runs admitted may still write; if so it is
+    /// claimed (its number), else the refusal says how much there is.
+    /// Under the claims' lock, so that two admissions never count the
+    /// same free space.
+    fn fits_the_filesystem(
+        &self,
+        claimed: &mut Claimed,
+        place: &Path,
+        disk: u64,
+    ) -> Result<u64, (RunRefusal, ErrorValue)> {
+        // A filesystem that cannot be read is left to the disk budget.
+        if let Some(free) = filesystem_free(place) {
+            let still: u64 = claimed.disks.values().map(RunDisk::still).sum();
+            if disk.saturating_add(still) > free {
+                return Err((
+                    RunRefusal::Disk,
+                    ErrorValue::kind(
+                        ErrorKind::Policy,
+                        format!(
+                            "disk {disk} does not fit the free space of the filesystem that \
+                             holds runs' disks: {free} bytes free, of which the runs admitted \
+                             may still write {still}; try again later"
+                        ),
+                    ),
+                ));
+            }
+        }
+        let number = claimed.next_disk;
+        claimed.next_disk += 1;
+        claimed.disks.insert(
+            number,
+            RunDisk {
+                size: disk,
+                file: None,
+            },
+        );
+        Ok(number)
     }
 
     /// Admits a loop of a run served as `identity`, or says that its
@@ -348,7 +515,10 @@ impl Ledger {
         self: &Arc<Self>,
         identity: &Identity,
     ) -> Result<LoopClaim, ErrorValue> {
-        let Some(shares) = self.share(identity) else {
+        let shares = self
+            .share(identity)
+            .map_err(|revoked| ErrorValue::kind(ErrorKind::Policy, revoked.to_string()))?;
+        let Some(shares) = shares else {
             return Ok(LoopClaim {
                 identity: identity.clone(),
                 held: None,
@@ -382,6 +552,21 @@ impl Ledger {
     }
 }
 
+/// The words of what is held of a memory budget: `runs` hold `memory`,
+/// and, when there are any, `whose` half-sent messages `half_sent`.
+fn holding(runs: &str, memory: u64, whose: &str, half_sent: u64) -> String {
+    if half_sent == 0 {
+        format!("{runs} hold {memory}")
+    } else {
+        let whose = if whose.is_empty() {
+            String::new()
+        } else {
+            format!("{whose} ")
+        };
+        format!("{runs} hold {memory} and {whose}half-sent messages {half_sent}")
+    }
+}
+
 /// A run's admission, held until its container has stopped; dropping it
 /// gives its place, its memory and its disk back.
 pub(crate) struct Claim {
@@ -389,6 +574,20 @@ pub(crate) struct Claim {
     identity: Option<Identity>,
     memory: u64,
     disk: u64,
+    /// Its disk's number among those on the filesystem of `run_disks`.
+    disk_claim: Option<u64>,
+}
+
+impl Claim {
+    /// The file that holds the run's disk, as its runtime says: what it
+    /// already holds is no longer counted as still to be written.
+    pub(crate) fn disk_file(&self, file: Option<PathBuf>) {
+        if let (Some(number), Some(file)) = (self.disk_claim, file)
+            && let Some(disk) = self.ledger.claimed().disks.get_mut(&number)
+        {
+            disk.file = Some(file);
+        }
+    }
 }
 
 impl Drop for Claim {
@@ -397,16 +596,126 @@ impl Drop for Claim {
         claimed.runs -= 1;
         claimed.memory -= self.memory;
         claimed.disk -= self.disk;
+        if let Some(number) = self.disk_claim {
+            claimed.disks.remove(&number);
+        }
         if let Some(identity) = &self.identity
             && let Some(held) = claimed.tenants.get_mut(identity)
         {
             held.runs -= 1;
             held.memory -= self.memory;
             held.disk -= self.disk;
-            if held.runs == 0 {
+            if held.runs == 0 && held.half_sent == 0 {
                 claimed.tenants.remove(identity);
             }
         }
+    }
+}
+
+/// A connection's claim on memory for the message it has begun and not
+/// ended (see the module's docs): grown as the message grows, given back
+/// at its end, and when dropped.
+pub(crate) struct HalfSent {
+    ledger: Arc<Ledger>,
+    identity: Identity,
+    /// Of what it holds, the bytes counted under its tenant too: none
+    /// with any credential accepted, or grown once its token is revoked.
+    tenant_bytes: u64,
+    held: u64,
+}
+
+/// Why a half-sent message does not fit: the limit, in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct OverMemory(String);
+
+impl HalfSent {
+    /// Bytes held.
+    pub(crate) fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// Grows the claim to `bytes`, or says which budget the message does
+    /// not fit: its tenant's, when that is what was hit, or the server's.
+    pub(crate) fn grow(&mut self, bytes: u64) -> Result<(), OverMemory> {
+        let more = bytes.saturating_sub(self.held);
+        if more == 0 {
+            return Ok(());
+        }
+        // A revoked identity has no share: its bytes count against the
+        // server's budget alone, for the little while its grace lasts.
+        let shares = self.ledger.share(&self.identity).ok().flatten();
+        let budget = self.ledger.budget.memory_budget;
+        let mut claimed = self.ledger.claimed();
+        if let Some(shares) = shares {
+            let held = claimed
+                .tenants
+                .get(&self.identity)
+                .copied()
+                .unwrap_or_default();
+            if held
+                .memory
+                .saturating_add(held.half_sent)
+                .saturating_add(more)
+                > shares.memory_budget
+            {
+                return Err(OverMemory(format!(
+                    "a half-sent message of {bytes} bytes does not fit tenant {}'s memory \
+                     budget: {} of memory-budget {} bytes",
+                    self.identity,
+                    holding("its runs", held.memory, "its", held.half_sent),
+                    shares.memory_budget
+                )));
+            }
+        }
+        if claimed
+            .memory
+            .saturating_add(claimed.half_sent)
+            .saturating_add(more)
+            > budget
+        {
+            return Err(OverMemory(format!(
+                "a half-sent message of {bytes} bytes does not fit this server's memory \
+                 budget: {} of memory_budget {budget} bytes",
+                holding("runs", claimed.memory, "", claimed.half_sent),
+            )));
+        }
+        claimed.half_sent += more;
+        if shares.is_some() {
+            claimed
+                .tenants
+                .entry(self.identity.clone())
+                .or_default()
+                .half_sent += more;
+            self.tenant_bytes += more;
+        }
+        self.held = bytes;
+        Ok(())
+    }
+
+    /// The message ended: what it held goes back.
+    pub(crate) fn clear(&mut self) {
+        if self.held == 0 {
+            return;
+        }
+        let mut claimed = self.ledger.claimed();
+        claimed.half_sent -= self.held;
+        if self.tenant_bytes > 0
+            && let Some(held) = claimed.tenants.get_mut(&self.identity)
+        {
+            held.half_sent -= self.tenant_bytes;
+            if held.runs == 0 && held.half_sent == 0 {
+                claimed.tenants.remove(&self.identity);
+            }
+        }
+        self.held = 0;
+        self.tenant_bytes = 0;
+    }
+}
+
+impl Drop for HalfSent {
+    fn drop(&mut self) {
+        self.clear();
     }
 }
 
@@ -438,7 +747,7 @@ mod tests {
     /// hold two runs and two loops each, 1 GiB of memory and of disk
     /// together, and runs of 1 GiB at most.
     fn ledger(budget: RunBudget, credentials: &Credentials) -> Arc<Ledger> {
-        Arc::new(Ledger::new(budget, Arc::new(roster(credentials))))
+        Arc::new(Ledger::new(budget, None, Arc::new(roster(credentials))))
     }
 
     const GIB: u64 = 1 << 30;
@@ -457,11 +766,29 @@ mod tests {
         }
     }
 
+    /// A refusal's error value, of a loop's or a run's.
+    trait Refusal {
+        fn value(self) -> ErrorValue;
+    }
+
+    impl Refusal for ErrorValue {
+        fn value(self) -> ErrorValue {
+            self
+        }
+    }
+
+    impl Refusal for (RunRefusal, ErrorValue) {
+        fn value(self) -> ErrorValue {
+            self.1
+        }
+    }
+
     /// The words of a refusal, which must be a policy one.
-    fn refusal<T>(claimed: Result<T, ErrorValue>) -> String {
+    fn refusal<T, E: Refusal>(claimed: Result<T, E>) -> String {
         let Err(error) = claimed else {
             panic!("admitted")
         };
+        let error = error.value();
         assert_eq!(error.0["kind"], "policy");
         error.0["error"].as_str().expect("words").to_owned()
     }
@@ -601,6 +928,142 @@ mod tests {
             .collect();
         assert_eq!(ledger.loops_held(), 0);
         drop(held);
+    }
+
+    #[test]
+    fn half_sent_bytes_are_held_within_the_tenants_memory_and_the_servers() {
+        let mut budget = three_runs();
+        budget.memory_budget = 3 * GIB;
+        let ledger = ledger(budget, &Credentials::Tokens(vec!["a".into(), "b".into()]));
+        let accept = |token| ledger.tenants.accept(token).expect("a token");
+        let (alice, bob) = (accept("a"), accept("b"));
+        // alice's share is 1 GiB: a run of half of it, then messages.
+        let run = ledger.claim_run(&alice, GIB / 2, 0).expect("a run");
+        let mut first = ledger.half_sent_by(&alice);
+        first.grow(GIB / 4).expect("within her share");
+        first.grow(GIB / 8).expect("shrinking is nothing");
+        assert_eq!(first.held(), GIB / 4);
+        let mut second = ledger.half_sent_by(&alice);
+        assert_eq!(
+            second
+                .grow(GIB / 2)
+                .expect_err("past her share")
+                .to_string(),
+            "a half-sent message of 536870912 bytes does not fit tenant token #1's memory \
+             budget: its runs hold 536870912 and its half-sent messages 268435456 of \
+             memory-budget 1073741824 bytes"
+        );
+        // What she half sends is memory her runs cannot have.
+        assert_eq!(
+            refusal(ledger.claim_run(&alice, GIB / 2, 0)),
+            "memory 536870912 does not fit tenant token #1's memory budget: its runs hold \
+             536870912 and its half-sent messages 268435456 of memory-budget 1073741824 \
+             bytes; try again later"
+        );
+        // bob has his own share; the server's budget holds them together.
+        let mut bobs = ledger.half_sent_by(&bob);
+        bobs.grow(GIB).expect("bob's share");
+        let mut bobs_run = ledger.half_sent_by(&bob);
+        assert!(bobs_run.grow(1).is_err(), "bob's share is full");
+        assert_eq!(ledger.half_sent(), GIB + GIB / 4);
+        // The message ends, or its connection: the bytes go back.
+        first.clear();
+        drop(bobs);
+        assert_eq!(ledger.half_sent(), 0);
+        second.grow(GIB / 2).expect("room again");
+        drop((second, run, bobs_run));
+        let claimed = ledger.claimed();
+        assert_eq!((claimed.half_sent, claimed.memory), (0, 0));
+        assert!(claimed.tenants.is_empty());
+    }
+
+    #[test]
+    fn a_revoked_tenant_is_refused_runs_and_loops_and_half_sends_on_the_servers_budget() {
+        let mut budget = three_runs();
+        budget.memory_budget = 2 * GIB;
+        let roster = Arc::new(roster(&Credentials::Tokens(vec!["a".into(), "b".into()])));
+        let ledger = Arc::new(Ledger::new(budget, None, Arc::clone(&roster)));
+        let alice = roster.accept("a").expect("alice");
+        let checked = roster
+            .check(crate::identity::Tenants::from_tokens(["b"]))
+            .expect("valid");
+        roster.replace(
+            checked,
+            crate::tenants::tests::resolve,
+            &runloop_metrics::ServerMetrics::new(),
+        );
+        let Err((reason, error)) = ledger.claim_run(&alice, 1, 0) else {
+            panic!("a revoked tenant's run")
+        };
+        assert_eq!(reason, RunRefusal::Revoked);
+        assert_eq!(error.0["kind"], "policy");
+        assert!(
+            error.0["error"]
+                .as_str()
+                .is_some_and(|w| w.contains("was revoked"))
+        );
+        assert!(refusal(ledger.claim_loop(&alice)).contains("was revoked"));
+        let mut half = ledger.half_sent_by(&alice);
+        half.grow(GIB + GIB / 2)
+            .expect("within the server's budget");
+        assert!(half.grow(2 * GIB + 1).is_err(), "past the server's");
+        drop(half);
+        assert_eq!(ledger.half_sent(), 0);
+    }
+
+    #[test]
+    fn a_runs_disk_must_fit_the_free_space_less_what_admitted_runs_may_write() {
+        let place = std::env::temp_dir();
+        let free = filesystem_free(&place).expect("the free space of the temporary directory");
+        let budget = RunBudget {
+            max_run_disk: u64::MAX,
+            disk_budget: u64::MAX,
+            ..three_runs()
+        };
+        let roster = Arc::new(roster(&Credentials::Any));
+        let ledger = Arc::new(Ledger::new(budget, Some(place), Arc::clone(&roster)));
+        let anyone = roster.accept("").expect("any");
+        // Six tenths of the free space, twice: the second cannot fit what
+        // the first may still write, though nothing is written yet.
+        let disk = free / 10 * 6;
+        let first = ledger.claim_run(&anyone, 1, disk).expect("the first fits");
+        let Err((reason, error)) = ledger.claim_run(&anyone, 1, disk) else {
+            panic!("two disks of 60 % admitted")
+        };
+        assert_eq!(reason, RunRefusal::Disk);
+        let words = error.0["error"].as_str().expect("words").to_owned();
+        assert!(
+            words.contains("does not fit the free space of the filesystem that holds runs' disks")
+                && words.contains(&format!("may still write {disk}")),
+            "{words}"
+        );
+        // No disk asks nothing of the filesystem.
+        let none = ledger.claim_run(&anyone, 1, 0).expect("disk 0");
+        drop((first, none));
+        let again = ledger
+            .claim_run(&anyone, 1, disk)
+            .expect("its space is back");
+        drop(again);
+        assert!(ledger.claimed().disks.is_empty());
+    }
+
+    #[test]
+    fn what_a_disk_file_holds_is_written_not_still_to_be() {
+        let dir = std::env::temp_dir().join(format!("runloop-disk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let file = dir.join("disk.img");
+        let sparse = std::fs::File::create(&file).expect("a file");
+        sparse.set_len(64 << 20).expect("a sparse 64 MiB");
+        let disk = RunDisk {
+            size: 64 << 20,
+            file: Some(file.clone()),
+        };
+        assert!(disk.still() > 63 << 20, "sparse: nothing written yet");
+        std::fs::write(&file, vec![1u8; 16 << 20]).expect("16 MiB written");
+        let still = disk.still();
+        assert!(still <= 48 << 20, "{still}");
+        std::fs::remove_dir_all(&dir).expect("removed");
+        assert_eq!(disk.still(), 64 << 20, "a file gone holds nothing");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The server's configuration: the credentials it accepts
 //! ([`super::identity`]), its limits (protocol §3, §12), and its TLS.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +65,13 @@ pub struct ServerConfig {
     /// in the scale of cgroup v2's `cpu.weight` (1 to 10000, 100 the
     /// kernel's default; `cpu.shares` = weight × 1024 / 100 on v1).
     pub tenant_cpu_weight: u32,
+    /// Where runs' disks are made, when on a filesystem of this server's
+    /// (a container store's runs): a run asking for disk is admitted only
+    /// when its disk fits that filesystem's free space less what the runs
+    /// admitted may still write (protocol §12, "disk is real space").
+    /// `None`: runs hold no disk here (exec, attach), and the disk budget
+    /// alone holds them.
+    pub run_disks: Option<PathBuf>,
     /// Bytes of its agents' output one tenant's runs together may put in
     /// the server's log per second (protocol §12, "fair shares"); past
     /// it, lines are dropped and counted. Zero: none is logged.
@@ -117,6 +125,7 @@ impl ServerConfig {
             tenant_cpu_weight: DEFAULT_TENANT_CPU_WEIGHT,
             tenant_log_rate: DEFAULT_TENANT_LOG_RATE,
             allowed_origins: Vec::new(),
+            run_disks: None,
         }
     }
 

@@ -33,6 +33,7 @@
 //! that ended without either.
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -55,14 +56,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::admission::{Admitted, OverAllowance};
+use super::admission::{Admitted, NotTaken, OverAllowance};
+use super::half_sent::{self, Metered};
 use super::identity::Identity;
 use super::origin::{self, Caller};
 use super::outbox::{Order, Outbox, ScopeOutbox, ServerTable, Serving};
 use super::pings::{Flood, Pings};
 use super::scope::{self, Run};
 use super::shared::{Held, Shared, Stats};
-use runloop_metrics::{AuthorizationRefusal, TenantFigures};
+use runloop_metrics::{AuthorizationRefusal, ConnectionClosed, TenantFigures};
 use runloop_wire::lane::Lane;
 use runloop_wire::writer::{self, CLOSE_GRACE, Place, write_frames};
 
@@ -128,6 +130,9 @@ pub(crate) async fn serve(
         let deadline = now + grace;
         let handshake_by = deadline.min(now + shared.config.admission.handshake_timeout);
         let io = admitted.bounded(io);
+        // Its half-sent messages are counted from the first byte, claimed
+        // once it has authorized.
+        let (io, meter) = Metered::new(io);
         // Refusal lines are rate limited per address.
         let address = admitted.address();
         let logged = || shared.refusals.allows(address);
@@ -145,7 +150,7 @@ pub(crate) async fn serve(
         let limits = shared.config.limits;
         let mut table = Table::server(limits.max_scopes, limits.max_channels);
         let identity = tokio::select! {
-            result = tokio::time::timeout_at(deadline, authorize(&mut stream, &shared, &mut table, caller)) => match result {
+            result = tokio::time::timeout_at(deadline, authorize(&mut stream, &shared, &mut table, (caller, address))) => match result {
                 Ok(Ok(identity)) => identity,
                 Ok(Err(why)) => {
                     if let Some(refusal) = why.refusal() {
@@ -166,20 +171,31 @@ pub(crate) async fn serve(
             },
             () = shared.shutdown.cancelled() => return close_without_frame(sink, stream).await,
         };
-        if let Err(limit) = admitted.authorized(&identity) {
-            shared.stats.turned_away.fetch_add(1, Ordering::Relaxed);
-            TenantFigures::add(&identity.figures.connections_refused, 1);
-            if logged() {
-                warn!(tenant = %identity, max_connections = limit, "turned away: the tenant holds as many connections as it may");
+        match admitted.authorized(&identity) {
+            Ok(()) => {}
+            Err(NotTaken::Limit(limit)) => {
+                shared.stats.turned_away.fetch_add(1, Ordering::Relaxed);
+                TenantFigures::add(&identity.figures.connections_refused, 1);
+                if logged() {
+                    warn!(tenant = %identity, max_connections = limit, "turned away: the tenant holds as many connections as it may");
+                }
+                let reason = format!(
+                    "tenant {identity} holds as many connections as it may (max-connections {limit}); try again later"
+                );
+                if let Ok(ws) = sink.reunite(stream) {
+                    close_with(ws, CloseCode::Again, reason).await;
+                }
+                return;
             }
-            let reason = format!(
-                "tenant {identity} holds as many connections as it may (max-connections {limit}); try again later"
-            );
-            if let Ok(ws) = sink.reunite(stream) {
-                close_with(ws, CloseCode::Again, reason).await;
+            Err(NotTaken::Revoked(revoked)) => {
+                shared.metrics.refused.inc(AuthorizationRefusal::Revoked);
+                if logged() {
+                    info!(%revoked, "authorization refused; closing without a frame");
+                }
+                return close_without_frame(sink, stream).await;
             }
-            return;
         }
+        meter.authorized(&shared.ledger, &identity, shared.config.message_idle_timeout);
         info!(tenant = %identity, "authorized");
         serve_authorized((sink, lane), stream, shared, table, identity, number).await;
     }
@@ -222,12 +238,13 @@ impl Refused {
 }
 
 /// Waits for the first frame, which must be an acceptable authorization;
-/// from a browser (`caller`), never an empty credential (protocol §12).
+/// from a browser (`caller`), never an empty credential (protocol §12);
+/// its credential is checked in its `address`'s turn.
 async fn authorize(
     stream: &mut SplitStream<WebSocketStream<impl Io>>,
     shared: &Shared,
     table: &mut ServerTable,
-    caller: Caller,
+    (caller, address): (Caller, Option<IpAddr>),
 ) -> Result<Identity, Refused> {
     let bound = shared.config.admission.max_authorization_size;
     let mut pings = Pings::new(Instant::now());
@@ -255,10 +272,18 @@ async fn authorize(
         {
             Err(Refused::EmptyFromBrowser)
         }
-        Serve::Authorization(authorization) => shared
-            .tenants
-            .accept(authorization.credential())
-            .ok_or(Refused::Credential),
+        Serve::Authorization(authorization) => {
+            // Failed checks of one address are slowed: this one waits for
+            // its address's turn, given back if the credential is accepted.
+            if shared.gate.credential_turn(address).await {
+                shared.metrics.credential_checks_slowed.inc();
+            }
+            let accepted = shared.tenants.accept(authorization.credential());
+            if accepted.is_some() {
+                shared.gate.credential_accepted(address);
+            }
+            accepted.ok_or(Refused::Credential)
+        }
         Serve::Violation(why) => Err(Refused::Violation(why)),
         // The table answers any other first frame with a violation.
         _ => Err(Refused::Violation(Violation::BeforeAuthorization {
@@ -438,12 +463,15 @@ async fn read_frames<S: Io>(
 ) -> &'static str {
     let answers = Arc::new(Semaphore::new(MAX_QUEUED_ANSWERS));
     let mut pings = Pings::new(Instant::now());
+    let revoked = revocation(conn);
+    tokio::pin!(revoked);
     loop {
         // A place for the answer the next frame may need, before reading it.
         // (The semaphore is never closed: `None` is only the end.)
         let place = tokio::select! {
             place = Arc::clone(&answers).acquire_owned() => place.ok(),
             () = conn.ended.cancelled() => None,
+            () = &mut revoked => return revoked_why(conn),
         };
         let Some(place) = place else {
             return ended_why(&conn.shared);
@@ -469,13 +497,59 @@ async fn read_frames<S: Io>(
                     return "the caller closed the connection";
                 }
                 Some(Err(error)) => {
+                    if let Some(why) = refused_why(conn, &error) {
+                        return why;
+                    }
                     debug!(%error, "reading from the caller failed");
                     return read_failed_why(&error);
                 }
             },
             () = conn.ended.cancelled() => return ended_why(&conn.shared),
+            () = &mut revoked => return revoked_why(conn),
         }
     }
+}
+
+/// Resolves once the connection's token has been revoked by a reload and
+/// the revocation grace is over; its running loops go on until then, and
+/// it opens no new ones (the ledger refuses them).
+async fn revocation(conn: &Conn) {
+    conn.identity.revocation().cancelled().await;
+    let grace = conn.shared.config.revoked_grace;
+    warn!(tenant = %conn.identity, ?grace, "the tenant's credential was revoked by a reload: no new run or loop; the connection is closed after the revocation grace");
+    tokio::time::sleep(grace).await;
+}
+
+/// Counts a connection closed at the end of its revocation grace, and says so.
+fn revoked_why(conn: &Conn) -> &'static str {
+    conn.shared.metrics.closed.inc(ConnectionClosed::Revoked);
+    "the tenant's credential was revoked and the revocation grace is over"
+}
+
+/// When reading failed at a wall of the server's (a half-sent message over
+/// a memory budget, or idle): logged naming the limit, counted, and why.
+fn refused_why(conn: &Conn, error: &WsError) -> Option<&'static str> {
+    let WsError::Io(error) = error else {
+        return None;
+    };
+    let refused = half_sent::Refused::of(error)?;
+    warn!(tenant = %conn.identity, %refused, "closing the connection");
+    Some(match refused {
+        half_sent::Refused::Memory(_) => {
+            conn.shared
+                .metrics
+                .closed
+                .inc(ConnectionClosed::HalfSentMemory);
+            "a half-sent message did not fit the memory budget"
+        }
+        half_sent::Refused::Idle { .. } => {
+            conn.shared
+                .metrics
+                .closed
+                .inc(ConnectionClosed::MessageIdle);
+            "a half-sent message made no progress for the message-idle timeout"
+        }
+    })
 }
 
 /// Ends an authorized connection: every scope ends (channels, containers,

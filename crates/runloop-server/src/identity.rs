@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio_util::sync::CancellationToken;
 
 use runloop_metrics::TenantFigures;
 
@@ -44,7 +45,7 @@ impl fmt::Debug for Credentials {
 }
 
 /// The SHA-256 of a token's bytes: how the server holds and compares it.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TokenHash([u8; 32]);
 
 impl TokenHash {
@@ -309,21 +310,47 @@ pub const ANONYMOUS: &str = "anonymous";
 /// The tenant a connection is served as, with its figures. It names the
 /// tenant, never the credential, so it can be logged; equal when the names
 /// are.
+///
+/// It also carries the revocation of the token it was accepted for: one
+/// per token, fired by the reload that removes the token or its tenant
+/// (protocol §12 "Revocation"), so that every connection the token
+/// authorized learns of it at once, without asking.
 #[derive(Clone)]
 pub struct Identity {
     name: Arc<str>,
     pub(crate) figures: Arc<TenantFigures>,
+    revoked: CancellationToken,
 }
 
 impl Identity {
-    /// The tenant named `name`, counting into `figures`.
+    /// The tenant named `name`, counting into `figures`, not revoked.
     pub(crate) fn new(name: Arc<str>, figures: Arc<TenantFigures>) -> Identity {
-        Identity { name, figures }
+        Identity {
+            name,
+            figures,
+            revoked: CancellationToken::new(),
+        }
     }
 
     /// The tenant's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Fires when a reload removes the token this identity was accepted
+    /// for, or its tenant.
+    pub(crate) fn revocation(&self) -> &CancellationToken {
+        &self.revoked
+    }
+
+    /// Whether a reload removed its token or its tenant.
+    pub(crate) fn is_revoked(&self) -> bool {
+        self.revoked.is_cancelled()
+    }
+
+    /// Takes `older`'s revocation: the same token, kept by a reload.
+    pub(crate) fn carry(&mut self, older: &Identity) {
+        self.revoked = older.revoked.clone();
     }
 }
 

@@ -42,6 +42,8 @@
 //! path_frames.rs  a path's frames read where they lie, the rest handed on
 //! pings.rs        a connection's budget of control frames
 //! origin.rs       a browser's Origin at the upgrade: 403, or no empty credential
+//! half_sent.rs    a caller's message begun and not ended: its bytes
+//!                 counted as they come, claimed, held to a deadline
 //! shared.rs       what every connection shares: config, shutdown, drain,
 //!                 tasks, counts, metrics, slots, ids, refusal log; the parts
 //! config.rs       the configuration, and what a quota comes to under it
@@ -49,7 +51,8 @@
 //! admission.rs    the gate: which connections are taken on, what one costs
 //!                 before it authorizes, per address and per identity
 //! tenants.rs      the roster: tokens to identities, shares, reloads
-//! handshake_rate.rs  new connections per address, a bucket each
+//! address_rate.rs  rates per address, a bucket each: new connections,
+//!                 failed credentials
 //! refusal_log.rs  refusal lines, rate limited per address
 //! identity.rs     credentials, tenants, quotas, identities, shares; the
 //!                 one token match
@@ -88,11 +91,12 @@
 //! included. A subscriber that bridges `log` records must cap them below
 //! trace, as `runloop serve` does.
 
+mod address_rate;
 mod admission;
 mod budget;
 mod config;
 mod connection;
-mod handshake_rate;
+mod half_sent;
 mod identity;
 mod origin;
 mod outbox;
@@ -240,22 +244,12 @@ impl Server {
                 Err(why) => {
                     shared.closed_at_accept(peer, Some(peer.ip()), why);
                     // Dropped (closed at once, nothing of it read), unless
-                    // it was turned away for others' sake (as many
-                    // connections authorizing as may be) or for its
-                    // address's rate, and a refusal place is free: that
-                    // caller is told why. One over its own address's limit
-                    // is not given a handshake more.
-                    let reason = match why {
-                        TurnedAway::Unauthorized => {
-                            Some("too many connections are authorizing; try again later")
-                        }
-                        TurnedAway::Rate => Some(
-                            "this address opens new connections faster than the server's \
-                             handshake-rate; try again later",
-                        ),
-                        TurnedAway::Address => None,
-                    };
-                    if let Some(reason) = reason
+                    // a refusal place is free, the server-wide one and one
+                    // of its address's: then the caller is told why. One
+                    // over its own address's limit of connections is not
+                    // given a handshake more.
+                    if let Some(reason) = turned_away_why(&shared.config, why)
+                        && let Some(mine) = shared.gate.refusing(peer.ip())
                         && let Ok(place) = Arc::clone(&refusals).try_acquire_owned()
                     {
                         let acceptor = shared.config.tls.as_ref().map(|tls| tls.acceptor());
@@ -263,7 +257,7 @@ impl Server {
                             (tcp, peer),
                             acceptor,
                             Arc::clone(&shared),
-                            place,
+                            (place, mine),
                             reason,
                         ));
                     }
@@ -371,7 +365,10 @@ impl ServerHandle {
 
     /// The server's live counts.
     pub fn stats(&self) -> StatsSnapshot {
-        self.shared.stats.snapshot()
+        StatsSnapshot {
+            half_sent: self.shared.ledger.half_sent(),
+            ..self.shared.stats.snapshot()
+        }
     }
 
     /// The server's metrics and live counts, in the Prometheus text format.
@@ -469,26 +466,51 @@ impl runloop_metrics::admin::Watched for ServerHandle {
 /// Refusal handshakes under way at once (see [`refuse`]).
 const REFUSALS: usize = 32;
 
+/// What a caller turned away at accept is told, naming the limit; `None`
+/// for one over its own address's limit of connections, which is closed
+/// at once.
+fn turned_away_why(config: &ServerConfig, why: TurnedAway) -> Option<String> {
+    match why {
+        TurnedAway::Address => None,
+        TurnedAway::UnauthorizedAddress => Some(format!(
+            "too many connections from this address are authorizing at once \
+             (max-unauthorized-per-address {}); try again later",
+            config.max_unauthorized_per_address
+        )),
+        TurnedAway::Unauthorized => Some(format!(
+            "too many connections are authorizing at once (max-unauthorized {}); try again later",
+            config.admission.max_unauthorized
+        )),
+        TurnedAway::Rate => Some(
+            "this address opens new connections faster than the server's handshake-rate; \
+             try again later"
+                .to_owned(),
+        ),
+    }
+}
+
 /// Tells a caller turned away at accept why, in a close frame (1013 and
 /// `reason`) after its TLS and WebSocket handshakes, both by one handshake
-/// timeout, holding a refusal `place`.
+/// timeout, holding a refusal place, the server's and its address's.
 async fn refuse(
     (tcp, peer): (TcpStream, SocketAddr),
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     shared: Arc<Shared>,
-    place: tokio::sync::OwnedSemaphorePermit,
-    reason: &'static str,
+    places: (tokio::sync::OwnedSemaphorePermit, admission::Refusing),
+    reason: String,
 ) {
-    let _place = place;
+    let _places = places;
     let started = tokio::time::Instant::now();
     let deadline = started + shared.config.admission.handshake_timeout;
     match acceptor {
-        None => connection::refuse(tcp, &shared, deadline, reason).await,
+        // What it sends meanwhile is read no further than the allowance
+        // of a connection not yet authorized.
+        None => connection::refuse(shared.gate.turned_away(tcp), &shared, deadline, &reason).await,
         Some(acceptor) => {
             let Some(tls) = tls_handshake(tcp, peer, &acceptor, &shared).await else {
                 return;
             };
-            connection::refuse(tls, &shared, deadline, reason).await;
+            connection::refuse(shared.gate.turned_away(tls), &shared, deadline, &reason).await;
         }
     }
 }

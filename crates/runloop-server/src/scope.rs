@@ -146,8 +146,7 @@ impl Run {
         }
         let claim = shared
             .ledger
-            .claim_run(&self.identity, container.memory, container.disk)
-            .map_err(|why| (RunRefusal::Budget, why))?;
+            .claim_run(&self.identity, container.memory, container.disk)?;
         let (runtime, name) = match source {
             Source::Catalog(image) => {
                 let runtime = shared.config.catalog.resolve(image).map_err(|why| {
@@ -162,6 +161,8 @@ impl Run {
                     max_pulls: shared
                         .tenants
                         .shares(&self.identity)
+                        .ok()
+                        .flatten()
                         .map(|shares| shares.max_pulls),
                 };
                 let pulled = self
@@ -180,6 +181,8 @@ impl Run {
             cpu_weight: shared
                 .tenants
                 .shares(&self.identity)
+                .ok()
+                .flatten()
                 .map_or(shared.config.tenant_cpu_weight, |shares| shares.cpu_weight),
             log_rate: Some(shared.config.tenant_log_rate),
         };
@@ -197,6 +200,8 @@ impl Run {
         let container = match started {
             Ok(container) => {
                 shared.metrics.runtime_start.observe(starting.elapsed());
+                // What its disk already holds is written, not still to be.
+                claim.disk_file(container.disk_file().map(ToOwned::to_owned));
                 container
             }
             Err(why) => {
@@ -248,13 +253,25 @@ impl Run {
         self.connection_ended().1
     }
 
-    /// Why the connection's end ends a run: the server's shutdown, or the
-    /// caller's connection.
+    /// Why the connection's end ends a run: the server's shutdown, the
+    /// end of its revocation grace, or the caller's connection.
     fn connection_ended(&self) -> (RunEnd, ErrorValue) {
         if self.shared.shutdown.is_cancelled() {
             (
                 RunEnd::Shutdown,
                 ErrorValue::kind(ErrorKind::Server, "the server is shutting down"),
+            )
+        } else if self.identity.is_revoked() {
+            (
+                RunEnd::Revoked,
+                ErrorValue::kind(
+                    ErrorKind::Policy,
+                    format!(
+                        "tenant {}'s credential was revoked by a reload, and the revocation \
+                         grace ({:?}) is over: the connection is closed",
+                        self.identity, self.shared.config.revoked_grace
+                    ),
+                ),
             )
         } else {
             (

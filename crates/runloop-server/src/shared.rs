@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::admission::{Gate, TurnedAway};
+use super::admission::{Gate, PerAddress, TurnedAway};
 use super::budget::Ledger;
 use super::config::ServerConfig;
 use super::identity::{Shares, Tenants};
@@ -49,6 +49,8 @@ impl Stats {
             proxy_paths: self.proxy_paths.load(Ordering::Relaxed),
             disregarded: self.disregarded.load(Ordering::Relaxed),
             turned_away: self.turned_away.load(Ordering::Relaxed),
+            // The ledger's, filled in by the handle.
+            half_sent: 0,
         }
     }
 }
@@ -115,8 +117,20 @@ impl Shared {
             |quota| Shares::of(quota, &config),
             &metrics,
         ));
-        let gate = Arc::new(Gate::new(config.admission, Arc::clone(&tenants)));
-        let ledger = Arc::new(Ledger::new(config.budget, Arc::clone(&tenants)));
+        let per_address = PerAddress {
+            max_unauthorized: config.max_unauthorized_per_address,
+            credential_failure_rate: config.credential_failure_rate,
+        };
+        let gate = Arc::new(Gate::new(
+            config.admission,
+            per_address,
+            Arc::clone(&tenants),
+        ));
+        let ledger = Arc::new(Ledger::new(
+            config.budget,
+            config.run_disks.clone(),
+            Arc::clone(&tenants),
+        ));
         Shared {
             config,
             ledger,
@@ -172,6 +186,7 @@ impl Shared {
         self.stats.turned_away.fetch_add(1, Ordering::Relaxed);
         self.metrics.closed_at_accept.inc(match why {
             TurnedAway::Address => ClosedAtAccept::Address,
+            TurnedAway::UnauthorizedAddress => ClosedAtAccept::UnauthorizedAddress,
             TurnedAway::Unauthorized => ClosedAtAccept::Unauthorized,
             TurnedAway::Rate => ClosedAtAccept::Rate,
         });

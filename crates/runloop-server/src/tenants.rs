@@ -15,11 +15,20 @@
 //! `anonymous`, with no share of its own: the server-wide limits are its
 //! limits.
 //!
+//! A reload that removes a tenant, or one of a tenant's tokens, revokes
+//! the connections that token authorized (protocol §12 "Revocation"):
+//! each token's [`Identity`] carries a cancellation, kept by a reload for
+//! a token that stays with its tenant and fired for one that goes. A
+//! revoked identity has no share at all — never the defaults, never
+//! another's — so every run or loop it asks for is refused
+//! ([`Revoked`]), and its connection, told by the cancellation, is closed
+//! once the revocation grace is over.
+//!
 //! What a quota comes to on a given server is the configuration's to say
 //! ([`Shares::of`]); the roster is handed that resolution, so that it knows
 //! nothing of the configuration and the parts that ask it sit above it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use runloop_metrics::ServerMetrics;
@@ -43,10 +52,20 @@ pub(crate) struct Roster {
 struct Table {
     tokens: Vec<(TokenHash, Identity)>,
     shares: BTreeMap<Arc<str>, Shares>,
-    /// The shares of a tenant no longer configured, whose connections
-    /// still run.
+    /// What a tenant's quota leaves out comes to (what the reload's lines
+    /// compare); never the share of a tenant no longer configured.
     defaults: Shares,
 }
+
+/// Why a connection's tenant holds nothing new: a reload removed the token
+/// that authorized it, or its tenant. Its words are the `policy` error of
+/// every run and loop it asks for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "tenant {0}'s credential was revoked by a reload (its token or the tenant was removed): \
+     this connection opens no more runs or loops, and is closed once the revocation grace is over"
+)]
+pub(crate) struct Revoked(pub(crate) String);
 
 /// Tenants a reload may install: they validate, and the server has tokens
 /// ([`Roster::check`]).
@@ -121,20 +140,25 @@ impl Roster {
 
     /// What `identity`'s tenant may hold now, when callers are tenants of
     /// tokens; `None` with any credential accepted, when the server-wide
-    /// limits are the only ones. A tenant no longer configured, whose
-    /// connections still run, holds the defaults'.
-    pub(crate) fn shares(&self, identity: &Identity) -> Option<Shares> {
+    /// limits are the only ones. An identity a reload revoked holds
+    /// nothing new: that is the error, whatever else is configured.
+    pub(crate) fn shares(&self, identity: &Identity) -> Result<Option<Shares>, Revoked> {
         if self.anonymous.is_some() {
-            return None;
+            return Ok(None);
         }
+        let revoked = || Revoked(identity.name().to_owned());
+        if identity.is_revoked() {
+            return Err(revoked());
+        }
+        // A tenant the table does not name was removed by the reload now
+        // revoking its tokens: revoked already, never a fallback.
         let table = self.table();
-        Some(
-            table
-                .shares
-                .get(identity.name())
-                .copied()
-                .unwrap_or(table.defaults),
-        )
+        table
+            .shares
+            .get(identity.name())
+            .copied()
+            .map(Some)
+            .ok_or_else(revoked)
     }
 
     /// Every tenant's shares, by name (none with any credential accepted).
@@ -158,20 +182,40 @@ impl Roster {
 
     /// Replaces the tenants with `tenants`, from the next authorization
     /// and the next claim on, each quota resolved by `resolve`: what
-    /// changed, a line each.
+    /// changed, a line each. A token that stays with its tenant keeps its
+    /// revocation; one that goes (or whose tenant goes) is revoked, once
+    /// the new table is in place.
     pub(crate) fn replace(
         &self,
         Checked(tenants): Checked,
         resolve: impl Fn(&Quota) -> Shares,
         metrics: &ServerMetrics,
     ) -> Vec<String> {
-        let table = Table::new(Some(&tenants), &resolve, metrics);
+        let mut table = Table::new(Some(&tenants), &resolve, metrics);
         let mut installed = self
             .table
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut before: HashMap<TokenHash, &Identity> = HashMap::new();
+        for (hash, identity) in &installed.tokens {
+            before.entry(*hash).or_insert(identity);
+        }
+        for (hash, identity) in &mut table.tokens {
+            if let Some(older) = before.get(hash).filter(|o| o.name() == identity.name()) {
+                identity.carry(older);
+            }
+        }
         let changes = table.changes(&installed);
-        *installed = Arc::new(table);
+        let old = std::mem::replace(&mut *installed, Arc::new(table));
+        for (hash, identity) in &old.tokens {
+            let stays = installed
+                .tokens
+                .iter()
+                .any(|(h, now)| h == hash && now.name() == identity.name());
+            if !stays {
+                identity.revocation().cancel();
+            }
+        }
         changes
     }
 }
@@ -187,11 +231,13 @@ impl Table {
         let mut shares = BTreeMap::new();
         for tenant in tenants.iter().flat_map(|t| &t.tenants) {
             let name: Arc<str> = Arc::from(tenant.name.as_str());
-            let identity = Identity::new(Arc::clone(&name), metrics.tenant(&name));
-            shares.insert(name, resolve(&tenant.quota.or(defaults)));
+            let figures = metrics.tenant(&name);
+            // An identity per token: each token is revoked on its own.
             for token in &tenant.tokens {
-                tokens.push((*token, identity.clone()));
+                let identity = Identity::new(Arc::clone(&name), Arc::clone(&figures));
+                tokens.push((*token, identity));
             }
+            shares.insert(name, resolve(&tenant.quota.or(defaults)));
         }
         Table {
             tokens,
@@ -221,10 +267,13 @@ impl Table {
                     let then = old.hashes(name);
                     let added = now.iter().filter(|h| !then.contains(h)).count();
                     let removed = then.iter().filter(|h| !now.contains(h)).count();
-                    if added + removed > 0 {
+                    if removed > 0 {
                         lines.push(format!(
-                            "tenant {name}: {added} token(s) added, {removed} removed"
+                            "tenant {name}: {added} token(s) added, {removed} removed \
+                             (its connections of a removed token are revoked)"
                         ));
+                    } else if added > 0 {
+                        lines.push(format!("tenant {name}: {added} token(s) added, 0 removed"));
                     }
                     for ((key, value), (_, was)) in shares.keyed().iter().zip(before.keyed()) {
                         if *value != was {
@@ -237,7 +286,8 @@ impl Table {
         for name in old.shares.keys() {
             if !self.shares.contains_key(name) {
                 lines.push(format!(
-                    "tenant {name} removed: its open connections keep running, new ones are refused"
+                    "tenant {name} removed: its connections are revoked (no new run or loop; \
+                     closed after the revocation grace), new ones are refused"
                 ));
             }
         }
@@ -320,7 +370,7 @@ pub(crate) mod tests {
         let roster = roster(&Credentials::Any);
         let anyone = roster.accept("whatever").expect("any credential");
         assert_eq!(anyone.name(), ANONYMOUS);
-        assert_eq!(roster.shares(&anyone), None);
+        assert_eq!(roster.shares(&anyone), Ok(None));
         assert!(roster.all_shares().is_empty());
         assert_eq!(
             roster.check(Tenants::from_tokens(["a"])).err(),
@@ -351,7 +401,10 @@ pub(crate) mod tests {
         let roster = roster(&Credentials::Tenants(tenants));
         let shares = |token| {
             let identity = roster.accept(token).expect("a tenant");
-            roster.shares(&identity).expect("counted")
+            roster
+                .shares(&identity)
+                .expect("not revoked")
+                .expect("counted")
         };
         assert_eq!((shares("a").max_runs, shares("a").max_loops), (5, 2));
         assert_eq!((shares("b").max_runs, shares("b").max_loops), (1, 7));
@@ -396,11 +449,13 @@ pub(crate) mod tests {
         assert_eq!(
             changes,
             [
-                "tenant alice: 1 token(s) added, 1 removed",
+                "tenant alice: 1 token(s) added, 1 removed (its connections of a removed token \
+                 are revoked)",
                 "tenant alice: max-runs 2 -> 1",
                 "tenant alice: max-loops 2 -> 3",
                 "tenant carol added with 2 token(s)",
-                "tenant bob removed: its open connections keep running, new ones are refused",
+                "tenant bob removed: its connections are revoked (no new run or loop; closed \
+                 after the revocation grace), new ones are refused",
                 "tenant-defaults: max-loops 2 -> 3",
             ]
         );
@@ -408,9 +463,10 @@ pub(crate) mod tests {
         assert_eq!(roster.accept("b"), None);
         assert_eq!(named(roster.accept("a2")).as_deref(), Some("alice"));
         assert_eq!(named(roster.accept("c2")).as_deref(), Some("carol"));
-        // An identity authorized before the reload holds its tenant's new
-        // shares from its next claim on.
-        assert_eq!(roster.shares(&alice).map(|s| s.max_runs), Some(1));
+        // Its token removed, an identity authorized before the reload
+        // holds nothing: revoked, never the new shares or the defaults.
+        assert_eq!(roster.shares(&alice), Err(Revoked("alice".into())));
+        assert!(alice.is_revoked());
         // Nothing that does not validate is installed.
         let twice = Tenants {
             defaults: Quota::default(),
@@ -424,5 +480,64 @@ pub(crate) mod tests {
             Some(TenantChange::Invalid(TenantError::Duplicate("dave".into())))
         );
         assert_eq!(named(roster.accept("a2")).as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn a_reload_revokes_the_tokens_it_removes_and_keeps_the_rest() {
+        let quota = |max_runs| Quota {
+            max_runs: Some(max_runs),
+            ..Quota::default()
+        };
+        let before = Tenants {
+            defaults: Quota::default(),
+            tenants: vec![
+                tenant("alice", &["a1", "a2"], quota(1)),
+                tenant("bob", &["b"], Quota::default()),
+                tenant("carol", &["c"], Quota::default()),
+            ],
+        };
+        let roster = roster(&Credentials::Tenants(before));
+        let accept = |token| roster.accept(token).expect("a token");
+        let (a1, a2, bob, carol) = (accept("a1"), accept("a2"), accept("b"), accept("c"));
+        // alice loses a2 and gets a larger share; bob goes; carol's token
+        // moves to dave.
+        let after = Tenants {
+            defaults: quota(9),
+            tenants: vec![
+                tenant("alice", &["a1"], quota(3)),
+                tenant("dave", &["c"], Quota::default()),
+            ],
+        };
+        let checked = roster.check(after).expect("valid");
+        roster.replace(checked, resolve, &ServerMetrics::new());
+        let runs = |identity: &Identity| roster.shares(identity).map(|s| s.map(|s| s.max_runs));
+        assert_eq!(runs(&a1), Ok(Some(3)), "a1 stays, with alice's new share");
+        assert!(!a1.is_revoked());
+        for (identity, name) in [(&a2, "alice"), (&bob, "bob"), (&carol, "carol")] {
+            assert!(identity.is_revoked(), "{name}");
+            assert_eq!(
+                runs(identity),
+                Err(Revoked(name.into())),
+                "never the defaults"
+            );
+        }
+        // A later reload that keeps a1 keeps it unrevoked; one that brings
+        // bob back does not unrevoke the connections it revoked.
+        let again = Tenants {
+            defaults: Quota::default(),
+            tenants: vec![
+                tenant("alice", &["a1"], quota(3)),
+                tenant("bob", &["b"], Quota::default()),
+            ],
+        };
+        let checked = roster.check(again).expect("valid");
+        roster.replace(checked, resolve, &ServerMetrics::new());
+        assert!(!a1.is_revoked() && !accept("a1").is_revoked());
+        assert!(bob.is_revoked() && !accept("b").is_revoked());
+        let words = Revoked("bob".into()).to_string();
+        assert!(
+            words.starts_with("tenant bob's credential was revoked"),
+            "{words}"
+        );
     }
 }

@@ -23,6 +23,7 @@ use tokio_rustls::{client, server};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::handshake::client::Response;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::either::Either;
@@ -99,6 +100,9 @@ pub enum TlsReason {
     WrongName(Vec<String>),
     /// The server does not speak TLS on this port.
     NotTls,
+    /// The server closed the connection without a word of TLS: a plain
+    /// port, or a server turning callers away.
+    Closed,
     /// The server ended the handshake with this alert.
     Alert(String),
     /// Another reason, in the TLS library's words.
@@ -131,6 +135,10 @@ impl std::fmt::Display for TlsReason {
             TlsReason::NotTls => {
                 f.write_str("the server did not answer in TLS (is it a plain ws:// port?)")
             }
+            TlsReason::Closed => f.write_str(
+                "the server closed the connection without answering in TLS: it is turning \
+                 callers away (try again later), or this is a plain ws:// port",
+            ),
             TlsReason::Alert(alert) => write!(f, "the server refused the handshake ({alert})"),
             TlsReason::Other(why) => f.write_str(why),
         }
@@ -190,7 +198,7 @@ impl TlsReason {
             Some(rustls::Error::InvalidMessage(_)) => TlsReason::NotTls,
             Some(rustls::Error::AlertReceived(alert)) => TlsReason::Alert(alert_name(*alert)),
             Some(other) => TlsReason::Other(other.to_string()),
-            None if error.kind() == io::ErrorKind::UnexpectedEof => TlsReason::NotTls,
+            None if closed(error) => TlsReason::Closed,
             None => TlsReason::Other(error.to_string()),
         }
     }
@@ -210,9 +218,41 @@ fn alert_name(alert: AlertDescription) -> String {
     format!("{alert:?}")
 }
 
+/// Whether `error` is the server closing the connection on the client
+/// mid-handshake: the end of the stream, or a reset.
+pub fn closed(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}
+
+/// Whether a WebSocket handshake failed because the server closed the
+/// connection before it answered (as a runloop server does with a caller
+/// it turns away and cannot tell why).
+pub fn closed_before_answer(error: &WsError) -> bool {
+    match error {
+        WsError::Protocol(ProtocolError::HandshakeIncomplete) => true,
+        WsError::Io(error) => closed(error),
+        _ => false,
+    }
+}
+
+/// What a caller is told when the server closed the connection before it
+/// answered the WebSocket upgrade.
+pub const CLOSED_BEFORE_ANSWER: &str = "the server closed the connection before it answered the \
+     WebSocket upgrade: it is turning callers away (too many connections at once, or from this \
+     address); try again later";
+
 /// The words of a failed WebSocket handshake with `host:port`.
 fn websocket_failure(host: &str, port: u16, error: &WsError) -> String {
     match error {
+        error if closed_before_answer(error) => {
+            format!("cannot connect to {host}:{port}: {CLOSED_BEFORE_ANSWER}")
+        }
         WsError::Http(response) => match runloop_refusal(response) {
             Some(body) => format!(
                 "the WebSocket handshake with {host}:{port} failed: the server answered HTTP {}: \

@@ -7,6 +7,10 @@
 
 mod admission;
 mod budget;
+// The test certificates of the operator tests, for the TLS flood of `walls`.
+#[allow(dead_code)]
+#[path = "../operate/certs.rs"]
+mod certs;
 mod check;
 mod cli;
 mod common;
@@ -30,3 +34,4 @@ mod run_options;
 mod store;
 mod tenants;
 mod tokens;
+mod walls;

@@ -522,14 +522,22 @@ fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied()
         server.logs()
     );
     rt.block_on(async {
-        // The removed token's open connection keeps running, under the
-        // new quota; a new connection with it is refused.
-        let second = a2.start(request(MIB)).await.expect("the new quota applies");
+        // The removed token's open connection is revoked (issue 40, row
+        // 1): it opens no more runs, neither under alice's new quota nor
+        // the defaults', each refusal saying why; its running run goes on
+        // for the revocation grace. A new connection with it is refused.
+        for _ in 0..3 {
+            let why = refusal(a2.start(request(MIB)).await);
+            assert!(why.contains("credential was revoked by a reload"), "{why}");
+        }
         let again = Client::connect(&url, "a2").await.expect("the handshake");
         assert!(again.start(request(MIB)).await.is_err(), "a2 is removed");
+        // alice's token that stays serves her new quota.
+        let a1 = Client::connect(&url, "a1").await.expect("connects");
+        let hers = a1.start(request(MIB)).await.expect("a1 serves");
         let bob = Client::connect(&url, "b1").await.expect("connects");
         let bobs = bob.start(request(MIB)).await.expect("bob is served");
-        for run in [&first, &second, &bobs] {
+        for run in [&first, &hers, &bobs] {
             run.stop().await;
         }
     });

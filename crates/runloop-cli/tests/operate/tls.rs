@@ -114,7 +114,10 @@ fn the_wrong_protocol_for_the_port_is_named() {
     );
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
-        stderr.contains("TLS with localhost failed: the server did not answer in TLS (is it a plain ws:// port?)"),
+        stderr.contains(&format!(
+            "TLS with localhost failed: {}",
+            runloop::transport::TlsReason::Closed
+        )),
         "{stderr}"
     );
 }
@@ -341,6 +344,7 @@ fn the_tls_page_lists_each_failure_as_the_code_says_it() {
         TlsReason::NotValidYet,
         TlsReason::WrongName(vec!["localhost".into()]),
         TlsReason::NotTls,
+        TlsReason::Closed,
     ];
     for reason in reasons {
         let said = format!("`TLS with HOST failed: {reason}`");

@@ -25,3 +25,4 @@ mod model;
 mod proxy;
 mod relay;
 mod support;
+mod walls;
