@@ -182,7 +182,7 @@ pub fn default_store_max_size(path: &std::path::Path) -> u64 {
 /// existing ancestor.
 fn filesystem_size(path: &std::path::Path) -> Option<u64> {
     let stat = statvfs(path)?;
-    stat.f_blocks.checked_mul(stat.f_frsize)
+    blocks_in_bytes(stat.f_blocks, stat.f_frsize)
 }
 
 /// The bytes an unprivileged writer may still write on the filesystem
@@ -191,7 +191,15 @@ fn filesystem_size(path: &std::path::Path) -> Option<u64> {
 /// is nobody on the host, so the blocks kept for root are not its).
 fn filesystem_free(path: &Path) -> Option<u64> {
     let stat = statvfs(path)?;
-    stat.f_bavail.checked_mul(stat.f_frsize)
+    blocks_in_bytes(stat.f_bavail, stat.f_frsize)
+}
+
+/// `blocks` of `size` bytes, in bytes. statvfs(3)'s counts and sizes are
+/// 64-bit on Linux and narrower on other Unixes (32-bit block counts on
+/// macOS), hence the conversions that are no-ops here.
+#[allow(clippy::useless_conversion)]
+fn blocks_in_bytes(blocks: libc::fsblkcnt_t, size: libc::c_ulong) -> Option<u64> {
+    u64::from(blocks).checked_mul(u64::from(size))
 }
 
 /// statvfs(3) of `path` or its nearest existing ancestor.
