@@ -16,13 +16,12 @@ use runloop_proto::{ErrorKind, ErrorValue, Writer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::ProxyConfig;
+use runloop_wire::ws::{Head, MAX_HEAD};
 
 /// A path's WebSocket.
 pub(super) type Ws = WebSocketStream<TcpStream>;
@@ -80,22 +79,12 @@ pub(super) async fn left(ws: &mut Ws) -> End {
 pub(super) async fn send_frame(ws: &mut Ws, head: FrameHead, body: Bytes) -> io::Result<()> {
     ws.flush().await.map_err(io::Error::other)?;
     let length = (head.tag.len() + body.len()) as u64;
-    let mut frame = Vec::with_capacity(14 + head.tag.len());
-    let opcode = if head.opens {
-        Data::Binary
-    } else {
-        Data::Continue
-    };
-    let header = FrameHeader {
-        is_final: head.fin,
-        opcode: OpCode::Data(opcode),
-        ..FrameHeader::default()
-    };
-    header
-        .format(length, &mut frame)
-        .map_err(io::Error::other)?;
-    frame.extend_from_slice(head.tag);
-    let mut message = Bytes::from(frame).chain(body);
+    let mut frame = [0; MAX_HEAD + 1];
+    let mut header = [0; MAX_HEAD];
+    let len = Head::data(head.opens, head.fin, length).write(&mut header);
+    frame[..len].copy_from_slice(&header[..len]);
+    frame[len..len + head.tag.len()].copy_from_slice(head.tag);
+    let mut message = (&frame[..len + head.tag.len()]).chain(body);
     let socket = ws.get_mut();
     socket.write_all_buf(&mut message).await?;
     socket.flush().await

@@ -100,7 +100,6 @@ mod half_sent;
 mod identity;
 mod origin;
 mod outbox;
-mod path_frames;
 mod pings;
 mod places;
 mod proxy_path;

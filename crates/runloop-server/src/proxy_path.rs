@@ -28,9 +28,9 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async_with_config};
 use tracing::debug;
 
-use super::path_frames::PathFrames;
 use super::read_ahead::{self, ReadAhead};
 use runloop_wire::limits::Limits;
+use runloop_wire::ws::MessageReader;
 
 /// An open path to a proxy.
 pub(crate) type Path = WebSocketStream<ReadAhead<TcpStream>>;
@@ -147,7 +147,7 @@ async fn dial(url: String, limits: &Limits, reading: Reading) -> Result<Path, Ws
     tcp.set_nodelay(true)?;
     let config = limits.websocket().read_buffer_size(READ_BUFFER);
     let frames = match reading {
-        Reading::Relayed => Some(PathFrames::new(limits.max_message_size)),
+        Reading::Relayed => Some(MessageReader::new(limits.max_message_size)),
         Reading::Through => None,
     };
     let socket = ReadAhead::new(tcp, &read_ahead::PROCESS, frames);
