@@ -38,8 +38,9 @@
 //! places.rs       a loop's places in that queue, in responses and bytes
 //! run_end.rs      the run's end, one future a relay waits on beside the rest
 //! proxy_path.rs   dialling the proxy's bare /agent/* paths
-//! read_ahead.rs   a path's socket read in large pieces, small buffers kept
-//! path_frames.rs  a path's frames read where they lie, the rest handed on
+//! read_ahead.rs   a path's socket read in large pieces, small buffers kept;
+//!                 its binary messages taken where they lie (the message
+//!                 reader of runloop-wire's ws), the rest handed on
 //! pings.rs        a connection's budget of control frames
 //! origin.rs       a browser's Origin at the upgrade: 403, or no empty credential
 //! half_sent.rs    a caller's message begun and not ended: its bytes
