@@ -102,6 +102,7 @@ pub(super) async fn post(
     body: &[u8],
     accept: &str,
 ) -> Result<Answer, Unanswered> {
+    tracing::trace!(%agent, path, "calling the agent program");
     let mut tcp = TcpStream::connect(agent)
         .await
         .map_err(Unanswered::Connect)?;
@@ -125,6 +126,7 @@ pub(super) async fn post(
                 framing,
                 decoder,
             } = head;
+            tracing::trace!(%agent, path, status, ?framing, "the agent program answered");
             return Ok(Answer {
                 status,
                 content_type,

@@ -37,7 +37,8 @@
 //!                 a scope and a relay each write only their own frames
 //! places.rs       a loop's places in that queue, in responses and bytes
 //! run_end.rs      the run's end, one future a relay waits on beside the rest
-//! proxy_path.rs   dialling the proxy's bare /agent/* paths
+//! proxy_path.rs   the proxy's bare /agent/* paths: dialled, or called in
+//!                 process; a run path read message by message
 //! read_ahead.rs   a path's socket read in large pieces, small buffers kept;
 //!                 its binary messages taken where they lie (the message
 //!                 reader of runloop-wire's ws), the rest handed on

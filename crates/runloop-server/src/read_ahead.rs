@@ -438,7 +438,7 @@ mod path_tests {
     use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
     use super::*;
-    use crate::relay::{Next, next_message};
+    use crate::proxy_path::{Next, next_message};
     use runloop_wire::ws::{Head, opcode};
 
     fn frame_bytes(opcode: OpCode, fin: bool, payload: &[u8], masked: bool) -> Vec<u8> {
