@@ -116,11 +116,16 @@ pub(super) fn proxy_error(what: impl std::fmt::Display) -> Bytes {
 const MAX_REASON: usize = 123;
 
 /// Ends the path as `end` says.
-pub(super) async fn end(ws: Ws, end: End, config: &ProxyConfig) {
+pub(super) async fn end(mut ws: Ws, end: End, config: &ProxyConfig) {
     match end {
         End::Answer(last) => finish(ws, last, config.close_timeout).await,
         End::Closed => answer_close(ws, config.close_timeout).await,
-        End::Abandon { said: None, .. } => debug!("path abandoned"),
+        End::Abandon { said: None, .. } => {
+            // What is on the lane is whole messages and the fragments of
+            // the one cut short: they go first, then the socket.
+            let flushed = tokio::time::timeout(config.close_timeout, SinkExt::flush(&mut ws)).await;
+            debug!(?flushed, "path abandoned");
+        }
         End::Abandon {
             said: Some(said), ..
         } => say_and_drop(ws, &said, config.close_timeout).await,
@@ -271,6 +276,22 @@ mod tests {
             !matches!(after, Some(Ok(Message::Close(_)))),
             "abandoned, not closed: {after:?}"
         );
+    }
+
+    /// Frames on the lane, not yet written, when the path is abandoned: they
+    /// go out first (a chunk before the one cut short is the loop's), then
+    /// the socket ends, with no close frame.
+    #[tokio::test]
+    async fn an_abandoned_path_writes_what_is_on_its_lane_first() {
+        let (ws, lane, mut server) = path().await;
+        lane.push(true, true, Bytes::new(), Bytes::from_static(b"\0a"))
+            .expect("open");
+        lane.push(true, false, Bytes::new(), Bytes::from_static(b"\0b"))
+            .expect("open");
+        end(ws, End::dropped("cut"), &ProxyConfig::default()).await;
+        let mut bytes = Vec::new();
+        server.read_to_end(&mut bytes).await.expect("read");
+        assert_eq!(bytes, [0x82, 2, 0, b'a', 0x02, 2, 0, b'b']);
     }
 
     /// A fault said to the server inside a message: a close frame with the

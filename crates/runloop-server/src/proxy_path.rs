@@ -347,12 +347,20 @@ where
             return Poll::Ready(match next {
                 Some(Ok(Message::Binary(message))) => Next::Message(message),
                 // A close between the fragments of a message: the message
-                // is lost, so the loop did not finish.
-                Some(Ok(Message::Close(_))) if path.get_ref().inside_message() => Next::Broke(
-                    "the proxy closed the path inside a message (after a fragment that was not \
-                     its last)"
-                        .to_owned(),
-                ),
+                // is lost, so the loop did not finish. A proxy that says
+                // why (this project's says when the agent program's event
+                // is over its message limit) is quoted.
+                Some(Ok(Message::Close(frame))) if path.get_ref().inside_message() => {
+                    Next::Broke(match frame.filter(|frame| !frame.reason.is_empty()) {
+                        Some(frame) => format!(
+                            "the proxy closed the path inside a message: {}",
+                            frame.reason
+                        ),
+                        None => "the proxy closed the path inside a message (after a fragment \
+                                 that was not its last)"
+                            .to_owned(),
+                    })
+                }
                 Some(Ok(Message::Close(_))) => Next::Closed,
                 Some(Ok(Message::Ping(_))) => {
                     // Its answer: written now if the socket takes it, else
@@ -361,6 +369,14 @@ where
                     continue;
                 }
                 Some(Ok(Message::Text(_) | Message::Pong(_) | Message::Frame(_))) => continue,
+                Some(Err(WsError::Capacity(why))) => Next::Broke(format!(
+                    "a message from the proxy is over the message limit: {why}"
+                )),
+                // A fault of the frames found by the path's own reader
+                // (`ReadAhead`), in its words.
+                Some(Err(WsError::Io(why))) if why.kind() == std::io::ErrorKind::InvalidData => {
+                    Next::Broke(why.to_string())
+                }
                 Some(Err(why)) => Next::Broke(why.to_string()),
                 None => Next::Broke("the connection closed without a close frame".to_owned()),
             });

@@ -150,7 +150,7 @@ impl MessageReader {
                     // The library refuses it, with its own words.
                     return Step::HandOn(whole);
                 }
-                return Step::Fault("a fragmented binary message is over the size limit");
+                return Step::Fault("a message in fragments is over the message limit");
             }
             let whole = whole as usize;
             if buffer.len() < whole {
