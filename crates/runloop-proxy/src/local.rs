@@ -73,8 +73,16 @@ pub struct LocalRun {
     max_message: usize,
     /// A chunk being put together from its pieces.
     message: Option<BytesMut>,
+    /// Frames since the proxy's shutdown was last looked at: a busy loop
+    /// looks every [`SHUTDOWN_EVERY`] frames (the look takes a lock), a
+    /// waiting one is woken by it.
+    unchecked: u32,
     _open: PathOpen,
 }
+
+/// How many frames a busy loop passes on between two looks at the proxy's
+/// shutdown.
+const SHUTDOWN_EVERY: u32 = 64;
 
 impl std::fmt::Debug for LocalRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -127,6 +135,7 @@ impl LocalProxy {
             state: State::Starting(starting),
             max_message,
             message: None,
+            unchecked: 0,
             _open: PathOpen::new(&self.shared.metrics),
         }
     }
@@ -155,15 +164,21 @@ impl LocalRun {
                     Poll::Ready(Err(end)) => self.state = State::Ending(end),
                 },
                 State::Running(run) => {
-                    if self.shutdown.is_cancelled() {
-                        let end = self.take_run().map(Loop::shut_down);
-                        self.state = State::Ending(end.unwrap_or(End::Closed));
-                        continue;
+                    self.unchecked += 1;
+                    if self.unchecked >= SHUTDOWN_EVERY {
+                        self.unchecked = 0;
+                        if self.shutdown.is_cancelled() {
+                            let end = self.take_run().map(Loop::shut_down);
+                            self.state = State::Ending(end.unwrap_or(End::Closed));
+                            continue;
+                        }
                     }
                     let next = match run.poll_next(cx) {
                         Poll::Ready(next) => next,
                         Poll::Pending => {
                             if self.shutting.as_mut().poll(cx).is_ready() {
+                                // Looked at on the next turn.
+                                self.unchecked = SHUTDOWN_EVERY;
                                 continue;
                             }
                             return Poll::Pending;

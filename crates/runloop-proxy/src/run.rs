@@ -144,11 +144,54 @@ async fn relay(ws: &mut Ws, lane: &Lane, mut run: Loop, shutdown: &CancellationT
 }
 
 /// What a loop has sent to the server: how many chunks, and the last one
-/// (tagged) if it may be a fatal notification ([`may_be_fatal`]).
+/// (its JSON) if it may be a fatal notification.
 #[derive(Default)]
 pub(super) struct Sent {
     pub(super) chunks: u64,
-    last: Option<Bytes>,
+    last: Last,
+}
+
+/// A chunk kept to tell a fatal ending: a small one copied into a buffer
+/// reused from chunk to chunk (no hold on the event's buffer), a larger
+/// one (a whole chunk is at most 64 KiB) held as it is, not scanned: in
+/// process, the server's relay holds the same bytes for the same reason,
+/// so they are not held twice.
+#[derive(Default)]
+enum Last {
+    #[default]
+    None,
+    Copied(Vec<u8>),
+    Held(Bytes),
+}
+
+/// The largest chunk copied rather than held.
+const COPY_LAST: usize = 512;
+
+impl Last {
+    /// Keeps the chunk `tagged` (its tag, then its JSON), in `self`'s
+    /// buffer when it is copied.
+    fn keep(&mut self, tagged: &Bytes) {
+        let json = &tagged[1..];
+        if json.len() <= COPY_LAST {
+            if let Last::Copied(copy) = self {
+                copy.clear();
+                copy.extend_from_slice(json);
+            } else {
+                *self = Last::Copied(json.to_vec());
+            }
+        } else {
+            *self = Last::Held(tagged.clone());
+        }
+    }
+
+    /// The chunk's JSON, if one is kept and it may be fatal.
+    fn json(&self) -> Option<&[u8]> {
+        match self {
+            Last::None => None,
+            Last::Copied(copy) => Some(copy),
+            Last::Held(tagged) => Some(&tagged[1..]).filter(|json| may_be_fatal(json)),
+        }
+    }
 }
 
 /// One frame of a loop's answer: a Binary frame when it `opens` a message
@@ -183,8 +226,10 @@ pub(super) struct Loop {
     send: Option<PathSend>,
     pub(super) sent: Sent,
     asked: Instant,
-    /// The last frame handed out, if it may be the fatal ending.
-    pending_last: Option<Bytes>,
+    /// The last frame handed out, kept as it may be the fatal ending
+    /// (swapped into `sent` once written; a message in fragments is never
+    /// kept).
+    pending_last: Last,
 }
 
 impl Loop {
@@ -238,7 +283,7 @@ impl Loop {
             send: Some(PathSend::new()),
             sent: Sent::default(),
             asked,
-            pending_last: None,
+            pending_last: Last::None,
         })
     }
 
@@ -322,7 +367,11 @@ impl Loop {
         // Kept only if it may be the fatal ending: a large chunk that
         // cannot be is let go once it is written, not held until the next.
         // A chunk sent in fragments is never kept whole.
-        self.pending_last = (head.opens && head.fin && may_be_fatal(&bytes)).then(|| bytes.clone());
+        if head.opens && head.fin {
+            self.pending_last.keep(&bytes);
+        } else {
+            self.pending_last = Last::None;
+        }
         Poll::Ready(Next::Frame(Frame {
             opens: head.opens,
             fin: head.fin,
@@ -342,7 +391,7 @@ impl Loop {
         }
         metrics.chunks.inc();
         self.sent.chunks += 1;
-        self.sent.last = self.pending_last.take();
+        std::mem::swap(&mut self.sent.last, &mut self.pending_last);
     }
 
     /// How the path ends when the event stream broke (`broke`): the error
@@ -447,7 +496,7 @@ impl Loop {
                 why: why.to_owned(),
             },
             PathEnd::Close { last } => {
-                let last_chunk = self.sent.last.as_deref().map(|tagged| &tagged[1..]);
+                let last_chunk = self.sent.last.json();
                 self.shared.metrics.loops.inc(LoopOutcome::of(
                     self.sent.chunks,
                     last.is_some(),

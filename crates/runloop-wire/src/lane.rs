@@ -75,7 +75,7 @@ struct Queue {
 /// through the WebSocket's buffer), so small frames are copied together
 /// (one copy, as the forwarder makes) and only large payloads, where a
 /// copy costs more than a piece, go as they are.
-const COPIED: usize = 512;
+pub const COPIED: usize = 512;
 
 /// The most pieces one vectored write takes: Linux's limit (UIO_MAXIOV).
 const SLICES: usize = 1024;
@@ -122,6 +122,26 @@ impl Lane {
                 queue.seal();
                 queue.segments.push_back(part);
             }
+        }
+        Ok(queue.bytes)
+    }
+
+    /// [`push`](Self::push) for a frame small enough to be copied whole
+    /// ([`COPIED`] bytes or fewer): its payload's parts are copied onto the
+    /// lane from where they lie, and nothing of them is held.
+    pub fn push_copy(&self, opens: bool, fin: bool, parts: [&[u8]; 2]) -> Result<usize, WsError> {
+        let length = parts[0].len() + parts[1].len();
+        let mut header = [0; MAX_HEAD];
+        let len = Head::data(opens, fin, length as u64).write(&mut header);
+        let mut queue = lock(&self.queue);
+        if queue.closed {
+            return Err(WsError::Protocol(ProtocolError::SendAfterClosing));
+        }
+        queue.bytes += len + length;
+        queue.room(len + length);
+        queue.tail.extend_from_slice(&header[..len]);
+        for part in parts {
+            queue.tail.extend_from_slice(part);
         }
         Ok(queue.bytes)
     }
