@@ -595,22 +595,28 @@ pub struct SlowParams {
     pub chunk_size: usize,
     /// How fast the client reads, bytes per second.
     pub read_rate: u64,
+    /// The whole chain: the server's own proxy, in process, in front of
+    /// the bench's agent program (an `exec:` agent), instead of the
+    /// synthetic proxy.
+    pub chain: bool,
 }
 
 /// Relays one large loop to a client that reads at `read_rate`, sampling the
 /// server's memory while it runs: with backpressure, it stays flat.
 pub async fn slow_reader(params: &SlowParams, spawn: &dyn Spawn) -> Result<SlowReport, BenchError> {
     let chunks = params.bytes.div_ceil(params.chunk_size.max(1) as u64);
-    let proxy = SyntheticProxy::start(Plan {
-        mix: Mix::fixed(params.chunk_size),
-    })
-    .await?;
+    let mix = Mix::fixed(params.chunk_size);
+    let (source, _proxy) = if params.chain {
+        (AgentSource::Exec(mix), None)
+    } else {
+        let proxy = SyntheticProxy::start(Plan { mix }).await?;
+        (AgentSource::Proxy(proxy.url()), Some(proxy))
+    };
     let addr = free_addr()?;
     let load = Load {
         connections: 1,
         runs_per_connection: 1,
     };
-    let source = AgentSource::Proxy(proxy.url());
     let server = Arc::new(Child::start(spawn.server(addr, &source, TOKEN, load), addr).await?);
     let before = server.memory("VmRSS").unwrap_or(0);
     let peak = Arc::new(AtomicU64::new(before));

@@ -86,8 +86,9 @@ pub struct Args {
     /// Instead: the whole chain — this binary's `serve` with an `exec:`
     /// agent program that streams SSE, its proxy in the server — against
     /// nginx as a plain SSE reverse proxy in front of the same program
-    /// (when installed), and the program read directly.
-    #[arg(long, conflicts_with = "slow_reader")]
+    /// (when installed), and the program read directly. With
+    /// --slow-reader: the large loop through the whole chain.
+    #[arg(long)]
     pub chain: bool,
     /// Instead: relay one large loop to a client that reads slowly, and
     /// report the server's memory growth (backpressure at work).
@@ -297,6 +298,7 @@ impl Args {
                     .unwrap_or(usize::MAX)
                     .max(64),
                 read_rate: self.read_rate.max(1),
+                chain: self.chain,
             };
             let report =
                 block_on(runloop_bench::slow_reader(&params, &spawn))?.map_err(Failure::Bench)?;
