@@ -118,6 +118,8 @@ pub(super) async fn post(
         return Err(Unanswered::Closed(Some(error)));
     }
     let mut buffer = BytesMut::with_capacity(4096);
+    // Whether the last read left the socket empty.
+    let mut emptied = false;
     loop {
         if let Some(head) = head(&mut buffer)? {
             let Head {
@@ -135,7 +137,7 @@ pub(super) async fn post(
                     tcp,
                     buffer,
                     decoder,
-                    emptied: false,
+                    emptied,
                 },
             });
         }
@@ -145,9 +147,10 @@ pub(super) async fn post(
             )));
         }
         buffer.reserve(4096);
+        let room = buffer.capacity() - buffer.len();
         match tokio::io::AsyncReadExt::read_buf(&mut tcp, &mut buffer).await {
             Ok(0) => return Err(Unanswered::Closed(None)),
-            Ok(_) => {}
+            Ok(read) => emptied = read < room,
             Err(error) => return Err(Unanswered::Closed(Some(error))),
         }
     }
@@ -356,12 +359,18 @@ impl Body {
                         let n = usize::try_from(left)
                             .unwrap_or(usize::MAX)
                             .min(self.buffer.len());
-                        *state = if n as u64 == left {
-                            Chunked::DataEnd
-                        } else {
+                        let data = self.buffer.split_to(n).freeze();
+                        *state = if n as u64 != left {
                             Chunked::Data(left - n as u64)
+                        } else if self.buffer.starts_with(b"\r\n") {
+                            // Taken now, so that a body whose read ended
+                            // with this chunk is seen to have nothing left.
+                            self.buffer.advance(2);
+                            Chunked::Size
+                        } else {
+                            Chunked::DataEnd
                         };
-                        return Ok(Taken::Data(self.buffer.split_to(n).freeze()));
+                        return Ok(Taken::Data(data));
                     }
                     Chunked::DataEnd => {
                         if self.buffer.len() < 2 {
@@ -663,6 +672,32 @@ mod tests {
             matches!(refused, Err(Unanswered::Connect(_))),
             "{refused:?}"
         );
+    }
+
+    /// A read that ends with a chunk's CRLF leaves nothing: the body says
+    /// it is drained as soon as the chunk's data is taken, so its reader
+    /// sends what it has without looking for more.
+    #[tokio::test]
+    async fn a_body_whose_read_ended_with_a_chunk_is_drained_at_its_data() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = listener.local_addr().expect("an address");
+        let (more_tx, more) = tokio::sync::oneshot::channel::<()>();
+        let agent = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.expect("a call");
+            let mut request = vec![0; 1024];
+            let _ = tcp.read(&mut request).await.expect("reads");
+            tcp.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+                .await
+                .expect("writes");
+            // Held open until the test has looked.
+            let _ = more.await;
+        });
+        let mut answer = post(addr, "/run", b"{}", "*/*").await.expect("answered");
+        let piece = answer.body.next().await.expect("a piece").expect("data");
+        assert_eq!(&piece[..], b"hello");
+        assert!(answer.body.drained(), "nothing left of what was read");
+        drop(more_tx);
+        agent.await.expect("the agent's task");
     }
 
     #[test]
