@@ -14,17 +14,15 @@
 //! starts it), behind nginx, and alone (the direct read), and every side
 //! reads the same chunks, since a loop's sizes come from its prompt. Each
 //! chunk carries the time it was written on the machine's monotonic clock
-//! ([`crate::clock`]), which the load client, another process, reads too.
+//! (the bench's `clock`), which the load client, another process, reads too.
 //!
 //! It must never be what limits a side, so it does little per chunk: the
-//! chunk's JSON is written byte by byte into one buffer ([`chunk_json`]),
+//! chunk's JSON is written byte by byte into one buffer (`chunk_json`),
 //! each event is its own HTTP chunk (as a web framework's streaming
 //! response writes it), and unpaced the buffer goes to the socket only when
-//! it holds [`BATCH`] bytes; paced, each event is written when it is due.
+//! it holds 64 KiB; paced, each event is written when it is due.
 //! One thread serves every connection. Each answer closes its connection
 //! (`Connection: close`), as the proxy dials a new one per call.
-//!
-//! [`chunk_json`]: crate::synthetic::chunk_json
 
 use std::io;
 use std::time::Duration;
