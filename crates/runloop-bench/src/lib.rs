@@ -1,11 +1,17 @@
 //! The load generator behind `runloop bench`: the relay measured against a
 //! batching forwarder and against no middle hop at all, in one run, over
-//! real loopback sockets.
+//! real loopback sockets; and ([`chain`]) the whole chain measured against
+//! nginx as a plain SSE reverse proxy, and against the agent program read
+//! directly.
 //!
 //! ```text
 //! relay:     load clients ──framed──▶ runloop server (child) ──/agent/run──▶ synthetic proxy
 //! baseline:  load clients ──bare────▶ forwarder (child)      ──/agent/run──▶ synthetic proxy
 //! direct:    load clients ──bare─────────────────────────────────────────▶ synthetic proxy
+//!
+//! chain:     load clients ──framed──▶ runloop server (child) + its proxy ──HTTP/SSE──▶ agent program (its child)
+//! nginx:     load clients ──HTTP/SSE▶ nginx (child)                      ──HTTP/SSE──▶ agent program (child)
+//! agent:     load clients ──HTTP/SSE────────────────────────────────────────────────▶ agent program (child)
 //! ```
 //!
 //! The synthetic proxy and the load clients live in this process and share
@@ -23,15 +29,20 @@
 //! a second, paced phase has the proxy send at a fixed rate, where latency
 //! is the cost of the hop and not the depth of a queue.
 
+pub mod agent;
+mod clock;
 mod forwarder;
 mod load;
 mod mix;
+mod nginx;
 mod process;
 mod report;
 mod socket;
+mod sse;
 mod synthetic;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,11 +53,11 @@ use tokio::task::JoinSet;
 
 pub use forwarder::forward;
 pub use mix::{Mix, MixError, parse_bytes};
-pub use process::{Load, Spawn};
-pub use report::{Report, RoundFigures, Side, Sides, SlowReport};
+pub use process::{AgentSource, Load, Spawn};
+pub use report::{ChainReport, ChainSides, Report, RoundFigures, Side, Sides, SlowReport};
 
-use load::{Server, Tally, bare_worker, relay_connection};
-use process::{Child, free_addr};
+use load::{Deadline, Server, Tally, bare_worker, relay_connection};
+use process::{Child, Cpu, Mark, free_addr};
 use report::Round;
 use synthetic::{LoopPlan, Plan, SyntheticProxy};
 
@@ -63,11 +74,7 @@ const SPARE_DESCRIPTORS: u64 = 256;
 /// server in front of it (`--agent NAME=proxy:URL`) streams the loop that
 /// its prompt asks for, `bench:INDEX:ROUND:CHUNKS:RATE`.
 pub async fn synthetic_proxy(mix: Mix, ready: impl FnOnce(&str)) -> Result<(), BenchError> {
-    let proxy = SyntheticProxy::start(Plan {
-        mix,
-        epoch: Instant::now(),
-    })
-    .await?;
+    let proxy = SyntheticProxy::start(Plan { mix }).await?;
     ready(&proxy.url());
     std::future::pending::<()>().await;
     Ok(())
@@ -178,15 +185,22 @@ fn shares(loops: usize, connections: usize) -> impl Iterator<Item = Range<usize>
     (0..connections).map(move |c| c * loops / connections..(c + 1) * loops / connections)
 }
 
-/// The three ways a loop reaches the load clients.
+/// The ways a loop reaches the load clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
-    /// Framed, through the runloop server.
+    /// Framed, through the runloop server, from the synthetic proxy.
     Relay,
     /// Bare, through the forwarder.
     Baseline,
     /// Bare, from the synthetic proxy itself.
     Direct,
+    /// Framed, through the runloop server, its proxy and the agent program
+    /// it starts (the whole chain).
+    Chain,
+    /// SSE, through nginx, from the agent program.
+    Nginx,
+    /// SSE, from the agent program itself.
+    Agent,
 }
 
 /// A route that is measured: where its clients connect and the process in
@@ -198,48 +212,86 @@ struct Target {
 }
 
 impl Target {
-    /// One round: every loop, again until the round's deadline.
+    /// One round: every loop, again until the round's deadline. On the
+    /// whole chain the round is measured from when every run is open: a
+    /// run's start (an agent program started, registered) is not a chunk's
+    /// cost, and nginx has none.
     async fn round(
         &self,
         params: &Params,
         plan: LoopPlan,
-        epoch: Instant,
         repeat: bool,
     ) -> Result<Round, BenchError> {
-        let cpu_before = self.middle.as_ref().and_then(Child::cpu_time);
+        let cpu = self.middle.as_ref().map(Child::cpu);
+        let cpu_before = cpu.as_ref().and_then(Cpu::read);
         let start = Instant::now();
-        let deadline = if repeat {
-            start + params.duration
+        let length = if repeat {
+            params.duration
         } else {
-            start
+            Duration::ZERO
         };
+        let mut started = None;
         let tally = match self.route {
-            Route::Relay => {
+            Route::Relay | Route::Chain => {
                 let server = Server {
                     url: self.url.clone(),
                     token: TOKEN,
                 };
                 let connections = params.connections();
                 let all_open = Arc::new(Barrier::new(connections));
+                let (deadline, mark) = if self.route == Route::Chain {
+                    let mark = Arc::new(Mark::new(cpu));
+                    started = Some(Arc::clone(&mark));
+                    (Deadline::After(length), Some(mark))
+                } else {
+                    (Deadline::At(start + length), None)
+                };
                 gather(shares(params.loops, connections).map(|loops| {
                     let all_open = Arc::clone(&all_open);
-                    relay_connection(server.clone(), loops, plan, epoch, deadline, None, all_open)
+                    relay_connection(
+                        server.clone(),
+                        loops,
+                        plan,
+                        deadline,
+                        None,
+                        all_open,
+                        mark.clone(),
+                    )
                 }))
                 .await?
             }
             Route::Baseline | Route::Direct => {
                 gather(
                     (0..params.loops)
-                        .map(|index| bare_worker(self.url.clone(), index, plan, epoch, deadline)),
+                        .map(|index| bare_worker(self.url.clone(), index, plan, start + length)),
+                )
+                .await?
+            }
+            Route::Nginx | Route::Agent => {
+                let addr = http_addr(&self.url)?;
+                gather(
+                    (0..params.loops)
+                        .map(|index| sse::sse_worker(addr, index, plan, start + length)),
                 )
                 .await?
             }
         };
+        let cpu_after = cpu.as_ref().and_then(Cpu::read);
+        let (start, cpu_before) = match started.as_ref().and_then(|mark| mark.get()) {
+            Some(mark) => mark,
+            None => (start, cpu_before),
+        };
         let wall = start.elapsed();
-        let cpu_after = self.middle.as_ref().and_then(Child::cpu_time);
-        let cpu = Child::cpu_between(cpu_before, cpu_after);
+        let cpu = cpu.and_then(|cpu| cpu.between(cpu_before, cpu_after));
         Ok(Round { tally, wall, cpu })
     }
+}
+
+/// The address of an `http://host:port` URL.
+fn http_addr(url: &str) -> Result<SocketAddr, BenchError> {
+    url.trim_start_matches("http://")
+        .parse()
+        .map_err(|_| BenchError::Protocol("an SSE route's address is not host:port"))
 }
 
 /// Runs `rounds` rounds of every target, the order turned around each
@@ -248,7 +300,6 @@ async fn phase(
     targets: &[Target],
     params: &Params,
     plan: LoopPlan,
-    epoch: Instant,
     repeat: bool,
 ) -> Result<Vec<Vec<Round>>, BenchError> {
     let mut rounds: Vec<Vec<Round>> = targets.iter().map(|_| Vec::new()).collect();
@@ -258,33 +309,64 @@ async fn phase(
             order.reverse();
         }
         for i in order {
-            let measured = targets[i].round(params, plan, epoch, repeat).await?;
+            let measured = targets[i].round(params, plan, repeat).await?;
             rounds[i].push(measured);
         }
     }
     Ok(rounds)
 }
 
-/// Each route's side of one phase; `saturated` keeps the CPU time and
-/// the peak memory of the programs in the middle, which a paced phase
-/// cannot measure (a few milliseconds of CPU in clock ticks of ten).
-fn sides(targets: &[Target], rounds: Vec<Vec<Round>>, saturated: bool) -> Sides {
-    let mut sides = Sides::default();
+/// Each route's side of one phase; `saturated` keeps the peak memory of
+/// the programs in the middle, and `cpu` their CPU time (which a paced
+/// phase cannot measure in clock ticks: a few milliseconds in ticks of
+/// ten; the whole chain reads it to the nanosecond).
+fn sides(
+    targets: &[Target],
+    rounds: Vec<Vec<Round>>,
+    saturated: bool,
+    cpu: bool,
+) -> Vec<(Route, Side)> {
+    let mut sides = Vec::new();
     for (target, mut rounds) in targets.iter().zip(rounds) {
         let peak = if saturated {
             target.middle.as_ref().and_then(|m| m.memory("VmHWM"))
         } else {
-            rounds.iter_mut().for_each(|round| round.cpu = None);
             None
         };
-        let side = Side::new(&rounds, peak);
-        match target.route {
-            Route::Relay => sides.relay = Some(side),
-            Route::Baseline => sides.baseline = Some(side),
-            Route::Direct => sides.direct = Some(side),
+        if !cpu {
+            rounds.iter_mut().for_each(|round| round.cpu = None);
         }
+        sides.push((target.route, Side::new(&rounds, peak)));
     }
     sides
+}
+
+/// The relay mode's sides.
+fn relay_sides(sides: Vec<(Route, Side)>) -> Sides {
+    let mut relay = Sides::default();
+    for (route, side) in sides {
+        match route {
+            Route::Relay => relay.relay = Some(side),
+            Route::Baseline => relay.baseline = Some(side),
+            Route::Direct => relay.direct = Some(side),
+            Route::Chain | Route::Nginx | Route::Agent => {}
+        }
+    }
+    relay
+}
+
+/// The whole chain's sides.
+fn chain_sides(sides: Vec<(Route, Side)>) -> ChainSides {
+    let mut chain = ChainSides::default();
+    for (route, side) in sides {
+        match route {
+            Route::Chain => chain.chain = Some(side),
+            Route::Nginx => chain.nginx = Some(side),
+            Route::Agent => chain.agent = Some(side),
+            Route::Relay | Route::Baseline | Route::Direct => {}
+        }
+    }
+    chain
 }
 
 /// Measures the relay, the baseline forwarder and the direct read with
@@ -300,10 +382,8 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
         ..params.clone()
     };
     let limit = process::raise_descriptor_limit();
-    let epoch = Instant::now();
     let proxy = SyntheticProxy::start(Plan {
         mix: params.mix.clone(),
-        epoch,
     })
     .await?;
     let loops = params.loops as u64;
@@ -327,7 +407,7 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
             continue;
         }
         let (url, middle) = match route {
-            Route::Direct => (proxy.url(), None),
+            Route::Direct | Route::Chain | Route::Nginx | Route::Agent => (proxy.url(), None),
             Route::Relay | Route::Baseline => {
                 let addr = free_addr()?;
                 let command = if route == Route::Relay {
@@ -335,7 +415,7 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
                         connections,
                         runs_per_connection: params.loops.div_ceil(connections),
                     };
-                    spawn.server(addr, &proxy.url(), TOKEN, load)
+                    spawn.server(addr, &AgentSource::Proxy(proxy.url()), TOKEN, load)
                 } else {
                     spawn.forwarder(addr, &proxy.url())
                 };
@@ -358,19 +438,24 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
         chunks: params.chunks,
         rate: None,
     };
-    let saturated = phase(&targets, params, saturated_plan, epoch, true).await?;
+    let saturated = phase(&targets, params, saturated_plan, true).await?;
     let paced = match params.pace {
         Some(rate) => {
             let plan = LoopPlan {
                 chunks: params.paced_chunks(rate),
                 rate: Some(rate),
             };
-            Some((plan, phase(&targets, params, plan, epoch, false).await?))
+            Some((plan, phase(&targets, params, plan, false).await?))
         }
         None => None,
     };
-    let saturated = sides(&targets, saturated, true);
-    let paced = paced.map(|(plan, rounds)| (plan.chunks, sides(&targets, rounds, false)));
+    let saturated = relay_sides(sides(&targets, saturated, true, true));
+    let paced = paced.map(|(plan, rounds)| {
+        (
+            plan.chunks,
+            relay_sides(sides(&targets, rounds, false, false)),
+        )
+    });
     for target in targets {
         if let Some(middle) = target.middle {
             middle.stop().await;
@@ -379,12 +464,124 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
     Ok(Report::new(params, connections, saturated, paced, skipped))
 }
 
+/// Measures the whole chain — a `runloop serve` child with the bench's
+/// agent program as its `exec:` agent, its proxy in the server's process —
+/// against nginx as a plain SSE reverse proxy in front of the same agent
+/// program, and against that program read directly, with `params`.
+///
+/// nginx is left out, and the report says so, when it is not installed
+/// (`RUNLOOP_BENCH_NGINX` names it when it is somewhere else); so is a side
+/// whose sockets would not fit in this process's descriptor limit.
+pub async fn chain(params: &Params, spawn: &dyn Spawn) -> Result<ChainReport, BenchError> {
+    let params = &Params {
+        loops: params.loops.max(1),
+        chunks: params.chunks.max(1),
+        rounds: params.rounds.max(1),
+        ..params.clone()
+    };
+    let limit = process::raise_descriptor_limit();
+    let connections = params.connections();
+    let loops = params.loops as u64;
+    let mut targets = Vec::new();
+    let mut skipped = Vec::new();
+    // The agent program nginx stands in front of, and the direct read reads.
+    let agent_addr = free_addr()?;
+    let agent = Child::start(spawn.agent(agent_addr, &params.mix), agent_addr).await?;
+    let sse_needs = loops + SPARE_DESCRIPTORS;
+    let mut nginx_prefix = None;
+    match nginx::program() {
+        _ if sse_needs > limit => skipped.push(format!(
+            "nginx, agent: need about {sse_needs} descriptors in this process, and the limit is {limit}"
+        )),
+        None => skipped.push(
+            "nginx: not installed (apt-get install nginx; RUNLOOP_BENCH_NGINX=PATH names one              elsewhere)"
+                .to_owned(),
+        ),
+        Some(program) => {
+            let addr = free_addr()?;
+            let (command, prefix) = nginx::command(&program, addr, agent_addr, params.loops)?;
+            nginx_prefix = Some(prefix);
+            let middle = Child::start_with(command, addr, true).await?;
+            targets.push(Target {
+                route: Route::Nginx,
+                url: format!("http://{addr}"),
+                middle: Some(middle),
+            });
+        }
+    }
+    let chain_needs = connections as u64 + SPARE_DESCRIPTORS;
+    if chain_needs > limit {
+        return Err(BenchError::Descriptors {
+            needs: chain_needs,
+            limit,
+        });
+    }
+    let addr = free_addr()?;
+    let load = Load {
+        connections,
+        runs_per_connection: params.loops.div_ceil(connections),
+    };
+    let command = spawn.server(addr, &AgentSource::Exec(params.mix.clone()), TOKEN, load);
+    targets.push(Target {
+        route: Route::Chain,
+        url: format!("ws://{addr}"),
+        middle: Some(Child::start_with(command, addr, true).await?),
+    });
+    if sse_needs <= limit {
+        targets.push(Target {
+            route: Route::Agent,
+            url: format!("http://{agent_addr}"),
+            middle: None,
+        });
+    }
+
+    let saturated_plan = LoopPlan {
+        chunks: params.chunks,
+        rate: None,
+    };
+    let saturated = phase(&targets, params, saturated_plan, true).await?;
+    let paced = match params.pace {
+        Some(rate) => {
+            let plan = LoopPlan {
+                chunks: params.paced_chunks(rate),
+                rate: Some(rate),
+            };
+            Some((plan, phase(&targets, params, plan, false).await?))
+        }
+        None => None,
+    };
+    let saturated = chain_sides(sides(&targets, saturated, true, true));
+    let paced = paced.map(|(plan, rounds)| {
+        (
+            plan.chunks,
+            chain_sides(sides(&targets, rounds, false, true)),
+        )
+    });
+    for target in targets {
+        if let Some(middle) = target.middle {
+            middle.stop().await;
+        }
+    }
+    agent.stop().await;
+    drop(nginx_prefix);
+    Ok(ChainReport::new(
+        params,
+        connections,
+        saturated,
+        paced,
+        skipped,
+    ))
+}
+
 impl Route {
     fn name(self) -> &'static str {
         match self {
             Route::Relay => "relay",
             Route::Baseline => "baseline",
             Route::Direct => "direct",
+            Route::Chain => "chain",
+            Route::Nginx => "nginx",
+            Route::Agent => "agent",
         }
     }
 }
@@ -398,24 +595,29 @@ pub struct SlowParams {
     pub chunk_size: usize,
     /// How fast the client reads, bytes per second.
     pub read_rate: u64,
+    /// The whole chain: the server's own proxy, in process, in front of
+    /// the bench's agent program (an `exec:` agent), instead of the
+    /// synthetic proxy.
+    pub chain: bool,
 }
 
 /// Relays one large loop to a client that reads at `read_rate`, sampling the
 /// server's memory while it runs: with backpressure, it stays flat.
 pub async fn slow_reader(params: &SlowParams, spawn: &dyn Spawn) -> Result<SlowReport, BenchError> {
-    let epoch = Instant::now();
     let chunks = params.bytes.div_ceil(params.chunk_size.max(1) as u64);
-    let proxy = SyntheticProxy::start(Plan {
-        mix: Mix::fixed(params.chunk_size),
-        epoch,
-    })
-    .await?;
+    let mix = Mix::fixed(params.chunk_size);
+    let (source, _proxy) = if params.chain {
+        (AgentSource::Exec(mix), None)
+    } else {
+        let proxy = SyntheticProxy::start(Plan { mix }).await?;
+        (AgentSource::Proxy(proxy.url()), Some(proxy))
+    };
     let addr = free_addr()?;
     let load = Load {
         connections: 1,
         runs_per_connection: 1,
     };
-    let server = Arc::new(Child::start(spawn.server(addr, &proxy.url(), TOKEN, load), addr).await?);
+    let server = Arc::new(Child::start(spawn.server(addr, &source, TOKEN, load), addr).await?);
     let before = server.memory("VmRSS").unwrap_or(0);
     let peak = Arc::new(AtomicU64::new(before));
     let sampler = tokio::spawn({
@@ -440,10 +642,10 @@ pub async fn slow_reader(params: &SlowParams, spawn: &dyn Spawn) -> Result<SlowR
         server_url,
         0..1,
         plan,
-        epoch,
-        start,
+        Deadline::At(start),
         Some(params.read_rate),
         alone,
+        None,
     )
     .await;
     let seconds = start.elapsed().as_secs_f64();

@@ -21,6 +21,8 @@ use tokio::sync::Barrier;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::BenchError;
+use crate::clock::now_ns;
+use crate::process::Mark;
 use crate::socket::{self, Dialled as Socket};
 use crate::synthetic::{LoopPlan, prompt, stamp};
 
@@ -61,13 +63,18 @@ impl Tally {
         let _ = self.latency.add(&other.latency);
     }
 
-    /// One chunk payload (`[0]` + JSON) read at `now`.
-    fn chunk(&mut self, payload: &[u8], epoch: Instant, expected: &mut u64) {
+    /// One chunk payload (`[0]` + JSON), read now.
+    fn chunk(&mut self, payload: &[u8], expected: &mut u64) {
+        self.chunk_json(payload.get(1..).unwrap_or_default(), expected);
+    }
+
+    /// One chunk's JSON, read now.
+    pub(crate) fn chunk_json(&mut self, json: &[u8], expected: &mut u64) {
         self.chunks += 1;
-        self.bytes += payload.len().saturating_sub(1) as u64;
-        match stamp(payload) {
+        self.bytes += json.len() as u64;
+        match stamp(json) {
             Some((sent, seq)) => {
-                let now = epoch.elapsed().as_nanos() as u64;
+                let now = now_ns();
                 let _ = self.latency.record(now.saturating_sub(sent).max(1));
                 if seq != *expected {
                     self.disorder += 1;
@@ -79,7 +86,7 @@ impl Tally {
     }
 
     /// A loop ended; `complete` when it ended as it should, with all chunks.
-    fn loop_end(&mut self, complete: bool, got: u64, planned: u64) {
+    pub(crate) fn loop_end(&mut self, complete: bool, got: u64, planned: u64) {
         self.loops += 1;
         if !complete {
             self.failed += 1;
@@ -211,15 +218,16 @@ impl Lane {
 /// repeated until `deadline` (at least once), reading at no more than
 /// `read_rate` bytes per second when given. The loops start when every
 /// connection waiting on `all_open` has opened its runs, so that they all
-/// run at once.
+/// run at once; the last to open sets `started` then, when given (a
+/// round measured from there leaves the runs' starts out).
 pub(crate) async fn relay_connection(
     server: Server,
     loops: Range<usize>,
     plan: LoopPlan,
-    epoch: Instant,
-    deadline: Instant,
+    deadline: Deadline,
     read_rate: Option<u64>,
     all_open: Arc<Barrier>,
+    started: Option<Arc<Mark>>,
 ) -> Result<Tally, BenchError> {
     let mut ws = socket::connect(&server.url).await?;
     let mut credential = vec![0];
@@ -255,7 +263,12 @@ pub(crate) async fn relay_connection(
             _ => return Err(BenchError::Protocol("the run was not started")),
         }
     }
-    all_open.wait().await;
+    if all_open.wait().await.is_leader()
+        && let Some(started) = &started
+    {
+        started.set();
+    }
+    let deadline = deadline.when_started_now();
     for (scope, lane) in lanes.iter_mut().enumerate() {
         lane.ask(&mut ws, scope_number(scope)?, plan).await?;
     }
@@ -277,7 +290,7 @@ pub(crate) async fn relay_connection(
                 let lane = lane(&mut lanes, scope)?.reading(channel)?;
                 if payload.first() == Some(&0) {
                     lane.got += 1;
-                    tally.chunk(payload, epoch, &mut lane.expected);
+                    tally.chunk(payload, &mut lane.expected);
                 } else {
                     lane.errored = true;
                 }
@@ -301,6 +314,24 @@ pub(crate) async fn relay_connection(
     Ok(tally)
 }
 
+/// When a round's loops stop asking for more: a time, or a length of time
+/// from when they start (which, for a framed connection, is once every
+/// run is open).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Deadline {
+    At(Instant),
+    After(Duration),
+}
+
+impl Deadline {
+    fn when_started_now(self) -> Instant {
+        match self {
+            Deadline::At(at) => at,
+            Deadline::After(after) => Instant::now() + after,
+        }
+    }
+}
+
 fn scope_number(place: usize) -> Result<u32, BenchError> {
     u32::try_from(place).map_err(|_| BenchError::Protocol("too many runs on one connection"))
 }
@@ -317,7 +348,6 @@ pub(crate) async fn bare_worker(
     url: String,
     index: usize,
     plan: LoopPlan,
-    epoch: Instant,
     deadline: Instant,
 ) -> Result<Tally, BenchError> {
     let mut tally = Tally::new();
@@ -330,7 +360,7 @@ pub(crate) async fn bare_worker(
         while let Some(message) = next_binary(&mut ws).await? {
             if message.first() == Some(&0) {
                 got += 1;
-                tally.chunk(&message, epoch, &mut expected);
+                tally.chunk(&message, &mut expected);
             } else {
                 errored = true;
             }

@@ -6,15 +6,22 @@
 //! process, user and kernel, in clock ticks (10 ms on most systems), so a
 //! measured round should last a second or more; a round in which the
 //! program used fewer than [`MIN_CPU_TICKS`] is reported as unmeasured
-//! rather than as a figure that is mostly rounding.
+//! rather than as a figure that is mostly rounding. The whole chain's
+//! paced rounds use a few milliseconds of CPU each, so there it is read
+//! to the nanosecond instead: the first field of `/proc/PID/task/*/schedstat`
+//! (the time each thread ran, user and kernel), summed over the threads
+//! (threads that have exited are not counted, which the programs measured,
+//! long-lived workers all, do not mind).
 
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use tokio::process::Command;
 
 use crate::BenchError;
+use crate::mix::Mix;
 
 /// The fewest clock ticks of CPU time a round's figure is made of (at
 /// most a tenth off).
@@ -30,13 +37,28 @@ pub struct Load {
     pub runs_per_connection: usize,
 }
 
+/// Where the server under test finds the image `bench`'s agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentSource {
+    /// Behind a proxy already running at this `ws://host:port` (the
+    /// synthetic proxy): the relay alone is measured.
+    Proxy(String),
+    /// The bench's agent program ([`agent`](crate::agent)), started by the
+    /// server for each run (`exec:`) with its proxy in front: the whole
+    /// chain is measured.
+    Exec(Mix),
+}
+
 /// How to start the programs under test; the CLI re-runs itself.
 pub trait Spawn: Send + Sync {
     /// A provider server on `listen` that accepts `token`, serves the image
-    /// `bench` from the proxy at `proxy` (`ws://host:port`), and takes `load`.
-    fn server(&self, listen: SocketAddr, proxy: &str, token: &str, load: Load) -> Command;
+    /// `bench` from `agent`, and takes `load`.
+    fn server(&self, listen: SocketAddr, agent: &AgentSource, token: &str, load: Load) -> Command;
     /// The raw forwarder on `listen` in front of `upstream`.
     fn forwarder(&self, listen: SocketAddr, upstream: &str) -> Command;
+    /// The bench's agent program alone, on `listen` (its `$PORT`), drawing
+    /// chunk sizes from `mix`.
+    fn agent(&self, listen: SocketAddr, mix: &Mix) -> Command;
 }
 
 /// A child process under test, killed when dropped.
@@ -44,6 +66,93 @@ pub trait Spawn: Send + Sync {
 pub(crate) struct Child {
     child: tokio::process::Child,
     pid: u32,
+    cpu: Cpu,
+}
+
+/// How a process's CPU time is read: in clock ticks from its `stat`, or
+/// to the nanosecond from its threads' `schedstat` (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cpu {
+    pid: u32,
+    exact: bool,
+}
+
+/// The least CPU time a round's exact figure is made of.
+const MIN_EXACT_CPU: Duration = Duration::from_millis(2);
+
+impl Cpu {
+    /// The CPU time the process has used so far, user and kernel, all
+    /// threads.
+    pub(crate) fn read(&self) -> Option<Duration> {
+        if self.exact {
+            return Some(Duration::from_nanos(schedstat_ns(self.pid)?));
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        let ticks = cpu_ticks(&stat)?;
+        Some(Duration::from_secs_f64(
+            ticks as f64 / clock_ticks_per_second()?,
+        ))
+    }
+
+    /// The CPU time used between two readings, when it is long enough to
+    /// be a figure.
+    pub(crate) fn between(
+        &self,
+        before: Option<Duration>,
+        after: Option<Duration>,
+    ) -> Option<Duration> {
+        let used = after?.checked_sub(before?)?;
+        let least = if self.exact {
+            MIN_EXACT_CPU
+        } else {
+            Duration::from_secs_f64(1.0 / clock_ticks_per_second()?) * MIN_CPU_TICKS
+        };
+        (used >= least).then_some(used)
+    }
+}
+
+/// When a round's measurement starts, and the CPU time of the program in
+/// the middle then: set once, by whoever knows the round has begun.
+#[derive(Debug)]
+pub(crate) struct Mark {
+    cpu: Option<Cpu>,
+    at: OnceLock<(Instant, Option<Duration>)>,
+}
+
+impl Mark {
+    pub(crate) fn new(cpu: Option<Cpu>) -> Mark {
+        Mark {
+            cpu,
+            at: OnceLock::new(),
+        }
+    }
+
+    /// The round starts now (the first call counts).
+    pub(crate) fn set(&self) {
+        let _ = self
+            .at
+            .set((Instant::now(), self.cpu.as_ref().and_then(Cpu::read)));
+    }
+
+    /// When it started and the CPU time then, if it was set.
+    pub(crate) fn get(&self) -> Option<(Instant, Option<Duration>)> {
+        self.at.get().copied()
+    }
+}
+
+/// The time the threads of `pid` have run, in nanoseconds: the first field
+/// of each `/proc/PID/task/TID/schedstat`, summed.
+fn schedstat_ns(pid: u32) -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(task) = task else { continue };
+        // A thread that ended since the listing is not counted.
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
 }
 
 /// A loopback address that was free a moment ago.
@@ -55,7 +164,18 @@ pub(crate) fn free_addr() -> Result<SocketAddr, BenchError> {
 impl Child {
     /// Starts `command` and waits until it accepts connections on `addr`.
     pub(crate) async fn start(command: Command, addr: SocketAddr) -> Result<Child, BenchError> {
+        Child::start_with(command, addr, false).await
+    }
+
+    /// [`start`](Self::start), its CPU time read to the nanosecond when
+    /// `exact`.
+    pub(crate) async fn start_with(
+        command: Command,
+        addr: SocketAddr,
+        exact: bool,
+    ) -> Result<Child, BenchError> {
         let mut child = Child::spawn(command)?;
+        child.cpu.exact = exact;
         loop {
             if tokio::net::TcpStream::connect(addr).await.is_ok() {
                 return Ok(child);
@@ -79,7 +199,16 @@ impl Child {
         let pid = child
             .id()
             .ok_or(BenchError::Exited("the program under test".into()))?;
-        Ok(Child { child, pid })
+        Ok(Child {
+            child,
+            pid,
+            cpu: Cpu { pid, exact: false },
+        })
+    }
+
+    /// How its CPU time is read.
+    pub(crate) fn cpu(&self) -> Cpu {
+        self.cpu
     }
 
     /// A `/proc/<pid>/status` figure in bytes (`VmRSS`, `VmHWM`).
@@ -88,26 +217,6 @@ impl Child {
         let line = status.lines().find(|line| line.starts_with(field))?;
         let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kib * 1024)
-    }
-
-    /// The CPU time the child has used so far, user and kernel, all threads.
-    pub(crate) fn cpu_time(&self) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
-        let ticks = cpu_ticks(&stat)?;
-        Some(Duration::from_secs_f64(
-            ticks as f64 / clock_ticks_per_second()?,
-        ))
-    }
-
-    /// The CPU time used between two readings of [`Child::cpu_time`], when
-    /// it is long enough to be a figure.
-    pub(crate) fn cpu_between(
-        before: Option<Duration>,
-        after: Option<Duration>,
-    ) -> Option<Duration> {
-        let used = after?.checked_sub(before?)?;
-        let tick = Duration::from_secs_f64(1.0 / clock_ticks_per_second()?);
-        (used >= tick * MIN_CPU_TICKS).then_some(used)
     }
 
     /// Stops the child and reaps it.
@@ -181,23 +290,30 @@ mod tests {
     async fn a_busy_child_uses_cpu_time_and_an_idle_one_none() {
         let mut spin = Command::new("sh");
         spin.args(["-c", "while :; do :; done"]);
-        let child = Child::spawn(spin).expect("starts");
-        let before = child.cpu_time();
-        assert!(before.is_some());
-        let mut used = None;
-        for _ in 0..100 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            used = Child::cpu_between(before, child.cpu_time());
-            if used.is_some() {
-                break;
+        let mut child = Child::spawn(spin).expect("starts");
+        for exact in [false, true] {
+            child.cpu.exact = exact;
+            let cpu = child.cpu();
+            let before = cpu.read();
+            assert!(before.is_some());
+            let mut used = None;
+            for _ in 0..100 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                used = cpu.between(before, cpu.read());
+                if used.is_some() {
+                    break;
+                }
             }
+            assert!(
+                used.is_some(),
+                "enough CPU time within ten seconds ({exact})"
+            );
+            assert_eq!(
+                cpu.between(before, before),
+                None,
+                "too little to be a figure"
+            );
         }
-        assert!(used.is_some(), "ten ticks of CPU time within ten seconds");
-        assert_eq!(
-            Child::cpu_between(before, before),
-            None,
-            "too little to be a figure"
-        );
         child.stop().await;
     }
 

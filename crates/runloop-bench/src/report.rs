@@ -364,59 +364,12 @@ impl fmt::Display for Report {
              (baseline relay direct, then the other way round)",
             self.loops, self.connections, self.chunks_per_loop, self.mix
         )?;
-        writeln!(
-            f,
-            "{:<9} {:>26} {:>8} {:>9} {:>9} {:>24} {:>9} {:>6} {:>8}",
-            "saturated",
-            "chunks/s",
-            "MB/s",
-            "p50 µs",
-            "p99 µs",
-            "CPU µs/chunk",
-            "peak MiB",
-            "failed",
-            "disorder"
-        )?;
-        for (name, side) in self.saturated.all() {
-            writeln!(
-                f,
-                "{:<9} {:>26} {:>8.1} {:>9.1} {:>9.1} {:>24} {:>9} {:>6} {:>8}",
-                name,
-                spread(side.throughput(), thousands),
-                side.payload_mb_per_s,
-                side.latency_p50_us,
-                side.latency_p99_us,
-                spread(side.cpu(), micros),
-                optional(side.peak_rss_mib, 1),
-                side.failed_loops,
-                side.disorder
-            )?;
-        }
+        saturated_table(f, self.saturated.all())?;
         if let (Some(paced), Some(rate), Some(chunks)) =
             (&self.paced, self.pace_per_s, self.paced_chunks_per_loop)
         {
-            writeln!(
-                f,
-                "paced at {rate} chunks/s per loop, {chunks} chunks per loop:"
-            )?;
-            writeln!(
-                f,
-                "{:<9} {:>9} {:>9} {:>14} {:>6} {:>8}",
-                "paced", "p50 µs", "p99 µs", "added p50 µs", "failed", "disorder"
-            )?;
             let direct = paced.direct.as_ref().map(|d| d.latency_p50_us);
-            for (name, side) in paced.all() {
-                writeln!(
-                    f,
-                    "{:<9} {:>9.1} {:>9.1} {:>14} {:>6} {:>8}",
-                    name,
-                    side.latency_p50_us,
-                    side.latency_p99_us,
-                    optional(direct.map(|d| side.latency_p50_us - d), 1),
-                    side.failed_loops,
-                    side.disorder
-                )?;
-            }
+            paced_table(f, rate, chunks, paced.all(), direct, false)?;
         }
         for reason in &self.skipped {
             writeln!(f, "left out: {reason}")?;
@@ -464,14 +417,98 @@ impl fmt::Display for Report {
                 "the same, each less the direct read's median: what the hop itself adds",
             ),
         ];
-        for (i, (name, value, meaning)) in lines.iter().enumerate() {
-            write!(f, "{name:<28} {value:<24} {meaning}")?;
-            if i + 1 < lines.len() {
-                writeln!(f)?;
-            }
-        }
-        Ok(())
+        ratio_lines(f, &lines)
     }
+}
+
+/// The saturated phase's table, one row a side.
+fn saturated_table<'s>(
+    f: &mut fmt::Formatter<'_>,
+    sides: impl Iterator<Item = (&'static str, &'s Side)>,
+) -> fmt::Result {
+    writeln!(
+        f,
+        "{:<9} {:>26} {:>8} {:>9} {:>9} {:>24} {:>9} {:>6} {:>8}",
+        "saturated",
+        "chunks/s",
+        "MB/s",
+        "p50 µs",
+        "p99 µs",
+        "CPU µs/chunk",
+        "peak MiB",
+        "failed",
+        "disorder"
+    )?;
+    for (name, side) in sides {
+        writeln!(
+            f,
+            "{:<9} {:>26} {:>8.1} {:>9.1} {:>9.1} {:>24} {:>9} {:>6} {:>8}",
+            name,
+            spread(side.throughput(), thousands),
+            side.payload_mb_per_s,
+            side.latency_p50_us,
+            side.latency_p99_us,
+            spread(side.cpu(), micros),
+            optional(side.peak_rss_mib, 1),
+            side.failed_loops,
+            side.disorder
+        )?;
+    }
+    Ok(())
+}
+
+/// The paced phase's table, one row a side; `direct` is the direct read's
+/// median latency, which the added latency is counted from; `cpu` adds the
+/// middle's CPU time per chunk.
+fn paced_table<'s>(
+    f: &mut fmt::Formatter<'_>,
+    rate: u64,
+    chunks: u64,
+    sides: impl Iterator<Item = (&'static str, &'s Side)>,
+    direct: Option<f64>,
+    cpu: bool,
+) -> fmt::Result {
+    writeln!(
+        f,
+        "paced at {rate} chunks/s per loop, {chunks} chunks per loop:"
+    )?;
+    write!(
+        f,
+        "{:<9} {:>9} {:>9} {:>14} {:>6} {:>8}",
+        "paced", "p50 µs", "p99 µs", "added p50 µs", "failed", "disorder"
+    )?;
+    if cpu {
+        write!(f, " {:>24}", "CPU µs/chunk")?;
+    }
+    writeln!(f)?;
+    for (name, side) in sides {
+        write!(
+            f,
+            "{:<9} {:>9.1} {:>9.1} {:>14} {:>6} {:>8}",
+            name,
+            side.latency_p50_us,
+            side.latency_p99_us,
+            optional(direct.map(|d| side.latency_p50_us - d), 1),
+            side.failed_loops,
+            side.disorder
+        )?;
+        if cpu {
+            write!(f, " {:>24}", spread(side.cpu(), micros))?;
+        }
+        writeln!(f)?;
+    }
+    Ok(())
+}
+
+/// The ratio lines: name, value, what it means; the last without a newline.
+fn ratio_lines(f: &mut fmt::Formatter<'_>, lines: &[(&str, String, &str)]) -> fmt::Result {
+    for (i, (name, value, meaning)) in lines.iter().enumerate() {
+        write!(f, "{name:<28} {value:<24} {meaning}")?;
+        if i + 1 < lines.len() {
+            writeln!(f)?;
+        }
+    }
+    Ok(())
 }
 
 fn to_spread((median, [min, max]): (f64, [f64; 2])) -> Spread {
@@ -480,6 +517,231 @@ fn to_spread((median, [min, max]): (f64, [f64; 2])) -> Spread {
 
 fn optional_times(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), times)
+}
+
+/// The whole chain's three sides of one phase; a side left out is absent.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChainSides {
+    /// Framed, through `runloop serve`, its proxy and the agent program.
+    pub chain: Option<Side>,
+    /// SSE, through nginx in front of the agent program.
+    pub nginx: Option<Side>,
+    /// SSE, read straight from the agent program: the ceiling.
+    pub agent: Option<Side>,
+}
+
+impl ChainSides {
+    fn all(&self) -> impl Iterator<Item = (&'static str, &Side)> {
+        [
+            ("nginx", &self.nginx),
+            ("chain", &self.chain),
+            ("agent", &self.agent),
+        ]
+        .into_iter()
+        .filter_map(|(name, side)| Some((name, side.as_ref()?)))
+    }
+
+    /// Round by round, `metric` of the chain over `metric` of `other`.
+    fn chain_over(
+        &self,
+        other: &Option<Side>,
+        metric: fn(&RoundFigures) -> Option<f64>,
+    ) -> Option<Spread> {
+        Spread::of_ratios(self.chain.as_ref()?, other.as_ref()?, metric)
+    }
+
+    /// What the chain adds to the median latency over what nginx adds
+    /// (each less the direct read's median).
+    fn added_latency_ratio(&self) -> Option<f64> {
+        let agent = self.agent.as_ref()?.latency_p50_us;
+        let chain = self.chain.as_ref()?.latency_p50_us - agent;
+        let nginx = self.nginx.as_ref()?.latency_p50_us - agent;
+        (nginx > 0.0).then(|| chain / nginx)
+    }
+}
+
+/// The whole chain against nginx and the direct read.
+///
+/// Every ratio is the chain's figure over nginx's: above 1 the chain has
+/// more of it (throughput: better; CPU, latency: worse).
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainReport {
+    /// Chain throughput over nginx throughput (chunks per second).
+    pub chain_ratio: Option<f64>,
+    /// Lowest and highest round of `chain_ratio`.
+    pub chain_ratio_range: Option<[f64; 2]>,
+    /// The server's CPU time per chunk over nginx's, saturated.
+    pub chain_cpu_per_chunk_ratio: Option<f64>,
+    /// Lowest and highest round of `chain_cpu_per_chunk_ratio`.
+    pub chain_cpu_per_chunk_ratio_range: Option<[f64; 2]>,
+    /// Chain throughput over the direct read's (the ceiling).
+    pub chain_vs_agent: Option<f64>,
+    /// nginx throughput over the direct read's.
+    pub nginx_vs_agent: Option<f64>,
+    /// Paced: the server's CPU time per chunk over nginx's.
+    pub chain_paced_cpu_per_chunk_ratio: Option<f64>,
+    /// Lowest and highest round of `chain_paced_cpu_per_chunk_ratio`.
+    pub chain_paced_cpu_per_chunk_ratio_range: Option<[f64; 2]>,
+    /// Paced: the chain's median latency over nginx's, end to end.
+    pub chain_paced_latency_p50_ratio: Option<f64>,
+    /// Paced: the median latency the chain adds over what nginx adds (each
+    /// less the direct read's median).
+    pub chain_paced_added_latency_p50_ratio: Option<f64>,
+    /// Concurrent loops.
+    pub loops: usize,
+    /// Framed connections the chain's loops share.
+    pub connections: usize,
+    /// Chunks per loop (saturated phase).
+    pub chunks_per_loop: u64,
+    /// The size mix.
+    pub mix: String,
+    /// The minimum duration of each side in each round.
+    pub duration_s: f64,
+    /// Rounds per phase.
+    pub rounds: usize,
+    /// The paced phase's chunks per second per loop.
+    pub pace_per_s: Option<u64>,
+    /// Chunks per loop in the paced phase.
+    pub paced_chunks_per_loop: Option<u64>,
+    /// Whether the bench was built without optimisations.
+    pub debug_build: bool,
+    /// Sides left out, and why.
+    pub skipped: Vec<String>,
+    /// The saturated phase.
+    #[serde(flatten)]
+    pub saturated: ChainSides,
+    /// The paced phase.
+    pub paced: Option<ChainSides>,
+}
+
+impl ChainReport {
+    pub(crate) fn new(
+        params: &Params,
+        connections: usize,
+        saturated: ChainSides,
+        paced: Option<(u64, ChainSides)>,
+        skipped: Vec<String>,
+    ) -> ChainReport {
+        let ratio = saturated.chain_over(&saturated.nginx, throughput);
+        let cpu_ratio = saturated.chain_over(&saturated.nginx, cpu);
+        let vs_agent = saturated.chain_over(&saturated.agent, throughput);
+        let nginx_vs_agent = saturated
+            .nginx
+            .as_ref()
+            .zip(saturated.agent.as_ref())
+            .and_then(|(n, a)| Spread::of_ratios(n, a, throughput));
+        let (paced_chunks, paced) = paced.unzip();
+        let paced_cpu = paced.as_ref().and_then(|p| p.chain_over(&p.nginx, cpu));
+        let paced_latency = paced.as_ref().and_then(|p| {
+            let (chain, nginx) = (p.chain.as_ref()?, p.nginx.as_ref()?);
+            Some(chain.latency_p50_us / nginx.latency_p50_us.max(f64::MIN_POSITIVE))
+        });
+        ChainReport {
+            chain_ratio: ratio.map(|s| s.median),
+            chain_ratio_range: ratio.map(Spread::range),
+            chain_cpu_per_chunk_ratio: cpu_ratio.map(|s| s.median),
+            chain_cpu_per_chunk_ratio_range: cpu_ratio.map(Spread::range),
+            chain_vs_agent: vs_agent.map(|s| s.median),
+            nginx_vs_agent: nginx_vs_agent.map(|s| s.median),
+            chain_paced_cpu_per_chunk_ratio: paced_cpu.map(|s| s.median),
+            chain_paced_cpu_per_chunk_ratio_range: paced_cpu.map(Spread::range),
+            chain_paced_latency_p50_ratio: paced_latency,
+            chain_paced_added_latency_p50_ratio: paced
+                .as_ref()
+                .and_then(ChainSides::added_latency_ratio),
+            loops: params.loops,
+            connections,
+            chunks_per_loop: params.chunks,
+            mix: params.mix.to_string(),
+            duration_s: params.duration.as_secs_f64(),
+            rounds: params.rounds,
+            pace_per_s: params.pace,
+            paced_chunks_per_loop: paced_chunks,
+            debug_build: cfg!(debug_assertions),
+            skipped,
+            saturated,
+            paced,
+        }
+    }
+
+    /// Whether every loop on every side finished with every chunk in order.
+    pub fn is_clean(&self) -> bool {
+        self.saturated
+            .all()
+            .chain(self.paced.iter().flat_map(ChainSides::all))
+            .all(|(_, side)| side.is_clean())
+    }
+}
+
+impl fmt::Display for ChainReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "the whole chain: {} loop(s) over {} connection(s) × {} chunks, mix {}; {} round(s) of \
+             at least {} s per side, sides in turn (nginx chain agent, then the other way round)",
+            self.loops,
+            self.connections,
+            self.chunks_per_loop,
+            self.mix,
+            self.rounds,
+            self.duration_s
+        )?;
+        saturated_table(f, self.saturated.all())?;
+        if let (Some(paced), Some(rate), Some(chunks)) =
+            (&self.paced, self.pace_per_s, self.paced_chunks_per_loop)
+        {
+            let agent = paced.agent.as_ref().map(|a| a.latency_p50_us);
+            paced_table(f, rate, chunks, paced.all(), agent, true)?;
+        }
+        for reason in &self.skipped {
+            writeln!(f, "left out: {reason}")?;
+        }
+        let ratio = |median: Option<f64>, range: Option<[f64; 2]>| {
+            median
+                .zip(range)
+                .map(to_spread)
+                .map_or_else(|| "-".to_owned(), |s| spread(Some(s), times))
+        };
+        let lines = [
+            (
+                "chain/nginx CPU per chunk",
+                ratio(
+                    self.chain_cpu_per_chunk_ratio,
+                    self.chain_cpu_per_chunk_ratio_range,
+                ),
+                "the server's CPU time per chunk over nginx's, saturated (1 = as cheap)",
+            ),
+            (
+                "chain/nginx throughput",
+                ratio(self.chain_ratio, self.chain_ratio_range),
+                "chunks/s through the server over chunks/s through nginx (1 = as fast)",
+            ),
+            (
+                "chain/agent throughput",
+                optional_times(self.chain_vs_agent),
+                "chunks/s through the server over chunks/s read straight from the agent",
+            ),
+            (
+                "chain/nginx paced CPU",
+                ratio(
+                    self.chain_paced_cpu_per_chunk_ratio,
+                    self.chain_paced_cpu_per_chunk_ratio_range,
+                ),
+                "the same CPU ratio at a fixed rate",
+            ),
+            (
+                "chain/nginx paced p50",
+                optional_times(self.chain_paced_latency_p50_ratio),
+                "median latency agent to caller at a fixed rate, end to end",
+            ),
+            (
+                "chain/nginx paced added",
+                optional_times(self.chain_paced_added_latency_p50_ratio),
+                "the same, each less the direct read's median: what the middle adds",
+            ),
+        ];
+        ratio_lines(f, &lines)
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! streams generated chunks as fast as its peer takes them.
 //!
 //! Every chunk carries, at the start of its JSON, the time it was sent (in
-//! nanoseconds since the bench's epoch) and its sequence number, so the
+//! nanoseconds on the monotonic clock, [`crate::clock`]) and its sequence
+//! number, so the
 //! load client can measure latency end to end and check that nothing was
 //! lost or reordered without parsing the JSON:
 //!
@@ -27,23 +28,23 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 
+use crate::clock::now_ns;
 use crate::mix::Mix;
 use crate::socket::accept;
 
 const MARKER: &[u8] = b"\"runloop/bench\":\"";
 
-/// What every loop shares: the size mix and the clock of the stamps.
+/// What every loop shares: the size mix.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     pub(crate) mix: Mix,
-    pub(crate) epoch: Instant,
 }
 
 /// What one loop asks for, carried in its prompt.
@@ -111,7 +112,7 @@ async fn serve(tcp: TcpStream, plan: Arc<Plan>) {
             tokio::time::sleep_until(start + due).await;
         }
         let size = plan.mix.draw(&mut rng);
-        let message = chunk(size, plan.epoch.elapsed().as_nanos() as u64, seq);
+        let message = chunk(size, now_ns(), seq);
         let message = Message::Binary(message.into());
         let sent = if asked.rate.is_some() {
             ws.send(message).await
@@ -133,7 +134,7 @@ pub(crate) fn prompt(index: usize, round: u64, plan: LoopPlan) -> Vec<u8> {
 }
 
 /// The plan a prompt carries.
-fn loop_plan(ask: &[u8]) -> Option<LoopPlan> {
+pub(crate) fn loop_plan(ask: &[u8]) -> Option<LoopPlan> {
     let ask = std::str::from_utf8(ask).ok()?;
     let (_, rest) = ask.split_once("\"bench:")?;
     let (fields, _) = rest.split_once('"')?;
@@ -146,7 +147,7 @@ fn loop_plan(ask: &[u8]) -> Option<LoopPlan> {
 }
 
 /// The size sequence's seed, from the ask: the same prompt, the same sizes.
-fn seed_of(ask: &[u8]) -> u64 {
+pub(crate) fn seed_of(ask: &[u8]) -> u64 {
     // FNV-1a: stable across runs and processes, unlike std's hasher.
     ask.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
@@ -155,30 +156,56 @@ fn seed_of(ask: &[u8]) -> u64 {
 
 /// A chunk message of about `size` JSON bytes, stamped with `sent` and `seq`.
 pub(crate) fn chunk(size: usize, sent: u64, seq: u64) -> Vec<u8> {
-    let (head, tail): (&[u8], &[u8]) = if size >= 1024 {
+    let mut message = Vec::with_capacity(1 + size.max(128));
+    message.push(0);
+    chunk_json(&mut message, size, sent, seq);
+    message
+}
+
+/// Appends to `out` a chunk's JSON of about `size` bytes (exactly, from
+/// 200 on), stamped with `sent` and `seq`: a tool response from 1 KiB on,
+/// else a text delta. Written byte by byte, with no formatting machinery:
+/// the agent program makes one per chunk, and must never be the slowest
+/// part of a chain it measures.
+pub(crate) fn chunk_json(out: &mut Vec<u8>, size: usize, sent: u64, seq: u64) {
+    let (head, tail, close): (&[u8], &[u8], &[u8]) = if size >= 1024 {
         (
             b"{\"type\":\"tool_response\",\"_meta\":{",
             b"\"},\"id\":\"call_1\",\"content\":[{\"type\":\"text\",\"text\":\"",
+            b"\"}]}",
         )
     } else {
         (
             b"{\"type\":\"assistant_text_content\",\"_meta\":{",
             b"\"},\"text\":\"",
+            b"\"}",
         )
     };
-    let close: &[u8] = if size >= 1024 { b"\"}]}" } else { b"\"}" };
-    let stamp = format!("{sent:020}:{seq:010}");
-    let fixed = head.len() + MARKER.len() + stamp.len() + tail.len() + close.len();
+    let fixed = head.len() + MARKER.len() + STAMP + tail.len() + close.len();
     let padding = size.saturating_sub(fixed);
-    let mut message = Vec::with_capacity(1 + fixed + padding);
-    message.push(0);
-    message.extend_from_slice(head);
-    message.extend_from_slice(MARKER);
-    message.extend_from_slice(stamp.as_bytes());
-    message.extend_from_slice(tail);
-    message.resize(message.len() + padding, b'x');
-    message.extend_from_slice(close);
-    message
+    out.reserve(fixed + padding);
+    out.extend_from_slice(head);
+    out.extend_from_slice(MARKER);
+    digits(out, sent, 20);
+    out.push(b':');
+    digits(out, seq, 10);
+    out.extend_from_slice(tail);
+    out.resize(out.len() + padding, b'x');
+    out.extend_from_slice(close);
+}
+
+/// The stamp's length: 20 digits, a colon, 10 digits.
+const STAMP: usize = 31;
+
+/// `value` in `width` decimal digits, zero-padded (its last `width` digits
+/// if it has more).
+fn digits(out: &mut Vec<u8>, mut value: u64, width: usize) {
+    let start = out.len();
+    out.resize(start + width, b'0');
+    for place in out[start..].iter_mut().rev() {
+        *place = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
 }
 
 /// The send time and sequence number stamped in a chunk payload.

@@ -1,10 +1,13 @@
 //! `runloop bench`: the relay measured against a batching WebSocket
 //! forwarder and against a direct read, in one run, over real loopback
-//! sockets.
+//! sockets; with `--chain`, the whole chain (server, proxy, an `exec:`
+//! agent program) against nginx in front of the same agent program.
 //!
 //! The programs in the middle run as child processes — this binary again,
-//! as `runloop serve` for the relay and as the hidden `__forward` for the
-//! baseline — so their memory and CPU time are their own. The figures that
+//! as `runloop serve` for the relay and the chain and as the hidden
+//! `__forward` for the baseline; nginx — so their memory and CPU time are
+//! their own. The chain's agent program is this binary again too, as the
+//! hidden `__sse-agent`. The figures that
 //! matter are the ratios, printed last, one line each; `--json` prints
 //! everything as one JSON object on the last line. The command exits 0 when
 //! every loop on every side finished with every chunk in order, and 5
@@ -18,7 +21,7 @@ use std::time::Duration;
 
 use runloop::limits::Limits;
 use runloop::server::DEFAULT_MAX_CONNECTIONS;
-use runloop_bench::{Load, Mix, Params, SlowParams, Spawn};
+use runloop_bench::{AgentSource, Load, Mix, Params, SlowParams, Spawn};
 use tokio::process::Command;
 
 use crate::exit::{Exit, Failure};
@@ -35,7 +38,15 @@ The JSON's ratios (relay over the other side; null when a side was left out):
   relay_paced_latency_p50_ratio        median latency at a fixed rate, end to end
   relay_paced_added_latency_p50_ratio  the same, each less the direct read's median
 Ratios are medians of per-round ratios; *_range holds the lowest and highest
-round. Each side's figures are under relay, baseline, direct and paced.";
+round. Each side's figures are under relay, baseline, direct and paced.
+With --chain (chain over nginx; null when nginx is not installed):
+  chain_cpu_per_chunk_ratio            CPU time per chunk, server / nginx
+  chain_ratio                          throughput, chain / nginx
+  chain_vs_agent                       throughput, chain / direct read of the agent
+  chain_paced_cpu_per_chunk_ratio      CPU time per chunk at a fixed rate
+  chain_paced_latency_p50_ratio        median latency at a fixed rate, end to end
+  chain_paced_added_latency_p50_ratio  the same, each less the direct read's median
+Each side's figures are under chain, nginx, agent and paced.";
 
 /// Arguments of `runloop bench`.
 #[derive(Debug, clap::Args)]
@@ -72,6 +83,13 @@ pub struct Args {
     /// Print the figures as one JSON object on the last line.
     #[arg(long)]
     pub json: bool,
+    /// Instead: the whole chain — this binary's `serve` with an `exec:`
+    /// agent program that streams SSE, its proxy in the server — against
+    /// nginx as a plain SSE reverse proxy in front of the same program
+    /// (when installed), and the program read directly. With
+    /// --slow-reader: the large loop through the whole chain.
+    #[arg(long)]
+    pub chain: bool,
     /// Instead: relay one large loop to a client that reads slowly, and
     /// report the server's memory growth (backpressure at work).
     #[arg(long)]
@@ -96,6 +114,42 @@ pub struct ForwardArgs {
     /// The proxy to forward to (ws://HOST:PORT).
     #[arg(long)]
     pub upstream: String,
+}
+
+/// Arguments of the hidden `__sse-agent`: the bench's agent program, on
+/// `127.0.0.1:$PORT`.
+#[derive(Debug, clap::Args)]
+pub struct SseAgentArgs {
+    /// Chunk sizes: MIN-MAX:WEIGHT[,…] in bytes (K/M suffixes).
+    #[arg(long, default_value_t = Mix::default())]
+    pub mix: Mix,
+}
+
+impl SseAgentArgs {
+    /// Serves on `127.0.0.1:$PORT` until killed, on one thread.
+    pub fn execute(&self) -> Result<Exit, Failure> {
+        let port = std::env::var("PORT")
+            .ok()
+            .and_then(|port| port.parse::<u16>().ok())
+            .ok_or_else(|| Failure::Argument("$PORT must be a port number".into()))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Failure::Runtime)?;
+        runtime.block_on(async {
+            let listen = SocketAddr::from(([127, 0, 0, 1], port));
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|source| Failure::Listen {
+                    addr: listen.to_string(),
+                    source,
+                })?;
+            runloop_bench::agent::serve(listener, self.mix.clone())
+                .await
+                .map_err(Failure::Runtime)?;
+            Ok(Exit::Success)
+        })
+    }
 }
 
 /// Arguments of the hidden `__synthetic-proxy`: the bench's synthetic
@@ -146,11 +200,25 @@ impl ThisBinary {
 }
 
 impl Spawn for ThisBinary {
-    fn server(&self, listen: SocketAddr, proxy: &str, token: &str, load: Load) -> Command {
+    fn server(&self, listen: SocketAddr, agent: &AgentSource, token: &str, load: Load) -> Command {
         let mut command = self.command();
+        command.args(["serve", "--listen", &listen.to_string()]);
+        match agent {
+            AgentSource::Proxy(proxy) => {
+                command.args(["--agent", &format!("bench=proxy:{proxy}")]);
+            }
+            AgentSource::Exec(mix) => {
+                // The bench's runs ask for no disk, which a host process
+                // cannot be held to anyway.
+                command
+                    .args([
+                        "--agent",
+                        &format!("bench=exec:{} __sse-agent --mix {mix}", self.0.display()),
+                    ])
+                    .args(["--exec-disk", "unenforced"]);
+            }
+        }
         command
-            .args(["serve", "--listen", &listen.to_string()])
-            .args(["--agent", &format!("bench=proxy:{proxy}")])
             // As the help steers a user: not `--token`, which every local
             // user can read (and the server warns about).
             .env("RUNLOOP_TOKEN", token)
@@ -183,6 +251,14 @@ impl Spawn for ThisBinary {
             .args(["--max-runs-per-identity", &runs.to_string()])
             .args(["--max-loops-per-identity", &runs.to_string()])
             .args(["--memory-budget", &format!("{}G", 2 * runs)]);
+        command
+    }
+
+    fn agent(&self, listen: SocketAddr, mix: &Mix) -> Command {
+        let mut command = Command::new(&self.0);
+        command
+            .args(["__sse-agent", "--mix", &mix.to_string()])
+            .env("PORT", listen.port().to_string());
         command
     }
 
@@ -222,6 +298,7 @@ impl Args {
                     .unwrap_or(usize::MAX)
                     .max(64),
                 read_rate: self.read_rate.max(1),
+                chain: self.chain,
             };
             let report =
                 block_on(runloop_bench::slow_reader(&params, &spawn))?.map_err(Failure::Bench)?;
@@ -242,6 +319,16 @@ impl Args {
             rounds: self.rounds.max(1),
             pace: (self.pace > 0).then_some(self.pace),
         };
+        if self.chain {
+            let report =
+                block_on(runloop_bench::chain(&params, &spawn))?.map_err(Failure::Bench)?;
+            self.print(out, &report)?;
+            return Ok(if report.is_clean() {
+                Exit::Success
+            } else {
+                Exit::Broken
+            });
+        }
         let report = block_on(runloop_bench::compare(&params, &spawn))?.map_err(Failure::Bench)?;
         self.print(out, &report)?;
         Ok(if report.is_clean() {

@@ -65,6 +65,9 @@ pub enum Command {
     /// The bench's baseline forwarder (run by `runloop bench` itself).
     #[command(name = "__forward", hide = true)]
     Forward(bench::ForwardArgs),
+    /// The bench's SSE agent program (run by `runloop bench --chain`).
+    #[command(name = "__sse-agent", hide = true)]
+    SseAgent(bench::SseAgentArgs),
     /// The bench's synthetic proxy alone (run by python/bench.py).
     #[command(name = "__synthetic-proxy", hide = true)]
     SyntheticProxy(bench::SyntheticArgs),
@@ -94,6 +97,7 @@ impl Command {
             Command::Completions(args) => args.execute(Cli::command(), &mut out),
             Command::Man(args) => args.execute(Cli::command(), &mut out),
             Command::Forward(args) => args.execute(),
+            Command::SseAgent(args) => args.execute(),
             Command::SyntheticProxy(args) => args.execute(&mut out),
             Command::Replay(args) => args.execute(&mut out),
         }

@@ -204,7 +204,11 @@ pub fn is_fatal(chunk: &[u8]) -> bool {
 /// large chunk that cannot be fatal is let go at once instead of being held
 /// beside the copy on its way out.
 pub fn may_be_fatal(chunk: &[u8]) -> bool {
-    memchr::memmem::find(chunk, b"true").is_some()
+    // Built once: `memmem::find` builds its searcher on every call, which
+    // cost more than the scan of a small chunk.
+    static TRUE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"true"));
+    TRUE.find(chunk).is_some()
 }
 
 #[cfg(test)]

@@ -30,6 +30,10 @@ use tracing::debug;
 
 use super::ProxyConfig;
 use super::path::{SHUTTING_DOWN, Ws};
+use runloop_wire::lane::Lane;
+
+/// The WebSocket's own read buffer on a path.
+const READ_BUFFER: usize = 4 << 10;
 
 /// The two paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,13 +42,13 @@ pub(super) enum Path {
     Run,
 }
 
-/// The connection's WebSocket and its path; `None` when it was refused or
-/// failed (and is closed).
+/// The connection's WebSocket, its lane and its path; `None` when it was
+/// refused or failed (and is closed).
 pub(super) async fn accept(
     stream: TcpStream,
     config: &ProxyConfig,
     shutdown: &CancellationToken,
-) -> Option<(Ws, Path)> {
+) -> Option<(Ws, Lane, Path)> {
     let timeout = config.handshake_timeout;
     let mut first = [0u8; 1];
     let began = tokio::select! {
@@ -85,9 +89,15 @@ pub(super) async fn accept(
             Err(refusal)
         }
     };
+    // A small read buffer: the WebSocket reads only the ask and the
+    // server's close, and zero-fills its room before each read (the
+    // default's 128 KiB, at every look for the server's close, cost more
+    // than a small chunk's whole relay).
     let websocket = WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
         .max_message_size(Some(config.max_ask))
         .max_frame_size(Some(config.max_ask));
+    let (stream, lane) = Lane::new(stream);
     let handshake = tokio_tungstenite::accept_hdr_async_with_config(stream, pick, Some(websocket));
     let ws = tokio::select! {
         () = shutdown.cancelled() => return None,
@@ -103,8 +113,9 @@ pub(super) async fn accept(
             }
         },
     };
+    lane.frames();
     match path {
-        Some(path) => Some((ws, path)),
+        Some(path) => Some((ws, lane, path)),
         None => {
             debug!("handshake accepted without a path");
             None

@@ -18,9 +18,16 @@
 //! - **Bytes pass through unread.** The ask goes to the agent program as it
 //!   came, and each SSE `data` goes to the server as `[0]` and those bytes:
 //!   the proxy checks the ask's shape (a bad ask gets a clear error instead
-//!   of an agent program's puzzled 400) and never parses a chunk. A chunk
-//!   is written to the path from the event's own bytes, behind its tag and
-//!   the frame's header, not copied into a write buffer first.
+//!   of an agent program's puzzled 400) and never parses a chunk. A chunk's
+//!   message is made where its event's data is read into (the tag goes in
+//!   that buffer first), and goes on the path's lane behind the frame's
+//!   head: every frame one read of the body gave goes out in one write.
+//! - **One read, one write, one task.** The agent program's body is read
+//!   by the task that sends its events (the proxy's own HTTP/1.1 client,
+//!   no connection task between), and in the server's process the server's
+//!   relay is that task: the path is in process, with no socket
+//!   ([`LocalProxy`], protocol §12 "In-process paths"); the rules below
+//!   hold on both, written once.
 //! - **A loop holds 64 KiB of a chunk, whatever its size** (and one read
 //!   of the body beside it). An event whose data is
 //!   done within 64 KiB goes out as one message, one frame. A larger one
@@ -58,21 +65,26 @@
 //! The pieces, in the order a chunk meets them:
 //!
 //! ```text
+//! http1.rs      the proxy's HTTP/1.1 client: a call on its own connection,
+//!               the body read and unframed in the proxy's own buffer
 //! upstream.rs   the agent program over HTTP: POST /register, POST /run,
 //!               and the error value each failure becomes
 //! sse.rs        the /run body read as an event stream, bounded, UTF-8 checked,
 //!               each event's data whole or, past 64 KiB, in pieces
-//! run.rs        the /agent/run path: the loop, one [0] message per event,
-//!               fragmented when the event came in pieces
+//! run.rs        the loop, one [0] message per event, fragmented when the
+//!               event came in pieces; the /agent/run path on a WebSocket
+//! local.rs      the in-process path: the loop driven by the server's relay
 //! handshake.rs  the upgrade that picks the path, or a 503 with the reason
 //! path.rs       one exchange on a path: the ask, the server leaving, the
-//!               frames of a message, the end
+//!               end
 //! register.rs   the /agent/register path: one [0] or [1][error]
 //! state.rs      the claims: one registration per life, one loop at a time
 //! lib.rs        the listener: each connection to its path
 //! ```
 
 mod handshake;
+mod http1;
+mod local;
 mod path;
 mod register;
 mod run;
@@ -92,6 +104,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info};
+
+pub use self::local::{LocalProxy, LocalRun, PathEvent};
 
 use self::handshake::Path;
 use self::state::State;
@@ -143,11 +157,10 @@ impl Default for ProxyConfig {
 pub struct Proxy {
     listener: TcpListener,
     addr: SocketAddr,
-    agent: SocketAddr,
-    config: ProxyConfig,
     shutdown: CancellationToken,
-    metrics: Arc<ProxyMetrics>,
-    ended: Option<AgentEnd>,
+    /// What its paths share, the in-process ones ([`Proxy::local`])
+    /// included.
+    shared: Arc<Shared>,
 }
 
 /// How the agent program ended, in words (`exit status 3`), once it has:
@@ -173,30 +186,55 @@ impl Proxy {
 
     /// A proxy on a listener that is already bound.
     pub fn new(listener: TcpListener, agent: SocketAddr) -> io::Result<Proxy> {
+        let config = ProxyConfig::default();
         Ok(Proxy {
             addr: listener.local_addr()?,
             listener,
-            agent,
-            config: ProxyConfig::default(),
             shutdown: CancellationToken::new(),
-            metrics: Arc::new(ProxyMetrics::new()),
-            ended: None,
+            shared: Arc::new(Shared {
+                upstream: Upstream::new(agent, config.max_error_body, None),
+                config,
+                state: State::default(),
+                metrics: Arc::new(ProxyMetrics::new()),
+            }),
         })
+    }
+
+    /// Its shared state anew, as `change` makes it: before it serves.
+    fn reshared(mut self, change: impl FnOnce(&mut Upstream, &mut ProxyConfig)) -> Proxy {
+        let mut upstream = self.shared.upstream.clone();
+        let mut config = self.shared.config;
+        change(&mut upstream, &mut config);
+        self.shared = Arc::new(Shared {
+            upstream,
+            config,
+            state: State::default(),
+            metrics: Arc::clone(&self.shared.metrics),
+        });
+        self
     }
 
     /// Watches the agent program's end: a loop cut short by its exit is
     /// reported as `the agent program exited (exit status 3) before its
     /// /run body ended`, a call it never answered as `… before it answered
     /// POST /run`.
-    pub fn with_agent_end(mut self, ended: AgentEnd) -> Proxy {
-        self.ended = Some(ended);
-        self
+    pub fn with_agent_end(self, ended: AgentEnd) -> Proxy {
+        self.reshared(|upstream, _| upstream.watch_end(ended))
     }
 
     /// Replaces the default bounds.
-    pub fn with_config(mut self, config: ProxyConfig) -> Proxy {
-        self.config = config;
-        self
+    pub fn with_config(self, config: ProxyConfig) -> Proxy {
+        self.reshared(|upstream, bounds| {
+            *bounds = config;
+            upstream.bound_error_body(config.max_error_body);
+        })
+    }
+
+    /// The proxy's paths without a socket, for a server in the same
+    /// process ([`LocalProxy`]); the same proxy as its listener's, one loop
+    /// at a time among them all. Take it once the proxy is configured.
+    pub fn local(&self) -> LocalProxy {
+        LocalProxy::new(Arc::clone(&self.shared), self.shutdown.clone())
     }
 
     /// The address the proxy listens on.
@@ -206,7 +244,7 @@ impl Proxy {
 
     /// The agent program's address.
     pub fn agent(&self) -> SocketAddr {
-        self.agent
+        self.shared.upstream.agent()
     }
 
     /// A handle for shutting the proxy down.
@@ -214,29 +252,22 @@ impl Proxy {
         ProxyHandle {
             addr: self.addr,
             shutdown: self.shutdown.clone(),
-            metrics: Arc::clone(&self.metrics),
+            metrics: Arc::clone(&self.shared.metrics),
         }
     }
 
     /// Serves paths until [`ProxyHandle::shutdown`], then ends every path
     /// (a running loop gets an error and a clean close) and returns once all
-    /// of them are done. Fails only if the HTTP client cannot be built.
+    /// of them are done. (It has no failure of its own left: the result
+    /// stays for the callers that await it.)
     pub async fn serve(self) -> io::Result<()> {
         let Proxy {
             listener,
             addr,
-            agent,
-            config,
             shutdown,
-            metrics,
-            ended,
+            shared,
         } = self;
-        let shared = Arc::new(Shared {
-            upstream: Upstream::new(agent, config.max_error_body, ended)?,
-            config,
-            state: State::default(),
-            metrics,
-        });
+        let agent = shared.upstream.agent();
         let tracker = TaskTracker::new();
         info!(listen = %addr, %agent, "proxy up");
         listener::accept_until(&listener, &shutdown, |tcp, peer| {
@@ -293,17 +324,17 @@ impl runloop_metrics::admin::Watched for ProxyHandle {
     }
 }
 
-/// Counts a path as open while it lives.
-struct PathOpen<'a>(&'a ProxyMetrics);
+/// Counts a path as open while it lives, on a socket or in process.
+struct PathOpen(Arc<ProxyMetrics>);
 
-impl<'a> PathOpen<'a> {
-    fn new(metrics: &'a ProxyMetrics) -> Self {
+impl PathOpen {
+    fn new(metrics: &Arc<ProxyMetrics>) -> Self {
         metrics.paths.fetch_add(1, Ordering::Relaxed);
-        PathOpen(metrics)
+        PathOpen(Arc::clone(metrics))
     }
 }
 
-impl Drop for PathOpen<'_> {
+impl Drop for PathOpen {
     fn drop(&mut self) {
         self.0.paths.fetch_sub(1, Ordering::Relaxed);
     }
@@ -311,12 +342,12 @@ impl Drop for PathOpen<'_> {
 
 /// One connection: the handshake picks the path, the path's task serves it.
 async fn connection(stream: TcpStream, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let Some((ws, path)) = handshake::accept(stream, &shared.config, &shutdown).await else {
+    let Some((ws, lane, path)) = handshake::accept(stream, &shared.config, &shutdown).await else {
         return;
     };
     let _open = PathOpen::new(&shared.metrics);
     match path {
         Path::Register => register::serve(ws, &shared, &shutdown).await,
-        Path::Run => run::serve(ws, &shared, &shutdown).await,
+        Path::Run => run::serve(ws, lane, &shared, &shutdown).await,
     }
 }

@@ -11,7 +11,6 @@
 use bytes::Bytes;
 use runloop_proto::registration::{RegistrationAnswer, RegistrationAsk};
 use runloop_proto::{Decode, Encode};
-use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -26,11 +25,17 @@ pub(super) async fn serve(mut ws: Ws, shared: &Shared, shutdown: &CancellationTo
         Ok(ask) => ask,
         Err(left) => return end(ws, left, &shared.config).await,
     };
-    let outcome = register(&mut ws, shared, ask, shutdown).await;
+    // Dropping the answer's future (the server left) releases its claim.
+    let outcome = tokio::select! {
+        left = left(&mut ws) => left,
+        answered = answer(shared, ask, shutdown) => answered,
+    };
     end(ws, outcome, &shared.config).await;
 }
 
-async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {
+/// The registration `ask` gets, whichever path carries it: its one
+/// message, `[0]` or `[1][error]`.
+pub(super) async fn answer(shared: &Shared, ask: Bytes, shutdown: &CancellationToken) -> End {
     let counted = &shared.metrics.registrations;
     if let Err(why) = RegistrationAsk::decode(&ask) {
         counted.inc(Registration::Refused);
@@ -52,14 +57,13 @@ async fn register(ws: &mut Ws, shared: &Shared, ask: Bytes, shutdown: &Cancellat
             counted.inc(Registration::Failed);
             End::Answer(Some(proxy_error(SHUTTING_DOWN)))
         }
-        left = left(ws) => left,
         registered = shared.upstream.register(ask) => match registered {
             Ok(()) => {
                 claim.confirm();
                 counted.inc(Registration::Registered);
                 info!("agent registered");
                 let Ok(registered) = RegistrationAnswer::Registered.to_vec();
-                End::Answer(Some(Message::Binary(registered.into())))
+                End::Answer(Some(registered.into()))
             }
             Err(Failure(json)) => {
                 counted.inc(Registration::Failed);

@@ -59,8 +59,8 @@
 use std::pin::Pin;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use futures_util::stream::{Stream, StreamExt};
-use runloop_proto::run_loop::PieceKind;
+use futures_util::stream::Stream;
+use runloop_proto::run_loop::{CHUNK, PieceKind};
 
 use super::upstream::chain;
 
@@ -84,6 +84,11 @@ pub(super) enum Broke {
 }
 
 /// What comes out of the stream: an event's data, whole or in pieces.
+///
+/// From [`Events::poll_tagged`], a piece that opens a message (`Whole`,
+/// `Begin`) has the chunk tag `[0]` before its data, in the same buffer:
+/// the message is made where the data is read into, not copied behind its
+/// tag later. From [`Events::next`], it is the data alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Piece {
     /// The data of an event that ended within [`STREAM_AFTER`] bytes.
@@ -98,6 +103,23 @@ pub(super) enum Piece {
 }
 
 impl Piece {
+    /// The piece without the tag a piece that opens a message has before
+    /// its data.
+    #[cfg(test)]
+    fn untagged(self) -> Piece {
+        match self {
+            Piece::Whole(mut data) => {
+                data.advance(1);
+                Piece::Whole(data)
+            }
+            Piece::Begin(mut data) => {
+                data.advance(1);
+                Piece::Begin(data)
+            }
+            more => more,
+        }
+    }
+
     /// Which part of its event's data the piece is, and the data.
     pub(super) fn into_parts(self) -> (PieceKind, Bytes) {
         match self {
@@ -127,9 +149,10 @@ pub(super) struct Events<S> {
     parser: Parser,
 }
 
-impl<S> Events<S>
+impl<S, E> Events<S>
 where
-    S: Stream<Item = Result<Bytes, reqwest::Error>>,
+    S: Stream<Item = Result<Bytes, E>>,
+    E: std::error::Error + Send + Sync + 'static,
 {
     /// Reads `body`, with events bounded at `max_event` stream bytes.
     pub(super) fn new(body: S, max_event: usize) -> Events<S> {
@@ -147,33 +170,58 @@ where
 
     /// The next piece, or why the stream broke; `None` where the body ends.
     /// Cancel-safe: dropped while it waits for the body, it loses nothing.
+    #[cfg(test)]
     pub(super) async fn next(&mut self) -> Option<Result<Piece, Broke>> {
+        std::future::poll_fn(|cx| self.poll_tagged(cx))
+            .await
+            .map(|piece| piece.map(Piece::untagged))
+    }
+
+    /// The body, as it is read.
+    pub(super) fn body(&self) -> &S {
+        &self.body
+    }
+
+    /// Whether everything read of the body has been parsed.
+    pub(super) fn parsed(&self) -> bool {
+        self.pending.is_empty() && self.feeding.is_empty() && self.broke.is_none()
+    }
+
+    /// The next piece, tagged when it opens a message ([`Piece`]), or why
+    /// the stream broke; `None` where the body ends. Pending only while the
+    /// body is, and then nothing is lost.
+    pub(super) fn poll_tagged(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Piece, Broke>>> {
+        use std::task::Poll;
         loop {
             if !self.feeding.is_empty() {
                 if let Some(piece) = self.parser.feed(&mut self.feeding) {
-                    return Some(Ok(piece));
+                    return Poll::Ready(Some(Ok(piece)));
                 }
                 continue;
             }
             if let Some(broke) = self.broke.take() {
                 self.done = true;
-                return Some(Err(broke));
+                return Poll::Ready(Some(Err(broke)));
             }
             if self.done {
-                return None;
+                return Poll::Ready(None);
             }
             if self.pending.is_empty() {
-                match self.body.next().await {
-                    Some(Ok(read)) => self.pending = read,
-                    Some(Err(error)) => {
+                match self.body.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(Ok(read))) => self.pending = read,
+                    Poll::Ready(Some(Err(error))) => {
                         self.done = true;
-                        return Some(Err(Broke::Transport(Box::new(error))));
+                        return Poll::Ready(Some(Err(Broke::Transport(Box::new(error)))));
                     }
-                    None => {
+                    Poll::Ready(None) => {
                         // An event left unfinished is dropped.
                         self.done = true;
-                        return None;
+                        return Poll::Ready(None);
                     }
+                    Poll::Pending => return Poll::Pending,
                 }
                 continue;
             }
@@ -183,7 +231,7 @@ where
             let room = (self.max_event as u64).saturating_sub(under_way);
             if room == 0 {
                 self.done = true;
-                return Some(Err(Broke::TooLarge(self.max_event)));
+                return Poll::Ready(Some(Err(Broke::TooLarge(self.max_event))));
             }
             let take = usize::try_from(room)
                 .map_or(self.pending.len(), |room| room.min(self.pending.len()));
@@ -325,6 +373,7 @@ impl Parser {
                         if let Some(piece) = self.spill() {
                             return Some(piece);
                         }
+                        self.open(1);
                         self.make_room(1);
                         self.data.put_u8(b'\n');
                         self.lf_owed = false;
@@ -337,7 +386,8 @@ impl Parser {
                     if let Some(piece) = self.spill() {
                         return Some(piece);
                     }
-                    let take = run.min(STREAM_AFTER - self.data.len());
+                    let take = run.min(STREAM_AFTER - self.held());
+                    self.open(take);
                     self.make_room(take);
                     self.data.extend_from_slice(&input[..take]);
                     self.consume(input, take);
@@ -364,10 +414,24 @@ impl Parser {
         self.line = Line::Start;
     }
 
+    /// The tag goes first in the buffer of an event's data (or of its
+    /// first piece): with room for `more` bytes after it.
+    fn open(&mut self, more: usize) {
+        if !self.streaming && self.data.is_empty() {
+            self.make_room(1 + more);
+            self.data.put_u8(CHUNK);
+        }
+    }
+
+    /// The bytes of data held, the tag aside.
+    fn held(&self) -> usize {
+        self.data.len().saturating_sub(usize::from(!self.streaming))
+    }
+
     /// Grows the data's buffer for `more` bytes, doubling it but never past
-    /// [`STREAM_AFTER`] (the buffer's own growth could double it past that);
-    /// once an event comes out in pieces, each piece's buffer is taken at
-    /// its full size at once.
+    /// [`STREAM_AFTER`] and the tag (the buffer's own growth could double
+    /// it past that); once an event comes out in pieces, each piece's
+    /// buffer is taken at its full size at once.
     fn make_room(&mut self, more: usize) {
         let needed = self.data.len() + more;
         if needed <= self.data.capacity() {
@@ -377,7 +441,7 @@ impl Parser {
         let capacity = needed
             .max(2 * self.data.capacity())
             .max(floor)
-            .min(STREAM_AFTER);
+            .min(STREAM_AFTER + usize::from(!self.streaming));
         let mut grown = BytesMut::with_capacity(capacity);
         grown.extend_from_slice(&self.data);
         self.data = grown;
@@ -386,7 +450,7 @@ impl Parser {
     /// The data held so far, if it is as much as is held: what comes out
     /// before more is added.
     fn spill(&mut self) -> Option<Piece> {
-        if self.data.len() < STREAM_AFTER {
+        if self.held() < STREAM_AFTER {
             return None;
         }
         let piece = std::mem::take(&mut self.data).freeze();
@@ -404,6 +468,8 @@ impl Parser {
         }
         // The `\n` of the last data line is the one dropped.
         self.lf_owed = false;
+        // An event with no data still has its tag.
+        self.open(0);
         let data = std::mem::take(&mut self.data).freeze();
         Some(if std::mem::take(&mut self.streaming) {
             Piece::End(data)
@@ -458,7 +524,7 @@ impl Utf8Carry {
 #[cfg(test)]
 async fn assembled<S>(body: S, max_event: usize) -> Vec<Result<Bytes, String>>
 where
-    S: Stream<Item = Result<Bytes, reqwest::Error>>,
+    S: Stream<Item = Result<Bytes, std::io::Error>>,
 {
     let mut events = Events::new(body, max_event);
     let mut out = Vec::new();
@@ -505,7 +571,7 @@ mod tests {
         let body = stream::iter(
             reads
                 .iter()
-                .map(|read| Ok::<_, reqwest::Error>(Bytes::copy_from_slice(read)))
+                .map(|read| Ok::<_, std::io::Error>(Bytes::copy_from_slice(read)))
                 .collect::<Vec<_>>(),
         );
         assembled(body, max_event).await
@@ -785,7 +851,7 @@ mod splits {
         let mut start = 0;
         for &cut in cuts.iter().chain([&bytes.len()]) {
             let cut = cut.clamp(start, bytes.len());
-            reads.push(Ok::<_, reqwest::Error>(Bytes::copy_from_slice(
+            reads.push(Ok::<_, std::io::Error>(Bytes::copy_from_slice(
                 &bytes[start..cut],
             )));
             start = cut;
@@ -895,13 +961,14 @@ mod splits {
 #[cfg(test)]
 mod pieces {
     use futures_util::FutureExt;
+    use futures_util::StreamExt;
     use futures_util::stream;
     use proptest::prelude::*;
 
     use super::*;
 
     /// `bytes` read `size` bytes at a time.
-    fn reads(bytes: &[u8], size: usize) -> Vec<Result<Bytes, reqwest::Error>> {
+    fn reads(bytes: &[u8], size: usize) -> Vec<Result<Bytes, std::io::Error>> {
         bytes
             .chunks(size.max(1))
             .map(|read| Ok(Bytes::copy_from_slice(read)))
@@ -1117,7 +1184,7 @@ mod pieces {
     }
 
     /// `bytes` read in the pieces `cuts` makes.
-    fn cut(bytes: &[u8], cuts: &[usize]) -> Vec<Result<Bytes, reqwest::Error>> {
+    fn cut(bytes: &[u8], cuts: &[usize]) -> Vec<Result<Bytes, std::io::Error>> {
         let mut cuts = cuts.to_vec();
         cuts.sort_unstable();
         let mut out = Vec::new();

@@ -7,13 +7,15 @@
 //! is final.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Registration and the one running loop.
 #[derive(Debug, Default)]
 pub(super) struct State {
     registration: Mutex<Registration>,
-    running: AtomicBool,
+    /// Shared with the claim, which a loop owns wherever it runs (a task of
+    /// the proxy's, or the server's relay in the same process).
+    running: Arc<AtomicBool>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -46,11 +48,11 @@ impl Drop for RegistrationClaim<'_> {
 }
 
 /// The claim on the one loop; dropping it frees the proxy for the next.
-pub(super) struct LoopClaim<'a>(&'a State);
+pub(super) struct LoopClaim(Arc<AtomicBool>);
 
-impl Drop for LoopClaim<'_> {
+impl Drop for LoopClaim {
     fn drop(&mut self) {
-        self.0.running.store(false, Ordering::Release);
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -78,13 +80,13 @@ impl State {
         }
     }
 
-    pub(super) fn claim_loop(&self) -> Result<LoopClaim<'_>, &'static str> {
+    pub(super) fn claim_loop(&self) -> Result<LoopClaim, &'static str> {
         if *self.registration() != Registration::Done {
             return Err("no agent is registered with this proxy");
         }
         self.running
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| LoopClaim(self))
+            .map(|_| LoopClaim(Arc::clone(&self.running)))
             .map_err(|_| "a loop is already running")
     }
 }

@@ -20,7 +20,7 @@
 //! status beside it.
 //!
 //! A 2xx event stream also says how its body ends ([`Framing`]): only a
-//! marked end (chunked, HTTP/2) or a length can prove the loop finished. A
+//! marked end (chunked) or a length can prove the loop finished. A
 //! body that ends when the connection closes reads the same whether the
 //! agent program finished or crashed (protocol §10), so the proxy relays its
 //! events and then says it cannot tell.
@@ -29,22 +29,21 @@
 //! HTTP client's: how the program ended, when the runtime that watches it
 //! says so ([`AgentEnd`]), else that it closed the connection (a crash
 //! inside its handler) or could not be reached, and where its output is.
-//! The HTTP client's own account goes to the proxy's log.
+//! The HTTP client's own account goes to the proxy's log. The client is
+//! the proxy's own ([`http1`](super::http1)).
 
-use std::io;
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 
 use bytes::{Bytes, BytesMut};
-use reqwest::header::{
-    ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, TRANSFER_ENCODING,
-};
-use reqwest::{StatusCode, Version};
+use futures_util::StreamExt;
 use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::{Map, Value};
 use tracing::warn;
 
 use super::AgentEnd;
+use super::http1::{self, Answer, Body, Unanswered};
+
+pub(super) use super::http1::Framing;
 
 /// The error JSON of a failed call, ready to follow the `1` tag.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,91 +77,10 @@ impl Failure {
     }
 }
 
-/// How a `/run` body shows where it ends, as hyper reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Framing {
-    /// Chunked transfer encoding or HTTP/2: the end is marked.
-    Marked,
-    /// A `Content-Length` of this many bytes.
-    Length(u64),
-    /// Neither: the body ends when the connection closes, which a crash
-    /// does too.
-    Close,
-}
-
-impl Framing {
-    /// The framing hyper gives a response with this version, status and
-    /// headers: a transfer encoding decides over a length (it is chunked
-    /// when its last coding is, and hyper accepts it only on HTTP/1.1),
-    /// a 204 has no body, and without either the connection's close is the
-    /// end.
-    fn of(version: Version, status: StatusCode, headers: &HeaderMap) -> Framing {
-        if version >= Version::HTTP_2 {
-            return Framing::Marked;
-        }
-        if status == StatusCode::NO_CONTENT {
-            return Framing::Length(0);
-        }
-        let mut codings = headers.get_all(TRANSFER_ENCODING).iter().peekable();
-        if codings.peek().is_some() {
-            let last = codings
-                .last()
-                .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.rsplit(',').next())
-                .map(str::trim);
-            return if last.is_some_and(|coding| coding.eq_ignore_ascii_case("chunked")) {
-                Framing::Marked
-            } else {
-                Framing::Close
-            };
-        }
-        headers
-            .get(CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().parse().ok())
-            .map_or(Framing::Close, Framing::Length)
-    }
-}
-
-/// The HTTP client every proxy of this process calls its agent program
-/// with, built on first use.
-///
-/// Why one: building a client is not free where the process links a TLS
-/// backend (a server with containers does, for registries): it loads the
-/// system's CA bundle, about 50 ms of CPU, on the async runtime's thread.
-/// Built per proxy, 400 container starts at once held the runtime's
-/// threads for 20 s, long enough for the server's own dial of a proxy to
-/// wait out the proxy's handshake timeout. The proxy speaks plain HTTP to
-/// loopback and never needs those roots.
-///
-/// It keeps no idle connection (`pool_max_idle_per_host(0)`): a connection
-/// lives as long as its one request, so no connection made for one run is
-/// ever offered to another.
-fn client() -> io::Result<reqwest::Client> {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    if let Some(client) = CLIENT.get() {
-        return Ok(client.clone());
-    }
-    // reqwest may be built with TLS and no provider (the registry
-    // client's feature, shared by the build): it then wants a default.
-    runloop_wire::tls::install_default_provider();
-    let client = reqwest::Client::builder()
-        // The agent program is on the container's loopback: a proxy from
-        // the environment would be wrong.
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .build()
-        .map_err(io::Error::other)?;
-    Ok(CLIENT.get_or_init(|| client).clone())
-}
-
-/// An HTTP client bound to one agent program.
+/// The calls to one agent program.
 #[derive(Debug, Clone)]
 pub(super) struct Upstream {
-    client: reqwest::Client,
     agent: SocketAddr,
-    register_url: String,
-    run_url: String,
     max_error_body: usize,
     /// How the program ended, where a runtime watches it.
     ended: Option<AgentEnd>,
@@ -180,15 +98,27 @@ impl Upstream {
         agent: SocketAddr,
         max_error_body: usize,
         ended: Option<AgentEnd>,
-    ) -> io::Result<Upstream> {
-        Ok(Upstream {
-            client: client()?,
+    ) -> Upstream {
+        Upstream {
             agent,
-            register_url: format!("http://{agent}/register"),
-            run_url: format!("http://{agent}/run"),
             max_error_body,
             ended,
-        })
+        }
+    }
+
+    /// The agent program's address.
+    pub(super) fn agent(&self) -> SocketAddr {
+        self.agent
+    }
+
+    /// Watches the agent program's end through `ended`.
+    pub(super) fn watch_end(&mut self, ended: AgentEnd) {
+        self.ended = Some(ended);
+    }
+
+    /// Keeps at most `max` bytes of an error body.
+    pub(super) fn bound_error_body(&mut self, max: usize) {
+        self.max_error_body = max;
     }
 
     /// How the agent program ended, when the runtime says so within
@@ -201,81 +131,54 @@ impl Upstream {
 
     /// `POST /register` with the server's ask, as it came.
     pub(super) async fn register(&self, ask: Bytes) -> Result<(), Failure> {
-        let response = self
-            .post(&self.register_url, "/register", ask, "application/json")
-            .await?;
-        if response.status().is_success() {
+        let answer = self.post("/register", &ask, "application/json").await?;
+        if (200..300).contains(&answer.status) {
             Ok(())
         } else {
-            Err(self.refused(response).await)
+            Err(self.refused(answer).await)
         }
     }
 
-    /// `POST /run` with the run-loop request, as it came; the response is
-    /// a 2xx event stream, framed as it says.
-    pub(super) async fn run_loop(
-        &self,
-        ask: Bytes,
-    ) -> Result<(reqwest::Response, Framing), Failure> {
-        let response = self
-            .post(&self.run_url, "/run", ask, "text/event-stream")
-            .await?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(self.refused(response).await);
+    /// `POST /run` with the run-loop request, as it came; the answer is
+    /// a 2xx event stream, framed as it says: its body and its framing.
+    pub(super) async fn run_loop(&self, ask: Bytes) -> Result<(Body, Framing), Failure> {
+        let answer = self.post("/run", &ask, "text/event-stream").await?;
+        let status = answer.status;
+        if !(200..300).contains(&status) {
+            return Err(self.refused(answer).await);
         }
-        let content_type = response.headers().get(CONTENT_TYPE);
-        if !is_event_stream(content_type) {
-            let what = content_type
-                .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+        if !is_event_stream(answer.content_type.as_deref()) {
+            let what = answer
+                .content_type
+                .as_deref()
+                .map(|value| String::from_utf8_lossy(value).into_owned())
                 .unwrap_or_else(|| "none".to_owned());
             return Err(Failure::status(
-                status.as_u16(),
+                status,
                 format!(
                     "the agent program answered with content type {what:?}, not text/event-stream"
                 ),
             ));
         }
-        let framing = Framing::of(response.version(), status, response.headers());
-        Ok((response, framing))
+        Ok((answer.body, answer.framing))
     }
 
-    async fn post(
-        &self,
-        url: &str,
-        path: &str,
-        body: Bytes,
-        accept: &'static str,
-    ) -> Result<reqwest::Response, Failure> {
-        let sent = self
-            .client
-            .post(url)
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(ACCEPT, HeaderValue::from_static(accept))
-            .body(body)
-            .send()
-            .await;
-        match sent {
-            Ok(response) => Ok(response),
-            Err(error) => Err(self.unanswered(path, &error).await),
+    async fn post(&self, path: &str, body: &[u8], accept: &str) -> Result<Answer, Failure> {
+        match http1::post(self.agent, path, body, accept).await {
+            Ok(answer) => Ok(answer),
+            Err(unanswered) => Err(self.unanswered(path, unanswered).await),
         }
     }
 
     /// A call to `path` that got no answer, in words that point at the
     /// agent program: how it ended, when it did; else whether it could not
-    /// be reached or closed the connection, and where its output is.
-    async fn unanswered(&self, path: &str, error: &reqwest::Error) -> Failure {
-        warn!(path, error = %chain(error), "no answer from the agent program");
+    /// be reached, closed the connection, or answered in something that is
+    /// not HTTP, and where its output is.
+    async fn unanswered(&self, path: &str, unanswered: Unanswered) -> Failure {
+        warn!(path, error = %unanswered, "no answer from the agent program");
         if let Some(how) = self.exited().await {
             return Failure::agent(format!(
                 "the agent program exited ({how}) before it answered POST {path}"
-            ));
-        }
-        if error.is_connect() {
-            return Failure::agent(format!(
-                "cannot connect to the agent program at {}: {}",
-                self.agent,
-                cause(error)
             ));
         }
         let output = if self.ended.is_some() {
@@ -283,21 +186,31 @@ impl Upstream {
         } else {
             "its output says why"
         };
-        Failure::agent(format!(
-            "the agent program closed the connection without answering POST {path}: it failed \
-             while handling the request, or exited ({output})"
-        ))
+        match unanswered {
+            Unanswered::Connect(error) => Failure::agent(format!(
+                "cannot connect to the agent program at {}: {error}",
+                self.agent
+            )),
+            Unanswered::Malformed(why) => Failure::agent(format!(
+                "the agent program's answer to POST {path} is not HTTP/1.1 ({why}) ({output})"
+            )),
+            Unanswered::Closed(_) => Failure::agent(format!(
+                "the agent program closed the connection without answering POST {path}: it \
+                 failed while handling the request, or exited ({output})"
+            )),
+        }
     }
 
     /// A non-2xx answer, wrapped: its body as a JSON value when it is
     /// JSON, else as text.
-    async fn refused(&self, mut response: reqwest::Response) -> Failure {
-        let status = response.status().as_u16();
+    async fn refused(&self, answer: Answer) -> Failure {
+        let status = answer.status;
+        let mut response = answer.body;
         let mut body = BytesMut::new();
         let mut cut = false;
         loop {
-            match response.chunk().await {
-                Ok(Some(piece)) => {
+            match response.next().await {
+                Some(Ok(piece)) => {
                     let room = self.max_error_body - body.len();
                     if piece.len() > room {
                         body.extend_from_slice(&piece[..room]);
@@ -306,8 +219,8 @@ impl Upstream {
                     }
                     body.extend_from_slice(&piece);
                 }
-                Ok(None) => break,
-                Err(error) => {
+                None => break,
+                Some(Err(error)) => {
                     return Failure::status(
                         status,
                         format!("the agent program's error body broke: {}", chain(&error)),
@@ -327,20 +240,11 @@ impl Upstream {
 }
 
 /// Whether a `Content-Type` is `text/event-stream`, parameters aside.
-fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
+fn is_event_stream(content_type: Option<&[u8]>) -> bool {
     content_type
-        .and_then(|value| value.to_str().ok())
+        .and_then(|value| std::str::from_utf8(value).ok())
         .and_then(|value| value.split(';').next())
         .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
-}
-
-/// The innermost source of an error: what the system said.
-fn cause(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut inner = error;
-    while let Some(source) = inner.source() {
-        inner = source;
-    }
-    inner.to_string()
 }
 
 /// An error and its sources, joined with `: `, for an error value that has
@@ -365,62 +269,12 @@ mod tests {
 
     #[test]
     fn event_stream_content_types() {
-        let is = |value: &'static str| is_event_stream(Some(&HeaderValue::from_static(value)));
+        let is = |value: &'static str| is_event_stream(Some(value.as_bytes()));
         assert!(is("text/event-stream"));
         assert!(is("Text/Event-Stream; charset=utf-8"));
         assert!(!is("application/json"));
         assert!(!is("text/event-streams"));
         assert!(!is_event_stream(None));
-    }
-
-    #[test]
-    fn framings() {
-        let of = |version, status: u16, headers: &[(&'static str, &'static str)]| {
-            let mut map = HeaderMap::new();
-            for (name, value) in headers {
-                map.append(*name, HeaderValue::from_static(value));
-            }
-            Framing::of(version, StatusCode::from_u16(status).expect("status"), &map)
-        };
-        let chunked = [("transfer-encoding", "chunked")];
-        assert_eq!(of(Version::HTTP_11, 200, &chunked), Framing::Marked);
-        assert_eq!(
-            of(
-                Version::HTTP_11,
-                200,
-                &[("transfer-encoding", "gzip, Chunked")]
-            ),
-            Framing::Marked
-        );
-        assert_eq!(
-            of(
-                Version::HTTP_11,
-                200,
-                &[
-                    ("transfer-encoding", "chunked"),
-                    ("transfer-encoding", "gzip")
-                ]
-            ),
-            Framing::Close,
-            "not chunked last: the close is the end"
-        );
-        assert_eq!(
-            of(
-                Version::HTTP_11,
-                200,
-                &[("transfer-encoding", "chunked"), ("content-length", "5")]
-            ),
-            Framing::Marked,
-            "the transfer encoding decides"
-        );
-        assert_eq!(
-            of(Version::HTTP_10, 200, &[("content-length", "42")]),
-            Framing::Length(42)
-        );
-        assert_eq!(of(Version::HTTP_10, 200, &[]), Framing::Close);
-        assert_eq!(of(Version::HTTP_11, 200, &[]), Framing::Close);
-        assert_eq!(of(Version::HTTP_11, 204, &[]), Framing::Length(0));
-        assert_eq!(of(Version::HTTP_2, 200, &[]), Framing::Marked);
     }
 
     #[test]

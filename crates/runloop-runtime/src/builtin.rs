@@ -3,9 +3,9 @@
 //!
 //! It is the embedded default (`demo=builtin:demo`): nothing to install,
 //! nothing to start, and still the whole path of protocol §10 — the server
-//! talks WebSocket to a real proxy, which talks HTTP and SSE to a real agent
-//! program — so what a user sees with it is what they would see with a
-//! container. There is nothing to limit in-process, so the request's memory
+//! calls a real proxy (in process, as it does an exec or oci agent's),
+//! which talks HTTP and SSE to a real agent program — so what a user sees
+//! with it is what they would see with a container. There is nothing to limit in-process, so the request's memory
 //! and disk limits are not applied.
 
 use std::fmt;
@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use runloop_agent::{Agent, AgentHandle, AgentServer, demo::Demo};
-use runloop_proxy::{Proxy, ProxyHandle};
+use runloop_proxy::{LocalProxy, Proxy, ProxyHandle};
 
 /// A runtime whose containers are one agent, served in-process.
 #[derive(Clone)]
@@ -79,12 +79,14 @@ impl Builtin {
         let agent = AgentServer::bind(loopback, Arc::clone(&self.agent)).await?;
         let agent_addr = agent.local_addr();
         let proxy = Proxy::bind(loopback, agent_addr).await?;
+        let local = proxy.local();
         let (agent_handle, agent) = agent.spawn();
         let (proxy_handle, proxy) = proxy.spawn();
         let url = proxy_handle.url();
         info!(agent = %self.name, %url, %agent_addr, "builtin container started");
         Ok(Served {
             url,
+            local,
             stop: (agent_handle, proxy_handle),
             tasks: [("agent program", Some(agent)), ("proxy", Some(proxy))],
             ended: None,
@@ -97,6 +99,8 @@ type Task = JoinHandle<io::Result<()>>;
 /// One builtin container: its two tasks and the handles that end them.
 struct Served {
     url: String,
+    /// The proxy's paths in process: the server's way to it.
+    local: LocalProxy,
     stop: (AgentHandle, ProxyHandle),
     tasks: [(&'static str, Option<Task>); 2],
     ended: Option<String>,
@@ -127,6 +131,10 @@ fn how(name: &str, joined: Result<io::Result<()>, tokio::task::JoinError>) -> St
 impl Container for Served {
     fn proxy_url(&self) -> &str {
         &self.url
+    }
+
+    fn local_proxy(&self) -> Option<LocalProxy> {
+        Some(self.local.clone())
     }
 
     /// Resolves if either task ends before `stop` (a failed socket, a panic).

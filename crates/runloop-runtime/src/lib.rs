@@ -3,7 +3,10 @@
 //! The server does not care whether an agent is a container, a child
 //! process or a task in its own process. It asks a [`Runtime`] for a
 //! [`Container`], talks to that container's proxy over the `/agent/*` paths
-//! (protocol §10), and stops it when the run ends. The [`Catalog`] decides which
+//! (protocol §10), and stops it when the run ends. Where the proxy is a
+//! task of the server's own process (every runtime but `attach`), the
+//! container hands the server its paths as calls ([`LocalProxy`]): no
+//! socket between them (protocol §12, "In-process paths"). The [`Catalog`] decides which
 //! runtime serves which `server` image name.
 //!
 //! `registry` images go through a [`Registry`] instead, which pulls the
@@ -31,6 +34,7 @@ pub use attach::Attach;
 pub use builtin::Builtin;
 pub use catalog::{AgentSpec, Catalog, CatalogError, RuntimeSpec, SpecError};
 pub use exec::{Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer, ExecProcess};
+pub use runloop_proxy::{LocalProxy, LocalRun, PathEvent};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -191,6 +195,13 @@ pub trait Container: Send + fmt::Debug {
     /// The proxy's base URL (`ws://host:port`); the server appends
     /// `/agent/register` and `/agent/run`.
     fn proxy_url(&self) -> &str;
+
+    /// The proxy's paths in process, when the proxy is a task of this
+    /// process: the server then uses them instead of the URL. `None` (the
+    /// default): the proxy runs elsewhere.
+    fn local_proxy(&self) -> Option<LocalProxy> {
+        None
+    }
 
     /// Resolves with a reason when the container ends by itself; pending
     /// forever for a container that cannot tell. Cancel-safe: the server

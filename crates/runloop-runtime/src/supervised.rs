@@ -5,7 +5,8 @@
 //! spawned ─▶ Supervisor::listening (probe, back off, until ready, exited or late)
 //!              │ not ready: Supervisor::give_up (kill all, reap, release)
 //!              ▼
-//!            Supervisor::serve ─▶ proxy in front ─▶ Supervised (a Container)
+//!            Supervisor::serve ─▶ proxy in front ─▶ Supervised (a Container, its
+//!                                                   paths in process for the server)
 //!              supervisor task: exit by itself │ end now (kill) │ stop (signal, grace, kill)
 //!                               └──▶ how it ended, in words ──▶ the proxy (AgentEnd), `ended`
 //!                                    then release
@@ -39,7 +40,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use runloop_proxy::Proxy;
+use runloop_proxy::{LocalProxy, Proxy};
 use tokio::process::Child;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -262,7 +263,9 @@ impl Supervisor {
             exited,
         } = self;
         let (died, agent_end) = watch::channel(None);
-        let (handle, serving) = proxy.with_agent_end(agent_end).spawn();
+        let proxy = proxy.with_agent_end(agent_end);
+        let local = proxy.local();
+        let (handle, serving) = proxy.spawn();
         let mut tasks = tasks;
         // The proxy ends with the agent.
         let proxy_stop = stop.clone();
@@ -294,6 +297,7 @@ impl Supervisor {
             name,
             what: A::WHAT,
             url,
+            local,
             grace,
             stop,
             supervisor: Some(supervisor),
@@ -395,6 +399,8 @@ pub struct Supervised<T> {
     name: Arc<str>,
     what: &'static str,
     url: String,
+    /// The proxy's paths in process: the server's way to it.
+    local: LocalProxy,
     grace: Duration,
     stop: CancellationToken,
     supervisor: Option<JoinHandle<()>>,
@@ -466,6 +472,10 @@ pub fn boxed<'a, T: Send + std::fmt::Debug + 'static>(
 impl<T: Send + std::fmt::Debug + 'static> Container for Supervised<T> {
     fn proxy_url(&self) -> &str {
         &self.url
+    }
+
+    fn local_proxy(&self) -> Option<LocalProxy> {
+        Some(self.local.clone())
     }
 
     fn ended(&mut self) -> BoxFuture<'_, String> {

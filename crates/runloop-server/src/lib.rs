@@ -37,9 +37,11 @@
 //!                 a scope and a relay each write only their own frames
 //! places.rs       a loop's places in that queue, in responses and bytes
 //! run_end.rs      the run's end, one future a relay waits on beside the rest
-//! proxy_path.rs   dialling the proxy's bare /agent/* paths
-//! read_ahead.rs   a path's socket read in large pieces, small buffers kept
-//! path_frames.rs  a path's frames read where they lie, the rest handed on
+//! proxy_path.rs   the proxy's bare /agent/* paths: dialled, or called in
+//!                 process; a run path read message by message
+//! read_ahead.rs   a path's socket read in large pieces, small buffers kept;
+//!                 its binary messages taken where they lie (the message
+//!                 reader of runloop-wire's ws), the rest handed on
 //! pings.rs        a connection's budget of control frames
 //! origin.rs       a browser's Origin at the upgrade: 403, or no empty credential
 //! half_sent.rs    a caller's message begun and not ended: its bytes
@@ -100,7 +102,6 @@ mod half_sent;
 mod identity;
 mod origin;
 mod outbox;
-mod path_frames;
 mod pings;
 mod places;
 mod proxy_path;

@@ -1,5 +1,11 @@
-//! Dialling a proxy's bare paths (protocol §10): `/agent/register` once per
-//! container, `/agent/run` once per loop.
+//! A proxy's bare paths (protocol §10): `/agent/register` once per
+//! container, `/agent/run` once per loop; dialled, or called in process.
+//!
+//! Where the container's proxy is a task of this process (every runtime but
+//! `attach`), the paths are its calls ([`Place::Local`], protocol §12
+//! "In-process paths"): a run path is then read as a socket path is
+//! ([`RunPath`]), message by message, to a clean end or a broken one, and
+//! the relay does not know which it has.
 //!
 //! On these paths messages carry no frame header: the first binary message
 //! is the ask, the answer ends with a clean WebSocket close. Text messages
@@ -15,11 +21,15 @@
 use std::fmt;
 use std::time::Duration;
 
+use std::task::Poll;
+
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::ErrorValue;
 use runloop_proto::registration::{RegistrationAnswer, RegistrationAsk};
 use runloop_proto::{Decode, Encode, ErrorKind};
 use serde_json::value::RawValue;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::error::{ProtocolError, UrlError};
@@ -28,12 +38,73 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{WebSocketStream, client_async_with_config};
 use tracing::debug;
 
-use super::path_frames::PathFrames;
 use super::read_ahead::{self, ReadAhead};
+use runloop_runtime::{Container, LocalProxy, LocalRun, PathEvent};
 use runloop_wire::limits::Limits;
+use runloop_wire::ws::MessageReader;
 
 /// An open path to a proxy.
 pub(crate) type Path = WebSocketStream<ReadAhead<TcpStream>>;
+
+/// Where a container's proxy is reached.
+#[derive(Debug, Clone)]
+pub(crate) enum Place {
+    /// At this `ws://` base URL.
+    Url(String),
+    /// In this process.
+    Local(LocalProxy),
+}
+
+impl Place {
+    /// Where `container`'s proxy is: in process when it can be.
+    pub(crate) fn of(container: &dyn Container) -> Place {
+        match container.local_proxy() {
+            Some(local) => Place::Local(local),
+            None => Place::Url(container.proxy_url().to_owned()),
+        }
+    }
+}
+
+/// An open `/agent/run` path: a socket, or a call in process. The socket
+/// is boxed so that a relay in process, which a server holds one of per
+/// loop, is no larger than it needs to be.
+pub(crate) enum RunPath {
+    Socket(Box<Path>),
+    Local(LocalRun),
+}
+
+impl RunPath {
+    /// Whether everything the path had was read, and its socket was empty
+    /// at its last read: a look for more now would most likely wait.
+    pub(crate) fn drained(&self) -> bool {
+        match self {
+            RunPath::Socket(path) => path.get_ref().drained(),
+            RunPath::Local(run) => run.drained(),
+        }
+    }
+
+    /// The path's next message, or its end.
+    pub(crate) async fn next(&mut self) -> Next {
+        match self {
+            RunPath::Socket(path) => next_message(path).await,
+            RunPath::Local(run) => match std::future::poll_fn(|cx| run.poll_next(cx)).await {
+                PathEvent::Message(message) => Next::Message(message),
+                PathEvent::Closed => Next::Closed,
+                PathEvent::Broke(why) => Next::Broke(why),
+            },
+        }
+    }
+
+    /// Ends a path the server is done with: a socket's close handshake
+    /// ([`close`]); a call in process is dropped, which cancels the loop
+    /// if it still runs.
+    pub(crate) async fn close(self) {
+        match self {
+            RunPath::Socket(path) => close(*path).await,
+            RunPath::Local(run) => drop(run),
+        }
+    }
+}
 
 /// How long the proxy has to finish a close handshake before its socket is
 /// dropped.
@@ -147,7 +218,7 @@ async fn dial(url: String, limits: &Limits, reading: Reading) -> Result<Path, Ws
     tcp.set_nodelay(true)?;
     let config = limits.websocket().read_buffer_size(READ_BUFFER);
     let frames = match reading {
-        Reading::Relayed => Some(PathFrames::new(limits.max_message_size)),
+        Reading::Relayed => Some(MessageReader::new(limits.max_message_size)),
         Reading::Through => None,
     };
     let socket = ReadAhead::new(tcp, &read_ahead::PROCESS, frames);
@@ -158,11 +229,19 @@ async fn dial(url: String, limits: &Limits, reading: Reading) -> Result<Path, Ws
 /// Registers the agent: sends `{"agent": <the caller's JSON, verbatim>}` and
 /// reads the proxy's one answer, `[0]` or `[1][error]`.
 pub(crate) async fn register(
-    base: &str,
+    place: &Place,
     agent: &RawValue,
     limits: &Limits,
 ) -> Result<(), ErrorValue> {
     let fail = |what: String| ErrorValue::kind(ErrorKind::Proxy, what);
+    let base = match place {
+        Place::Url(base) => base,
+        Place::Local(local) => {
+            let Ok(ask) = RegistrationAsk::new(agent).to_vec();
+            let answer = local.register(ask.into()).await;
+            return registered(&answer);
+        }
+    };
     let mut path = open(base, "/agent/register", limits, Reading::Through)
         .await
         .map_err(|e| fail(format!("cannot open the proxy's /agent/register: {e}")))?;
@@ -186,7 +265,13 @@ pub(crate) async fn register(
     };
     // The answer is all the proxy has to say.
     close(path).await;
-    match RegistrationAnswer::decode(&answer) {
+    registered(&answer)
+}
+
+/// What the proxy's answer to a registration says.
+fn registered(answer: &[u8]) -> Result<(), ErrorValue> {
+    let fail = |what: String| ErrorValue::kind(ErrorKind::Proxy, what);
+    match RegistrationAnswer::decode(answer) {
         Ok(RegistrationAnswer::Registered) => Ok(()),
         Ok(RegistrationAnswer::Refused(error)) => Err(error),
         Err(_) => Err(fail(
@@ -219,6 +304,85 @@ pub(crate) async fn close(mut path: Path) {
             debug!(grace = ?CLOSE_GRACE, "the proxy did not finish the close in time; dropping the socket")
         }
     }
+}
+
+/// What came next on the proxy's path.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// A binary message: a run-loop payload, unread.
+    Message(Bytes),
+    /// The proxy's clean close.
+    Closed,
+    /// The path ended without a close: how.
+    Broke(String),
+}
+
+/// Reads the path up to its next binary message, or its end. The
+/// messages are taken from the socket's buffer, without the WebSocket
+/// ([`ReadAhead::poll_messages`]); the WebSocket reads the rest. Text
+/// messages and pings carry nothing (protocol §1); a ping's answer is sent
+/// at once, since the WebSocket, which sends it, may not be read again
+/// for a while.
+pub(crate) async fn next_message<S>(path: &mut WebSocketStream<ReadAhead<S>>) -> Next
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    std::future::poll_fn(|cx| {
+        loop {
+            if let Some(message) = path.get_mut().message() {
+                return Poll::Ready(Next::Message(message));
+            }
+            match path.get_mut().poll_messages(cx) {
+                Poll::Ready(true) => continue,
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(false) => {}
+            }
+            let next = match path.poll_next_unpin(cx) {
+                // Pending while a message waits, with no wake-up: taken
+                // on the next turn.
+                Poll::Pending if path.get_ref().has_message() => continue,
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(next) => next,
+            };
+            return Poll::Ready(match next {
+                Some(Ok(Message::Binary(message))) => Next::Message(message),
+                // A close between the fragments of a message: the message
+                // is lost, so the loop did not finish. A proxy that says
+                // why (this project's says when the agent program's event
+                // is over its message limit) is quoted.
+                Some(Ok(Message::Close(frame))) if path.get_ref().inside_message() => {
+                    Next::Broke(match frame.filter(|frame| !frame.reason.is_empty()) {
+                        Some(frame) => format!(
+                            "the proxy closed the path inside a message: {}",
+                            frame.reason
+                        ),
+                        None => "the proxy closed the path inside a message (after a fragment \
+                                 that was not its last)"
+                            .to_owned(),
+                    })
+                }
+                Some(Ok(Message::Close(_))) => Next::Closed,
+                Some(Ok(Message::Ping(_))) => {
+                    // Its answer: written now if the socket takes it, else
+                    // with the WebSocket's next read.
+                    let _ = path.poll_flush_unpin(cx);
+                    continue;
+                }
+                Some(Ok(Message::Text(_) | Message::Pong(_) | Message::Frame(_))) => continue,
+                Some(Err(WsError::Capacity(why))) => Next::Broke(format!(
+                    "a message from the proxy is over the message limit: {why}"
+                )),
+                // A fault of the frames found by the path's own reader
+                // (`ReadAhead`), in its words.
+                Some(Err(WsError::Io(why))) if why.kind() == std::io::ErrorKind::InvalidData => {
+                    Next::Broke(why.to_string())
+                }
+                Some(Err(why)) => Next::Broke(why.to_string()),
+                None => Next::Broke("the connection closed without a close frame".to_owned()),
+            });
+        }
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -260,7 +424,7 @@ mod tests {
                 .expect("answers");
             while let Some(Ok(_)) = ws.next().await {}
         });
-        register(&base, &agent(), &Limits::default())
+        register(&Place::Url(base.clone()), &agent(), &Limits::default())
             .await
             .expect("registered on the second dial");
         proxy.await.expect("the proxy's task");
@@ -276,7 +440,7 @@ mod tests {
             }
             listener
         });
-        let error = register(&base, &agent(), &Limits::default())
+        let error = register(&Place::Url(base.clone()), &agent(), &Limits::default())
             .await
             .expect_err("refused every time");
         assert_eq!(

@@ -19,7 +19,7 @@
 //! the proxy with.)
 //!
 //! On a relayed path (`/agent/run`) the binary messages are taken from that
-//! buffer where they lie ([`PathFrames`]), by the relay itself
+//! buffer where they lie ([`MessageReader`]), by the relay itself
 //! ([`ReadAhead::poll_messages`], [`ReadAhead::message`]), without the
 //! WebSocket; only the frames the WebSocket must read itself are handed on
 //! to it, when the relay reads it next. While a message waits, nothing is
@@ -36,7 +36,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::path_frames::{PathFrames, Step};
+use runloop_wire::ws::{MessageReader, Step};
 
 /// The most one system call reads, while the [`BUDGET`] lasts.
 pub(crate) const AHEAD: usize = 64 << 10;
@@ -102,7 +102,7 @@ pub(crate) struct ReadAhead<S> {
     size: usize,
     budget: &'static Budget,
     /// The frames of a relayed path; `None`: every byte is handed on.
-    frames: Option<PathFrames>,
+    frames: Option<MessageReader>,
     /// Messages taken and not yet given to the relay.
     messages: VecDeque<Bytes>,
     /// Bytes of a frame being handed on, not yet handed.
@@ -121,7 +121,7 @@ pub(crate) struct ReadAhead<S> {
 impl<S> ReadAhead<S> {
     /// Reads `inner` ahead, in buffers of the size `budget` allows; takes
     /// its binary messages itself if it has `frames`.
-    pub(crate) fn new(inner: S, budget: &'static Budget, frames: Option<PathFrames>) -> Self {
+    pub(crate) fn new(inner: S, budget: &'static Budget, frames: Option<MessageReader>) -> Self {
         ReadAhead {
             inner,
             ahead: BytesMut::new(),
@@ -162,7 +162,9 @@ impl<S> ReadAhead<S> {
 
     /// Whether the frames read so far leave a fragmented message open.
     pub(crate) fn inside_message(&self) -> bool {
-        self.frames.as_ref().is_some_and(PathFrames::inside_message)
+        self.frames
+            .as_ref()
+            .is_some_and(MessageReader::inside_message)
     }
 
     /// The path is closing: the messages waiting and any to come are
@@ -416,5 +418,319 @@ mod tests {
         assert_eq!(taken(&BUDGET), AHEAD, "busy again");
         drop(path);
         assert_eq!(taken(&BUDGET), 0, "a dropped path gives its buffer back");
+    }
+}
+
+/// The relay's reading of a path through [`ReadAhead`] and its
+/// [`MessageReader`]: what it reads, and when.
+#[cfg(test)]
+mod path_tests {
+    use std::collections::VecDeque;
+    use std::io;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use proptest::prelude::*;
+    use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+    use tokio_tungstenite::WebSocketStream;
+    use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+
+    use super::*;
+    use crate::proxy_path::{Next, next_message};
+    use runloop_wire::ws::{Head, opcode};
+
+    fn frame_bytes(opcode: OpCode, fin: bool, payload: &[u8], masked: bool) -> Vec<u8> {
+        let header = FrameHeader {
+            is_final: fin,
+            opcode,
+            mask: masked.then_some([0; 4]),
+            ..FrameHeader::default()
+        };
+        let mut bytes = Vec::new();
+        header
+            .format(payload.len() as u64, &mut bytes)
+            .expect("formats");
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    fn binary(fin: bool, payload: &[u8]) -> Vec<u8> {
+        frame_bytes(OpCode::Data(Data::Binary), fin, payload, false)
+    }
+
+    fn more(fin: bool, payload: &[u8]) -> Vec<u8> {
+        frame_bytes(OpCode::Data(Data::Continue), fin, payload, false)
+    }
+
+    fn ping() -> Vec<u8> {
+        frame_bytes(OpCode::Control(Control::Ping), true, b"p", false)
+    }
+
+    const ANSWER: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n";
+
+    const LIMIT: usize = 200_000;
+
+    /// A socket that gives its bytes in the pieces it was made of, and
+    /// keeps what is written to it.
+    struct Pieces(VecDeque<Vec<u8>>, Vec<u8>);
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if let Some(piece) = self.0.front_mut() {
+                let taken = piece.len().min(buf.remaining());
+                buf.put_slice(&piece[..taken]);
+                piece.drain(..taken);
+                if piece.is_empty() {
+                    self.0.pop_front();
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Pieces {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            b: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.1.extend_from_slice(b);
+            Poll::Ready(Ok(b.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// What the relay reads from a path whose socket gives `pieces`
+    /// ([`next_message`]), up to the path's end; and how many messages it
+    /// read before it had answered every ping that came before them.
+    async fn relayed(pieces: Vec<Vec<u8>>, pings_before: &[usize]) -> (Vec<Next>, usize) {
+        static BUDGET: Budget = Budget::new(1 << 20);
+        let socket = Pieces(pieces.into(), Vec::new());
+        let mut socket = ReadAhead::new(socket, &BUDGET, Some(MessageReader::new(LIMIT)));
+        let mut answer = vec![0; ANSWER.len()];
+        socket.read_exact(&mut answer).await.expect("the answer");
+        assert_eq!(answer, ANSWER);
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(LIMIT))
+            .max_frame_size(Some(LIMIT));
+        let mut path = WebSocketStream::from_raw_socket(socket, Role::Client, Some(config)).await;
+        let mut seen = Vec::new();
+        let mut late = 0;
+        loop {
+            let next = next_message(&mut path).await;
+            if !matches!(next, Next::Message(_)) {
+                seen.push(next);
+                return (seen, late);
+            }
+            let pings = pings_before.get(seen.len()).copied().unwrap_or(0);
+            if pongs(&path.get_ref().get_ref().1) < pings {
+                late += 1;
+            }
+            seen.push(next);
+        }
+    }
+
+    /// Each message the proxy sends is read as soon as it has come, in
+    /// the two writes this project's proxy makes of it (header and tag,
+    /// then the body), with nothing behind it: not when the next one
+    /// comes.
+    #[tokio::test]
+    async fn a_message_is_read_when_it_comes_not_when_the_next_does() {
+        use std::time::Duration;
+
+        use tokio::io::AsyncWriteExt;
+        use tokio::net::{TcpListener, TcpStream};
+
+        static BUDGET: Budget = Budget::new(1 << 20);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (server, accepted) = tokio::join!(TcpStream::connect(address), listener.accept());
+        let (mut proxy, _) = accepted.expect("accept");
+        let mut socket = ReadAhead::new(
+            server.expect("connect"),
+            &BUDGET,
+            Some(MessageReader::new(LIMIT)),
+        );
+        proxy.write_all(ANSWER).await.expect("write");
+        let mut answer = vec![0; ANSWER.len()];
+        socket.read_exact(&mut answer).await.expect("the answer");
+        let mut path = WebSocketStream::from_raw_socket(socket, Role::Client, None).await;
+        for (at, size) in [1usize, 80, 3000, 70_000, 5, 0, 200]
+            .into_iter()
+            .enumerate()
+        {
+            if at == 4 {
+                proxy.write_all(&ping()).await.expect("write");
+            }
+            let payload: Vec<u8> = (0..size).map(|i| (i + at) as u8).collect();
+            let frame = binary(true, &payload);
+            let split = frame.len().min(4);
+            proxy.write_all(&frame[..split]).await.expect("write");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            proxy.write_all(&frame[split..]).await.expect("write");
+            let next = tokio::time::timeout(Duration::from_secs(10), next_message(&mut path))
+                .await
+                .unwrap_or_else(|_| panic!("message {at} ({size} bytes) came and was not read"));
+            assert_eq!(next, Next::Message(payload.into()), "message {at}");
+        }
+    }
+
+    /// A path says it is drained (the relay then sends what it has
+    /// without looking for more) only once every message taken is given
+    /// and its last read left the socket empty; not after a read that
+    /// filled its room, which may have left more behind.
+    #[tokio::test]
+    async fn a_path_is_drained_only_when_its_last_read_emptied_the_socket() {
+        use std::future::poll_fn;
+
+        use tokio::io::AsyncWriteExt;
+
+        static BUDGET: Budget = Budget::new(1 << 20);
+        let (mut proxy, socket) = tokio::io::duplex(1 << 20);
+        let mut path = ReadAhead::new(socket, &BUDGET, Some(MessageReader::new(LIMIT)));
+        proxy.write_all(ANSWER).await.expect("write");
+        let mut answer = vec![0; ANSWER.len()];
+        path.read_exact(&mut answer).await.expect("the answer");
+        async fn taken<S: AsyncRead + Unpin>(path: &mut ReadAhead<S>) {
+            let ready = poll_fn(|cx| Poll::Ready(path.poll_messages(cx))).await;
+            assert_eq!(ready, Poll::Ready(true), "a message waits");
+        }
+
+        proxy
+            .write_all(&[binary(true, b"one"), binary(true, b"two")].concat())
+            .await
+            .expect("write");
+        taken(&mut path).await;
+        assert!(!path.drained(), "two messages wait");
+        assert_eq!(path.message().as_deref(), Some(&b"one"[..]));
+        assert!(!path.drained(), "one message waits");
+        assert_eq!(path.message().as_deref(), Some(&b"two"[..]));
+        assert!(path.drained(), "all the socket had is given");
+
+        // Three messages of 2,004 bytes: a quiet path's first read (4 KiB)
+        // holds two and fills its room.
+        let payloads: Vec<Vec<u8>> = (0..3).map(|i| vec![i; 2000]).collect();
+        let frames: Vec<u8> = payloads.iter().flat_map(|p| binary(true, p)).collect();
+        proxy.write_all(&frames).await.expect("write");
+        taken(&mut path).await;
+        assert_eq!(path.message().as_deref(), Some(&payloads[0][..]));
+        assert_eq!(path.message().as_deref(), Some(&payloads[1][..]));
+        assert!(
+            !path.drained(),
+            "the read filled its room: more may be there"
+        );
+        taken(&mut path).await;
+        assert_eq!(path.message().as_deref(), Some(&payloads[2][..]));
+        assert!(path.drained());
+    }
+
+    /// How many pong frames `written` holds, whole frames one after the
+    /// other.
+    fn pongs(mut written: &[u8]) -> usize {
+        let mut pongs = 0;
+        while let Some((head, taken)) = Head::parse(written) {
+            pongs += usize::from(head.opcode == opcode::PONG);
+            written = &written[taken + head.length as usize..];
+        }
+        pongs
+    }
+
+    /// A frame of a generated sequence: its kind, whether it ends its
+    /// message, its payload's size.
+    fn sequence() -> impl Strategy<Value = Vec<(u8, bool, usize)>> {
+        prop::collection::vec(
+            (
+                0..5u8,
+                any::<bool>(),
+                prop_oneof![0..130usize, 65_530..65_540usize, 70_000..70_010usize],
+            ),
+            0..14,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// However the socket's bytes are cut, the relay reads the binary
+        /// messages the WebSocket alone would read, in order, and the end
+        /// as it is: a clean close, or one inside a message; and it has
+        /// answered every ping before the messages behind it.
+        #[test]
+        fn a_relayed_path_reads_what_the_websocket_alone_reads(
+            frames in sequence(),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..24),
+        ) {
+            let mut bytes = ANSWER.to_vec();
+            // The binary messages, and how many pings came before each.
+            let mut expected = Vec::new();
+            let mut pings_before = Vec::new();
+            let mut pings = 0;
+            // The message being put together: binary (true) or text.
+            let mut open: Option<(bool, Vec<u8>)> = None;
+            for (at, (kind, fin, size)) in frames.into_iter().enumerate() {
+                // ASCII, so that any of it may be text.
+                let payload: Vec<u8> = (0..size).map(|i| ((i + at) % 90 + 32) as u8).collect();
+                let mut ended = None;
+                match (kind, &mut open) {
+                    (0 | 1, None) => {
+                        let opcode = if kind == 0 { Data::Binary } else { Data::Text };
+                        bytes.extend(frame_bytes(OpCode::Data(opcode), fin, &payload, false));
+                        if fin {
+                            ended = Some((kind == 0, payload));
+                        } else {
+                            open = Some((kind == 0, payload));
+                        }
+                    }
+                    // Within the size limit: past it the path fails, as
+                    // the WebSocket alone would.
+                    (2, Some((_, sofar))) if sofar.len() + size <= LIMIT => {
+                        bytes.extend(more(fin, &payload));
+                        sofar.extend_from_slice(&payload);
+                        if fin {
+                            ended = open.take();
+                        }
+                    }
+                    (3, _) => {
+                        let payload = &payload[..size.min(125)];
+                        bytes.extend(frame_bytes(OpCode::Control(Control::Ping), true, payload, false));
+                        pings += 1;
+                    }
+                    _ => {}
+                }
+                if let Some((true, message)) = ended {
+                    expected.push(Next::Message(message.into()));
+                    pings_before.push(pings);
+                }
+            }
+            expected.push(if open.is_some() {
+                Next::Broke(
+                    "the proxy closed the path inside a message (after a fragment that was not \
+                     its last)"
+                        .to_owned(),
+                )
+            } else {
+                Next::Closed
+            });
+            bytes.extend(frame_bytes(OpCode::Control(Control::Close), true, &[], false));
+            let mut points: Vec<usize> = cuts.iter().map(|cut| cut.index(bytes.len() + 1)).collect();
+            points.extend([0, bytes.len()]);
+            points.sort_unstable();
+            let pieces = points.windows(2).map(|w| bytes[w[0]..w[1]].to_vec()).filter(|p| !p.is_empty()).collect();
+            let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+            let (seen, late) = runtime.block_on(relayed(pieces, &pings_before));
+            prop_assert_eq!(seen, expected);
+            prop_assert_eq!(late, 0, "a ping answered only after the messages behind it");
+        }
     }
 }

@@ -5,6 +5,11 @@
 //! proxy message ──tag byte only──▶ Relay ──▶ [header][message] ──▶ outbox ──▶ caller
 //! ```
 //!
+//! The proxy's messages come over a socket or, when the proxy is a task of
+//! this process, from its loop in process ([`RunPath`]): the relay reads
+//! both alike, and in process its task is the proxy's too — one read of
+//! the agent program's body, one write to the caller.
+//!
 //! The proxy's messages are already run-loop payloads (`[0][chunk]`,
 //! `[1][error]`), so relaying is reading one byte and copying the rest behind
 //! a 9-byte header — one allocation per chunk, no parsing. The sequence
@@ -23,24 +28,20 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use runloop_proto::run_loop::{Finish, Relay, Relayed};
 use runloop_proto::{ErrorKind, ErrorValue, Writer};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
-use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::debug;
 
 use super::budget::LoopClaim;
 use super::identity::Identity;
 use super::outbox::ChannelOutbox;
-use super::proxy_path::{self, Path, Reading};
-use super::read_ahead::ReadAhead;
+use super::proxy_path::{self, Next, Place, Reading, RunPath};
 use super::responses::Responses;
 use super::run_end::{RunEnd, ended};
 use super::shared::{Held, Shared, Stats};
@@ -48,7 +49,7 @@ use runloop_metrics::{LoopOutcome, ProxyFault, ServerMetrics, TenantFigures, may
 
 /// A proxy path the relay has opened, counted as held until it is closed.
 struct Open {
-    path: Path,
+    path: RunPath,
     _held: Held,
 }
 
@@ -152,7 +153,7 @@ pub(crate) async fn serve(
     shared: Arc<Shared>,
     outbox: ChannelOutbox,
     request: Bytes,
-    proxy_url: String,
+    proxy: Place,
     ending: watch::Receiver<Option<ErrorValue>>,
     (connection, run): (u64, Arc<str>),
     claim: LoopClaim,
@@ -168,7 +169,7 @@ pub(crate) async fn serve(
     };
     let ask = Ask {
         request,
-        proxy_url: &proxy_url,
+        proxy: &proxy,
         ending,
     };
     let finish = relay(&shared, &outbox, ask, &mut kept).await;
@@ -202,7 +203,7 @@ pub(crate) async fn serve(
     outbox.finish(finish);
     drop(relaying);
     if let Some(Open { path, _held }) = open {
-        proxy_path::close(path).await;
+        path.close().await;
     }
 }
 
@@ -210,11 +211,11 @@ fn outcome_name(outcome: LoopOutcome) -> &'static str {
     runloop_metrics::Label::name(outcome)
 }
 
-/// What the relay is asked to do: send `request` to the proxy at
-/// `proxy_url` and relay its answer, until the run ends (`ending`).
+/// What the relay is asked to do: send `request` to the proxy and relay
+/// its answer, until the run ends (`ending`).
 struct Ask<'a> {
     request: Bytes,
-    proxy_url: &'a str,
+    proxy: &'a Place,
     ending: watch::Receiver<Option<ErrorValue>>,
 }
 
@@ -247,15 +248,7 @@ async fn relay(
     let ended = pin!(ended(ask.ending.clone()));
     let mut run_end = RunEnd::new(ask.ending, ended);
     let mut relay = Relay::new();
-    let path = match open(
-        shared,
-        ask.request,
-        ask.proxy_url,
-        &mut kept.open,
-        &mut run_end,
-    )
-    .await
-    {
+    let path = match open(shared, ask.request, ask.proxy, &mut kept.open, &mut run_end).await {
         Ok(path) => path,
         Err(Unsent::Cut(why)) => return relay.cut(why, last),
         Err(Unsent::Broke(why)) => return relay.broke(&why, last),
@@ -266,14 +259,14 @@ async fn relay(
     let mut relayed_at = Instant::now();
     loop {
         let next = if responses.is_idle() {
-            let next = run_end.or(next_message(path)).await;
+            let next = run_end.or(path.next()).await;
             relayed_at = Instant::now();
             next
-        } else if !path.get_ref().drained()
+        } else if !path.drained()
             // A path whose last read emptied its socket has nothing more
             // ready: what is pushed goes at once, without a look that the
             // wait for the next message, after the write, makes again.
-            && let Some(next) = run_end.ready(next_message(path))
+            && let Some(next) = run_end.ready(path.next())
         {
             next
         } else {
@@ -334,16 +327,26 @@ enum Unsent {
 
 /// Opens the proxy's `/agent/run`, holding it in `open`, and sends it the
 /// ask. A proxy that does not read can hold a large ask forever: the run's
-/// end must still reach the loop.
+/// end must still reach the loop. A proxy in process takes the ask with
+/// the path.
 async fn open<'o, F: Future<Output = ErrorValue>>(
     shared: &Arc<Shared>,
     request: Bytes,
-    proxy_url: &str,
+    proxy: &Place,
     open: &'o mut Option<Open>,
     run_end: &mut RunEnd<'_, F>,
-) -> Result<&'o mut Path, Unsent> {
+) -> Result<&'o mut RunPath, Unsent> {
     let metrics = &shared.metrics;
     let limits = shared.config.limits;
+    let proxy_url = match proxy {
+        Place::Url(url) => url,
+        Place::Local(local) => {
+            let path = RunPath::Local(local.run(request, limits.max_message_size));
+            let held = Held::new(shared, |s: &Stats| &s.proxy_paths);
+            let Open { path, .. } = open.insert(Open { path, _held: held });
+            return Ok(path);
+        }
+    };
     let dialled = run_end
         .or(proxy_path::open(
             proxy_url,
@@ -353,7 +356,7 @@ async fn open<'o, F: Future<Output = ErrorValue>>(
         ))
         .await
         .map_err(Unsent::Cut)?;
-    let path = dialled.map_err(|why| {
+    let mut path = dialled.map_err(|why| {
         metrics.proxy_faults.inc(ProxyFault::Unreachable);
         Unsent::Cut(ErrorValue::kind(
             ErrorKind::Proxy,
@@ -361,8 +364,12 @@ async fn open<'o, F: Future<Output = ErrorValue>>(
         ))
     })?;
     let held = Held::new(shared, |s: &Stats| &s.proxy_paths);
-    let Open { path, .. } = open.insert(Open { path, _held: held });
-    match run_end.or(path.send(Message::Binary(request))).await {
+    let sent = run_end.or(path.send(Message::Binary(request))).await;
+    *open = Some(Open {
+        path: RunPath::Socket(Box::new(path)),
+        _held: held,
+    });
+    match sent {
         Ok(Ok(())) => {}
         Ok(Err(why)) => {
             metrics.proxy_faults.inc(ProxyFault::Send);
@@ -375,69 +382,6 @@ async fn open<'o, F: Future<Output = ErrorValue>>(
         unreachable!("held above")
     };
     Ok(path)
-}
-
-/// What came next on the proxy's path.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Next {
-    /// A binary message: a run-loop payload, unread.
-    Message(Bytes),
-    /// The proxy's clean close.
-    Closed,
-    /// The path ended without a close: how.
-    Broke(String),
-}
-
-/// Reads the path up to its next binary message, or its end. The
-/// messages are taken from the socket's buffer, without the WebSocket
-/// ([`ReadAhead::poll_messages`]); the WebSocket reads the rest. Text
-/// messages and pings carry nothing (protocol §1); a ping's answer is sent
-/// at once, since the WebSocket, which sends it, may not be read again
-/// for a while.
-pub(crate) async fn next_message<S>(path: &mut WebSocketStream<ReadAhead<S>>) -> Next
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    std::future::poll_fn(|cx| {
-        loop {
-            if let Some(message) = path.get_mut().message() {
-                return Poll::Ready(Next::Message(message));
-            }
-            match path.get_mut().poll_messages(cx) {
-                Poll::Ready(true) => continue,
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(false) => {}
-            }
-            let next = match path.poll_next_unpin(cx) {
-                // Pending while a message waits, with no wake-up: taken
-                // on the next turn.
-                Poll::Pending if path.get_ref().has_message() => continue,
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(next) => next,
-            };
-            return Poll::Ready(match next {
-                Some(Ok(Message::Binary(message))) => Next::Message(message),
-                // A close between the fragments of a message: the message
-                // is lost, so the loop did not finish.
-                Some(Ok(Message::Close(_))) if path.get_ref().inside_message() => Next::Broke(
-                    "the proxy closed the path inside a message (after a fragment that was not \
-                     its last)"
-                        .to_owned(),
-                ),
-                Some(Ok(Message::Close(_))) => Next::Closed,
-                Some(Ok(Message::Ping(_))) => {
-                    // Its answer: written now if the socket takes it, else
-                    // with the WebSocket's next read.
-                    let _ = path.poll_flush_unpin(cx);
-                    continue;
-                }
-                Some(Ok(Message::Text(_) | Message::Pong(_) | Message::Frame(_))) => continue,
-                Some(Err(why)) => Next::Broke(why.to_string()),
-                None => Next::Broke("the connection closed without a close frame".to_owned()),
-            });
-        }
-    })
-    .await
 }
 
 /// Ends a run-loop channel that is not relayed (its identity holds as many

@@ -20,6 +20,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use runloop_proto::ErrorValue;
 use runloop_proto::frame;
+use runloop_wire::lane::COPIED;
 use runloop_wire::limits::Limits;
 use runloop_wire::writer::{Direct, FrameBytes, Outgoing, Put};
 
@@ -77,11 +78,22 @@ impl<'a> Responses<'a> {
                 .map(|direct| Socket::new(direct, &self.limits));
         }
         if let Some(socket) = &mut self.socket {
-            // The header and the message as they are: the connection's lane
-            // writes them from their own bytes.
-            let frame = FrameBytes::apart(self.header.clone(), message.clone());
+            // A small frame is copied onto the lane from where it lies (no
+            // hold on its bytes); a large one goes as its own bytes.
+            let copied = if size <= COPIED {
+                socket.direct.put_copy(&self.header, message, relayed_at)
+            } else {
+                None
+            };
             // On the lane without a wait (or a future) while it has room.
-            match socket.direct.put(frame, relayed_at) {
+            let put = match copied {
+                Some(put) => put,
+                None => {
+                    let frame = FrameBytes::apart(self.header.clone(), message.clone());
+                    socket.direct.put(frame, relayed_at)
+                }
+            };
+            match put {
                 Put::Done => {}
                 Put::Full => run_end.or(socket.direct.flush()).await?,
                 Put::Feed(frame) => run_end.or(socket.direct.feed(frame, relayed_at)).await?,

@@ -219,7 +219,7 @@ impl Run {
         };
         let registered = self
             .unless_ended(proxy_path::register(
-                running.container.proxy_url(),
+                &proxy_path::Place::of(&*running.container),
                 &request.agent,
                 &shared.config.limits,
             ))
@@ -301,7 +301,7 @@ impl Run {
         self.outbox.respond(&RunResponse::Id(id.0.clone()));
         info!("running");
         let run: Arc<str> = Arc::from(id.0.as_str());
-        let proxy_url = running.container.proxy_url().to_owned();
+        let proxy = proxy_path::Place::of(&*running.container);
         let (ending, ending_seen) = watch::channel(None::<ErrorValue>);
         let relays = TaskTracker::new();
         let (end, why) = loop {
@@ -320,7 +320,7 @@ impl Run {
                                 Arc::clone(&self.shared),
                                 outbox,
                                 order.request,
-                                proxy_url.clone(),
+                                proxy.clone(),
                                 ending_seen.clone(),
                                 (self.connection, Arc::clone(&run)),
                                 claim,

@@ -39,6 +39,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::error::ProtocolError;
 
+use crate::ws::{Head, MAX_HEAD, opcode};
+
 /// The writer's end of a connection's lane (see the module's docs).
 #[derive(Clone)]
 pub struct Lane {
@@ -67,16 +69,13 @@ struct Queue {
     bytes: usize,
 }
 
-/// The longest header of an unmasked frame: 2 bytes and an 8-byte length.
-const MAX_HEAD: usize = 10;
-
 /// The largest part of a frame copied onto the lane rather than written
 /// from its own bytes. A vectored write's pieces cost the kernel each (a
 /// batch of 100-byte chunks as 200 pieces was slower than the one copy
 /// through the WebSocket's buffer), so small frames are copied together
 /// (one copy, as the forwarder makes) and only large payloads, where a
 /// copy costs more than a piece, go as they are.
-const COPIED: usize = 512;
+pub const COPIED: usize = 512;
 
 /// The most pieces one vectored write takes: Linux's limit (UIO_MAXIOV).
 const SLICES: usize = 1024;
@@ -108,7 +107,7 @@ impl Lane {
     pub fn push(&self, opens: bool, fin: bool, head: Bytes, body: Bytes) -> Result<usize, WsError> {
         let length = head.len() + body.len();
         let mut header = [0; MAX_HEAD];
-        let len = frame_header(opens, fin, length, &mut header);
+        let len = Head::data(opens, fin, length as u64).write(&mut header);
         let mut queue = lock(&self.queue);
         if queue.closed {
             return Err(WsError::Protocol(ProtocolError::SendAfterClosing));
@@ -127,30 +126,31 @@ impl Lane {
         Ok(queue.bytes)
     }
 
+    /// [`push`](Self::push) for a frame small enough to be copied whole
+    /// ([`COPIED`] bytes or fewer): its payload's parts are copied onto the
+    /// lane from where they lie, and nothing of them is held.
+    pub fn push_copy(&self, opens: bool, fin: bool, parts: [&[u8]; 2]) -> Result<usize, WsError> {
+        let length = parts[0].len() + parts[1].len();
+        let mut header = [0; MAX_HEAD];
+        let len = Head::data(opens, fin, length as u64).write(&mut header);
+        let mut queue = lock(&self.queue);
+        if queue.closed {
+            return Err(WsError::Protocol(ProtocolError::SendAfterClosing));
+        }
+        queue.bytes += len + length;
+        queue.room(len + length);
+        queue.tail.extend_from_slice(&header[..len]);
+        for part in parts {
+            queue.tail.extend_from_slice(part);
+        }
+        Ok(queue.bytes)
+    }
+
     /// The peer's close was read: from now on only the WebSocket's own
     /// frames (its answer to the close) may go on the lane, as the
     /// WebSocket itself would refuse a data frame once it has read a close.
     pub fn peer_closed(&self) {
         lock(&self.queue).closed = true;
-    }
-}
-
-/// Writes the header of an unmasked data frame of `length` bytes into
-/// `out` (RFC 6455, section 5.2): FIN, the opcode (Binary or
-/// Continuation), the length in 7, 7+16 or 7+64 bits. Says how long it is.
-fn frame_header(opens: bool, fin: bool, length: usize, out: &mut [u8; MAX_HEAD]) -> usize {
-    out[0] = if fin { 0x80 } else { 0 } | if opens { 0x2 } else { 0 };
-    if length < 126 {
-        out[1] = length as u8;
-        2
-    } else if let Ok(short) = u16::try_from(length) {
-        out[1] = 126;
-        out[2..4].copy_from_slice(&short.to_be_bytes());
-        4
-    } else {
-        out[1] = 127;
-        out[2..10].copy_from_slice(&(length as u64).to_be_bytes());
-        10
     }
 }
 
@@ -240,23 +240,14 @@ impl Queue {
 /// Whether the frames in `bytes`, whole frames one after the other, hold a
 /// close frame.
 fn holds_close(mut bytes: &[u8]) -> bool {
-    while let [first, second, rest @ ..] = bytes {
-        if first & 0x0F == 0x8 {
+    while let Some((head, taken)) = Head::parse(bytes) {
+        if head.opcode == opcode::CLOSE {
             return true;
         }
-        let (length, rest): (u64, &[u8]) = match (second & 0x7F, rest) {
-            (126, [a, b, rest @ ..]) => (u64::from(u16::from_be_bytes([*a, *b])), rest),
-            (127, [a, b, c, d, e, f, g, h, rest @ ..]) => {
-                (u64::from_be_bytes([*a, *b, *c, *d, *e, *f, *g, *h]), rest)
-            }
-            (126 | 127, _) => return false,
-            (length, rest) => (u64::from(length), rest),
-        };
-        let mask = if second & 0x80 != 0 { 4 } else { 0 };
-        let skip = usize::try_from(length)
+        let skip = usize::try_from(head.length)
             .unwrap_or(usize::MAX)
-            .saturating_add(mask);
-        bytes = rest.get(skip..).unwrap_or_default();
+            .saturating_add(taken);
+        bytes = bytes.get(skip..).unwrap_or_default();
     }
     false
 }
@@ -433,7 +424,7 @@ mod tests {
                 vec![round; usize::from(round) * 3]
             };
             let mut header = [0; MAX_HEAD];
-            let len = frame_header(true, true, 1 + body.len(), &mut header);
+            let len = Head::data(true, true, 1 + body.len() as u64).write(&mut header);
             expected.extend_from_slice(&header[..len]);
             expected.push(b'#');
             expected.extend_from_slice(&body);
@@ -447,28 +438,6 @@ mod tests {
         let queue = lock(&lane.queue);
         assert_eq!(queue.bytes, 0, "all written");
         assert!(queue.segments.is_empty() && queue.tail.is_empty());
-    }
-
-    #[test]
-    fn frame_headers_are_the_websockets_own() {
-        use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
-        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
-
-        for length in [0, 1, 125, 126, 127, 65_535, 65_536, 1 << 24] {
-            for (opens, fin) in [(true, true), (true, false), (false, false), (false, true)] {
-                let mut ours = [0; MAX_HEAD];
-                let len = frame_header(opens, fin, length, &mut ours);
-                let opcode = if opens { Data::Binary } else { Data::Continue };
-                let header = FrameHeader {
-                    is_final: fin,
-                    opcode: OpCode::Data(opcode),
-                    ..FrameHeader::default()
-                };
-                let mut theirs = Vec::new();
-                header.format(length as u64, &mut theirs).expect("formats");
-                assert_eq!(&ours[..len], &theirs[..], "{length} {opens} {fin}");
-            }
-        }
     }
 
     #[tokio::test]

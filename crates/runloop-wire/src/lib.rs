@@ -5,7 +5,9 @@
 //! limits     what a connection and a server may hold, with their minimums
 //! writer     a framed connection's socket, its queue and the task that
 //!            writes what is queued (large frames as fragments)
-//! lane       the server's socket under its WebSocket: data frames written
+//! ws         the WebSocket frame layer: the frame head codec, the message
+//!            reader, and the rules of sharing a socket with tungstenite
+//! lane       a server's socket under its WebSocket: data frames written
 //!            from their own bytes, in one vectored write
 //! histogram  the latency histogram the writer records into
 //! transport  dialling ws:// and wss://, and the server's TLS handshake
@@ -25,3 +27,4 @@ pub mod listener;
 pub mod tls;
 pub mod transport;
 pub mod writer;
+pub mod ws;

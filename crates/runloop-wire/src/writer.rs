@@ -265,15 +265,42 @@ impl Sending {
         if let Some((tap, local)) = &self.tap {
             tap(*local, &message.contiguous());
         }
-        if self.latency.is_some()
-            && let Some(relayed_at) = relayed_at
-        {
+        match relayed_at {
+            Some(relayed_at) => self.note_relayed(relayed_at),
+            None => self.fed += 1,
+        }
+    }
+
+    /// Notes a frame that carries a proxy's message that came at
+    /// `relayed_at` as fed.
+    fn note_relayed(&mut self, relayed_at: Instant) {
+        if self.latency.is_some() {
             match self.relayed.last_mut() {
                 Some((at, count)) if *at == relayed_at => *count += 1,
                 _ => self.relayed.push((relayed_at, 1)),
             }
         }
         self.fed += 1;
+    }
+
+    /// Puts a frame of `head` then `body`, small enough to be copied
+    /// ([`COPIED`](crate::lane::COPIED)), on the lane, from where they lie:
+    /// how many bytes the lane then holds. Only for an outlet with a lane.
+    fn put_copy(
+        &mut self,
+        head: &[u8],
+        body: &[u8],
+        relayed_at: Instant,
+    ) -> Result<usize, WsError> {
+        if self.sink.is_none() {
+            return Err(WsError::AlreadyClosed);
+        }
+        if let Some((tap, local)) = &self.tap {
+            tap(*local, &[head, body].concat());
+        }
+        self.note_relayed(relayed_at);
+        let lane = self.lane.as_ref().ok_or(WsError::AlreadyClosed)?;
+        lane.push_copy(true, true, [head, body])
     }
 
     /// Puts a frame on the lane, without waiting: how many bytes the lane
@@ -494,6 +521,22 @@ impl Direct<'_> {
                 Put::Done
             }
         }
+    }
+
+    /// [`put`](Self::put) for a frame of `head` then `body` small enough
+    /// to be copied ([`COPIED`](crate::lane::COPIED) bytes or fewer): the
+    /// parts are copied onto the lane from where they lie, nothing of them
+    /// held. `None`: the connection has no lane; feed the frame instead.
+    pub fn put_copy(&mut self, head: &[u8], body: &[u8], relayed_at: Instant) -> Option<Put> {
+        self.sending.lane.as_ref()?;
+        Some(match self.sending.put_copy(head, body, relayed_at) {
+            Ok(queued) if queued >= LANE_AHEAD => Put::Full,
+            Ok(_) => Put::Done,
+            Err(error) => {
+                self.fail(&error);
+                Put::Done
+            }
+        })
     }
 
     /// Feeds a frame that carries a proxy's message that came at

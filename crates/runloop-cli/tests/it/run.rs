@@ -469,3 +469,55 @@ fn bench_shares_connections_among_loops_and_checks_every_chunk() {
     assert!(last["paced"].is_null(), "--pace 0: no paced phase: {last}");
     assert!(last["relay_paced_latency_p50_ratio"].is_null(), "{last}");
 }
+
+/// The whole chain against nginx: every side's loops read whole and in
+/// order, nginx and the server measured, each ratio printed.
+#[test]
+fn bench_chain_measures_the_whole_chain_against_nginx() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::program("nginx", "nginx")]) {
+        return;
+    }
+    let (_, text, last) = bench(&[
+        "--chain",
+        "--loops",
+        "2",
+        "--chunks",
+        "50",
+        "--duration",
+        "0",
+        "--rounds",
+        "2",
+        "--pace",
+        "500",
+    ]);
+    // Two loops of 50 chunks, once per round, on every side and in both phases.
+    for side in [&last, &last["paced"]] {
+        for name in ["chain", "nginx", "agent"] {
+            assert_eq!(side[name]["chunks"], 200, "{name} in {side}");
+            assert_eq!(side[name]["disorder"], 0, "{name} in {side}");
+            assert_eq!(side[name]["failed_loops"], 0, "{name} in {side}");
+        }
+    }
+    for key in [
+        "chain_ratio",
+        "chain_vs_agent",
+        "chain_paced_latency_p50_ratio",
+    ] {
+        assert!(
+            last[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key} in {last}"
+        );
+    }
+    assert!(
+        last["skipped"].as_array().is_some_and(Vec::is_empty),
+        "{last}"
+    );
+    assert!(last["agent"]["cpu_us_per_chunk"].is_null(), "{last}");
+    for line in [
+        "chain/nginx CPU per chunk",
+        "chain/nginx throughput",
+        "chain/nginx paced added",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+}

@@ -2,7 +2,7 @@
 //! proxy of this crate beside it in the server's process (protocol §12).
 //!
 //! ```text
-//! server ──ws──▶ proxy (task, 127.0.0.1:P1) ──HTTP──▶ child process ($PORT = P2, own cgroup)
+//! server ──in process──▶ proxy (task; also ws on 127.0.0.1:P1) ──HTTP──▶ child process ($PORT = P2, own cgroup)
 //!                                                     stdout/stderr ──lines, budgeted──▶ tracing
 //! ```
 //!

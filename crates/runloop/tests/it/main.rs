@@ -22,6 +22,7 @@ mod fuzz_corpus;
 mod hostile;
 mod lifecycle;
 mod model;
+mod over_limit;
 mod proxy;
 mod relay;
 mod support;
