@@ -46,13 +46,14 @@ use std::time::Duration;
 
 use runloop_runtime::cgroup::{TenantHold, Tenants};
 use runloop_runtime::output::TenantLog;
+use runloop_runtime::steps::Steps;
 use runloop_runtime::supervised::{self, Agent, NotReady, Supervised, Supervisor};
 use runloop_runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use tokio::process::Child;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::bundle::{self, Bundle};
 use crate::cgroup;
@@ -140,6 +141,7 @@ impl OciRuntime {
                 disk::MIN_DISK
             )));
         }
+        let mut steps = Steps::start();
         // The image is used now, and held until the run is torn down.
         self.image.hold.touch();
         let key = crate::random_name();
@@ -171,7 +173,7 @@ impl OciRuntime {
             tenant,
         };
         let log = limits.tenant.log();
-        let made = self.make(&run, &limits).await;
+        let made = self.make(&run, &limits, &mut steps).await;
         let (netns, child) = match made {
             Ok(_) if abandoned.is_cancelled() => {
                 warn!(key = %run.key, "a container start was given up on; removing what it made");
@@ -200,14 +202,19 @@ impl OciRuntime {
         };
         // Its disk file's blocks are what it has written of its disk.
         started
-            .ready(child, log, &abandoned)
+            .ready(child, log, &abandoned, steps)
             .await
             .map(|container| container.with_disk_file(disk))
     }
 
     /// Makes the run's files, mounts, network and configuration, and starts
     /// runc.
-    async fn make(&self, run: &Run, limits: &ContainerLimits) -> Result<(Netns, Child), String> {
+    async fn make(
+        &self,
+        run: &Run,
+        limits: &ContainerLimits,
+        steps: &mut Steps,
+    ) -> Result<(Netns, Child), String> {
         let key = run.key.as_str();
         let dir = run.dir();
         let ids = self.host.config().ids;
@@ -223,17 +230,23 @@ impl OciRuntime {
             .map_err(|error| {
                 format!("cannot make the run's directory {}: {error}", dir.display())
             })?;
+        steps.mark("dir");
         let process = &self.image.image.process;
         crate::init::find_program(&self.image.rootfs, &process.args, &process.env)?;
+        steps.mark("program");
         disk::create(&dir, limits.disk, (ids.uids.start, ids.gids.start))
             .await
             .map_err(|error| format!("cannot make the run's disk: {error}"))?;
+        steps.mark("disk");
         disk::overlay(&dir, &self.image.rootfs)
             .map_err(|error| format!("cannot mount the run's root: {error}"))?;
+        steps.mark("overlay");
         let netns = network::create(key)
             .await
             .map_err(|error| format!("cannot make the run's network: {error}"))?;
+        steps.mark("netns");
         let resolv_conf = self.egress(key, &dir).await?;
+        steps.mark("egress");
         let user = user::resolve(&self.image.rootfs, process.user.as_deref())?;
         if user.uid >= ids.uids.count || user.gid >= ids.gids.count {
             return Err(format!(
@@ -266,12 +279,14 @@ impl OciRuntime {
         let config = dir.join("config.json");
         spec.save(&config)
             .map_err(|error| format!("cannot write {}: {error}", config.display()))?;
+        steps.mark("bundle");
         let child = self
             .host
             .runc()
             .run_command(&dir, &id)
             .spawn()
             .map_err(|error| format!("cannot start runc: {error}"))?;
+        steps.mark("spawn");
         info!(%key, image = %self.image.image.digest, memory = limits.memory, disk = limits.disk, "container starting");
         Ok((netns, child))
     }
@@ -395,6 +410,7 @@ impl Started {
         child: Child,
         log: Option<TenantLog>,
         abandoned: &CancellationToken,
+        mut steps: Steps,
     ) -> Result<OciContainer, StartError> {
         let host = Arc::clone(&self.run.host);
         let key = self.run.key.clone();
@@ -429,9 +445,12 @@ impl Started {
                 Some(runc) => format!("{why} ({runc})"),
                 None => why,
             })?;
-            link::bind(agent, watch, supervisor.stop().clone())
+            steps.mark("ready");
+            let linked = link::bind(agent, watch, supervisor.stop().clone())
                 .await
-                .map_err(|error| format!("cannot bind the agent link: {error}"))
+                .map_err(|error| format!("cannot bind the agent link: {error}"));
+            steps.mark("link");
+            linked
         };
         let served = match linked.await {
             Ok((link, task)) => supervisor.serve(self, link, vec![task], ()).await,
@@ -442,7 +461,9 @@ impl Started {
         };
         match served {
             Ok(container) => {
+                steps.mark("proxy");
                 info!(%key, url = container.proxy_url(), "oci container ready");
+                debug!(%key, %steps, "start steps");
                 Ok(container)
             }
             Err(why) => {

@@ -18,6 +18,7 @@ mod catalog;
 pub mod cgroup;
 pub mod exec;
 pub mod output;
+pub mod steps;
 pub mod supervised;
 
 use std::fmt;

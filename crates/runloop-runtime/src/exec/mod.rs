@@ -77,12 +77,13 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use confine::{Confinement, PARENT};
 
 use super::cgroup::{Bounds, Cgroup, Joiner, TenantHold, Tenants};
 use super::output::OutputLimit;
+use super::steps::Steps;
 use super::supervised::{self, Agent, NotReady, Supervised, Supervisor};
 use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use port::{Lease, Listener};
@@ -240,7 +241,9 @@ impl Exec {
             ))
         })?;
         let port = lease.port();
+        let mut steps = Steps::start();
         let (cgroup, tenant, setup) = self.hold(limits)?;
+        steps.mark("cgroup");
         let spawned = self.command(port, setup).spawn();
         let child = match spawned {
             Ok(child) => child,
@@ -255,6 +258,7 @@ impl Exec {
                 )));
             }
         };
+        steps.mark("spawn");
         // `id` is `None` only once the child has been reaped; it was just spawned.
         let pid = child.id().unwrap_or_default();
         // A start given up on (its future dropped) still ends the run.
@@ -300,6 +304,7 @@ impl Exec {
             supervisor.give_up(program).await;
             return Err(failed);
         }
+        steps.mark("ready");
         let process = ExecProcess {
             pid,
             cgroup: program.guard.hold.cgroup().cloned(),
@@ -309,7 +314,9 @@ impl Exec {
             .serve(program, agent, Vec::new(), process)
             .await
             .map_err(Failed::Start)?;
+        steps.mark("proxy");
         info!(program = %name, pid, url = container.proxy_url(), "exec container ready");
+        debug!(program = %name, pid, %steps, "start steps");
         Ok(container)
     }
 
