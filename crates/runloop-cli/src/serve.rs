@@ -37,7 +37,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runloop::runtime::output::OutputLimit;
-use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
+use runloop::runtime::{
+    AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, ExecNetwork, RuntimeSpec,
+};
 use runloop::server::{
     Credentials, PerIdentity, RunBudget, Server, ServerConfig, ServerHandle, Tenants,
     default_disk_budget, default_store_max_size,
@@ -52,7 +54,7 @@ use crate::descriptors::{self, Holds, Load};
 use crate::exit::{Exit, Failure};
 use crate::limit_table::option;
 use crate::process::{block_on, init_logs_as, shutdown_signal, start_admin};
-pub use crate::serve_args::{Args, ExecDisk, OciRuntimeArg};
+pub use crate::serve_args::{Args, ExecDisk, ExecNetworkArg, OciRuntimeArg};
 use crate::{serve_file, token};
 
 impl Args {
@@ -78,6 +80,10 @@ impl Args {
             pids: self.exec_pids,
             output: self.output_limit(),
             startup_timeout: self.startup_timeout,
+            network: match self.exec_network {
+                ExecNetworkArg::Own => ExecNetwork::Own,
+                ExecNetworkArg::Host => ExecNetwork::Host,
+            },
             ..ExecConfig::default()
         }
     }
@@ -424,6 +430,20 @@ impl Args {
         let confinement = Confinement::host();
         if self.exec_disk == ExecDisk::Unenforced {
             warn!("exec runs go ahead with their disk unenforced (--exec-disk unenforced)");
+        }
+        match (
+            self.exec_network,
+            runloop::runtime::exec::network_shortfall(),
+        ) {
+            (ExecNetworkArg::Host, _) => warn!(
+                "exec runs are on the host's network (--exec-network host): their agent programs \
+                 reach what the server's user reaches, the host's own services included"
+            ),
+            (ExecNetworkArg::Own, Some(shortfall)) => warn!("{shortfall}"),
+            (ExecNetworkArg::Own, None) => info!(
+                "exec runs each have a network namespace of their own, loopback only \
+                 (--exec-network host gives them the host's)"
+            ),
         }
         if let Confinement::Cgroups(cgroup) = confinement {
             info!(

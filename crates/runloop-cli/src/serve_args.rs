@@ -185,6 +185,14 @@ pub struct Args {
     /// `unenforced`: runs go ahead, and `disk` is not held.
     #[arg(long, value_name = "POLICY", value_enum, default_value_t = ExecDisk::Refuse, hide_possible_values = true, help_heading = "Exec")]
     pub exec_disk: ExecDisk,
+    /// `exec:` entries: the network a run's agent program gets. `own`: a
+    /// network namespace of the run's own with loopback only (it listens
+    /// on 127.0.0.1:8080 there and reaches no other run, no host service
+    /// and no other machine; needs root, else runs go on the host's and
+    /// the server says so); `host`: the host's network, the internet (model
+    /// APIs) and the host's services included, on a leased port.
+    #[arg(long, value_name = "NETWORK", value_enum, default_value_t = ExecNetworkArg::Own, hide_possible_values = true, help_heading = "Exec")]
+    pub exec_network: ExecNetworkArg,
     /// `exec:` entries: how long the program has to accept TCP on $PORT (a
     /// duration); at most 1h.
     #[arg(long, value_name = "DURATION", value_parser = crate::seconds::at_most("1h", true), default_value = "60s", help_heading = "Exec")]
@@ -236,6 +244,16 @@ pub enum OciRuntimeArg {
     /// runsc (gVisor): a kernel of its own in user space between the
     /// agent and the host's.
     Runsc,
+}
+
+/// `--exec-network`: where an exec run's agent program listens, and what
+/// it reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecNetworkArg {
+    /// A network namespace of the run's own, loopback only.
+    Own,
+    /// The host's network.
+    Host,
 }
 
 /// `--exec-disk`: what the exec runtime does with a `disk` it cannot hold.

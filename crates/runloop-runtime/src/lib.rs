@@ -17,6 +17,7 @@ mod builtin;
 mod catalog;
 pub mod cgroup;
 pub mod exec;
+pub mod netns;
 pub mod output;
 pub mod steps;
 pub mod supervised;
@@ -31,7 +32,9 @@ use runloop_proto::ErrorKind;
 pub use attach::Attach;
 pub use builtin::Builtin;
 pub use catalog::{AgentSpec, Catalog, CatalogError, RuntimeSpec, SpecError};
-pub use exec::{Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer, ExecProcess};
+pub use exec::{
+    Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer, ExecNetwork, ExecProcess,
+};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
