@@ -1,8 +1,9 @@
 //! One container's life: made, started, watched, stopped and removed.
 //!
 //! ```text
-//! start:  run dir ─▶ disk (ext4, loop) ─▶ overlay root ─▶ netns (lo; egress veth if on) ─▶ config.json
-//!         ─▶ runc run --keep ─▶ agent accepts TCP on 127.0.0.1:PORT in the netns ─▶ link ─▶ proxy
+//! start:  run dir ─▶ ┬ disk (a copy of its size's template, loop, ext4) ─▶ overlay root ┬─▶ config.json
+//!                    └ netns (lo; egress veth if on) ────────────────────────────────┘
+//!         ─▶ runc run --keep ─▶ agent listens on 127.0.0.1:PORT in the netns ─▶ link ─▶ proxy
 //!         (any failure, or the start given up on: teardown)
 //! end:    by itself (exit, OOM) or stop: signal, grace, SIGKILL to all, runc delete,
 //!         netns gone, overlay and disk unmounted (loop detached), run dir removed
@@ -45,6 +46,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runloop_runtime::cgroup::{TenantHold, Tenants};
+use runloop_runtime::netns::{Diag, Listening};
 use runloop_runtime::output::TenantLog;
 use runloop_runtime::steps::Steps;
 use runloop_runtime::supervised::{self, Agent, NotReady, Supervised, Supervisor};
@@ -174,7 +176,7 @@ impl OciRuntime {
         };
         let log = limits.tenant.log();
         let made = self.make(&run, &limits, &mut steps).await;
-        let (netns, child) = match made {
+        let (netns, diag, child) = match made {
             Ok(_) if abandoned.is_cancelled() => {
                 warn!(key = %run.key, "a container start was given up on; removing what it made");
                 run.remove().await;
@@ -191,6 +193,7 @@ impl OciRuntime {
         let started = Started {
             run,
             netns,
+            diag,
             port: bundle::port(&self.image.image.process),
             stop_signal: self
                 .image
@@ -214,7 +217,7 @@ impl OciRuntime {
         run: &Run,
         limits: &ContainerLimits,
         steps: &mut Steps,
-    ) -> Result<(Netns, Child), String> {
+    ) -> Result<(Netns, Diag, Child), String> {
         let key = run.key.as_str();
         let dir = run.dir();
         let ids = self.host.config().ids;
@@ -233,20 +236,6 @@ impl OciRuntime {
         steps.mark("dir");
         let process = &self.image.image.process;
         crate::init::find_program(&self.image.rootfs, &process.args, &process.env)?;
-        steps.mark("program");
-        disk::create(&dir, limits.disk, (ids.uids.start, ids.gids.start))
-            .await
-            .map_err(|error| format!("cannot make the run's disk: {error}"))?;
-        steps.mark("disk");
-        disk::overlay(&dir, &self.image.rootfs)
-            .map_err(|error| format!("cannot mount the run's root: {error}"))?;
-        steps.mark("overlay");
-        let netns = network::create(key)
-            .await
-            .map_err(|error| format!("cannot make the run's network: {error}"))?;
-        steps.mark("netns");
-        let resolv_conf = self.egress(key, &dir).await?;
-        steps.mark("egress");
         let user = user::resolve(&self.image.rootfs, process.user.as_deref())?;
         if user.uid >= ids.uids.count || user.gid >= ids.gids.count {
             return Err(format!(
@@ -254,6 +243,30 @@ impl OciRuntime {
                 user.uid, user.gid, ids.uids.count
             ));
         }
+        steps.mark("image");
+        // The disk and the network do not wait for each other; a start that
+        // fails in one has the other finish, and the run's teardown
+        // removes both.
+        let (disk, network) = tokio::join!(
+            async {
+                disk::create(&dir, limits.disk, self.host.disks(), &self.image.rootfs)
+                    .await
+                    .map_err(|error| format!("cannot make the run's disk and root: {error}"))
+            },
+            async {
+                let netns = network::create(key)
+                    .await
+                    .map_err(|error| format!("cannot make the run's network: {error}"))?;
+                let diag = netns.diag().await.map_err(|error| {
+                    format!("cannot ask who listens in the run's network namespace: {error}")
+                })?;
+                let resolv_conf = self.egress(key, &dir).await?;
+                Ok::<_, String>((netns, diag, resolv_conf))
+            }
+        );
+        disk?;
+        let (netns, diag, resolv_conf) = network?;
+        steps.mark("disk+netns");
         let id = runc::id(key);
         let spec = Bundle {
             process,
@@ -273,6 +286,7 @@ impl OciRuntime {
             }),
             resolv_conf,
             sandbox: self.host.runc().kind() == runc::Kind::Runsc,
+            filter: self.host.filter(),
         }
         .spec()
         .map_err(|error| error.to_string())?;
@@ -288,7 +302,7 @@ impl OciRuntime {
             .map_err(|error| format!("cannot start runc: {error}"))?;
         steps.mark("spawn");
         info!(%key, image = %self.image.image.digest, memory = limits.memory, disk = limits.disk, "container starting");
-        Ok((netns, child))
+        Ok((netns, diag, child))
     }
 }
 
@@ -398,6 +412,8 @@ async fn end_now(host: &Host, key: &str) {
 struct Started {
     run: Run,
     netns: Netns,
+    /// Who listens in the run's namespace: the readiness probe.
+    diag: Diag,
     port: u16,
     stop_signal: String,
 }
@@ -477,15 +493,14 @@ impl Started {
 impl Agent for Started {
     const WHAT: &'static str = "the container";
 
-    /// A socket made in the run's network namespace, connected to
-    /// `127.0.0.1:PORT` there.
+    /// Something listening on `PORT` in the run's network namespace where
+    /// `127.0.0.1` reaches it, as the kernel's socket diagnostics there
+    /// say (no connection the agent would see; only the run is there).
     async fn probe(&self) -> Result<bool, NotReady> {
-        match self.netns.connect(self.port).await {
-            Ok(_) => Ok(true),
-            // Nothing listens yet (or no longer).
-            Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => Ok(false),
+        match self.diag.listening(self.port) {
+            Ok(found) => Ok(found.iter().any(Listening::reached_from_loopback)),
             Err(error) => Err(NotReady::Failed(format!(
-                "cannot dial the agent program in the run's network namespace {}: {error}",
+                "cannot ask who listens in the run's network namespace {}: {error}",
                 self.netns.name()
             ))),
         }

@@ -22,9 +22,10 @@
 //! [`image`], [`unpack`], [`store`] (bounded by [`gc`]) — and for `registry` images
 //! [`registry`] before them; then a run: [`host`] (what runs
 //! share, checked at startup), [`container`] (one container's life), and
-//! the parts it is made of — [`disk`], [`network`], [`egress`] (with
+//! the parts it is made of — [`disk`] (with [`loopdev`]), [`network`], [`egress`] (with
 //! [`conntrack`]), [`user`], [`bundle`],
-//! [`runc`], [`cgroup`], [`link`], [`command`].
+//! [`runc`] (with [`filter`], the syscall filter made once), [`cgroup`],
+//! [`link`], [`command`].
 
 pub mod bundle;
 pub mod cgroup;
@@ -35,12 +36,14 @@ pub mod digest;
 pub mod disk;
 pub mod distribution;
 pub mod egress;
+pub mod filter;
 pub mod gc;
 pub mod host;
 pub mod image;
 pub mod init;
 pub mod layout;
 pub mod link;
+pub mod loopdev;
 pub mod network;
 pub mod registry;
 pub mod runc;

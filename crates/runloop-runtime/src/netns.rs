@@ -32,6 +32,8 @@ use std::fs::File;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -52,6 +54,15 @@ impl Netns {
     /// `CAP_SYS_ADMIN` (root).
     pub async fn create() -> io::Result<Netns> {
         let fd = ask(Work::Create).await?;
+        Ok(Netns { fd: Arc::new(fd) })
+    }
+
+    /// A new namespace as [`Netns::create`] makes it, also bound at `path`
+    /// (as `ip netns add` binds one under `/run/netns`): runc joins it
+    /// there, and a server started after a crash finds it by its name.
+    /// Remove it with [`remove_at`].
+    pub async fn create_at(path: &Path) -> io::Result<Netns> {
+        let fd = ask(Work::CreateAt(path.to_owned())).await?;
         Ok(Netns { fd: Arc::new(fd) })
     }
 
@@ -142,10 +153,37 @@ async fn copy_both(mut inbound: TcpStream, netns: &Netns, port: u16) {
     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
 }
 
+/// Unbinds the namespace bound at `path` and removes the file (as `ip
+/// netns del` does); absent is fine. The namespace itself lives on while
+/// a process or a descriptor holds it.
+pub fn remove_at(path: &Path) -> io::Result<()> {
+    let name = c_path(path)?;
+    // SAFETY: umount2 on a NUL-terminated path.
+    if unsafe { libc::umount2(name.as_ptr(), libc::MNT_DETACH) } == -1 {
+        let error = io::Error::last_os_error();
+        // EINVAL: not a mount point (a file left by a crash mid-make).
+        if !matches!(error.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
+            return Err(error);
+        }
+    }
+    match std::fs::remove_file(path) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
+}
+
+fn c_path(path: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))
+}
+
 /// What the maker thread is asked for.
 enum Work {
     /// A new namespace, lo up.
     Create,
+    /// A new namespace, lo up, bound at this path.
+    CreateAt(PathBuf),
     /// A socket in this namespace.
     Socket(Arc<OwnedFd>, Kind),
 }
@@ -190,6 +228,10 @@ fn maker() -> io::Result<mpsc::Sender<Ask>> {
             for ask in asks {
                 let made = match &ask.work {
                     Work::Create => create_here(),
+                    Work::CreateAt(path) => create_here().and_then(|fd| {
+                        bind_here(path)?;
+                        Ok(fd)
+                    }),
                     Work::Socket(netns, kind) => socket_in(netns, *kind),
                 };
                 // SAFETY: setns on a descriptor this thread owns.
@@ -213,6 +255,37 @@ fn create_here() -> io::Result<OwnedFd> {
     let fd = OwnedFd::from(File::open("/proc/thread-self/ns/net")?);
     loopback_up()?;
     Ok(fd)
+}
+
+/// Binds the calling thread's namespace at `path` (its directory made if
+/// need be).
+fn bind_here(path: &Path) -> io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(path)?;
+    let source = c_path(Path::new("/proc/thread-self/ns/net"))?;
+    let target = c_path(path)?;
+    // SAFETY: a bind mount of two NUL-terminated paths, no data.
+    let bound = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if bound == -1 {
+        let error = io::Error::last_os_error();
+        let _ = std::fs::remove_file(path);
+        return Err(error);
+    }
+    Ok(())
 }
 
 /// Sets `lo` up in the calling thread's namespace.
@@ -524,5 +597,26 @@ mod tests {
                 .len()
                 == 1
         );
+    }
+
+    #[tokio::test]
+    async fn a_bound_namespace_is_found_by_its_path_and_removed_with_it() {
+        if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("runloop-netns-{}", std::process::id()));
+        let path = dir.join("bound");
+        let netns = Netns::create_at(&path).await.expect("made and bound");
+        // The path names the same namespace as the descriptor.
+        let inode = |path: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(path).expect("there").ino()
+        };
+        let by_fd = format!("/proc/self/fd/{}", netns.fd().as_raw_fd());
+        assert_eq!(inode(&path), inode(Path::new(&by_fd)));
+        remove_at(&path).expect("removed");
+        assert!(!path.exists());
+        remove_at(&path).expect("absent is fine");
+        let _ = std::fs::remove_dir(&dir);
     }
 }
