@@ -47,7 +47,7 @@ use runloop::server::{
 use runloop::tls::ServerTls;
 use runloop_oci::registry::{Pull, RegistryConfig};
 use runloop_oci::user::IdMapping;
-use runloop_oci::{Host, HostConfig};
+use runloop_oci::{Host, HostConfig, OciRuntime, PoolConfig};
 use tracing::{info, warn};
 
 use crate::descriptors::{self, Holds, Load};
@@ -163,6 +163,18 @@ impl Args {
     fn catalog(&self) -> Result<Catalog, Failure> {
         if self.agents.is_empty() {
             return Ok(Catalog::demo());
+        }
+        for name in self.file_pools.keys() {
+            let served = self
+                .agents
+                .iter()
+                .any(|spec| spec.name == *name && matches!(spec.runtime, RuntimeSpec::Oci(_)));
+            if !served {
+                return Err(Failure::Argument(format!(
+                    "[pool.{name:?}] names no oci: entry (a warm pool keeps containers of an \
+                     oci: entry: --agent {name}=oci:DIR)"
+                )));
+            }
         }
         let mut catalog = Catalog::new().with_exec(self.exec_config());
         for spec in &self.agents {
@@ -306,11 +318,13 @@ impl Args {
 
     /// Opens the container host, if anything needs one, adds the catalog's
     /// `oci:` entries (each pinned to its layout's digest), and the
-    /// registry puller; the host, to close when the server has stopped.
+    /// registry puller; the host, to close when the server has stopped, and
+    /// the `oci:` entries' runtimes by name (whose pools are kept once the
+    /// server serves).
     async fn containers(
         &self,
         config: &mut ServerConfig,
-    ) -> Result<Option<std::sync::Arc<Host>>, Failure> {
+    ) -> Result<(Option<std::sync::Arc<Host>>, Vec<(String, OciRuntime)>), Failure> {
         let layouts: Vec<&AgentSpec> = self
             .agents
             .iter()
@@ -318,7 +332,7 @@ impl Args {
             .collect();
         let pulls = !self.registries.is_empty() || !self.insecure_registries.is_empty();
         if layouts.is_empty() && !pulls {
-            return Ok(None);
+            return Ok((None, Vec::new()));
         }
         let host = Host::open(self.host_config()?)
             .await
@@ -355,6 +369,7 @@ impl Args {
             })?;
             config.registry = Some(std::sync::Arc::new(pull));
         }
+        let mut runtimes = Vec::new();
         for spec in layouts {
             let RuntimeSpec::Oci(dir) = &spec.runtime else {
                 continue;
@@ -373,10 +388,23 @@ impl Args {
             config.catalog.insert(
                 spec.name.clone(),
                 Some(digest.to_string()),
-                std::sync::Arc::new(runtime),
+                std::sync::Arc::new(runtime.clone()),
             );
+            runtimes.push((spec.name.clone(), runtime));
         }
-        Ok(Some(host))
+        Ok((Some(host), runtimes))
+    }
+
+    /// The warm pool of the `oci:` entry `name`: its `[pool."NAME"]`
+    /// table's figures, else `defaults` (`--warm`, `--warm-memory`,
+    /// `--warm-disk`).
+    fn pool(&self, name: &str, defaults: PoolConfig) -> PoolConfig {
+        let entry = self.file_pools.get(name).copied().unwrap_or_default();
+        PoolConfig {
+            size: entry.warm.unwrap_or(defaults.size),
+            memory: entry.memory.unwrap_or(defaults.memory),
+            disk: entry.disk.unwrap_or(defaults.disk),
+        }
     }
 
     /// The descriptors the server may open, raised to the hard limit, if
@@ -503,7 +531,7 @@ impl Args {
             .iter()
             .any(|spec| matches!(spec.runtime, RuntimeSpec::Exec { .. }));
         let served = block_on(async {
-            let host = self.containers(&mut config).await?;
+            let (host, oci) = self.containers(&mut config).await?;
             for (name, digest) in config.catalog.names() {
                 info!(
                     image = name,
@@ -516,6 +544,16 @@ impl Args {
                 .await
                 .map_err(|error| Failure::bind(self.listen, error))?;
             let (handle, serving) = server.spawn();
+            if let Some(host) = &host {
+                let reserve = handle.reserve();
+                for (name, runtime) in &oci {
+                    let pool = self.pool(name, host.config().warm);
+                    if pool.size > 0 {
+                        info!(image = %name, warm = pool.size, memory = pool.memory, disk = pool.disk, "warm pool");
+                    }
+                    runtime.keep_warm(pool, Arc::clone(&reserve));
+                }
+            }
             for (tenant, shares) in handle.tenant_shares() {
                 info!(
                     %tenant,

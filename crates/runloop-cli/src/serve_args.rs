@@ -21,9 +21,10 @@ use crate::process::LogArgs;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// A configuration file, TOML: every option below is a key of the same
-    /// name (`max-runs = 256`), with `[[tenant]]` tables and a
-    /// `[tenant-defaults]` table; an option on the command line overrides
-    /// the file. SIGHUP reads it again.
+    /// name (`max-runs = 256`), with `[[tenant]]` tables, a
+    /// `[tenant-defaults]` table and `[pool."NAME"]` tables (an oci:
+    /// entry's warm pool); an option on the command line overrides the
+    /// file. SIGHUP reads it again.
     #[arg(long, value_name = "FILE", help_heading = "Configuration")]
     pub config: Option<PathBuf>,
     /// Check everything serve would (the file, token files, limits,
@@ -43,6 +44,9 @@ pub struct Args {
     /// The tenants of the configuration file, if it names any.
     #[arg(skip)]
     pub file_tenants: Option<Tenants>,
+    /// The configuration file's `[pool."NAME"]` tables, by image name.
+    #[arg(skip)]
+    pub file_pools: std::collections::BTreeMap<String, crate::serve_file::PoolEntry>,
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1:7878", help_heading = "Listening")]
     pub listen: SocketAddr,

@@ -42,7 +42,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use runloop_runtime::cgroup::{TenantHold, Tenants};
@@ -50,7 +50,7 @@ use runloop_runtime::netns::{Diag, Listening};
 use runloop_runtime::output::TenantLog;
 use runloop_runtime::steps::Steps;
 use runloop_runtime::supervised::{self, Agent, NotReady, Supervised, Supervisor};
-use runloop_runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
+use runloop_runtime::{BoxFuture, Container, ContainerLimits, Reserve, Runtime, StartError};
 use tokio::process::Child;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -67,6 +67,7 @@ use crate::image::Image;
 use crate::layout::{Layout, LayoutError};
 use crate::link::{self, Watch};
 use crate::network::{self, Netns};
+use crate::pool::{Pool, PoolConfig};
 use crate::runc;
 use crate::store::Unpacked;
 use crate::user;
@@ -80,6 +81,9 @@ pub const MIN_MEMORY: u64 = 6 << 20;
 pub struct OciRuntime {
     host: Arc<Host>,
     image: Arc<Unpacked>,
+    /// Its warm pool, once it keeps one ([`OciRuntime::keep_warm`]);
+    /// shared by its clones.
+    pool: Arc<OnceLock<Arc<Pool>>>,
 }
 
 impl OciRuntime {
@@ -88,6 +92,7 @@ impl OciRuntime {
         OciRuntime {
             host,
             image: Arc::new(image),
+            pool: Arc::default(),
         }
     }
 
@@ -96,15 +101,56 @@ impl OciRuntime {
         &self.image
     }
 
+    /// The host.
+    pub(crate) fn host(&self) -> &Arc<Host> {
+        &self.host
+    }
+
+    /// Keeps `config.size` containers of this image started, each of
+    /// `config.memory` and `config.disk` claimed of `reserve` (the server's
+    /// budgets), for runs to take ([`crate::pool`]); refilled in the
+    /// background until the host closes. Once per runtime (and its
+    /// clones); a size of 0 keeps none.
+    pub fn keep_warm(&self, config: PoolConfig, reserve: Arc<dyn Reserve>) {
+        if config.size == 0 {
+            return;
+        }
+        let pool = Arc::new(Pool::new(config));
+        if self.pool.set(Arc::clone(&pool)).is_err() {
+            return;
+        }
+        self.host
+            .tasks()
+            .spawn(crate::pool::refill(pool, self.clone(), reserve));
+    }
+
+    /// Warm containers ready now (0 without a pool).
+    pub fn warm(&self) -> usize {
+        self.pool.get().map_or(0, |pool| pool.len())
+    }
+
+    /// Starts one container for a run: a warm one held to `limits` when
+    /// the pool has one they fit, else a cold start ([`OciRuntime::spawn_cold`]).
+    /// [`Runtime::start`] is this, boxed.
+    pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
+        if let Some(pool) = self.pool.get()
+            && let Some(container) = pool.take(self, &limits).await
+        {
+            info!(key = %container.runtime().key(), memory = limits.memory, disk = limits.disk, "a warm container goes to a run");
+            return Ok(container);
+        }
+        self.spawn_cold(limits).await
+    }
+
     /// Starts one container; resolves once its agent accepts TCP and its
-    /// proxy listens. [`Runtime::start`] is this, boxed.
+    /// proxy listens.
     ///
     /// The start runs on a task of the host's tracker, and this future only
     /// waits for its answer: dropping it (the caller left, the server is
     /// shutting down) gives the start up, and the task then tears down
     /// everything it made — after the step under way has finished, so that
     /// no `mount` or `ip` killed half-way lands after the teardown.
-    pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
+    pub async fn spawn_cold(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
         let (answer_tx, answer) = tokio::sync::oneshot::channel();
         let abandoned = CancellationToken::new();
         let _give_up_when_dropped = abandoned.clone().drop_guard();
@@ -469,7 +515,14 @@ impl Started {
             linked
         };
         let served = match linked.await {
-            Ok((link, task)) => supervisor.serve(self, link, vec![task], ()).await,
+            Ok((link, task)) => {
+                let run = OciRun {
+                    key: key.clone(),
+                    dir,
+                    cgroup: self.run.cgroup.clone(),
+                };
+                supervisor.serve(self, link, vec![task], run).await
+            }
             Err(why) => {
                 supervisor.give_up(self).await;
                 Err(why)
@@ -478,6 +531,7 @@ impl Started {
         match served {
             Ok(container) => {
                 steps.mark("proxy");
+                let key = container.runtime().key();
                 info!(%key, url = container.proxy_url(), "oci container ready");
                 debug!(%key, %steps, "start steps");
                 Ok(container)
@@ -495,14 +549,24 @@ impl Agent for Started {
 
     /// Something listening on `PORT` in the run's network namespace where
     /// `127.0.0.1` reaches it, as the kernel's socket diagnostics there
-    /// say (no connection the agent would see; only the run is there).
+    /// say (a question, not a connection, while nothing listens); then
+    /// one connection made in the namespace, which it must accept.
     async fn probe(&self) -> Result<bool, NotReady> {
-        match self.diag.listening(self.port) {
-            Ok(found) => Ok(found.iter().any(Listening::reached_from_loopback)),
-            Err(error) => Err(NotReady::Failed(format!(
-                "cannot ask who listens in the run's network namespace {}: {error}",
+        let failed = |error: io::Error| {
+            NotReady::Failed(format!(
+                "cannot reach the agent program in the run's network namespace {}: {error}",
                 self.netns.name()
-            ))),
+            ))
+        };
+        let found = self.diag.listening(self.port).map_err(failed)?;
+        if !found.iter().any(Listening::reached_from_loopback) {
+            return Ok(false);
+        }
+        match self.netns.connect(self.port).await {
+            Ok(_) => Ok(true),
+            // No longer listening.
+            Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => Ok(false),
+            Err(error) => Err(failed(error)),
         }
     }
 
@@ -603,8 +667,34 @@ impl Watch for Memory {
     }
 }
 
+/// What the oci runtime says of a container: its run's key, directory
+/// and cgroup.
+#[derive(Debug)]
+pub struct OciRun {
+    key: String,
+    dir: PathBuf,
+    cgroup: String,
+}
+
+impl OciRun {
+    /// The run's key (its container is `runloop-KEY`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The run's directory in the store.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The container's cgroup path (below its tenant's).
+    pub fn cgroup(&self) -> &str {
+        &self.cgroup
+    }
+}
+
 /// One running container, as the server sees it ([`Supervised`]).
-pub type OciContainer = Supervised<()>;
+pub type OciContainer = Supervised<OciRun>;
 
 /// A layout named the way skopeo names one, `oci:DIR:TAG`, where `DIR` is
 /// a layout: the error says that an entry names the directory alone.

@@ -114,6 +114,9 @@ pub struct HostConfig {
     /// The network runs' egress addresses come from, when they have a
     /// way out ([`crate::egress`]); `None`: loopback only.
     pub egress: Option<EgressNetwork>,
+    /// What each image's warm pool keeps unless its own says otherwise
+    /// ([`crate::pool`]): none by default.
+    pub warm: crate::pool::PoolConfig,
 }
 
 /// The CPU limit of a container unless told otherwise: half the
@@ -131,7 +134,8 @@ impl HostConfig {
     /// 5 s grace, 60 s to listen, 1024 processes, images up to 8 GiB and
     /// a million entries unpacked, no bound on the store, the default output budget, the ids of
     /// [`IdMapping::default_for_host`], [`default_cpus`], [`DEFAULT_NOFILE`]
-    /// open files, the init, and no egress.
+    /// open files, the init, no egress, and no warm pool (1 GiB of memory
+    /// and disk a warm container, when one is kept).
     pub fn new(store: impl Into<PathBuf>) -> HostConfig {
         HostConfig {
             store: store.into(),
@@ -151,6 +155,11 @@ impl HostConfig {
             nofile: DEFAULT_NOFILE,
             init: true,
             egress: None,
+            warm: crate::pool::PoolConfig {
+                size: 0,
+                memory: 1 << 30,
+                disk: 1 << 30,
+            },
         }
     }
 

@@ -173,6 +173,24 @@ pub trait Registry: Send + Sync + fmt::Debug {
     fn max_pulls(&self) -> usize;
 }
 
+/// What a runtime's warm pool claims of the server's run budget: a
+/// container kept started for runs to come holds its memory and disk
+/// against the server's budgets (no tenant's), from its start until a run
+/// takes it or it goes. The server gives its pools one of these.
+pub trait Reserve: Send + Sync + fmt::Debug {
+    /// Claims `memory` and `disk` for one warm container; `None` when they
+    /// do not fit the server's budgets now.
+    fn claim(&self, memory: u64, disk: u64) -> Option<Box<dyn Reserved>>;
+}
+
+/// One warm container's claim: dropped, it is given back (the container
+/// went away unused).
+pub trait Reserved: Send + Sync {
+    /// The container went to a run, whose own claim holds it from now on:
+    /// the claim is given back, and the run is counted as served warm.
+    fn used(self: Box<Self>);
+}
+
 /// Starts containers of one kind.
 pub trait Runtime: Send + Sync + fmt::Debug {
     /// Starts one container. Resolves once its proxy accepts connections.

@@ -55,8 +55,9 @@ use super::{BoxFuture, Container, StartError};
 /// timer's own tick, so an agent that has begun to listen is noticed
 /// within about a millisecond. A probe asks the kernel, in the run's
 /// namespace, who listens on the port (no connection, no socket table
-/// read whole), a few microseconds; the back-off it replaced (2, 4, 8,
-/// then 10 ms) made a start wait up to 10 ms past its agent's listen.
+/// read whole), a few microseconds, and connects once something does; the
+/// back-off it replaced (2, 4, 8, then 10 ms) made a start wait up to 10 ms
+/// past its agent's listen.
 const PAUSE: Duration = Duration::from_millis(1);
 /// How long probes come at [`PAUSE`]; then at [`LATE_PAUSE`]: a start
 /// that takes this long is not waiting on its probe, and one that never

@@ -800,15 +800,23 @@ impl Agent for Program {
     const WHAT: &'static str = "the agent program";
 
     /// Something listening on the port where `127.0.0.1` reaches it, as
-    /// the kernel's socket diagnostics say; on the host's network, every
-    /// such socket the run's own.
+    /// the kernel's socket diagnostics say (a question, not a connection,
+    /// while nothing listens); on the host's network, every such socket
+    /// the run's own; then one connection, which it must accept.
     async fn probe(&self) -> Result<bool, NotReady> {
         match self.listener().await {
-            Listener::Run => Ok(true),
-            Listener::Other => Err(NotReady::Taken),
+            Listener::Run => {}
+            Listener::Other => return Err(NotReady::Taken),
             // Not yet (or no longer); wait and see.
-            Listener::Nobody => Ok(false),
+            Listener::Nobody => return Ok(false),
         }
+        let connected = match &self.reach {
+            Reach::Own { netns, .. } => netns.connect(OWN_PORT).await,
+            Reach::Host { lease, .. } => {
+                tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, lease.port())).await
+            }
+        };
+        Ok(connected.is_ok())
     }
 
     fn oom_kills(&self) -> Option<u64> {
