@@ -9,7 +9,9 @@
 #
 #   starts.sh RUNLOOP LAYOUT [runc|runsc] [SERVE-ARGS…]
 #
-# e.g. starts.sh target/release/runloop /tmp/demo runc --warm 4
+# e.g. INTERVAL=1 starts.sh target/release/runloop /tmp/demo runc --warm 4 \
+#          --warm-memory 256M --warm-disk 64M
+# (INTERVAL: seconds between runs, for a warm pool to refill.)
 set -euo pipefail
 binary=$(realpath "${1:?usage: starts.sh RUNLOOP LAYOUT [runc|runsc] [SERVE-ARGS…]}")
 layout=$(realpath "${2:?usage: starts.sh RUNLOOP LAYOUT [runc|runsc] [SERVE-ARGS…]}")
@@ -36,7 +38,7 @@ echo "== exec ($runs runs)"
     --by-hand "$binary agent demo"
 echo "== oci, $runtime ($runs runs)"
 "$binary" bench --starts "$runs" --url "$url" --image "agents/demo@$digest" \
-    --memory 256M --disk 64M
+    --memory 256M --disk 64M --interval "${INTERVAL:-0}"
 kill -TERM $server; wait $server || true
 echo "== the server's steps (medians of every start, warm-ups included)"
 python3 - "$work/serve.log" <<'EOF'

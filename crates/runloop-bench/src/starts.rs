@@ -12,7 +12,8 @@
 //!
 //! Runs go one at a time, each stopped (and its finish read) before the
 //! next is asked for, so a start never waits on another run's and the
-//! server holds one container at a time. The first `warmups` runs are
+//! server holds one container at a time (with an `interval` between
+//! them, a warm pool has the time to refill). The first `warmups` runs are
 //! made and not counted: they take what a first run pays once (an image's
 //! pages into the page cache, a cgroup hierarchy, a pool's first fill).
 //! Figures are medians and the 90th percentile of the rest; a shared
@@ -51,6 +52,9 @@ pub struct StartParams {
     pub runs: usize,
     /// Runs made first and not counted.
     pub warmups: usize,
+    /// How long to wait after each run's finish before the next is asked
+    /// for (a warm pool refills meanwhile).
+    pub interval: Duration,
 }
 
 /// Percentiles of one figure, in milliseconds.
@@ -162,6 +166,9 @@ pub async fn starts(params: &StartParams) -> Result<StartReport, BenchError> {
     let (mut to_id, mut to_first, mut stops) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..params.warmups + params.runs {
         let scope = u32::try_from(run % 1024).unwrap_or(0);
+        if run > 0 && !params.interval.is_zero() {
+            tokio::time::sleep(params.interval).await;
+        }
         let timed = one(&mut ws, scope, &request, &ask).await?;
         if run >= params.warmups {
             to_id.push(timed.to_id);

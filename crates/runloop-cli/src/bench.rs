@@ -108,6 +108,10 @@ pub struct Args {
     /// With --starts: runs made first and not counted.
     #[arg(long, default_value_t = 2)]
     pub warmups: usize,
+    /// With --starts: seconds to wait between a run's finish and the next
+    /// run (a server's warm pool refills meanwhile).
+    #[arg(long, default_value_t = 0.0)]
+    pub interval: f64,
     /// With --starts: the loops' prompt.
     #[arg(long, default_value = "count these words")]
     pub prompt: String,
@@ -304,6 +308,8 @@ impl Args {
             prompt: self.prompt.clone(),
             runs: runs.max(1),
             warmups: self.warmups,
+            interval: Duration::try_from_secs_f64(self.interval)
+                .map_err(|_| Failure::Argument("--interval must be a number of seconds".into()))?,
         };
         let mut report = block_on(runloop_bench::starts(&params))?.map_err(Failure::Bench)?;
         if let Some(by_hand) = &self.by_hand {

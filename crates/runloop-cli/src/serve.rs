@@ -168,13 +168,25 @@ impl Args {
             let served = self
                 .agents
                 .iter()
-                .any(|spec| spec.name == *name && matches!(spec.runtime, RuntimeSpec::Oci(_)));
+                .any(|spec| spec.name == *name && matches!(spec.runtime, RuntimeSpec::Oci(_)))
+                || self.warm_image.contains(name);
             if !served {
                 return Err(Failure::Argument(format!(
-                    "[pool.{name:?}] names no oci: entry (a warm pool keeps containers of an \
-                     oci: entry: --agent {name}=oci:DIR)"
+                    "[pool.{name:?}] names no oci: entry and no --warm-image (a warm pool keeps \
+                     containers of an oci: entry, --agent {name}=oci:DIR, or of a registry \
+                     image, --warm-image REFERENCE)"
                 )));
             }
+        }
+        if !self.warm_image.is_empty()
+            && self.registries.is_empty()
+            && self.insecure_registries.is_empty()
+        {
+            return Err(Failure::Argument(
+                "--warm-image keeps a registry image warm: name its registry with --registry \
+                 (or --insecure-registry)"
+                    .into(),
+            ));
         }
         let mut catalog = Catalog::new().with_exec(self.exec_config());
         for spec in &self.agents {
@@ -321,10 +333,7 @@ impl Args {
     /// registry puller; the host, to close when the server has stopped, and
     /// the `oci:` entries' runtimes by name (whose pools are kept once the
     /// server serves).
-    async fn containers(
-        &self,
-        config: &mut ServerConfig,
-    ) -> Result<(Option<std::sync::Arc<Host>>, Vec<(String, OciRuntime)>), Failure> {
+    async fn containers(&self, config: &mut ServerConfig) -> Result<Containers, Failure> {
         let layouts: Vec<&AgentSpec> = self
             .agents
             .iter()
@@ -332,13 +341,14 @@ impl Args {
             .collect();
         let pulls = !self.registries.is_empty() || !self.insecure_registries.is_empty();
         if layouts.is_empty() && !pulls {
-            return Ok((None, Vec::new()));
+            return Ok(Containers::default());
         }
         let host = Host::open(self.host_config()?)
             .await
             .map_err(Failure::Containers)?;
         // Runs' disks are files of the store: a run's must fit its free space.
         config.run_disks = Some(host.store().runs());
+        let mut puller = None;
         if pulls {
             let registry = RegistryConfig {
                 mirrors: self.registry_mirrors.clone(),
@@ -367,7 +377,11 @@ impl Args {
             let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
                 Failure::Argument(format!("cannot set up registry pulls: {error}"))
             })?;
-            config.registry = Some(std::sync::Arc::new(pull));
+            let pull = std::sync::Arc::new(pull);
+            config.registry = Some(
+                std::sync::Arc::clone(&pull) as std::sync::Arc<dyn runloop::runtime::Registry>
+            );
+            puller = Some(pull);
         }
         let mut runtimes = Vec::new();
         for spec in layouts {
@@ -392,12 +406,16 @@ impl Args {
             );
             runtimes.push((spec.name.clone(), runtime));
         }
-        Ok((Some(host), runtimes))
+        Ok(Containers {
+            host: Some(host),
+            layouts: runtimes,
+            pull: puller,
+        })
     }
 
-    /// The warm pool of the `oci:` entry `name`: its `[pool."NAME"]`
-    /// table's figures, else `defaults` (`--warm`, `--warm-memory`,
-    /// `--warm-disk`).
+    /// The warm pool of the `oci:` entry or `--warm-image` `name`: its
+    /// `[pool."NAME"]` table's figures, else `defaults` (`--warm`,
+    /// `--warm-memory`, `--warm-disk`).
     fn pool(&self, name: &str, defaults: PoolConfig) -> PoolConfig {
         let entry = self.file_pools.get(name).copied().unwrap_or_default();
         PoolConfig {
@@ -531,7 +549,11 @@ impl Args {
             .iter()
             .any(|spec| matches!(spec.runtime, RuntimeSpec::Exec { .. }));
         let served = block_on(async {
-            let (host, oci) = self.containers(&mut config).await?;
+            let Containers {
+                host,
+                layouts: oci,
+                pull,
+            } = self.containers(&mut config).await?;
             for (name, digest) in config.catalog.names() {
                 info!(
                     image = name,
@@ -552,6 +574,22 @@ impl Args {
                         info!(image = %name, warm = pool.size, memory = pool.memory, disk = pool.disk, "warm pool");
                     }
                     runtime.keep_warm(pool, Arc::clone(&reserve));
+                }
+                // Pulled in the background: the server serves meanwhile.
+                for reference in pull.iter().flat_map(|_| &self.warm_image) {
+                    let Some(pull) = pull.clone() else { break };
+                    let (reference, reserve) = (reference.clone(), Arc::clone(&reserve));
+                    let pool = self.pool(&reference, host.config().warm);
+                    tokio::spawn(async move {
+                        match pull.keep_warm(&reference, pool, reserve).await {
+                            Ok(()) => {
+                                info!(image = %reference, warm = pool.size, memory = pool.memory, disk = pool.disk, "warm pool")
+                            }
+                            Err(error) => {
+                                warn!(image = %reference, %error, "cannot keep the image warm")
+                            }
+                        }
+                    });
                 }
             }
             for (tenant, shares) in handle.tenant_shares() {
@@ -823,4 +861,15 @@ async fn reload_on_hangup(
             warn!(%error, "SIGHUP: the reload failed; nothing changed");
         }
     }
+}
+
+/// What [`Args::containers`] set up.
+#[derive(Default)]
+struct Containers {
+    /// The container host, to close when the server has stopped.
+    host: Option<Arc<Host>>,
+    /// The `oci:` entries' runtimes, by name.
+    layouts: Vec<(String, OciRuntime)>,
+    /// The registry puller, when the server pulls.
+    pull: Option<Arc<Pull>>,
 }

@@ -179,6 +179,13 @@ pub struct Args {
     /// net.ipv4.ip_forward on.
     #[arg(long, help_heading = "Runs and containers")]
     pub container_egress: bool,
+    /// A registry image to keep warm (--warm containers, or its
+    /// [pool."REFERENCE"] table's), of a registry this server pulls from
+    /// and pinned by digest (`HOST/REPO[:TAG]@sha256:…`), pulled at startup
+    /// as the server's own; runs naming the same digest take its warm
+    /// containers. Repeatable.
+    #[arg(long, value_name = "REFERENCE", help_heading = "Runs and containers")]
+    pub warm_image: Vec<String>,
     /// Containers with --container-egress: the IPv4 network their
     /// addresses come from, a /30 a run (a /16 is 16384 runs); one the
     /// host does not otherwise use.

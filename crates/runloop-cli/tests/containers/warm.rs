@@ -132,3 +132,50 @@ fn a_run_that_fits_a_warm_container_is_held_to_its_own_limits_and_one_that_does_
     assert_eq!(server.terminate(), Some(0));
     assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
+
+#[test]
+fn a_pinned_registry_image_kept_warm_serves_a_run_that_names_its_digest_without_a_pull() {
+    if !super::ready_with_registry() {
+        return;
+    }
+    let images = Images::get();
+    let (path, digest) = images.layout("mark-registry", &[&images.hog], &["/hog", "mark"]);
+    let registry = super::LocalRegistry::start();
+    registry.push(
+        &runloop_oci::layout::Layout::open(&path).expect("layout"),
+        &digest,
+        "agents/mark",
+        "1",
+    );
+    let pinned = format!("{}/agents/mark@{digest}", registry.host);
+    let server = Server::start(
+        &[],
+        &[
+            "--insecure-registry",
+            &registry.host,
+            "--warm-image",
+            &pinned,
+            "--warm",
+            "1",
+            "--warm-memory",
+            "128M",
+            "--warm-disk",
+            "32M",
+        ],
+    );
+    ready_containers(&server, 1);
+    let manifests = registry.gets("/manifests/");
+    let output = super::pull_and_run(&server.url, &pinned, "x");
+    let text = said(&output, &server);
+    assert!(text.starts_with("fresh "), "{text}");
+    assert_eq!(warm_runs(&server), 1, "{}", server.log());
+    assert_eq!(
+        registry.gets("/manifests/"),
+        manifests,
+        "the run asked the registry nothing"
+    );
+    let keys = server.keys();
+    let store = server.store.clone();
+    assert_eq!(server.terminate(), Some(0));
+    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+}
