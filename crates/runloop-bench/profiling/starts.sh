@@ -38,7 +38,7 @@ echo "== exec ($runs runs)"
     --by-hand "$binary agent demo"
 echo "== oci, $runtime ($runs runs)"
 "$binary" bench --starts "$runs" --url "$url" --image "agents/demo@$digest" \
-    --memory 256M --disk 64M --interval "${INTERVAL:-0}"
+    --memory 256M --disk 64M ${INTERVAL:+--interval "$INTERVAL"}
 kill -TERM $server; wait $server || true
 echo "== the server's steps (medians of every start, warm-ups included)"
 python3 - "$work/serve.log" <<'EOF'

@@ -51,13 +51,18 @@ use tracing::{debug, info, warn};
 use super::output::{OutputLimit, TenantLog, log_output};
 use super::{BoxFuture, Container, StartError};
 
-/// The pause between two readiness probes while a start is young: the
-/// timer's own tick, so an agent that has begun to listen is noticed
-/// within about a millisecond. A probe asks the kernel, in the run's
-/// namespace, who listens on the port (no connection, no socket table
-/// read whole), a few microseconds, and connects once something does; the
-/// back-off it replaced (2, 4, 8, then 10 ms) made a start wait up to 10 ms
-/// past its agent's listen.
+/// The pause between two readiness probes in a start's first
+/// [`FINE`] — where an agent of a compiled language listens (a few
+/// milliseconds) — shorter than the runtime's timer can sleep (its tick is
+/// a millisecond), so it is slept on a blocking thread. A probe asks the
+/// kernel, in the run's namespace, who listens on the port (no
+/// connection, no socket table read whole), a few microseconds, and
+/// connects once something does; the back-off it replaced (2, 4, 8, then
+/// 10 ms) made a start wait up to 10 ms past its agent's listen.
+const FINE_PAUSE: Duration = Duration::from_micros(250);
+/// How long probes come at [`FINE_PAUSE`].
+const FINE: Duration = Duration::from_millis(20);
+/// The pause between two probes after [`FINE`]: the timer's own tick.
 const PAUSE: Duration = Duration::from_millis(1);
 /// How long probes come at [`PAUSE`]; then at [`LATE_PAUSE`]: a start
 /// that takes this long is not waiting on its probe, and one that never
@@ -65,6 +70,24 @@ const PAUSE: Duration = Duration::from_millis(1);
 const YOUNG: Duration = Duration::from_millis(500);
 /// The pause between two probes of a start older than [`YOUNG`].
 const LATE_PAUSE: Duration = Duration::from_millis(10);
+
+/// The pause after a probe of a start `age` old.
+async fn pause(age: Duration) {
+    if age < FINE {
+        // A blocking thread's sleep is as short as asked; if the pool
+        // cannot run it, the timer's tick does.
+        if tokio::task::spawn_blocking(|| std::thread::sleep(FINE_PAUSE))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(PAUSE).await;
+        }
+    } else if age < YOUNG {
+        tokio::time::sleep(PAUSE).await;
+    } else {
+        tokio::time::sleep(LATE_PAUSE).await;
+    }
+}
 
 /// What a runtime says of its agent program: how to reach it, signal it,
 /// kill it and release what it held. The process itself (the [`Child`]
@@ -76,8 +99,8 @@ pub trait Agent: Send + Sync + 'static {
 
     /// One readiness probe: `Ok(true)` once the agent program listens
     /// where a connection made the runtime's way reaches it, and it is the
-    /// run's own, `Ok(false)` while nothing listens. Called every
-    /// millisecond while a start is young, so it must be cheap.
+    /// run's own, `Ok(false)` while nothing listens. Called every quarter
+    /// of a millisecond while a start is young, so it must be cheap.
     fn probe(&self) -> impl Future<Output = Result<bool, NotReady>> + Send;
 
     /// The process's exit status in words (`exit status 3`, `killed by
@@ -186,8 +209,9 @@ impl Supervisor {
         self.exited.subscribe()
     }
 
-    /// Waits until `agent` is ready (probed every millisecond, then every
-    /// ten once the start is half a second old), its process exits, or
+    /// Waits until `agent` is ready (probed every quarter of a
+    /// millisecond for 20 ms, then every millisecond, then every ten once
+    /// the start is half a second old), its process exits, or
     /// `timeout` has passed; `port` is where it must listen,
     /// `127.0.0.1:$PORT` in every runtime.
     pub async fn listening<A: Agent>(
@@ -217,7 +241,7 @@ impl Supervisor {
                         how(agent, status)
                     )));
                 }
-                () = tokio::time::sleep(if began.elapsed() < YOUNG { PAUSE } else { LATE_PAUSE }) => {}
+                () = pause(began.elapsed()) => {}
             }
         }
     }
