@@ -39,6 +39,7 @@ mod process;
 mod report;
 mod socket;
 mod sse;
+mod starts;
 mod synthetic;
 
 use std::future::Future;
@@ -55,6 +56,7 @@ pub use forwarder::forward;
 pub use mix::{Mix, MixError, parse_bytes};
 pub use process::{AgentSource, Load, Spawn};
 pub use report::{ChainReport, ChainSides, Report, RoundFigures, Side, Sides, SlowReport};
+pub use starts::{Spread, StartParams, StartReport, by_hand, starts};
 
 use load::{Deadline, Server, Tally, bare_worker, relay_connection};
 use process::{Child, Cpu, Mark, free_addr};
@@ -148,6 +150,9 @@ pub enum BenchError {
     /// The program under test broke the protocol.
     #[error("the server under test broke the protocol: {0}")]
     Protocol(&'static str),
+    /// The server refused a run or a loop the bench asked for: its error.
+    #[error("the server refused: {0}")]
+    Refused(String),
     /// The relay side cannot hold its sockets.
     #[error(
         "the relay side needs about {needs} open descriptors and the limit is {limit}: \

@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use runloop::limits::Limits;
 use runloop::server::DEFAULT_MAX_CONNECTIONS;
-use runloop_bench::{AgentSource, Load, Mix, Params, SlowParams, Spawn};
+use runloop_bench::{AgentSource, Load, Mix, Params, SlowParams, Spawn, StartParams};
+use runloop_proto::agents_run::{Container, Image, ImageRef, RunRequest};
+use serde_json::value::RawValue;
 use tokio::process::Command;
 
 use crate::exit::{Exit, Failure};
@@ -103,6 +105,39 @@ pub struct Args {
     /// With --slow-reader: how fast the client reads, bytes per second.
     #[arg(long, default_value = "64M", value_parser = bytes)]
     pub read_rate: u64,
+    /// Instead: time this many starts, one after another on one
+    /// connection to the server at --url (run request → id → loop
+    /// request → first chunk), after --warmups not counted; the
+    /// credential is RUNLOOP_TOKEN's.
+    #[arg(long, value_name = "RUNS", conflicts_with = "slow_reader", requires_all = ["url", "image"])]
+    pub starts: Option<usize>,
+    /// With --starts: the server (ws://HOST:PORT).
+    #[arg(long)]
+    pub url: Option<String>,
+    /// With --starts: the server image to run, NAME or NAME@DIGEST.
+    #[arg(long, value_parser = crate::run::image)]
+    pub image: Option<ImageRef>,
+    /// With --starts: each run's memory (K/M/G suffixes).
+    #[arg(long, default_value = "256M", value_parser = bytes)]
+    pub memory: u64,
+    /// With --starts: each run's disk (K/M/G suffixes; 0 for exec: images).
+    #[arg(long, default_value = "64M", value_parser = bytes)]
+    pub disk: u64,
+    /// With --starts: runs made first and not counted.
+    #[arg(long, default_value_t = 2)]
+    pub warmups: usize,
+    /// With --starts: seconds to wait between a run's finish and the next
+    /// run (a server's warm pool refills meanwhile).
+    #[arg(long, default_value_t = 0.0)]
+    pub interval: f64,
+    /// With --starts: the loops' prompt.
+    #[arg(long, default_value = "count these words")]
+    pub prompt: String,
+    /// With --starts: also spawn this agent program by hand as often
+    /// (PROGRAM [ARGS…], split on whitespace) and time it from its spawn
+    /// to its first `data:` line, the floor an exec start compares with.
+    #[arg(long, value_name = "PROGRAM")]
+    pub by_hand: Option<String>,
 }
 
 /// Arguments of the hidden `__forward`: the bench's baseline forwarder.
@@ -291,6 +326,9 @@ impl Args {
         let spawn = ThisBinary(exe);
         let duration = Duration::try_from_secs_f64(self.duration)
             .map_err(|_| Failure::Argument("--duration must be a number of seconds".into()))?;
+        if let Some(runs) = self.starts {
+            return self.starts(out, runs);
+        }
         if self.slow_reader {
             let params = SlowParams {
                 bytes: self.bytes,
@@ -340,6 +378,42 @@ impl Args {
 }
 
 impl Args {
+    /// `--starts`: the starts, and the program by hand if asked for.
+    fn starts(&self, out: &mut impl Write, runs: usize) -> Result<Exit, Failure> {
+        let (Some(url), Some(image)) = (&self.url, &self.image) else {
+            return Err(Failure::Argument("--starts needs --url and --image".into()));
+        };
+        let container = Container::new(Image::Server(image.clone()), self.memory, self.disk);
+        let agent = RawValue::from_string("{}".to_owned())
+            .map_err(|error| Failure::Argument(error.to_string()))?;
+        let request = serde_json::to_vec(&RunRequest::new(container, agent))
+            .map_err(|error| Failure::Output(error.into()))?;
+        let params = StartParams {
+            url: url.clone(),
+            token: crate::token::client(None, None)?,
+            request,
+            prompt: self.prompt.clone(),
+            runs: runs.max(1),
+            warmups: self.warmups,
+            interval: Duration::try_from_secs_f64(self.interval)
+                .map_err(|_| Failure::Argument("--interval must be a number of seconds".into()))?,
+        };
+        let mut report = block_on(runloop_bench::starts(&params))?.map_err(Failure::Bench)?;
+        if let Some(by_hand) = &self.by_hand {
+            let mut words = by_hand.split_whitespace().map(str::to_owned);
+            let program = words
+                .next()
+                .ok_or_else(|| Failure::Argument("--by-hand needs a program".into()))?;
+            let args: Vec<String> = words.collect();
+            report.by_hand = Some(
+                runloop_bench::by_hand(&program, &args, &self.prompt, params.runs, self.warmups)
+                    .map_err(Failure::Bench)?,
+            );
+        }
+        self.print(out, &report)?;
+        Ok(Exit::Success)
+    }
+
     /// The report for people, then with `--json` as one JSON line.
     fn print<R>(&self, out: &mut impl Write, report: &R) -> Result<(), Failure>
     where

@@ -112,7 +112,7 @@ pub enum Set {
 }
 
 /// Every limit of `serve`, in the order `--help` shows them.
-pub static LIMITS: [Row; 29] = [
+pub static LIMITS: [Row; 32] = [
     Row {
         key: "max-message-size",
         limit: Some(Limit::MaxMessageSize),
@@ -342,6 +342,36 @@ pub static LIMITS: [Row; 29] = [
         help: "The most the container store's images (pulled blobs and unpacked roots) may take; after each new image, the least recently used ones no run holds are removed until they fit (`runloop store gc` does it by hand) [default: 1/4 of the filesystem of --store]",
         live: false,
         set: Set::Host(|c, v| c.store_max_size = Some(v.bytes())),
+    },
+    Row {
+        key: "warm",
+        limit: None,
+        unit: Unit::Count,
+        default: Some("0"),
+        maximum: Some("256"),
+        help: "Containers of each oci: entry kept started (disk, network namespace, container, agent listening) for runs to take: a run whose memory and disk fit --warm-memory and --warm-disk takes one (held to what it asked for) and only registers; a warm container serves one run and is torn down after it, and another is started in its place; each one's memory and disk are claimed of the server's budgets (memory-budget, disk-budget), not a tenant's; a [pool.\"NAME\"] table of the configuration file sets one entry's own warm, memory and disk",
+        live: false,
+        set: Set::Host(|c, v| c.warm.size = v.count()),
+    },
+    Row {
+        key: "warm-memory",
+        limit: None,
+        unit: Unit::Bytes,
+        default: Some("1G"),
+        maximum: Some("1048576G"),
+        help: "The memory of a warm container (--warm): a run asking for more starts cold",
+        live: false,
+        set: Set::Host(|c, v| c.warm.memory = v.bytes()),
+    },
+    Row {
+        key: "warm-disk",
+        limit: None,
+        unit: Unit::Bytes,
+        default: Some("1G"),
+        maximum: Some("1048576G"),
+        help: "The disk of a warm container (--warm): a run asking for more starts cold",
+        live: false,
+        set: Set::Host(|c, v| c.warm.disk = v.bytes()),
     },
     Row {
         key: "message-idle-timeout",
@@ -754,12 +784,28 @@ mod tests {
     fn a_container_limit_goes_to_the_host_and_only_there() {
         let command = <LimitArgs as clap::Args>::augment_args(clap::Command::new("t"));
         let matches = command
-            .try_get_matches_from(["t", "--store-max-size", "3G"])
+            .try_get_matches_from([
+                "t",
+                "--store-max-size",
+                "3G",
+                "--warm",
+                "4",
+                "--warm-memory",
+                "512M",
+            ])
             .expect("parses");
         let args = <LimitArgs as clap::FromArgMatches>::from_arg_matches(&matches).expect("args");
         let mut host = HostConfig::new("/store");
         args.apply_host(&mut host);
         assert_eq!(host.store_max_size, Some(3 << 30));
+        assert_eq!(
+            host.warm,
+            runloop_oci::PoolConfig {
+                size: 4,
+                memory: 512 << 20,
+                disk: 1 << 30,
+            }
+        );
         let mut config = ServerConfig::new(
             runloop::server::Credentials::Any,
             runloop::runtime::Catalog::new(),

@@ -37,7 +37,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runloop::runtime::output::OutputLimit;
-use runloop::runtime::{AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, RuntimeSpec};
+use runloop::runtime::{
+    AgentSpec, Catalog, Confinement, DiskPolicy, ExecConfig, ExecNetwork, RuntimeSpec,
+};
 use runloop::server::{
     Credentials, PerIdentity, RunBudget, Server, ServerConfig, ServerHandle, Tenants,
     default_disk_budget, default_store_max_size,
@@ -45,14 +47,14 @@ use runloop::server::{
 use runloop::tls::ServerTls;
 use runloop_oci::registry::{Pull, RegistryConfig};
 use runloop_oci::user::IdMapping;
-use runloop_oci::{Host, HostConfig};
+use runloop_oci::{Host, HostConfig, OciRuntime, PoolConfig};
 use tracing::{info, warn};
 
 use crate::descriptors::{self, Holds, Load};
 use crate::exit::{Exit, Failure};
 use crate::limit_table::option;
 use crate::process::{block_on, init_logs_as, shutdown_signal, start_admin};
-pub use crate::serve_args::{Args, ExecDisk, OciRuntimeArg};
+pub use crate::serve_args::{Args, ExecDisk, ExecNetworkArg, OciRuntimeArg};
 use crate::{serve_file, token};
 
 impl Args {
@@ -78,6 +80,10 @@ impl Args {
             pids: self.exec_pids,
             output: self.output_limit(),
             startup_timeout: self.startup_timeout,
+            network: match self.exec_network {
+                ExecNetworkArg::Own => ExecNetwork::Own,
+                ExecNetworkArg::Host => ExecNetwork::Host,
+            },
             ..ExecConfig::default()
         }
     }
@@ -157,6 +163,30 @@ impl Args {
     fn catalog(&self) -> Result<Catalog, Failure> {
         if self.agents.is_empty() {
             return Ok(Catalog::demo());
+        }
+        for name in self.file_pools.keys() {
+            let served = self
+                .agents
+                .iter()
+                .any(|spec| spec.name == *name && matches!(spec.runtime, RuntimeSpec::Oci(_)))
+                || self.warm_image.contains(name);
+            if !served {
+                return Err(Failure::Argument(format!(
+                    "[pool.{name:?}] names no oci: entry and no --warm-image (a warm pool keeps \
+                     containers of an oci: entry, --agent {name}=oci:DIR, or of a registry \
+                     image, --warm-image REFERENCE)"
+                )));
+            }
+        }
+        if !self.warm_image.is_empty()
+            && self.registries.is_empty()
+            && self.insecure_registries.is_empty()
+        {
+            return Err(Failure::Argument(
+                "--warm-image keeps a registry image warm: name its registry with --registry \
+                 (or --insecure-registry)"
+                    .into(),
+            ));
         }
         let mut catalog = Catalog::new().with_exec(self.exec_config());
         for spec in &self.agents {
@@ -300,11 +330,10 @@ impl Args {
 
     /// Opens the container host, if anything needs one, adds the catalog's
     /// `oci:` entries (each pinned to its layout's digest), and the
-    /// registry puller; the host, to close when the server has stopped.
-    async fn containers(
-        &self,
-        config: &mut ServerConfig,
-    ) -> Result<Option<std::sync::Arc<Host>>, Failure> {
+    /// registry puller; the host, to close when the server has stopped, and
+    /// the `oci:` entries' runtimes by name (whose pools are kept once the
+    /// server serves).
+    async fn containers(&self, config: &mut ServerConfig) -> Result<Containers, Failure> {
         let layouts: Vec<&AgentSpec> = self
             .agents
             .iter()
@@ -312,13 +341,14 @@ impl Args {
             .collect();
         let pulls = !self.registries.is_empty() || !self.insecure_registries.is_empty();
         if layouts.is_empty() && !pulls {
-            return Ok(None);
+            return Ok(Containers::default());
         }
         let host = Host::open(self.host_config()?)
             .await
             .map_err(Failure::Containers)?;
         // Runs' disks are files of the store: a run's must fit its free space.
         config.run_disks = Some(host.store().runs());
+        let mut puller = None;
         if pulls {
             let registry = RegistryConfig {
                 mirrors: self.registry_mirrors.clone(),
@@ -347,8 +377,13 @@ impl Args {
             let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
                 Failure::Argument(format!("cannot set up registry pulls: {error}"))
             })?;
-            config.registry = Some(std::sync::Arc::new(pull));
+            let pull = std::sync::Arc::new(pull);
+            config.registry = Some(
+                std::sync::Arc::clone(&pull) as std::sync::Arc<dyn runloop::runtime::Registry>
+            );
+            puller = Some(pull);
         }
+        let mut runtimes = Vec::new();
         for spec in layouts {
             let RuntimeSpec::Oci(dir) = &spec.runtime else {
                 continue;
@@ -367,10 +402,27 @@ impl Args {
             config.catalog.insert(
                 spec.name.clone(),
                 Some(digest.to_string()),
-                std::sync::Arc::new(runtime),
+                std::sync::Arc::new(runtime.clone()),
             );
+            runtimes.push((spec.name.clone(), runtime));
         }
-        Ok(Some(host))
+        Ok(Containers {
+            host: Some(host),
+            layouts: runtimes,
+            pull: puller,
+        })
+    }
+
+    /// The warm pool of the `oci:` entry or `--warm-image` `name`: its
+    /// `[pool."NAME"]` table's figures, else `defaults` (`--warm`,
+    /// `--warm-memory`, `--warm-disk`).
+    fn pool(&self, name: &str, defaults: PoolConfig) -> PoolConfig {
+        let entry = self.file_pools.get(name).copied().unwrap_or_default();
+        PoolConfig {
+            size: entry.warm.unwrap_or(defaults.size),
+            memory: entry.memory.unwrap_or(defaults.memory),
+            disk: entry.disk.unwrap_or(defaults.disk),
+        }
     }
 
     /// The descriptors the server may open, raised to the hard limit, if
@@ -424,6 +476,20 @@ impl Args {
         let confinement = Confinement::host();
         if self.exec_disk == ExecDisk::Unenforced {
             warn!("exec runs go ahead with their disk unenforced (--exec-disk unenforced)");
+        }
+        match (
+            self.exec_network,
+            runloop::runtime::exec::network_shortfall(),
+        ) {
+            (ExecNetworkArg::Host, _) => warn!(
+                "exec runs are on the host's network (--exec-network host): their agent programs \
+                 reach what the server's user reaches, the host's own services included"
+            ),
+            (ExecNetworkArg::Own, Some(shortfall)) => warn!("{shortfall}"),
+            (ExecNetworkArg::Own, None) => info!(
+                "exec runs each have a network namespace of their own, loopback only \
+                 (--exec-network host gives them the host's)"
+            ),
         }
         if let Confinement::Cgroups(cgroup) = confinement {
             info!(
@@ -483,7 +549,11 @@ impl Args {
             .iter()
             .any(|spec| matches!(spec.runtime, RuntimeSpec::Exec { .. }));
         let served = block_on(async {
-            let host = self.containers(&mut config).await?;
+            let Containers {
+                host,
+                layouts: oci,
+                pull,
+            } = self.containers(&mut config).await?;
             for (name, digest) in config.catalog.names() {
                 info!(
                     image = name,
@@ -496,6 +566,32 @@ impl Args {
                 .await
                 .map_err(|error| Failure::bind(self.listen, error))?;
             let (handle, serving) = server.spawn();
+            if let Some(host) = &host {
+                let reserve = handle.reserve();
+                for (name, runtime) in &oci {
+                    let pool = self.pool(name, host.config().warm);
+                    if pool.size > 0 {
+                        info!(image = %name, warm = pool.size, memory = pool.memory, disk = pool.disk, "warm pool");
+                    }
+                    runtime.keep_warm(pool, Arc::clone(&reserve));
+                }
+                // Pulled in the background: the server serves meanwhile.
+                for reference in pull.iter().flat_map(|_| &self.warm_image) {
+                    let Some(pull) = pull.clone() else { break };
+                    let (reference, reserve) = (reference.clone(), Arc::clone(&reserve));
+                    let pool = self.pool(&reference, host.config().warm);
+                    tokio::spawn(async move {
+                        match pull.keep_warm(&reference, pool, reserve).await {
+                            Ok(()) => {
+                                info!(image = %reference, warm = pool.size, memory = pool.memory, disk = pool.disk, "warm pool")
+                            }
+                            Err(error) => {
+                                warn!(image = %reference, %error, "cannot keep the image warm")
+                            }
+                        }
+                    });
+                }
+            }
             for (tenant, shares) in handle.tenant_shares() {
                 info!(
                     %tenant,
@@ -765,4 +861,15 @@ async fn reload_on_hangup(
             warn!(%error, "SIGHUP: the reload failed; nothing changed");
         }
     }
+}
+
+/// What [`Args::containers`] set up.
+#[derive(Default)]
+struct Containers {
+    /// The container host, to close when the server has stopped.
+    host: Option<Arc<Host>>,
+    /// The `oci:` entries' runtimes, by name.
+    layouts: Vec<(String, OciRuntime)>,
+    /// The registry puller, when the server pulls.
+    pull: Option<Arc<Pull>>,
 }

@@ -21,9 +21,10 @@ use crate::process::LogArgs;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// A configuration file, TOML: every option below is a key of the same
-    /// name (`max-runs = 256`), with `[[tenant]]` tables and a
-    /// `[tenant-defaults]` table; an option on the command line overrides
-    /// the file. SIGHUP reads it again.
+    /// name (`max-runs = 256`), with `[[tenant]]` tables, a
+    /// `[tenant-defaults]` table and `[pool."NAME"]` tables (an oci:
+    /// entry's warm pool); an option on the command line overrides the
+    /// file. SIGHUP reads it again.
     #[arg(long, value_name = "FILE", help_heading = "Configuration")]
     pub config: Option<PathBuf>,
     /// Check everything serve would (the file, token files, limits,
@@ -43,6 +44,9 @@ pub struct Args {
     /// The tenants of the configuration file, if it names any.
     #[arg(skip)]
     pub file_tenants: Option<Tenants>,
+    /// The configuration file's `[pool."NAME"]` tables, by image name.
+    #[arg(skip)]
+    pub file_pools: std::collections::BTreeMap<String, crate::serve_file::PoolEntry>,
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1:7878", help_heading = "Listening")]
     pub listen: SocketAddr,
@@ -175,6 +179,13 @@ pub struct Args {
     /// net.ipv4.ip_forward on.
     #[arg(long, help_heading = "Runs and containers")]
     pub container_egress: bool,
+    /// A registry image to keep warm (--warm containers, or its
+    /// [pool."REFERENCE"] table's), of a registry this server pulls from
+    /// and pinned by digest (`HOST/REPO[:TAG]@sha256:…`), pulled at startup
+    /// as the server's own; runs naming the same digest take its warm
+    /// containers. Repeatable.
+    #[arg(long, value_name = "REFERENCE", help_heading = "Runs and containers")]
+    pub warm_image: Vec<String>,
     /// Containers with --container-egress: the IPv4 network their
     /// addresses come from, a /30 a run (a /16 is 16384 runs); one the
     /// host does not otherwise use.
@@ -185,6 +196,14 @@ pub struct Args {
     /// `unenforced`: runs go ahead, and `disk` is not held.
     #[arg(long, value_name = "POLICY", value_enum, default_value_t = ExecDisk::Refuse, hide_possible_values = true, help_heading = "Exec")]
     pub exec_disk: ExecDisk,
+    /// `exec:` entries: the network a run's agent program gets. `own`: a
+    /// network namespace of the run's own with loopback only (it listens
+    /// on 127.0.0.1:8080 there and reaches no other run, no host service
+    /// and no other machine; needs root, else runs go on the host's and
+    /// the server says so); `host`: the host's network, the internet (model
+    /// APIs) and the host's services included, on a leased port.
+    #[arg(long, value_name = "NETWORK", value_enum, default_value_t = ExecNetworkArg::Own, hide_possible_values = true, help_heading = "Exec")]
+    pub exec_network: ExecNetworkArg,
     /// `exec:` entries: how long the program has to accept TCP on $PORT (a
     /// duration); at most 1h.
     #[arg(long, value_name = "DURATION", value_parser = crate::seconds::at_most("1h", true), default_value = "60s", help_heading = "Exec")]
@@ -236,6 +255,16 @@ pub enum OciRuntimeArg {
     /// runsc (gVisor): a kernel of its own in user space between the
     /// agent and the host's.
     Runsc,
+}
+
+/// `--exec-network`: where an exec run's agent program listens, and what
+/// it reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecNetworkArg {
+    /// A network namespace of the run's own, loopback only.
+    Own,
+    /// The host's network.
+    Host,
 }
 
 /// `--exec-disk`: what the exec runtime does with a `disk` it cannot hold.

@@ -10,7 +10,9 @@
 //! of seconds) as on the command line. An option given on the command line
 //! overrides the file's key. Beside them, `[[tenant]]` tables name tenants,
 //! their tokens and quotas, and `[tenant-defaults]` sets the quotas a
-//! tenant leaves out (see [`runloop::server::Quota`]).
+//! tenant leaves out (see [`runloop::server::Quota`]); a `[pool."NAME"]`
+//! table sets the warm pool of the `oci:` entry `NAME` (`warm`, `memory`,
+//! `disk`; `--warm`, `--warm-memory` and `--warm-disk` otherwise).
 //!
 //! Reading the file reports every fault it finds, each naming its key (an
 //! unknown key with the nearest valid one), not only the first: that is
@@ -34,7 +36,21 @@ use crate::token;
 const NOT_KEYS: [&str; 4] = ["config", "check-config", "print-config", "help"];
 
 /// The tables of a file beside the options' keys.
-const TABLES: [&str; 2] = ["tenant", "tenant-defaults"];
+const TABLES: [&str; 3] = ["tenant", "tenant-defaults", "pool"];
+
+/// The keys of a `[pool."NAME"]` table.
+const POOL_KEYS: [&str; 3] = ["warm", "memory", "disk"];
+
+/// One `[pool."NAME"]` table: what it sets of the entry's pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolEntry {
+    /// Containers kept warm.
+    pub warm: Option<usize>,
+    /// Each one's memory.
+    pub memory: Option<u64>,
+    /// Each one's disk.
+    pub disk: Option<u64>,
+}
 
 /// The keys of a `[[tenant]]` table (the quotas are also those of
 /// `[tenant-defaults]`).
@@ -103,6 +119,7 @@ pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
     let mut from_file = Vec::new();
     let mut file_keys = Vec::new();
     let mut tenants = None;
+    let mut pools = std::collections::BTreeMap::new();
     let mut tenant_tables = toml::Table::new();
     if let Some(path) = config {
         match read(path) {
@@ -145,6 +162,7 @@ pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
                 let (file_tenants, tenant_faults) = read_tenants(path, &table);
                 faults.extend(tenant_faults);
                 tenants = file_tenants;
+                pools = read_pools(path, &table, &mut faults);
             }
         }
     }
@@ -156,6 +174,7 @@ pub fn merge(config: Option<&Path>, command_line: &[OsString]) -> Merged {
             Ok(mut args) => {
                 args.command_line = command_line.to_vec();
                 args.file_tenants = tenants;
+                args.file_pools = pools;
                 (Some(args), Some(matches))
             }
             Err(error) => {
@@ -460,6 +479,69 @@ fn quota(place: &str, table: &toml::Table, faults: &mut Vec<String>) -> Quota {
     }
 }
 
+/// The `[pool."NAME"]` tables of the file at `path`, by image name;
+/// their faults go to `faults`. Whether each names an `oci:` entry is
+/// checked when the catalog is made.
+fn read_pools(
+    path: &Path,
+    table: &toml::Table,
+    faults: &mut Vec<String>,
+) -> BTreeMap<String, PoolEntry> {
+    let shown = path.display();
+    let mut pools = BTreeMap::new();
+    let Some(value) = table.get("pool") else {
+        return pools;
+    };
+    let Some(list) = value.as_table() else {
+        faults.push(format!(
+            "{shown}: pool is a table of tables ([pool.\"NAME\"])"
+        ));
+        return pools;
+    };
+    for (name, entry) in list {
+        let place = format!("{shown}: [pool.{name:?}]");
+        let Some(entry) = entry.as_table() else {
+            faults.push(format!("{place} is not a table"));
+            continue;
+        };
+        for key in entry.keys() {
+            if !POOL_KEYS.contains(&key.as_str()) {
+                faults.push(unknown(&place, key, &POOL_KEYS));
+            }
+        }
+        let warm = entry.get("warm").and_then(|value| {
+            let warm = value
+                .as_integer()
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|n| *n <= MAX_WARM);
+            if warm.is_none() {
+                faults.push(format!(
+                    "{place}: warm is a whole number from 0 to {MAX_WARM}, not {value}"
+                ));
+            }
+            warm
+        });
+        let mut size = |key: &str| -> Option<u64> {
+            let value = entry.get(key)?;
+            let read = match value {
+                toml::Value::Integer(n) => {
+                    u64::try_from(*n).map_err(|_| format!("{n} is negative"))
+                }
+                toml::Value::String(text) => bytes(text),
+                other => Err(format!("{other} is not a size (e.g. 512K, 16M, 1G)")),
+            };
+            read.map_err(|why| faults.push(format!("{place}: {key}: {why}")))
+                .ok()
+        };
+        let (memory, disk) = (size("memory"), size("disk"));
+        pools.insert(name.clone(), PoolEntry { warm, memory, disk });
+    }
+    pools
+}
+
+/// The most containers one entry keeps warm (`--warm`'s maximum).
+const MAX_WARM: usize = 256;
+
 /// The options of `serve` in order, with their headings: those a file
 /// may hold.
 fn options(serve: &clap::Command) -> Vec<&clap::Arg> {
@@ -545,7 +627,17 @@ pub fn print_defaults(out: &mut impl Write) -> std::io::Result<()> {
          # name = \"alice\"\n\
          # token-file = \"alice.tokens\"\n\
          # tokens = [\"sha256:…\"]\n\
-         # max-runs = 8"
+         # max-runs = 8\n\
+         \n\
+         # ── Warm pools ──\n\
+         \n\
+         # One table per oci: entry whose pool is not --warm's: containers kept\n\
+         # started, and each one's memory and disk (a run asking for more starts\n\
+         # cold).\n\
+         # [pool.\"agents/demo\"]\n\
+         # warm = 4\n\
+         # memory = \"512M\"\n\
+         # disk = \"256M\""
     )?;
     Ok(())
 }
@@ -706,5 +798,39 @@ mod tests {
     #[test]
     fn help_is_wrapped_at_spaces() {
         assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
+    }
+
+    #[test]
+    fn a_pool_table_sets_an_entry_s_warm_memory_and_disk_and_names_its_faults() {
+        let table: toml::Table = toml::from_str(
+            "[pool.\"agents/demo\"]\nwarm = 4\nmemory = \"512M\"\ndisk = 65536\n\
+             [pool.other]\nwarm = 300\nmemroy = \"1G\"\ndisk = \"lots\"\n",
+        )
+        .expect("TOML");
+        let mut faults = Vec::new();
+        let pools = read_pools(Path::new("f.toml"), &table, &mut faults);
+        assert_eq!(
+            pools["agents/demo"],
+            PoolEntry {
+                warm: Some(4),
+                memory: Some(512 << 20),
+                disk: Some(65536),
+            }
+        );
+        assert_eq!(pools["other"], PoolEntry::default());
+        assert_eq!(faults.len(), 3, "{faults:?}");
+        assert!(faults[0].contains("memroy"), "{faults:?}");
+        assert!(
+            faults[0].ends_with("the nearest valid key is \"memory\""),
+            "{faults:?}"
+        );
+        assert_eq!(
+            faults[1],
+            "f.toml: [pool.\"other\"]: warm is a whole number from 0 to 256, not 300"
+        );
+        assert!(
+            faults[2].starts_with("f.toml: [pool.\"other\"]: disk: "),
+            "{faults:?}"
+        );
     }
 }

@@ -32,6 +32,9 @@ pub struct StatsSnapshot {
     pub relays: usize,
     /// Open WebSocket paths to proxies.
     pub proxy_paths: usize,
+    /// Warm containers kept started for runs to come (their memory and
+    /// disk claimed of the server's budgets).
+    pub warm: usize,
     /// Frames disregarded since the server started (protocol §2).
     pub disregarded: u64,
     /// Connections turned away at a connection limit since the server
@@ -299,6 +302,8 @@ pub struct ServerMetrics {
     pub tls_reloads: Counts<Reload>,
     /// Runs whose container started.
     pub runs_started: Counter,
+    /// Runs served by a warm container (started before the run asked).
+    pub runs_started_warm: Counter,
     /// Run requests refused, by reason.
     pub runs_refused: Counts<RunRefusal>,
     /// Runs ended, by how.
@@ -374,6 +379,12 @@ impl ServerMetrics {
             "tls_reloads",
             "Reloads of the TLS certificate and key (SIGHUP), by result",
             tls_reloads.clone(),
+        );
+        let runs_started_warm = Counter::default();
+        registry.register(
+            "runs_started_warm",
+            "Runs served by a warm container, started before the run asked for it",
+            runs_started_warm.clone(),
         );
         let runs_started = Counter::default();
         registry.register(
@@ -456,6 +467,7 @@ impl ServerMetrics {
             tls_failures,
             tls_reloads,
             runs_started,
+            runs_started_warm,
             runs_refused,
             runs_ended,
             loops,
@@ -563,6 +575,11 @@ impl ServerMetrics {
             "containers_running",
             "Containers running",
             gauge(live.containers),
+        );
+        gauges.register(
+            "warm_containers",
+            "Warm containers kept started for runs to come, their memory and disk claimed of the server's budgets",
+            gauge(live.warm),
         );
         gauges.register(
             "loops_open",

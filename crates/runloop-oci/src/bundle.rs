@@ -14,7 +14,10 @@
 //!   `nofile` open files (`RLIMIT_NOFILE`);
 //! - a user namespace: the container's ids are a range of unprivileged
 //!   host ids ([`IdMapping`]), so its root is not the host's;
-//! - the syscall filter ([`crate::seccomp`]);
+//! - the syscall filter ([`crate::seccomp`]): given to runc as the
+//!   profile, or, once the host has read back the program runc makes of it
+//!   ([`crate::filter`]), handed to the init, which installs it before the
+//!   image's process starts;
 //! - the root: the run's overlay, writable (writes go to the run's disk);
 //!   `/tmp` bound from the run's disk;
 //! - with egress, the run's resolver configuration bound read-only at
@@ -147,6 +150,10 @@ pub struct Bundle<'a> {
     /// no user namespace (the sandbox takes no id mapping here) and a
     /// sysfs of its own rather than the host's bound.
     pub sandbox: bool,
+    /// The syscall filter as runc compiles the profile, made once: the
+    /// init installs it (with an init, and not in a sandbox); `None`: runc
+    /// is given the profile.
+    pub filter: Option<&'a crate::filter::Prepared>,
 }
 
 /// The init binary: where it is on the host, bound read-only into the
@@ -187,17 +194,20 @@ impl Bundle<'_> {
                 .build()?,
         ));
 
+        let prepared = self.filter.filter(|_| self.init.is_some() && !self.sandbox);
+        let variable = format!("{}=", crate::filter::VARIABLE);
         let mut env: Vec<String> = self
             .process
             .env
             .iter()
-            .filter(|pair| !pair.starts_with("PORT="))
+            .filter(|pair| !pair.starts_with("PORT=") && !pair.starts_with(&variable))
             .cloned()
             .collect();
         if !env.iter().any(|pair| pair.starts_with("PATH=")) {
             env.insert(0, DEFAULT_PATH.to_owned());
         }
         env.push(format!("PORT={}", port(self.process)));
+        env.extend(prepared.map(|prepared| prepared.entry().to_owned()));
         let mut process = spec.process().clone().unwrap_or_default();
         let args = match &self.init {
             Some(_) => crate::init::wrap(&self.process.args),
@@ -322,7 +332,9 @@ impl Bundle<'_> {
         linux.set_readonly_paths(Some(
             READ_ONLY.iter().map(|path| (*path).to_owned()).collect(),
         ));
-        linux.set_seccomp(Some(crate::seccomp::profile(self.sandbox)?));
+        if prepared.is_none() {
+            linux.set_seccomp(Some(crate::seccomp::profile(self.sandbox)?));
+        }
         linux.set_cgroups_path(Some(PathBuf::from(&self.cgroup)));
         let memory = i64::try_from(self.memory).unwrap_or(i64::MAX);
         let mut limit = LinuxMemoryBuilder::default().limit(memory);
@@ -391,6 +403,7 @@ mod tests {
             }),
             resolv_conf: Some(PathBuf::from("/store/runs/k/resolv.conf")),
             sandbox: false,
+            filter: None,
         };
         let spec = serde_json::to_value(bundle.spec().expect("spec")).expect("json");
         assert_eq!(

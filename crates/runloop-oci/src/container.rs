@@ -1,8 +1,9 @@
 //! One container's life: made, started, watched, stopped and removed.
 //!
 //! ```text
-//! start:  run dir ─▶ disk (ext4, loop) ─▶ overlay root ─▶ netns (lo; egress veth if on) ─▶ config.json
-//!         ─▶ runc run --keep ─▶ agent accepts TCP on 127.0.0.1:PORT in the netns ─▶ link ─▶ proxy
+//! start:  run dir ─▶ ┬ disk (a copy of its size's template, loop, ext4) ─▶ overlay root ┬─▶ config.json
+//!                    └ netns (lo; egress veth if on) ────────────────────────────────┘
+//!         ─▶ runc run --keep ─▶ agent listens on 127.0.0.1:PORT in the netns ─▶ link ─▶ proxy
 //!         (any failure, or the start given up on: teardown)
 //! end:    by itself (exit, OOM) or stop: signal, grace, SIGKILL to all, runc delete,
 //!         netns gone, overlay and disk unmounted (loop detached), run dir removed
@@ -41,18 +42,20 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use runloop_runtime::cgroup::{TenantHold, Tenants};
+use runloop_runtime::netns::{Diag, Listening};
 use runloop_runtime::output::TenantLog;
+use runloop_runtime::steps::Steps;
 use runloop_runtime::supervised::{self, Agent, NotReady, Supervised, Supervisor};
-use runloop_runtime::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
+use runloop_runtime::{BoxFuture, Container, ContainerLimits, Reserve, Runtime, StartError};
 use tokio::process::Child;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::bundle::{self, Bundle};
 use crate::cgroup;
@@ -64,6 +67,7 @@ use crate::image::Image;
 use crate::layout::{Layout, LayoutError};
 use crate::link::{self, Watch};
 use crate::network::{self, Netns};
+use crate::pool::{Pool, PoolConfig};
 use crate::runc;
 use crate::store::Unpacked;
 use crate::user;
@@ -77,6 +81,9 @@ pub const MIN_MEMORY: u64 = 6 << 20;
 pub struct OciRuntime {
     host: Arc<Host>,
     image: Arc<Unpacked>,
+    /// Its warm pool, once it keeps one ([`OciRuntime::keep_warm`]);
+    /// shared by its clones.
+    pool: Arc<OnceLock<Arc<Pool>>>,
 }
 
 impl OciRuntime {
@@ -85,6 +92,7 @@ impl OciRuntime {
         OciRuntime {
             host,
             image: Arc::new(image),
+            pool: Arc::default(),
         }
     }
 
@@ -93,15 +101,56 @@ impl OciRuntime {
         &self.image
     }
 
+    /// The host.
+    pub(crate) fn host(&self) -> &Arc<Host> {
+        &self.host
+    }
+
+    /// Keeps `config.size` containers of this image started, each of
+    /// `config.memory` and `config.disk` claimed of `reserve` (the server's
+    /// budgets), for runs to take ([`crate::pool`]); refilled in the
+    /// background until the host closes. Once per runtime (and its
+    /// clones); a size of 0 keeps none.
+    pub fn keep_warm(&self, config: PoolConfig, reserve: Arc<dyn Reserve>) {
+        if config.size == 0 {
+            return;
+        }
+        let pool = Arc::new(Pool::new(config));
+        if self.pool.set(Arc::clone(&pool)).is_err() {
+            return;
+        }
+        self.host
+            .tasks()
+            .spawn(crate::pool::refill(pool, self.clone(), reserve));
+    }
+
+    /// Warm containers ready now (0 without a pool).
+    pub fn warm(&self) -> usize {
+        self.pool.get().map_or(0, |pool| pool.len())
+    }
+
+    /// Starts one container for a run: a warm one held to `limits` when
+    /// the pool has one they fit, else a cold start ([`OciRuntime::spawn_cold`]).
+    /// [`Runtime::start`] is this, boxed.
+    pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
+        if let Some(pool) = self.pool.get()
+            && let Some(container) = pool.take(self, &limits).await
+        {
+            info!(key = %container.runtime().key(), memory = limits.memory, disk = limits.disk, "a warm container goes to a run");
+            return Ok(container);
+        }
+        self.spawn_cold(limits).await
+    }
+
     /// Starts one container; resolves once its agent accepts TCP and its
-    /// proxy listens. [`Runtime::start`] is this, boxed.
+    /// proxy listens.
     ///
     /// The start runs on a task of the host's tracker, and this future only
     /// waits for its answer: dropping it (the caller left, the server is
     /// shutting down) gives the start up, and the task then tears down
     /// everything it made — after the step under way has finished, so that
     /// no `mount` or `ip` killed half-way lands after the teardown.
-    pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
+    pub async fn spawn_cold(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
         let (answer_tx, answer) = tokio::sync::oneshot::channel();
         let abandoned = CancellationToken::new();
         let _give_up_when_dropped = abandoned.clone().drop_guard();
@@ -140,6 +189,7 @@ impl OciRuntime {
                 disk::MIN_DISK
             )));
         }
+        let mut steps = Steps::start();
         // The image is used now, and held until the run is torn down.
         self.image.hold.touch();
         let key = crate::random_name();
@@ -171,8 +221,8 @@ impl OciRuntime {
             tenant,
         };
         let log = limits.tenant.log();
-        let made = self.make(&run, &limits).await;
-        let (netns, child) = match made {
+        let made = self.make(&run, &limits, &mut steps).await;
+        let (netns, diag, child) = match made {
             Ok(_) if abandoned.is_cancelled() => {
                 warn!(key = %run.key, "a container start was given up on; removing what it made");
                 run.remove().await;
@@ -189,6 +239,7 @@ impl OciRuntime {
         let started = Started {
             run,
             netns,
+            diag,
             port: bundle::port(&self.image.image.process),
             stop_signal: self
                 .image
@@ -200,14 +251,19 @@ impl OciRuntime {
         };
         // Its disk file's blocks are what it has written of its disk.
         started
-            .ready(child, log, &abandoned)
+            .ready(child, log, &abandoned, steps)
             .await
             .map(|container| container.with_disk_file(disk))
     }
 
     /// Makes the run's files, mounts, network and configuration, and starts
     /// runc.
-    async fn make(&self, run: &Run, limits: &ContainerLimits) -> Result<(Netns, Child), String> {
+    async fn make(
+        &self,
+        run: &Run,
+        limits: &ContainerLimits,
+        steps: &mut Steps,
+    ) -> Result<(Netns, Diag, Child), String> {
         let key = run.key.as_str();
         let dir = run.dir();
         let ids = self.host.config().ids;
@@ -223,17 +279,9 @@ impl OciRuntime {
             .map_err(|error| {
                 format!("cannot make the run's directory {}: {error}", dir.display())
             })?;
+        steps.mark("dir");
         let process = &self.image.image.process;
         crate::init::find_program(&self.image.rootfs, &process.args, &process.env)?;
-        disk::create(&dir, limits.disk, (ids.uids.start, ids.gids.start))
-            .await
-            .map_err(|error| format!("cannot make the run's disk: {error}"))?;
-        disk::overlay(&dir, &self.image.rootfs)
-            .map_err(|error| format!("cannot mount the run's root: {error}"))?;
-        let netns = network::create(key)
-            .await
-            .map_err(|error| format!("cannot make the run's network: {error}"))?;
-        let resolv_conf = self.egress(key, &dir).await?;
         let user = user::resolve(&self.image.rootfs, process.user.as_deref())?;
         if user.uid >= ids.uids.count || user.gid >= ids.gids.count {
             return Err(format!(
@@ -241,6 +289,30 @@ impl OciRuntime {
                 user.uid, user.gid, ids.uids.count
             ));
         }
+        steps.mark("image");
+        // The disk and the network do not wait for each other; a start that
+        // fails in one has the other finish, and the run's teardown
+        // removes both.
+        let (disk, network) = tokio::join!(
+            async {
+                disk::create(&dir, limits.disk, self.host.disks(), &self.image.rootfs)
+                    .await
+                    .map_err(|error| format!("cannot make the run's disk and root: {error}"))
+            },
+            async {
+                let netns = network::create(key)
+                    .await
+                    .map_err(|error| format!("cannot make the run's network: {error}"))?;
+                let diag = netns.diag().await.map_err(|error| {
+                    format!("cannot ask who listens in the run's network namespace: {error}")
+                })?;
+                let resolv_conf = self.egress(key, &dir).await?;
+                Ok::<_, String>((netns, diag, resolv_conf))
+            }
+        );
+        disk?;
+        let (netns, diag, resolv_conf) = network?;
+        steps.mark("disk+netns");
         let id = runc::id(key);
         let spec = Bundle {
             process,
@@ -260,20 +332,23 @@ impl OciRuntime {
             }),
             resolv_conf,
             sandbox: self.host.runc().kind() == runc::Kind::Runsc,
+            filter: self.host.filter(),
         }
         .spec()
         .map_err(|error| error.to_string())?;
         let config = dir.join("config.json");
         spec.save(&config)
             .map_err(|error| format!("cannot write {}: {error}", config.display()))?;
+        steps.mark("bundle");
         let child = self
             .host
             .runc()
             .run_command(&dir, &id)
             .spawn()
             .map_err(|error| format!("cannot start runc: {error}"))?;
+        steps.mark("spawn");
         info!(%key, image = %self.image.image.digest, memory = limits.memory, disk = limits.disk, "container starting");
-        Ok((netns, child))
+        Ok((netns, diag, child))
     }
 }
 
@@ -383,6 +458,8 @@ async fn end_now(host: &Host, key: &str) {
 struct Started {
     run: Run,
     netns: Netns,
+    /// Who listens in the run's namespace: the readiness probe.
+    diag: Diag,
     port: u16,
     stop_signal: String,
 }
@@ -395,6 +472,7 @@ impl Started {
         child: Child,
         log: Option<TenantLog>,
         abandoned: &CancellationToken,
+        mut steps: Steps,
     ) -> Result<OciContainer, StartError> {
         let host = Arc::clone(&self.run.host);
         let key = self.run.key.clone();
@@ -429,12 +507,22 @@ impl Started {
                 Some(runc) => format!("{why} ({runc})"),
                 None => why,
             })?;
-            link::bind(agent, watch, supervisor.stop().clone())
+            steps.mark("ready");
+            let linked = link::bind(agent, watch, supervisor.stop().clone())
                 .await
-                .map_err(|error| format!("cannot bind the agent link: {error}"))
+                .map_err(|error| format!("cannot bind the agent link: {error}"));
+            steps.mark("link");
+            linked
         };
         let served = match linked.await {
-            Ok((link, task)) => supervisor.serve(self, link, vec![task], ()).await,
+            Ok((link, task)) => {
+                let run = OciRun {
+                    key: key.clone(),
+                    dir,
+                    cgroup: self.run.cgroup.clone(),
+                };
+                supervisor.serve(self, link, vec![task], run).await
+            }
             Err(why) => {
                 supervisor.give_up(self).await;
                 Err(why)
@@ -442,7 +530,10 @@ impl Started {
         };
         match served {
             Ok(container) => {
+                steps.mark("proxy");
+                let key = container.runtime().key();
                 info!(%key, url = container.proxy_url(), "oci container ready");
+                debug!(%key, %steps, "start steps");
                 Ok(container)
             }
             Err(why) => {
@@ -456,17 +547,26 @@ impl Started {
 impl Agent for Started {
     const WHAT: &'static str = "the container";
 
-    /// A socket made in the run's network namespace, connected to
-    /// `127.0.0.1:PORT` there.
+    /// Something listening on `PORT` in the run's network namespace where
+    /// `127.0.0.1` reaches it, as the kernel's socket diagnostics there
+    /// say (a question, not a connection, while nothing listens); then
+    /// one connection made in the namespace, which it must accept.
     async fn probe(&self) -> Result<bool, NotReady> {
+        let failed = |error: io::Error| {
+            NotReady::Failed(format!(
+                "cannot reach the agent program in the run's network namespace {}: {error}",
+                self.netns.name()
+            ))
+        };
+        let found = self.diag.listening(self.port).map_err(failed)?;
+        if !found.iter().any(Listening::reached_from_loopback) {
+            return Ok(false);
+        }
         match self.netns.connect(self.port).await {
             Ok(_) => Ok(true),
-            // Nothing listens yet (or no longer).
+            // No longer listening.
             Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => Ok(false),
-            Err(error) => Err(NotReady::Failed(format!(
-                "cannot dial the agent program in the run's network namespace {}: {error}",
-                self.netns.name()
-            ))),
+            Err(error) => Err(failed(error)),
         }
     }
 
@@ -567,8 +667,34 @@ impl Watch for Memory {
     }
 }
 
+/// What the oci runtime says of a container: its run's key, directory
+/// and cgroup.
+#[derive(Debug)]
+pub struct OciRun {
+    key: String,
+    dir: PathBuf,
+    cgroup: String,
+}
+
+impl OciRun {
+    /// The run's key (its container is `runloop-KEY`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The run's directory in the store.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The container's cgroup path (below its tenant's).
+    pub fn cgroup(&self) -> &str {
+        &self.cgroup
+    }
+}
+
 /// One running container, as the server sees it ([`Supervised`]).
-pub type OciContainer = Supervised<()>;
+pub type OciContainer = Supervised<OciRun>;
 
 /// A layout named the way skopeo names one, `oci:DIR:TAG`, where `DIR` is
 /// a layout: the error says that an entry names the directory alone.

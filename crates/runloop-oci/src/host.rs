@@ -40,6 +40,7 @@ use crate::command;
 use crate::digest::{Digest, DigestError};
 use crate::disk;
 use crate::egress::{self, Egress, EgressNetwork};
+use crate::filter::{Maker, Prepared};
 use crate::image::ImageError;
 use crate::runc::Runc;
 use crate::store::{Store, StoreError, UnpackLimits};
@@ -113,6 +114,9 @@ pub struct HostConfig {
     /// The network runs' egress addresses come from, when they have a
     /// way out ([`crate::egress`]); `None`: loopback only.
     pub egress: Option<EgressNetwork>,
+    /// What each image's warm pool keeps unless its own says otherwise
+    /// ([`crate::pool`]): none by default.
+    pub warm: crate::pool::PoolConfig,
 }
 
 /// The CPU limit of a container unless told otherwise: half the
@@ -130,7 +134,8 @@ impl HostConfig {
     /// 5 s grace, 60 s to listen, 1024 processes, images up to 8 GiB and
     /// a million entries unpacked, no bound on the store, the default output budget, the ids of
     /// [`IdMapping::default_for_host`], [`default_cpus`], [`DEFAULT_NOFILE`]
-    /// open files, the init, and no egress.
+    /// open files, the init, no egress, and no warm pool (1 GiB of memory
+    /// and disk a warm container, when one is kept).
     pub fn new(store: impl Into<PathBuf>) -> HostConfig {
         HostConfig {
             store: store.into(),
@@ -150,6 +155,11 @@ impl HostConfig {
             nofile: DEFAULT_NOFILE,
             init: true,
             egress: None,
+            warm: crate::pool::PoolConfig {
+                size: 0,
+                memory: 1 << 30,
+                disk: 1 << 30,
+            },
         }
     }
 
@@ -255,6 +265,11 @@ pub struct Host {
     init: Option<PathBuf>,
     /// Runs' way out, when the operator turned it on.
     egress: Option<Egress>,
+    /// Runs' disks, formatted once per size.
+    disks: disk::Templates,
+    /// The syscall filter runc makes of the profile, read back once;
+    /// `None`: runc is given the profile at every start.
+    filter: Option<Prepared>,
     _lock: File,
 }
 
@@ -351,8 +366,14 @@ impl Host {
             None
         };
 
+        let disks = disk::Templates::open(
+            store.dir().join("disks"),
+            (config.ids.uids.start, config.ids.gids.start),
+        )
+        .map_err(|error| HostError::Missing(format!("the store's disk templates: {error}")))?;
         let host = Host {
             config,
+            disks,
             store,
             runc,
             cgroups,
@@ -360,10 +381,12 @@ impl Host {
             closing: CancellationToken::new(),
             init,
             egress: None,
+            filter: None,
             _lock: lock,
         };
         let mut host = host;
         host.sweep().await?;
+        host.filter = host.prepare_filter().await;
         if let Some(network) = host.config.egress {
             host.egress = Some(
                 Egress::open(network, host.store.dir())
@@ -402,6 +425,39 @@ impl Host {
         egress::sweep(self.store.dir()).await;
         self.store.sweep()?;
         Ok(())
+    }
+
+    /// The filter runc makes of the profile, read back from a container
+    /// of its own, when the containers are runc's and run the init.
+    async fn prepare_filter(&self) -> Option<Prepared> {
+        let init = self.init.as_deref()?;
+        if self.runc.kind() != crate::runc::Kind::Runc {
+            return None;
+        }
+        let maker = Maker {
+            runc: &self.runc,
+            cgroups: self.cgroups,
+            runs: &self.store.runs(),
+            init,
+        };
+        match crate::filter::read_back(maker, None).await {
+            Ok(prepared) => {
+                info!(
+                    instructions = prepared.instructions(),
+                    "the containers' syscall filter is compiled once, not at every start"
+                );
+                Some(prepared)
+            }
+            Err(why) => {
+                warn!(%why, "runc compiles the containers' syscall filter at every start");
+                None
+            }
+        }
+    }
+
+    /// The syscall filter read back once, if it was.
+    pub fn filter(&self) -> Option<&Prepared> {
+        self.filter.as_ref()
     }
 
     /// Ends every container of this host and removes all it made: stops
@@ -460,6 +516,11 @@ impl Host {
     /// Runs' way out, if they have one.
     pub fn egress(&self) -> Option<&Egress> {
         self.egress.as_ref()
+    }
+
+    /// The runs' disk templates.
+    pub fn disks(&self) -> &disk::Templates {
+        &self.disks
     }
 
     /// The init binary containers run as PID 1, if they run one.

@@ -21,10 +21,12 @@
 //! The modules, in the order an image meets them: [`digest`], [`layout`],
 //! [`image`], [`unpack`], [`store`] (bounded by [`gc`]) — and for `registry` images
 //! [`registry`] before them; then a run: [`host`] (what runs
-//! share, checked at startup), [`container`] (one container's life), and
-//! the parts it is made of — [`disk`], [`network`], [`egress`] (with
+//! share, checked at startup), [`container`] (one container's life; its
+//! [`pool`] of warm ones), and
+//! the parts it is made of — [`disk`] (with [`loopdev`]), [`network`], [`egress`] (with
 //! [`conntrack`]), [`user`], [`bundle`],
-//! [`runc`], [`cgroup`], [`link`], [`command`].
+//! [`runc`] (with [`filter`], the syscall filter made once), [`cgroup`],
+//! [`link`], [`command`].
 
 pub mod bundle;
 pub mod cgroup;
@@ -35,13 +37,16 @@ pub mod digest;
 pub mod disk;
 pub mod distribution;
 pub mod egress;
+pub mod filter;
 pub mod gc;
 pub mod host;
 pub mod image;
 pub mod init;
 pub mod layout;
 pub mod link;
+pub mod loopdev;
 pub mod network;
+pub mod pool;
 pub mod registry;
 pub mod runc;
 pub mod seccomp;
@@ -50,10 +55,11 @@ pub mod teardown;
 pub mod unpack;
 pub mod user;
 
-pub use container::{OciContainer, OciRuntime};
+pub use container::{OciContainer, OciRun, OciRuntime};
 pub use host::{Host, HostConfig, HostError};
 /// The OCI spec types this crate's API speaks (media types, descriptors).
 pub use oci_spec;
+pub use pool::PoolConfig;
 
 /// A random name for a temporary file or a run: 12 lowercase hex digits
 /// (48 bits), short enough for an interface name.

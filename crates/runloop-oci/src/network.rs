@@ -28,26 +28,24 @@
 //! added to this namespace by module [`egress`](crate::egress): a way out,
 //! never the way in — the host still dials through sockets made here.
 //!
-//! The namespace is made before runc starts (runc joins it by path) and is
-//! opened at once; the host dials through that descriptor, never through
-//! the name, so a namespace made again under the same name is never the one
-//! dialled. It is named after the run so that a server started after a
-//! crash finds and removes it.
+//! The namespace is made before runc starts (runc joins it by path), in
+//! the server's own process — a thread that `unshare`s it, brings `lo` up
+//! and binds it at `/run/netns/runloop-KEY`, as `ip netns add` would, in
+//! half a millisecond rather than the two `ip` runs' five
+//! ([`runloop_runtime::netns`]) — and is held open from the start; the host
+//! dials through that descriptor, never through the name, so a namespace
+//! made again under the same name is never the one dialled. It is named
+//! after the run so that a server started after a crash finds and removes
+//! it. Whether the agent listens is asked of the kernel's socket
+//! diagnostics in the namespace ([`Netns::diag`]), not by connecting.
 
 use std::ffi::OsStr;
-use std::fs::File;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-use rustix::net::{AddressFamily, SocketFlags, SocketType};
-use rustix::thread::LinkNameSpaceType;
-use tokio::net::{TcpSocket, TcpStream};
-use tokio::sync::oneshot;
-use tracing::warn;
+use runloop_runtime::netns::{self, Diag};
+use tokio::net::TcpStream;
 
 use crate::command::{self, CommandError};
 
@@ -78,8 +76,8 @@ pub enum NetworkError {
     /// `ip` failed.
     #[error(transparent)]
     Command(#[from] CommandError),
-    /// The namespace was made but cannot be opened.
-    #[error("cannot open the network namespace {path}: {source}")]
+    /// The namespace could not be made, bound or opened.
+    #[error("cannot make the network namespace {path}: {source}")]
     Open {
         /// Its path.
         path: PathBuf,
@@ -93,22 +91,19 @@ pub enum NetworkError {
 #[derive(Debug, Clone)]
 pub struct Netns {
     name: Arc<str>,
-    fd: Arc<OwnedFd>,
+    netns: netns::Netns,
 }
 
-/// Makes the run's namespace, with its loopback up, and opens it.
+/// Makes the run's namespace, with its loopback up, bound at
+/// [`namespace_path`], and holds it open.
 pub async fn create(key: &str) -> Result<Netns, NetworkError> {
-    let name = namespace(key);
-    command::run(ip(), ["netns", "add", &name], None).await?;
-    command::run(ip(), ["-n", &name, "link", "set", "lo", "up"], None).await?;
     let path = namespace_path(key);
-    let file = File::open(&path).map_err(|source| NetworkError::Open {
-        path: path.clone(),
-        source,
-    })?;
+    let netns = netns::Netns::create_at(&path)
+        .await
+        .map_err(|source| NetworkError::Open { path, source })?;
     Ok(Netns {
-        name: Arc::from(name),
-        fd: Arc::new(OwnedFd::from(file)),
+        name: Arc::from(namespace(key)),
+        netns,
     })
 }
 
@@ -116,13 +111,11 @@ pub async fn create(key: &str) -> Result<Netns, NetworkError> {
 /// host interface. Absent is fine. A namespace still held open (by a
 /// [`Netns`]) lives on, empty, until the last holder lets go.
 pub async fn remove(key: &str) -> Result<(), CommandError> {
-    let netns = namespace(key);
-    if namespace_path(key).exists() {
-        match command::run(ip(), ["netns", "del", &netns], None).await {
-            Err(error) if !error.says("No such file") => return Err(error),
-            _ => {}
-        }
-    }
+    let path = namespace_path(key);
+    netns::remove_at(&path).map_err(|error| CommandError {
+        command: format!("umount {}", path.display()),
+        why: error.to_string(),
+    })?;
     let host = old_host_interface(key);
     if PathBuf::from("/sys/class/net").join(&host).exists() {
         match command::run(ip(), ["link", "del", &host], None).await {
@@ -140,92 +133,15 @@ impl Netns {
     }
 
     /// A TCP connection to `127.0.0.1:port` inside the namespace: the
-    /// socket is made there (by the dialer thread), then connected here.
+    /// socket is made there, then connected here.
     pub async fn connect(&self, port: u16) -> io::Result<TcpStream> {
-        let socket = self.socket().await?;
-        socket
-            .connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
-            .await
+        self.netns.connect(port).await
     }
 
-    /// An unconnected TCP socket of the namespace.
-    async fn socket(&self) -> io::Result<TcpSocket> {
-        let (reply, answer) = oneshot::channel();
-        dialer()?
-            .send(Ask {
-                netns: Arc::clone(&self.fd),
-                reply,
-            })
-            .map_err(|_| gone())?;
-        let fd = answer.await.map_err(|_| gone())??;
-        Ok(TcpSocket::from_std_stream(std::net::TcpStream::from(fd)))
+    /// The namespace's socket diagnostics: who listens on a port there.
+    pub async fn diag(&self) -> io::Result<Diag> {
+        self.netns.diag().await
     }
-}
-
-/// One socket asked of the dialer thread.
-struct Ask {
-    netns: Arc<OwnedFd>,
-    reply: oneshot::Sender<io::Result<OwnedFd>>,
-}
-
-fn gone() -> io::Error {
-    io::Error::other("the thread that makes sockets in run namespaces is gone")
-}
-
-/// The dialer thread's queue, started on first use.
-///
-/// Why a thread of its own: `setns` moves the calling thread, and every
-/// socket, file and name lookup that thread makes afterwards is in the
-/// run's namespace. A thread of the async runtime's pools would carry that
-/// into unrelated work (a registry pull's DNS lookup, say); this one does
-/// nothing but make sockets, and goes back to the server's namespace after
-/// each so that it holds no run's namespace alive.
-fn dialer() -> io::Result<mpsc::Sender<Ask>> {
-    static DIALER: OnceLock<Mutex<Option<mpsc::Sender<Ask>>>> = OnceLock::new();
-    let slot = DIALER.get_or_init(|| Mutex::new(None));
-    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(sender) = slot.as_ref() {
-        return Ok(sender.clone());
-    }
-    // The server's own namespace, to go back to: opened before any setns.
-    let home = File::open("/proc/thread-self/ns/net")
-        .or_else(|_| File::open("/proc/self/ns/net"))
-        .map(OwnedFd::from)?;
-    let (sender, asks) = mpsc::channel::<Ask>();
-    std::thread::Builder::new()
-        .name("runloop-netns-dialer".to_owned())
-        .spawn(move || {
-            for ask in asks {
-                let made = socket_in(&ask.netns);
-                if let Err(error) =
-                    rustix::thread::move_into_link_name_space(home.as_fd(), Some(LinkNameSpaceType::Network))
-                {
-                    warn!(%error, "the socket maker cannot return to the server's network namespace");
-                }
-                let _ = ask.reply.send(made);
-            }
-        })?;
-    *slot = Some(sender.clone());
-    Ok(sender)
-}
-
-/// On the dialer thread: enters `netns` and makes a non-blocking,
-/// close-on-exec TCP socket there.
-fn socket_in(netns: &OwnedFd) -> io::Result<OwnedFd> {
-    rustix::thread::move_into_link_name_space(netns.as_fd(), Some(LinkNameSpaceType::Network))
-        .map_err(|errno| {
-            io::Error::new(
-                io::Error::from(errno).kind(),
-                format!("cannot enter the run's network namespace: {errno}"),
-            )
-        })?;
-    let socket = rustix::net::socket_with(
-        AddressFamily::INET,
-        SocketType::STREAM,
-        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-        None,
-    )?;
-    Ok(socket)
 }
 
 #[cfg(test)]

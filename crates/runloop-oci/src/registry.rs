@@ -49,6 +49,12 @@
 //! by digest whose image is already there runs without asking the registry. Two runs that ask for the same
 //! reference at once fetch it once: the second waits for the first and
 //! finds the blobs in the store.
+//!
+//! An image can be kept warm ([`Pull::keep_warm`], `serve --warm-image`)
+//! once it is allowed and pinned: the server pulls it as its own (no
+//! tenant's share), and a run that names a registry this server pulls
+//! from and the same digest takes a warm container of it
+//! ([`crate::pool`]), without a pull.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -58,7 +64,7 @@ use std::time::Duration;
 use oci_client::Reference;
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
 use runloop_proto::ErrorKind;
-use runloop_runtime::{BoxFuture, Puller, Registry, RegistryError, Runtime};
+use runloop_runtime::{BoxFuture, Puller, Registry, RegistryError, Reserve, Runtime};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 use tracing::info;
@@ -69,6 +75,7 @@ use crate::distribution::{Distribution, FetchError, Target};
 use crate::host::Host;
 use crate::image::{self, ACCEPTED, Image, is_index};
 use crate::layout::{MAX_JSON, check};
+use crate::pool::PoolConfig;
 
 /// How long a registry has to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -125,6 +132,8 @@ pub struct Pull {
     places: Arc<Semaphore>,
     /// Pulls under way, by tenant.
     tenants: Arc<Mutex<HashMap<String, usize>>>,
+    /// The images kept warm, by the digest their reference pins.
+    pooled: Mutex<HashMap<Digest, OciRuntime>>,
 }
 
 impl std::fmt::Debug for Pull {
@@ -158,7 +167,44 @@ impl Pull {
             client,
             places,
             tenants: Arc::default(),
+            pooled: Mutex::default(),
         })
+    }
+
+    /// Keeps warm containers of the registry image `reference` — of a
+    /// registry this server pulls from, pinned by digest
+    /// (`HOST/REPO[:TAG]@sha256:…`) — pulled now as the server's own pull,
+    /// as `config` says and claimed of `reserve` ([`OciRuntime::keep_warm`]);
+    /// runs naming the same digest take them.
+    pub async fn keep_warm(
+        &self,
+        reference: &str,
+        config: PoolConfig,
+        reserve: Arc<dyn Reserve>,
+    ) -> Result<(), RegistryError> {
+        let Some((_, pinned)) = reference.rsplit_once('@') else {
+            return Err(refused(
+                ErrorKind::Policy,
+                format!("{reference} is kept warm only pinned by digest (@sha256:…)"),
+            ));
+        };
+        let pinned: Digest = pinned.parse().map_err(|error| {
+            refused(
+                ErrorKind::Registry,
+                format!("registry reference {reference:?} does not parse: {error}"),
+            )
+        })?;
+        let server = Puller {
+            tenant: "the server's warm pools".to_owned(),
+            max_pulls: None,
+        };
+        let runtime = self.runtime(reference, &server).await?;
+        runtime.keep_warm(config, reserve);
+        self.pooled
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(pinned, runtime);
+        Ok(())
     }
 
     /// A place among the pulls `puller`'s tenant may have under way, or
@@ -227,6 +273,16 @@ impl Pull {
                 })
             })
             .transpose()?;
+        // Kept warm: no pull, a warm container if the pool has one.
+        if let Some(digest) = &pinned
+            && let Some(pooled) = self
+                .pooled
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .get(digest)
+        {
+            return Ok(pooled.clone());
+        }
         let store = self.host.store();
         // No collection takes what this pull finds or fetches before its
         // run holds the image.

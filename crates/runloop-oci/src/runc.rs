@@ -188,6 +188,20 @@ impl Runc {
         self.run(args).await.map(drop)
     }
 
+    /// The host pid of the container's first process (`runc state`).
+    pub async fn pid(&self, id: &str) -> Result<i32, CommandError> {
+        let state = self.run(["state", id]).await?;
+        serde_json::from_str::<serde_json::Value>(&state)
+            .ok()
+            .and_then(|state| state["pid"].as_i64())
+            .and_then(|pid| i32::try_from(pid).ok())
+            .filter(|pid| *pid > 0)
+            .ok_or_else(|| CommandError {
+                command: format!("runc state {id}"),
+                why: format!("no pid in its answer: {}", state.trim()),
+            })
+    }
+
     /// Deletes the container (killing what is left of it); absent is fine.
     pub async fn delete(&self, id: &str) -> Result<(), CommandError> {
         match self.run(["delete", "--force", id]).await {

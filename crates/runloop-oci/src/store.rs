@@ -8,6 +8,7 @@
 //!   images/sha256-HEX-ids-U+N-G+M/rootfs  the same, owners shifted into a container id range
 //!   images/…/used              locked (shared) by the image's holders; its mtime is its last use
 //!   runs/KEY/                  one run: disk.img, its mount, the overlay root, config.json
+//!   disks/SIZE.img             a run disk's template, one per size used lately (crate::disk)
 //!   lock                       held (flock) by the one server using the store
 //!   gc.lock                    shared by pulls and unpacks, exclusive for a collection
 //! ```

@@ -20,7 +20,9 @@ mod builtin;
 mod catalog;
 pub mod cgroup;
 pub mod exec;
+pub mod netns;
 pub mod output;
+pub mod steps;
 pub mod supervised;
 
 use std::fmt;
@@ -33,7 +35,9 @@ use runloop_proto::ErrorKind;
 pub use attach::Attach;
 pub use builtin::Builtin;
 pub use catalog::{AgentSpec, Catalog, CatalogError, RuntimeSpec, SpecError};
-pub use exec::{Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer, ExecProcess};
+pub use exec::{
+    Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer, ExecNetwork, ExecProcess,
+};
 pub use runloop_proxy::{LocalProxy, LocalRun, PathEvent};
 
 /// A boxed, sendable future.
@@ -171,6 +175,24 @@ pub trait Registry: Send + Sync + fmt::Debug {
 
     /// Pulls under way at once, server-wide: what a tenant's share is half of.
     fn max_pulls(&self) -> usize;
+}
+
+/// What a runtime's warm pool claims of the server's run budget: a
+/// container kept started for runs to come holds its memory and disk
+/// against the server's budgets (no tenant's), from its start until a run
+/// takes it or it goes. The server gives its pools one of these.
+pub trait Reserve: Send + Sync + fmt::Debug {
+    /// Claims `memory` and `disk` for one warm container; `None` when they
+    /// do not fit the server's budgets now.
+    fn claim(&self, memory: u64, disk: u64) -> Option<Box<dyn Reserved>>;
+}
+
+/// One warm container's claim: dropped, it is given back (the container
+/// went away unused).
+pub trait Reserved: Send + Sync {
+    /// The container went to a run, whose own claim holds it from now on:
+    /// the claim is given back, and the run is counted as served warm.
+    fn used(self: Box<Self>);
 }
 
 /// Starts containers of one kind.

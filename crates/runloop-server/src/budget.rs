@@ -76,6 +76,11 @@
 //! and loop it asks for is refused, naming the revocation; what it half
 //! sends in its grace counts against the server's budget alone.
 //!
+//! A warm container (one a runtime keeps started for runs to come) claims
+//! its memory and disk of the server-wide budgets alone
+//! ([`Ledger::claim_reserve`]): no run's place and no tenant's share, since
+//! no one asked for it yet; the run that takes it makes its own claim.
+//!
 //! The [`Ledger`] is the run budget's part of the server's shared state:
 //! the budget, what runs and loops claim under its own lock, and the
 //! roster it asks for a tenant's share ([`Ledger::share`], its one
@@ -471,6 +476,37 @@ impl Ledger {
         Ok(Claim {
             ledger: Arc::clone(self),
             identity: per_identity,
+            run: true,
+            memory,
+            disk,
+            disk_claim,
+        })
+    }
+
+    /// Claims `memory` and `disk` of the server-wide budgets for a warm
+    /// container (kept started for runs to come): no run's place and no
+    /// tenant's share; `None` when it does not fit.
+    pub(crate) fn claim_reserve(self: &Arc<Self>, memory: u64, disk: u64) -> Option<Claim> {
+        let mut claimed = self.claimed();
+        let fits = claimed
+            .memory
+            .saturating_add(claimed.half_sent)
+            .saturating_add(memory)
+            <= self.budget.memory_budget
+            && claimed.disk.saturating_add(disk) <= self.budget.disk_budget;
+        if !fits {
+            return None;
+        }
+        let disk_claim = match (&self.run_disks, disk) {
+            (Some(place), 1..) => Some(self.fits_the_filesystem(&mut claimed, place, disk).ok()?),
+            _ => None,
+        };
+        claimed.memory += memory;
+        claimed.disk += disk;
+        Some(Claim {
+            ledger: Arc::clone(self),
+            identity: None,
+            run: false,
             memory,
             disk,
             disk_claim,
@@ -580,6 +616,8 @@ fn holding(runs: &str, memory: u64, whose: &str, half_sent: u64) -> String {
 pub(crate) struct Claim {
     ledger: Arc<Ledger>,
     identity: Option<Identity>,
+    /// Whether it holds a run's place (a warm container's holds none).
+    run: bool,
     memory: u64,
     disk: u64,
     /// Its disk's number among those on the filesystem of `run_disks`.
@@ -601,7 +639,7 @@ impl Claim {
 impl Drop for Claim {
     fn drop(&mut self) {
         let mut claimed = self.ledger.claimed();
-        claimed.runs -= 1;
+        claimed.runs -= usize::from(self.run);
         claimed.memory -= self.memory;
         claimed.disk -= self.disk;
         if let Some(number) = self.disk_claim {
@@ -1087,5 +1125,32 @@ mod tests {
         let budget = default_memory_budget();
         assert!(budget >= Limit::MIN_RUN_MEMORY, "{budget}");
         assert_eq!(RunBudget::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_warm_container_claims_the_servers_budgets_and_no_place_or_share() {
+        let ledger = ledger(three_runs(), &Credentials::Tokens(vec!["a".into()]));
+        let alice = ledger.tenants.accept("a").expect("a token");
+        let warm = ledger
+            .claim_reserve(7 * GIB + GIB / 2, 6 * GIB)
+            .expect("fits the server's");
+        {
+            let claimed = ledger.claimed();
+            assert_eq!(
+                (claimed.runs, claimed.memory, claimed.disk),
+                (0, 7 * GIB + GIB / 2, 6 * GIB)
+            );
+            assert!(claimed.tenants.is_empty(), "no tenant's share");
+        }
+        // What it holds is not there for runs, nor for more warm ones.
+        assert!(ledger.claim_reserve(GIB, 0).is_none());
+        assert_eq!(
+            refusal(ledger.claim_run(&alice, GIB, GIB)),
+            "memory 1073741824 does not fit this server's memory budget: runs hold 8053063680 \
+             of memory_budget 8589934592 bytes; try again later"
+        );
+        drop(warm);
+        let claimed = ledger.claimed();
+        assert_eq!((claimed.runs, claimed.memory, claimed.disk), (0, 0, 0));
     }
 }

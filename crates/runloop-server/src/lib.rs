@@ -13,6 +13,8 @@
 //! places    a bound's units, held until given back: a connection's in the
 //!           admission, a response's in its connection's outgoing queue
 //! claim     what a run (a place, memory, disk) or a loop takes of the ledger
+//! warm      a container a runtime keeps started for runs to come: its
+//!           memory and disk claimed of the server's budgets, no tenant's
 //! lane      the bytes on their way to a connection's socket, in order
 //! gate      the admission: which connections are taken on, and what they hold
 //! ledger    the run budget: what runs and loops claim, per tenant and in all
@@ -46,6 +48,7 @@
 //! origin.rs       a browser's Origin at the upgrade: 403, or no empty credential
 //! half_sent.rs    a caller's message begun and not ended: its bytes
 //!                 counted as they come, claimed, held to a deadline
+//! warm.rs         warm pools' claims on the ledger, counted
 //! shared.rs       what every connection shares: config, shutdown, drain,
 //!                 tasks, counts, metrics, slots, ids, refusal log; the parts
 //! config.rs       the configuration, and what a quota comes to under it
@@ -113,6 +116,7 @@ mod run_end;
 mod scope;
 mod shared;
 mod tenants;
+mod warm;
 
 use std::fmt;
 use std::io;
@@ -362,6 +366,12 @@ impl ServerHandle {
     /// shutting down.
     pub fn is_ready(&self) -> bool {
         !self.shared.draining.is_cancelled() && !self.shared.shutdown.is_cancelled()
+    }
+
+    /// What the runtimes' warm pools claim against: the server's budgets
+    /// (no tenant's), counted in its figures.
+    pub fn reserve(&self) -> Arc<dyn runloop_runtime::Reserve> {
+        Arc::new(warm::Pools::new(Arc::clone(&self.shared)))
     }
 
     /// The server's live counts.
@@ -689,5 +699,33 @@ mod tests {
         least.credential_failure_rate = 1;
         least.tenant_cpu_weight = 1;
         assert!(Server::bind("127.0.0.1:0", least).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_warm_container_is_counted_while_held_and_its_run_when_used() {
+        let mut config = ServerConfig::new(Credentials::Any, Catalog::new());
+        config.budget.memory_budget = 1 << 30;
+        let server = Server::bind("127.0.0.1:0", config).await.expect("binds");
+        let handle = server.handle();
+        let reserve = handle.reserve();
+        let first = reserve.claim(512 << 20, 0).expect("fits");
+        let second = reserve.claim(512 << 20, 0).expect("fits");
+        assert!(
+            reserve.claim(1, 0).is_none(),
+            "the server's memory budget is held by the two"
+        );
+        assert_eq!(handle.stats().warm, 2);
+        let metrics = handle.metrics();
+        assert!(metrics.contains("runloop_warm_containers 2\n"), "{metrics}");
+        first.used();
+        drop(second);
+        assert_eq!(handle.stats().warm, 0);
+        let metrics = handle.metrics();
+        assert!(metrics.contains("runloop_warm_containers 0\n"), "{metrics}");
+        assert!(
+            metrics.contains("runloop_runs_started_warm_total 1\n"),
+            "{metrics}"
+        );
+        assert!(reserve.claim(1 << 30, 0).is_some(), "both given back");
     }
 }

@@ -35,6 +35,8 @@ pub struct Stats {
     pub(crate) containers: AtomicUsize,
     pub(crate) relays: AtomicUsize,
     pub(crate) proxy_paths: AtomicUsize,
+    /// Warm containers kept for runs to come, their claims held.
+    pub(crate) warm: AtomicUsize,
     pub(crate) disregarded: AtomicU64,
     pub(crate) turned_away: AtomicU64,
 }
@@ -47,6 +49,7 @@ impl Stats {
             containers: self.containers.load(Ordering::Relaxed),
             relays: self.relays.load(Ordering::Relaxed),
             proxy_paths: self.proxy_paths.load(Ordering::Relaxed),
+            warm: self.warm.load(Ordering::Relaxed),
             disregarded: self.disregarded.load(Ordering::Relaxed),
             turned_away: self.turned_away.load(Ordering::Relaxed),
             // The ledger's, filled in by the handle.

@@ -14,7 +14,8 @@ use std::time::Duration;
 use common::{End, Logs, error_json, exchange, outcome, reaped, register, wait_dead};
 use runloop::proto::run_loop::Outcome;
 use runloop::runtime::{
-    Confinement, Container, ContainerLimits, DiskPolicy, Exec, ExecConfig, Runtime,
+    Confinement, Container, ContainerLimits, DiskPolicy, Exec, ExecConfig, ExecContainer,
+    ExecNetwork, Runtime,
 };
 
 const GIB: u64 = 1 << 30;
@@ -429,4 +430,72 @@ async fn children_count_against_the_limit_together() {
     );
     assert!(peak <= 256 << 20, "peak {peak} bytes");
     assert!(kills >= 7, "{kills} OOM kills");
+}
+
+/// What `reach.py` wrote: its `$PORT` and whether it reached the host's
+/// listener.
+async fn reach(
+    host_port: u16,
+    network: ExecNetwork,
+    report: &std::path::Path,
+) -> (String, ExecContainer) {
+    let exec = exec(
+        "python3",
+        [
+            fixture("reach.py"),
+            report.display().to_string(),
+            host_port.to_string(),
+        ],
+    )
+    .with_config(ExecConfig {
+        disk: DiskPolicy::Unenforced,
+        network,
+        ..ExecConfig::default()
+    });
+    let container = exec.spawn(limits(GIB)).await.expect("starts");
+    let said = std::fs::read_to_string(report).expect("the fixture reported");
+    let _ = std::fs::remove_file(report);
+    (said, container)
+}
+
+#[tokio::test]
+async fn each_run_listens_on_a_loopback_of_its_own_and_reaches_nothing_of_the_hosts() {
+    if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+        return;
+    }
+    // A service of the host, on its loopback.
+    let host = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    host.set_nonblocking(true).expect("non-blocking");
+    let host_port = host.local_addr().expect("address").port();
+    let (first, a) = reach(host_port, ExecNetwork::Own, &pidfile("reach-a")).await;
+    let (second, b) = reach(host_port, ExecNetwork::Own, &pidfile("reach-b")).await;
+    // Both on the same port, each on its own loopback, neither reaching
+    // the host's service.
+    assert_eq!(first, "8080 refused");
+    assert_eq!(second, "8080 refused");
+    assert!(
+        host.accept().is_err(),
+        "no run connected to the host's service"
+    );
+    // Each serves its own loops, through its own proxy.
+    for container in [&a, &b] {
+        let url = container.proxy_url().to_owned();
+        register(&url).await;
+        let done = exchange(&url, "/agent/run", br#"{"prompt":"mine"}"#).await;
+        assert_eq!(done.end, End::Clean);
+        assert_eq!(outcome(&done).1, Outcome::Finished { fatal: false });
+    }
+    assert_ne!(a.proxy_url(), b.proxy_url());
+    let (pid_a, pid_b) = (a.pid(), b.pid());
+    a.terminate().await;
+    b.terminate().await;
+    assert!(reaped(pid_a) && reaped(pid_b));
+
+    // On the host's network (the operator's opt-in) the same program
+    // reaches the host's service, on a port of the host's loopback.
+    let (said, host_run) = reach(host_port, ExecNetwork::Host, &pidfile("reach-host")).await;
+    let (port, outcome) = said.split_once(' ').expect("port and outcome");
+    assert_eq!(outcome, "connected");
+    assert_ne!(port, "8080");
+    host_run.terminate().await;
 }

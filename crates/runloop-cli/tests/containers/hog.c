@@ -23,6 +23,10 @@
  *   escape    tries what a hostile image would (escape.c) and answers one
  *             chunk per probe, `NAME: WHAT HAPPENED`; a fork bomb too when
  *             the prompt says "fork bomb"
+ *   mark      answers one chunk: "seen HOST<host of the run before>" when
+ *             /mark or /tmp/mark was there (an earlier run's), else
+ *             "fresh HOST", its memory limit and the room left on /tmp;
+ *             then leaves its own marks
  *   plain     answers one chunk and leaves every signal as it is (PID 1
  *             without an init then ignores SIGTERM)
  *
@@ -46,6 +50,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 static void send_event(int fd, const char *text);
@@ -226,6 +231,32 @@ static void run_loop(int fd, const char *body) {
     if (strcmp(mode, "dies") == 0) {
         send_event(fd, "dying");
         exit(3);
+    }
+    if (strcmp(mode, "mark") == 0) {
+        /* Whether an earlier run left its marks here; then this run's. */
+        char host[64] = "", before[64] = "";
+        gethostname(host, sizeof host - 1);
+        const char *marks[] = {"/mark", "/tmp/mark"};
+        for (int i = 0; i < 2; i++) {
+            FILE *seen = fopen(marks[i], "r");
+            if (seen) {
+                if (!fgets(before, sizeof before, seen)) snprintf(before, sizeof before, "?");
+                fclose(seen);
+            }
+            FILE *mark = fopen(marks[i], "w");
+            if (mark) {
+                fputs(host, mark);
+                fclose(mark);
+            }
+        }
+        struct statvfs disk;
+        long long free_bytes = statvfs("/tmp", &disk) == 0 ? (long long)disk.f_bavail * (long long)disk.f_frsize : -1;
+        char text[300];
+        snprintf(text, sizeof text, "%s %s%s; memory limit %lld; disk free %lld",
+                 before[0] ? "seen" : "fresh", host, before, memory_limit(), free_bytes);
+        send_event(fd, text);
+        send_str(fd, "0\r\n\r\n");
+        return;
     }
     if (strcmp(mode, "cat") == 0) {
         const char *path = arg_count > 2 ? args[2] : "";

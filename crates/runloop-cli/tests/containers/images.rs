@@ -7,7 +7,7 @@
 //!   exactly as under exec;
 //! - `hog MODE`: a small static C program (`hog.c`) that misbehaves as
 //!   asked: `memory`, `disk`, `stubborn`, `once`, `dies`, `silent`,
-//!   `tenant`, `reach`.
+//!   `tenant`, `reach`, `mark`.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -15,6 +15,7 @@ mod images;
 mod isolation;
 mod packaging;
 mod registry;
+mod warm;
 
 use std::fs;
 use std::io::{BufRead, BufReader};

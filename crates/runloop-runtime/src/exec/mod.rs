@@ -11,21 +11,28 @@
 //! 1. **Refusals.** A host process can write wherever its user may, so no
 //!    `disk` can be held: unless the operator accepted that
 //!    ([`DiskPolicy::Unenforced`]), every run is refused with a reason.
-//! 2. **Start.** A loopback port is leased (module `port`) and handed to the
-//!    program as `$PORT`. The child joins the run's cgroup before it execs
-//!    ([`Confinement`]; memory, swap held to it, pids), or where there are no
-//!    cgroups gets the memory limit as `RLIMIT_DATA`. It gets its own
-//!    process group and `PR_SET_PDEATHSIG` = `SIGKILL` (it dies with the
-//!    server even if the server is killed outright). stdin is closed;
-//!    stdout and stderr go to the server's log within a budget
-//!    ([`output`](super::output)).
-//! 3. **Ready.** Once the program accepts TCP on `127.0.0.1:$PORT`, every
-//!    socket listening there must be the run's own (`port::listener`). A
-//!    port someone else listens on is given up: the child is killed and the
-//!    start tried again on another port (a few times). If the program
-//!    exits first, the start fails with its exit status; if it neither
-//!    listens nor exits within the startup timeout, it is killed and the
-//!    start fails.
+//! 2. **Start.** The run gets a network namespace of its own with nothing
+//!    in it but loopback ([`ExecNetwork::Own`], protocol §10; made while
+//!    its cgroup is), and the program `$PORT` 8080 there. The child joins
+//!    the run's cgroup before it execs ([`Confinement`]; memory, swap held
+//!    to it, pids), or where there are no cgroups gets the memory limit as
+//!    `RLIMIT_DATA`; then the run's namespace. It gets its own process
+//!    group and `PR_SET_PDEATHSIG` = `SIGKILL` (it dies with the server
+//!    even if the server is killed outright). stdin is closed; stdout and
+//!    stderr go to the server's log within a budget
+//!    ([`output`](super::output)). On the host's network
+//!    ([`ExecNetwork::Host`], the operator's opt-in, or where no namespace
+//!    can be made) a loopback port is leased instead (module `port`).
+//! 3. **Ready.** Once something listens on `$PORT` where `127.0.0.1`
+//!    reaches it — the kernel's socket diagnostics are asked, every
+//!    millisecond, in the run's namespace ([`netns::Diag`]) — the run is
+//!    ready: in its own namespace only the run can listen. On the host's
+//!    network every socket listening there must also be the run's own (its
+//!    inode among the run's processes' descriptors); a port someone else
+//!    listens on is given up: the child is killed and the start tried
+//!    again on another port (a few times). If the program exits first,
+//!    the start fails with its exit status; if it neither listens nor
+//!    exits within the startup timeout, it is killed and the start fails.
 //! 4. **Running.** A supervisor task owns the child. If the child exits by
 //!    itself, [`Container::ended`] resolves with its status (and says so
 //!    when the memory limit killed it), the proxy's loop in progress ends
@@ -59,9 +66,10 @@
 //!
 //! A server killed outright leaves its runs' descendants running (held by
 //! their cgroups) until the next server starts and removes them
-//! ([`Confinement`]). After the start, a program that stops listening while it
-//! runs frees its port, and a process that is not a run of this server
-//! could take it: the proxy would then reach that process. Without
+//! ([`Confinement`]). On the host's network, a program that stops
+//! listening after its start frees its port, and a process that is not a
+//! run of this server could take it: the proxy would then reach that
+//! process (in a namespace of its own, nothing else can be there). Without
 //! cgroups, a descendant that leaves the process group outlives the run.
 
 mod confine;
@@ -70,22 +78,28 @@ mod port;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use confine::{Confinement, PARENT};
 
 use super::cgroup::{Bounds, Cgroup, Joiner, TenantHold, Tenants};
+use super::netns::{self, Diag, Netns};
 use super::output::OutputLimit;
+use super::steps::Steps;
 use super::supervised::{self, Agent, NotReady, Supervised, Supervisor};
 use super::{BoxFuture, Container, ContainerLimits, Runtime, StartError};
 use port::{Lease, Listener};
+
+/// The agent program's port in a namespace of its own (protocol §10's
+/// default): nothing else is there to take it.
+pub const OWN_PORT: u16 = 8080;
 
 /// Ports tried before a start gives up on finding one nobody else takes.
 const PORT_ATTEMPTS: usize = 4;
@@ -99,6 +113,51 @@ pub enum DiskPolicy {
     Refuse,
     /// Run anyway: the operator accepted that `disk` is not enforced.
     Unenforced,
+}
+
+/// Where an exec run's agent program listens, and what it reaches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ExecNetwork {
+    /// A network namespace of the run's own with loopback only (the
+    /// default, protocol §10): the agent listens on `127.0.0.1:8080` there,
+    /// the server dials it through sockets made inside, and it reaches no
+    /// other run, no service of the host and no other machine. Needs root;
+    /// elsewhere runs go on the host's network, and the server says so at
+    /// startup ([`network_shortfall`]).
+    #[default]
+    Own,
+    /// The host's network (`runloop serve --exec-network host`): the agent
+    /// listens on a leased port of the host's loopback and reaches
+    /// whatever the server's user reaches, the internet (model APIs) and
+    /// the host's own services included. The operator's opt-in.
+    Host,
+}
+
+/// Why exec runs cannot have namespaces of their own on this host, in
+/// words for the operator; `None` when they can. Found once (a namespace
+/// is made and let go).
+pub fn network_shortfall() -> Option<&'static str> {
+    static SHORTFALL: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    SHORTFALL
+        .get_or_init(|| {
+            // A thread of its own, which ends with the namespace it made.
+            let made = std::thread::spawn(|| {
+                // SAFETY: unshare on this thread only (CLONE_NEWNET is per thread).
+                if unsafe { libc::unshare(libc::CLONE_NEWNET) } == -1 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(())
+                }
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the probe thread panicked")));
+            made.err().map(|error| {
+                format!(
+                    "exec runs go on the host's network: a network namespace cannot be made                      ({error}; it needs root); each run's port is leased and checked to be its                      own, and its agent program reaches what the server's user reaches"
+                )
+            })
+        })
+        .as_deref()
 }
 
 /// How the exec runtime starts, holds and stops its children; the same
@@ -118,12 +177,14 @@ pub struct ExecConfig {
     pub output: OutputLimit,
     /// How children are held: `None` for [`Confinement::host`].
     pub confinement: Option<Confinement>,
+    /// Where the agent program listens, and what it reaches.
+    pub network: ExecNetwork,
 }
 
 impl Default for ExecConfig {
     /// A 5 s grace after `SIGTERM`, 60 s for the program to listen, runs
     /// with a `disk` refused, 1024 processes per run, the default output
-    /// budget, and the host's confinement.
+    /// budget, the host's confinement, and a network namespace per run.
     fn default() -> ExecConfig {
         ExecConfig {
             grace: Duration::from_secs(5),
@@ -132,6 +193,7 @@ impl Default for ExecConfig {
             pids: 1024,
             output: OutputLimit::default(),
             confinement: None,
+            network: ExecNetwork::Own,
         }
     }
 }
@@ -232,16 +294,49 @@ impl Exec {
         )))
     }
 
-    /// One try at a start, on one port.
+    /// One try at a start: in a namespace of the run's own, or on one port
+    /// of the host's.
     async fn attempt(&self, limits: &ContainerLimits) -> Result<ExecContainer, Failed> {
-        let lease = Lease::take().map_err(|error| {
-            Failed::Start(format!(
-                "cannot find a free port for the agent program: {error}"
-            ))
-        })?;
-        let port = lease.port();
-        let (cgroup, tenant, setup) = self.hold(limits)?;
-        let spawned = self.command(port, setup).spawn();
+        let mut steps = Steps::start();
+        let own = self.config.network == ExecNetwork::Own && network_shortfall().is_none();
+        // The namespace is made on its thread while the cgroup is made here.
+        let (reach, held) = if own {
+            let (netns, held) = tokio::join!(
+                async {
+                    let netns = Netns::create().await?;
+                    let diag = netns.diag().await?;
+                    Ok::<_, io::Error>((netns, diag))
+                },
+                async { self.hold(limits) }
+            );
+            let reach = netns.map_err(|error| {
+                Failed::Start(format!("cannot make the run's network namespace: {error}"))
+            });
+            match (reach, held) {
+                (Ok((netns, diag)), Ok(held)) => (Reach::Own { netns, diag }, held),
+                (Err(failed), Ok((Some(cgroup), _, _))) => {
+                    let _ = cgroup.remove();
+                    return Err(failed);
+                }
+                (Err(failed), _) | (_, Err(failed)) => return Err(failed),
+            }
+        } else {
+            let lease = Lease::take().map_err(|error| {
+                Failed::Start(format!(
+                    "cannot find a free port for the agent program: {error}"
+                ))
+            })?;
+            let diag = Diag::here().map_err(|error| {
+                Failed::Start(format!(
+                    "cannot ask the kernel who listens on a port: {error}"
+                ))
+            })?;
+            (Reach::Host { lease, diag }, self.hold(limits)?)
+        };
+        let (cgroup, tenant, setup) = held;
+        steps.mark(if own { "cgroup+netns" } else { "cgroup" });
+        let port = reach.port();
+        let spawned = self.command(port, setup, reach.netns()).spawn();
         let child = match spawned {
             Ok(child) => child,
             Err(error) => {
@@ -255,6 +350,7 @@ impl Exec {
                 )));
             }
         };
+        steps.mark("spawn");
         // `id` is `None` only once the child has been reaped; it was just spawned.
         let pid = child.id().unwrap_or_default();
         // A start given up on (its future dropped) still ends the run.
@@ -267,10 +363,10 @@ impl Exec {
                 armed: true,
                 tenant,
             },
-            lease,
+            reach,
         };
         let name: Arc<str> = Arc::from(self.program.as_str());
-        info!(program = %name, pid, port, memory = limits.memory, cgroup = program.guard.hold.cgroup().map(Cgroup::path), "agent program started");
+        info!(program = %name, pid, port, own_network = own, memory = limits.memory, cgroup = program.guard.hold.cgroup().map(Cgroup::path), "agent program started");
         let mut supervisor = Supervisor::new(
             child,
             Arc::clone(&name),
@@ -286,9 +382,7 @@ impl Exec {
             let failed = match not_ready {
                 NotReady::Taken => Failed::PortTaken(port),
                 // A program that could not bind exits: was it beaten to its port?
-                NotReady::Exited(_)
-                    if program.guard.hold.listener(port).await == Listener::Other =>
-                {
+                NotReady::Exited(_) if program.listener().await == Listener::Other => {
                     Failed::PortTaken(port)
                 }
                 not_ready => {
@@ -300,16 +394,32 @@ impl Exec {
             supervisor.give_up(program).await;
             return Err(failed);
         }
+        steps.mark("ready");
         let process = ExecProcess {
             pid,
             cgroup: program.guard.hold.cgroup().cloned(),
         };
-        let agent = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let (agent, tasks) = match &program.reach {
+            Reach::Own { netns, .. } => {
+                match netns::forward(netns.clone(), port, supervisor.stop().clone()).await {
+                    Ok((address, task)) => (address, vec![task]),
+                    Err(error) => {
+                        supervisor.give_up(program).await;
+                        return Err(Failed::Start(format!(
+                            "cannot bind the agent program's forwarder: {error}"
+                        )));
+                    }
+                }
+            }
+            Reach::Host { .. } => (SocketAddr::from((Ipv4Addr::LOCALHOST, port)), Vec::new()),
+        };
         let container = supervisor
-            .serve(program, agent, Vec::new(), process)
+            .serve(program, agent, tasks, process)
             .await
             .map_err(Failed::Start)?;
+        steps.mark("proxy");
         info!(program = %name, pid, url = container.proxy_url(), "exec container ready");
+        debug!(program = %name, pid, %steps, "start steps");
         Ok(container)
     }
 
@@ -360,7 +470,7 @@ impl Exec {
         }
     }
 
-    fn command(&self, port: u16, setup: Setup) -> Command {
+    fn command(&self, port: u16, setup: Setup, netns: Option<RawFd>) -> Command {
         let mut command = Command::new(&self.program);
         command
             .args(&self.args)
@@ -374,10 +484,12 @@ impl Exec {
             .process_group(0);
         let parent = std::process::id();
         // SAFETY: `child_setup` runs between fork and exec and only makes
-        // system calls (write, prctl, getppid, getrlimit, setrlimit); it
-        // does not allocate, lock or touch memory shared with other threads.
+        // system calls (write, setns, prctl, getppid, getrlimit,
+        // setrlimit); it does not allocate, lock or touch memory shared
+        // with other threads. `netns` stays open in the parent until the
+        // spawn has returned (the run holds it).
         unsafe {
-            command.pre_exec(move || child_setup(parent, &setup));
+            command.pre_exec(move || child_setup(parent, &setup, netns));
         }
         command
     }
@@ -434,11 +546,17 @@ enum Setup {
     Data(u64),
 }
 
-/// In the child, before exec: the run's cgroup or memory limit, and die
-/// with the server.
-fn child_setup(parent: u32, setup: &Setup) -> io::Result<()> {
+/// In the child, before exec: the run's cgroup or memory limit, its
+/// network namespace, and die with the server.
+fn child_setup(parent: u32, setup: &Setup, netns: Option<RawFd>) -> io::Result<()> {
     if let Setup::Join(joiner) = setup {
         joiner.join()?;
+    }
+    if let Some(netns) = netns {
+        // SAFETY: setns on a descriptor the parent holds open for the spawn.
+        if unsafe { libc::setns(netns, libc::CLONE_NEWNET) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
     }
     // SAFETY: plain system calls on integers and a local struct.
     unsafe {
@@ -536,20 +654,6 @@ impl Hold {
         }
     }
 
-    /// Who listens on `port`, as far as this run is concerned.
-    async fn listener(&self, port: u16) -> Listener {
-        let hold = self.clone();
-        let found = tokio::task::spawn_blocking(move || {
-            let procs = match &hold {
-                Hold::Cgroup(cgroup) => cgroup.procs(),
-                Hold::Group(pid) => port::descendants(*pid),
-            };
-            port::listener(port, &procs)
-        })
-        .await;
-        found.unwrap_or(Listener::Nobody)
-    }
-
     /// Sends `signal` to every process of the run.
     fn signal(&self, signal: libc::c_int) {
         match self {
@@ -614,32 +718,105 @@ impl Drop for Guard {
     }
 }
 
+/// How a run's agent program is reached, and asked whether it listens.
+enum Reach {
+    /// In the run's own namespace, on [`OWN_PORT`].
+    Own {
+        /// The namespace.
+        netns: Netns,
+        /// Its socket diagnostics.
+        diag: Diag,
+    },
+    /// On the host's network, on a leased port.
+    Host {
+        /// The port, leased for the run's life.
+        lease: Lease,
+        /// The host's socket diagnostics.
+        diag: Diag,
+    },
+}
+
+impl Reach {
+    fn port(&self) -> u16 {
+        match self {
+            Reach::Own { .. } => OWN_PORT,
+            Reach::Host { lease, .. } => lease.port(),
+        }
+    }
+
+    /// The namespace the child joins, if it has its own.
+    fn netns(&self) -> Option<RawFd> {
+        match self {
+            Reach::Own { netns, .. } => Some(netns.fd().as_raw_fd()),
+            Reach::Host { .. } => None,
+        }
+    }
+}
+
 /// The exec runtime's side of a supervised agent program: its processes,
-/// held by the run's cgroup or process group, and its port.
+/// held by the run's cgroup or process group, and how it is reached.
 struct Program {
     guard: Guard,
-    lease: Lease,
+    reach: Reach,
+}
+
+impl Program {
+    /// Who listens on the agent program's port, as far as this run is
+    /// concerned: in its own namespace, only the run can.
+    async fn listener(&self) -> Listener {
+        match &self.reach {
+            Reach::Own { diag, .. } => match diag.listening(OWN_PORT) {
+                Ok(found) if found.iter().any(netns::Listening::reached_from_loopback) => {
+                    Listener::Run
+                }
+                _ => Listener::Nobody,
+            },
+            Reach::Host { lease, diag } => {
+                let found = match diag.listening(lease.port()) {
+                    Ok(found) => found,
+                    Err(error) => {
+                        warn!(%error, "cannot ask the kernel who listens on the agent program's port");
+                        return Listener::Nobody;
+                    }
+                };
+                let inodes: Vec<u32> = found
+                    .iter()
+                    .filter(|listening| listening.reached_from_loopback())
+                    .map(|listening| listening.inode)
+                    .collect();
+                if inodes.is_empty() {
+                    return Listener::Nobody;
+                }
+                let hold = self.guard.hold.clone();
+                tokio::task::spawn_blocking(move || port::owner(&inodes, &hold))
+                    .await
+                    .unwrap_or(Listener::Nobody)
+            }
+        }
+    }
 }
 
 impl Agent for Program {
     const WHAT: &'static str = "the agent program";
 
-    /// A connection to `127.0.0.1:PORT`, and every socket listening there
-    /// the run's own.
+    /// Something listening on the port where `127.0.0.1` reaches it, as
+    /// the kernel's socket diagnostics say (a question, not a connection,
+    /// while nothing listens); on the host's network, every such socket
+    /// the run's own; then one connection, which it must accept.
     async fn probe(&self) -> Result<bool, NotReady> {
-        let port = self.lease.port();
-        if TcpStream::connect((Ipv4Addr::LOCALHOST, port))
-            .await
-            .is_err()
-        {
-            return Ok(false);
+        match self.listener().await {
+            Listener::Run => {}
+            Listener::Other => return Err(NotReady::Taken),
+            // Not yet (or no longer); wait and see.
+            Listener::Nobody => return Ok(false),
         }
-        match self.guard.hold.listener(port).await {
-            Listener::Run => Ok(true),
-            Listener::Other => Err(NotReady::Taken),
-            // It stopped listening since; wait and see.
-            Listener::Nobody => Ok(false),
-        }
+        let connected = match &self.reach {
+            Reach::Own { netns, .. } => netns.connect(OWN_PORT).await,
+            Reach::Host { lease, .. } => {
+                tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, lease.port())).await
+            }
+        };
+        Ok(connected.is_ok())
     }
 
     fn oom_kills(&self) -> Option<u64> {
@@ -654,7 +831,8 @@ impl Agent for Program {
         self.guard.hold.signal(libc::SIGKILL);
     }
 
-    /// Whatever the program left behind goes with it, then its port.
+    /// Whatever the program left behind goes with it, then its port or
+    /// its namespace.
     async fn release(mut self) {
         self.guard.hold.end().await;
         self.guard.armed = false;

@@ -1,21 +1,23 @@
-//! The agent program's port: handed out once, and checked to belong to
-//! the run before anything is sent to it.
+//! The agent program's port on the host's network: handed out once, and
+//! checked to belong to the run before anything is sent to it.
 //!
-//! Agent programs take a port number (`$PORT`, protocol §10) and bind it
-//! themselves, so between the server's choice and the child's `bind`
-//! anyone can take the port. Two things keep one run from ever reaching
-//! another's agent program:
+//! On the host's network ([`ExecNetwork::Host`](super::ExecNetwork), or
+//! where no namespace can be made) agent programs take a port number
+//! (`$PORT`, protocol §10) and bind it themselves, so between the server's
+//! choice and the child's `bind` anyone can take the port. Two things keep
+//! one run from ever reaching another's agent program:
 //!
 //! - **Leases.** A port handed to a run is not handed to another run of
 //!   this process while the first one lives, even after the child stops
 //!   listening on it.
-//! - **The owner check.** Before the server registers, it looks up every
-//!   socket listening on the port where `127.0.0.1` reaches it (in
-//!   `/proc/self/net/tcp` and `tcp6`: the loopback address, `0.0.0.0`,
-//!   `::` and `::ffff:127.0.0.1`) and requires each to be open in a
+//! - **The owner check.** Before the server registers, it asks the kernel
+//!   for every socket listening on the port where `127.0.0.1` reaches it
+//!   (a `sock_diag` query the kernel filters to the one port:
+//!   [`Diag`](crate::netns::Diag)) and requires each to be open in a
 //!   process of the run (a socket inode among the `/proc/PID/fd` links of
-//!   the run's processes). A port someone else listens on is given up and
-//!   the start is tried again on another.
+//!   the run's processes: its cgroup's, or the child and, only when it
+//!   does not hold them all, its descendants). A port someone else listens
+//!   on is given up and the start is tried again on another.
 
 use std::collections::{BTreeSet, HashSet};
 use std::io;
@@ -76,56 +78,22 @@ pub(super) enum Listener {
     Other,
 }
 
-/// Who listens on `port`, where `run` is the run's processes.
-pub(super) fn listener(port: u16, run: &[u32]) -> Listener {
-    let inodes = listening_inodes(port);
+/// Who holds the listening sockets `inodes`, as far as the run `hold`
+/// is concerned.
+pub(super) fn owner(inodes: &[u32], hold: &super::Hold) -> Listener {
     if inodes.is_empty() {
         return Listener::Nobody;
     }
-    let ours = socket_inodes(run);
-    if inodes.iter().all(|inode| ours.contains(inode)) {
-        Listener::Run
-    } else {
-        Listener::Other
-    }
-}
-
-/// Addresses `127.0.0.1` reaches, as `/proc/net/tcp{,6}` writes them.
-const REACHED: [&str; 4] = [
-    "0100007F",
-    "00000000",
-    "00000000000000000000000000000000",
-    "0000000000000000FFFF00000100007F",
-];
-
-/// The inodes of the sockets listening on `port` that `127.0.0.1` reaches.
-fn listening_inodes(port: u16) -> Vec<u64> {
-    let mut found = Vec::new();
-    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
-        if let Ok(text) = std::fs::read_to_string(table) {
-            found.extend(listening_in(&text, port));
-        }
-    }
-    found
-}
-
-/// The inodes of the listening sockets of one `/proc/net/tcp{,6}` table
-/// on `port` that `127.0.0.1` reaches.
-fn listening_in(table: &str, port: u16) -> impl Iterator<Item = u64> + '_ {
-    const LISTEN: &str = "0A";
-    table.lines().skip(1).filter_map(move |line| {
-        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let (address, local_port) = fields.get(1)?.split_once(':')?;
-        let matches = *fields.get(3)? == LISTEN
-            && u16::from_str_radix(local_port, 16).ok()? == port
-            && REACHED.contains(&address);
-        if matches {
-            fields.get(9)?.parse().ok()
-        } else {
-            None
-        }
-    })
+    let all_ours = |pids: &[u32]| {
+        let ours = socket_inodes(pids);
+        inodes.iter().all(|inode| ours.contains(&u64::from(*inode)))
+    };
+    let ours = match hold {
+        super::Hold::Cgroup(cgroup) => all_ours(&cgroup.procs()),
+        // The child itself first: most programs listen in it.
+        super::Hold::Group(pid) => all_ours(&[*pid]) || all_ours(&descendants(*pid)),
+    };
+    if ours { Listener::Run } else { Listener::Other }
 }
 
 /// The inodes of the sockets the processes `pids` have open.
@@ -192,31 +160,29 @@ pub(super) fn descendants(pid: u32) -> Vec<u32> {
 mod tests {
     use super::*;
 
-    const TABLE: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0000000000000000 100 0 0 10 0
-   1: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 222 1 0000000000000000 100 0 0 10 0
-   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 333 1 0000000000000000 20 4 30 10 -1
-   3: 0200007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 444 1 0000000000000000 100 0 0 10 0
-   4: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 555 1 0000000000000000 100 0 0 10 0
-";
-
-    #[test]
-    fn only_listeners_on_the_port_that_loopback_reaches_count() {
-        // 8080 = 0x1F90: the loopback and wildcard listeners, not the
-        // connection (state 01), 127.0.0.2, or another port.
-        assert_eq!(listening_in(TABLE, 8080).collect::<Vec<_>>(), [111, 222]);
-        assert_eq!(listening_in(TABLE, 8081).collect::<Vec<_>>(), [555]);
-        assert_eq!(listening_in(TABLE, 1).count(), 0);
-    }
-
     #[test]
     fn a_socket_of_this_process_is_the_run_s_and_no_one_else_s() {
         let socket = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binds");
         let port = socket.local_addr().expect("address").port();
-        assert_eq!(listener(port, &[std::process::id()]), Listener::Run);
-        assert_eq!(listener(port, &[]), Listener::Other);
-        drop(socket);
-        assert_eq!(listener(port, &[std::process::id()]), Listener::Nobody);
+        let diag = crate::netns::Diag::here().expect("sock_diag");
+        let inodes: Vec<u32> = diag
+            .listening(port)
+            .expect("asked")
+            .iter()
+            .map(|listening| listening.inode)
+            .collect();
+        let own = super::super::Hold::Group(std::process::id());
+        assert_eq!(owner(&inodes, &own), Listener::Run);
+        // A process that holds none of them.
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep starts");
+        let theirs = super::super::Hold::Group(other.id());
+        assert_eq!(owner(&inodes, &theirs), Listener::Other);
+        let _ = other.kill();
+        let _ = other.wait();
+        assert_eq!(owner(&[], &own), Listener::Nobody);
     }
 
     #[test]
