@@ -24,6 +24,7 @@ use futures_util::StreamExt;
 use runloop_proto::agents_run::{RunResponse, RunResponseError};
 use runloop_proto::channel::ChannelRequest;
 use runloop_proto::connection::{Finished, Route, Table, side};
+use runloop_proto::error_chain::Chain;
 use runloop_proto::frame::{self, ClientFrame, Role, ServerFrame};
 use runloop_proto::run_loop::{Broken, RunLoopRequest};
 use runloop_proto::{Decode, Encode, ErrorValue};
@@ -461,17 +462,17 @@ fn route(shared: &Shared, bytes: &Bytes) -> Result<Option<Delivery>, String> {
         )),
         Route::ChannelFinished(ended) => Some(Delivery::Loop(ended.slot, ChannelEvent::Finish)),
         Route::BareFinish { frame, why } => {
-            debug!(%why, "bare finish");
+            debug!(why = %Chain(&why), "bare finish");
             shared.send(&frame);
             None
         }
         Route::Disregarded(why) => {
-            debug!(%why, "disregarded");
+            debug!(why = %Chain(&why), "disregarded");
             None
         }
         Route::Violation(why) => {
-            warn!(%why, "ending the connection");
-            return Err(why.to_string());
+            warn!(why = %Chain(&why), "ending the connection");
+            return Err(Chain(&why).to_string());
         }
     })
 }

@@ -174,14 +174,14 @@ impl std::fmt::Debug for ClientConfig {
 pub enum ConnectError {
     /// The connection could not be opened: the URL, TCP, TLS (a
     /// certificate that does not verify names the host and the reason) or
-    /// the WebSocket handshake.
-    #[error("{0}")]
-    Dial(#[source] DialError),
+    /// the WebSocket handshake. The dial's error names the step.
+    #[error(transparent)]
+    Dial(DialError),
     /// The authorization frame could not be sent.
-    #[error("cannot authorize: {0}")]
+    #[error("cannot authorize")]
     Authorization(#[source] WsError),
     /// A limit of the configuration is below its minimum.
-    #[error("the client's configuration cannot work: {0}")]
+    #[error("the client's configuration cannot work")]
     Limit(#[source] LimitError),
     /// Connecting took longer than [`ClientConfig::connect_timeout`].
     #[error("connecting took longer than {} s", .0.as_secs_f64())]
@@ -199,7 +199,7 @@ pub enum RunError {
     #[error("the server did not serve the run")]
     NotServed,
     /// The server's answer broke the rules.
-    #[error("the server's answer did not decode: {0}")]
+    #[error("the server's answer did not decode")]
     Broken(#[source] Undecodable<RunResponseError>),
     /// The server refused the credential: before any frame it closed the
     /// connection as a refusal does (close code 1008 and no reason, no
@@ -406,13 +406,36 @@ mod tests {
     }
 
     #[test]
-    fn a_broken_answer_keeps_its_decode_error_as_the_source() {
+    fn a_broken_answer_leaves_its_decode_error_to_the_source() {
         let error = RunError::Broken(RunResponseError::UnknownTag(7).into());
-        assert_eq!(
-            error.to_string(),
-            "the server's answer did not decode: unknown run response tag 7"
-        );
+        assert_eq!(error.to_string(), "the server's answer did not decode");
         let source = std::error::Error::source(&error).expect("the decode error");
         assert_eq!(source.to_string(), "unknown run response tag 7");
+        assert_eq!(
+            runloop_proto::error_chain::Chain(&error).to_string(),
+            "the server's answer did not decode: unknown run response tag 7"
+        );
+    }
+
+    #[test]
+    fn no_connect_or_run_error_says_its_cause_twice() {
+        use std::error::Error;
+
+        let limit = runloop_wire::limits::Limit::MaxQueuedResponses
+            .check(0)
+            .expect_err("below the minimum");
+        let errors: [&(dyn Error + 'static); 4] = [
+            &ConnectError::Dial(DialError::Tcp {
+                host: "127.0.0.1".into(),
+                port: 1,
+                source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            }),
+            &ConnectError::Authorization(WsError::ConnectionClosed),
+            &ConnectError::Limit(limit),
+            &RunError::Broken(RunResponseError::UnknownTag(7).into()),
+        ];
+        for error in errors {
+            runloop_testkit::errors::assert_cause_said_once(error);
+        }
     }
 }
