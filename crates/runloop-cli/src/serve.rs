@@ -46,6 +46,7 @@ use runloop::tls::ServerTls;
 use runloop_oci::registry::{Pull, RegistryConfig};
 use runloop_oci::user::IdMapping;
 use runloop_oci::{Host, HostConfig};
+use runloop_proto::error_chain::Chain;
 use tracing::{info, warn};
 
 use crate::descriptors::{self, Holds, Load};
@@ -163,7 +164,7 @@ impl Args {
             if !matches!(spec.runtime, RuntimeSpec::Oci(_)) {
                 catalog
                     .add(spec.clone())
-                    .map_err(|error| Failure::Argument(error.to_string()))?;
+                    .map_err(|error| Failure::Argument(Chain(&error).to_string()))?;
             }
         }
         Ok(catalog)
@@ -193,7 +194,7 @@ impl Args {
         };
         for file in &self.token_files {
             if let Err(error) = token::read_file(file) {
-                push(error.to_string());
+                push(Chain(&error).to_string());
             }
         }
         let credentials = match self.credentials() {
@@ -209,7 +210,7 @@ impl Args {
                         .iter()
                         .any(|f| token::read_file(f).is_err())
                 {
-                    push(error.to_string());
+                    push(Chain(&error).to_string());
                 }
                 Credentials::Any
             }
@@ -217,16 +218,16 @@ impl Args {
         let tls = match self.tls() {
             Ok(tls) => tls.is_some(),
             Err(error) => {
-                push(error.to_string());
+                push(Chain(&error).to_string());
                 // Given, if not loadable: not a listener without TLS.
                 true
             }
         };
         if let Err(error) = self.exposure(tls) {
-            push(error.to_string());
+            push(Chain(&error).to_string());
         }
         let catalog = self.catalog().unwrap_or_else(|error| {
-            push(error.to_string());
+            push(Chain(&error).to_string());
             Catalog::demo()
         });
         let config = self.limits_config(credentials, catalog);
@@ -234,7 +235,7 @@ impl Args {
             push(error.named(&option(error.limit)));
         }
         if let Err(error) = self.descriptors(&config) {
-            push(error.to_string());
+            push(Chain(&error).to_string());
         }
         faults
     }
@@ -246,7 +247,7 @@ impl Args {
         match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => ServerTls::load(cert, key)
                 .map(Some)
-                .map_err(|error| Failure::Argument(error.to_string())),
+                .map_err(|error| Failure::Argument(Chain(&error).to_string())),
             (Some(_), None) => Err(Failure::Argument(
                 "--tls-cert is given without --tls-key, the certificate's private key".into(),
             )),
@@ -345,7 +346,7 @@ impl Args {
                 warn!(set = ?environment, "registry pulls do not use the environment's proxy; name one with --registry-proxy");
             }
             let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
-                Failure::Argument(format!("cannot set up registry pulls: {error}"))
+                Failure::Argument(format!("cannot set up registry pulls: {}", Chain(&error)))
             })?;
             config.registry = Some(std::sync::Arc::new(pull));
         }
@@ -692,7 +693,7 @@ impl Reloading {
                 return;
             }
             Err(error) => {
-                warn!(file = %self.path.display(), %error, "SIGHUP: nothing changed");
+                warn!(file = %self.path.display(), error = %Chain(&error), "SIGHUP: nothing changed");
                 return;
             }
         };
@@ -700,7 +701,7 @@ impl Reloading {
         let config = match args.unchecked_config() {
             Ok(config) => config,
             Err(error) => {
-                warn!(%error, "SIGHUP: nothing changed");
+                warn!(error = %Chain(&error), "SIGHUP: nothing changed");
                 return;
             }
         };
@@ -717,7 +718,7 @@ impl Reloading {
                 }
             }
             Err(error) => {
-                warn!(%error, "SIGHUP: nothing changed");
+                warn!(error = %Chain(&error), "SIGHUP: nothing changed");
                 return;
             }
         }
@@ -753,7 +754,7 @@ async fn reload_on_hangup(
                 Ok(true) => info!("TLS certificate reloaded: new connections get it"),
                 Ok(false) => info!("SIGHUP: no TLS certificate to reload"),
                 Err(error) => {
-                    warn!(%error, "the TLS certificate did not reload; the old one is still served");
+                    warn!(error = %Chain(&error), "the TLS certificate did not reload; the old one is still served");
                 }
             }
             if let Some(reload) = &reload {
