@@ -234,7 +234,7 @@ impl Failure {
                 source,
             },
             // A limit below its minimum: the arguments set it.
-            other => Failure::Argument(other.to_string()),
+            other => Failure::Argument(Chain(&other).to_string()),
         }
     }
 
