@@ -40,6 +40,7 @@
 //! the next loop the moment it sees the close finds the proxy free.
 
 use bytes::Bytes;
+use runloop_proto::error_chain::Chain;
 use runloop_proto::run_loop::{PathEnd, PathSend, RunLoopRequest};
 use runloop_proto::{Decode, ErrorKind, ErrorValue};
 use tokio_util::sync::CancellationToken;
@@ -252,8 +253,9 @@ fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
     match (broke, framing) {
         (sse::Broke::Transport(_), Framing::Length(length)) => format!(
             "the agent program's /run body ended before the {length} bytes of its \
-             Content-Length: {broke}"
+             Content-Length: {}",
+            Chain(broke)
         ),
-        _ => broke.to_string(),
+        _ => Chain(broke).to_string(),
     }
 }

@@ -40,6 +40,7 @@ use reqwest::header::{
     ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, TRANSFER_ENCODING,
 };
 use reqwest::{StatusCode, Version};
+use runloop_proto::error_chain::Chain;
 use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::{Map, Value};
 use tracing::warn;
@@ -265,7 +266,7 @@ impl Upstream {
     /// agent program: how it ended, when it did; else whether it could not
     /// be reached or closed the connection, and where its output is.
     async fn unanswered(&self, path: &str, error: &reqwest::Error) -> Failure {
-        warn!(path, error = %chain(error), "no answer from the agent program");
+        warn!(path, error = %Chain(error), "no answer from the agent program");
         if let Some(how) = self.exited().await {
             return Failure::agent(format!(
                 "the agent program exited ({how}) before it answered POST {path}"
@@ -310,7 +311,7 @@ impl Upstream {
                 Err(error) => {
                     return Failure::status(
                         status,
-                        format!("the agent program's error body broke: {}", chain(&error)),
+                        format!("the agent program's error body broke: {}", Chain(&error)),
                     );
                 }
             }
@@ -341,22 +342,6 @@ fn cause(error: &(dyn std::error::Error + 'static)) -> String {
         inner = source;
     }
     inner.to_string()
-}
-
-/// An error and its sources, joined with `: `, for an error value that has
-/// to say what happened in one string.
-pub(super) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(inner) = source {
-        let words = inner.to_string();
-        if !text.contains(&words) {
-            text.push_str(": ");
-            text.push_str(&words);
-        }
-        source = inner.source();
-    }
-    text
 }
 
 #[cfg(test)]
