@@ -44,6 +44,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
+use runloop_proto::error_chain::Chain;
 use runloop_runtime::cgroup::{TenantHold, Tenants};
 use runloop_runtime::output::TenantLog;
 use runloop_runtime::supervised::{self, Agent, NotReady, Supervised, Supervisor};
@@ -227,12 +228,21 @@ impl OciRuntime {
         crate::init::find_program(&self.image.rootfs, &process.args, &process.env)?;
         disk::create(&dir, limits.disk, (ids.uids.start, ids.gids.start))
             .await
-            .map_err(|error| format!("cannot make the run's disk: {error}"))?;
-        disk::overlay(&dir, &self.image.rootfs)
-            .map_err(|error| format!("cannot mount the run's root: {error}"))?;
-        let netns = network::create(key)
-            .await
-            .map_err(|error| format!("cannot make the run's network: {error}"))?;
+            .map_err(|error| {
+                format!("cannot make the run's disk: {error}", error = Chain(&error))
+            })?;
+        disk::overlay(&dir, &self.image.rootfs).map_err(|error| {
+            format!(
+                "cannot mount the run's root: {error}",
+                error = Chain(&error)
+            )
+        })?;
+        let netns = network::create(key).await.map_err(|error| {
+            format!(
+                "cannot make the run's network: {error}",
+                error = Chain(&error)
+            )
+        })?;
         let resolv_conf = self.egress(key, &dir).await?;
         let user = user::resolve(&self.image.rootfs, process.user.as_deref())?;
         if user.uid >= ids.uids.count || user.gid >= ids.gids.count {
@@ -262,7 +272,7 @@ impl OciRuntime {
             sandbox: self.host.runc().kind() == runc::Kind::Runsc,
         }
         .spec()
-        .map_err(|error| error.to_string())?;
+        .map_err(|error| Chain(&error).to_string())?;
         let config = dir.join("config.json");
         spec.save(&config)
             .map_err(|error| format!("cannot write {}: {error}", config.display()))?;
@@ -284,10 +294,12 @@ impl OciRuntime {
         let Some(egress) = self.host.egress() else {
             return Ok(None);
         };
-        let link = egress
-            .attach(key, dir)
-            .await
-            .map_err(|error| format!("cannot give the run its egress link: {error}"))?;
+        let link = egress.attach(key, dir).await.map_err(|error| {
+            format!(
+                "cannot give the run its egress link: {error}",
+                error = Chain(&error)
+            )
+        })?;
         info!(%key, link = %link.name, address = %link.run, gateway = %link.host, "container egress");
         Ok(egress.resolv_conf(dir))
     }

@@ -79,7 +79,7 @@ pub enum NetworkError {
     #[error(transparent)]
     Command(#[from] CommandError),
     /// The namespace was made but cannot be opened.
-    #[error("cannot open the network namespace {path}: {source}")]
+    #[error("cannot open the network namespace {path}")]
     Open {
         /// Its path.
         path: PathBuf,
