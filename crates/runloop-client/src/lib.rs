@@ -215,8 +215,8 @@ pub enum RunError {
     /// The connection ended before the run's answer, otherwise than by a
     /// refusal or a close with a reason: [`Ending`] says how (it broke, the
     /// server sent what cannot be read, this side closed it, …).
-    #[error("the connection ended before the run started: {0}")]
-    ConnectionEnded(Ending),
+    #[error("the connection ended before the run started")]
+    ConnectionEnded(#[source] Ending),
     /// The server closed the connection and said why, in the WebSocket
     /// close frame: for instance that it is serving as many connections as
     /// it may. (A refused credential closes with no reason: that is
@@ -424,7 +424,11 @@ mod tests {
         let limit = runloop_wire::limits::Limit::MaxQueuedResponses
             .check(0)
             .expect_err("below the minimum");
-        let errors: [&(dyn Error + 'static); 4] = [
+        let violation = runloop_proto::connection::Violation::Rejected(
+            runloop_proto::authorization::AuthorizationError::UnknownMode(7),
+        );
+        let ended = RunError::ConnectionEnded(Ending::Violation(violation.clone()));
+        let errors: [&(dyn Error + 'static); 7] = [
             &ConnectError::Dial(DialError::Tcp {
                 host: "127.0.0.1".into(),
                 port: 1,
@@ -433,9 +437,18 @@ mod tests {
             &ConnectError::Authorization(WsError::ConnectionClosed),
             &ConnectError::Limit(limit),
             &RunError::Broken(RunResponseError::UnknownTag(7).into()),
+            &ended,
+            &Ending::Violation(violation),
+            &RunError::ConnectionEnded(Ending::Broke("reset".into())),
         ];
         for error in errors {
             runloop_testkit::errors::assert_cause_said_once(error);
         }
+        assert_eq!(
+            runloop_proto::error_chain::Chain(&ended).to_string(),
+            "the connection ended before the run started: the server broke the protocol, and \
+             this client ended the connection: the authorization is rejected: unknown \
+             authorization mode 7"
+        );
     }
 }
