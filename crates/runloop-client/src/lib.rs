@@ -64,6 +64,10 @@ pub use runloop_proto::agents_run::{
     Container, DEFAULT_DISK, DEFAULT_MEMORY, Image, ImageRef, InvalidRequest, RegistryImage,
     RunRequest,
 };
+/// An error and its causes on one line, each said once: how to print any
+/// error of this crate for a person (`Chain(&error)`).
+#[doc(no_inline)]
+pub use runloop_proto::error_chain::Chain;
 #[doc(no_inline)]
 pub use runloop_proto::run_loop::{
     AgenticLoopChunk, Broken, ChunkKind, Outcome, RunLoopRequest, Transcript,
