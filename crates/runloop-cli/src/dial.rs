@@ -84,14 +84,14 @@ pub enum DialError {
     },
     /// The server closed the connection before it answered the upgrade:
     /// what a runloop server does with a caller it turns away when it
-    /// cannot take the time to say why.
+    /// cannot take the time to say why. The words say what the close
+    /// means; the WebSocket error it was read from is kept, not a source.
     #[error("cannot connect to {url}: {}", transport::CLOSED_BEFORE_ANSWER)]
     Closed {
         /// The URL.
         url: String,
         /// How it ended.
-        #[source]
-        source: WsError,
+        error: WsError,
     },
     /// Something answered that does not complete a WebSocket handshake.
     #[error("{url} is not a runloop server: its answer to the WebSocket upgrade is not one")]
@@ -160,7 +160,7 @@ impl DialError {
     pub fn websocket(url: &str, error: WsError) -> DialError {
         let url = url.to_owned();
         match error {
-            source if transport::closed_before_answer(&source) => DialError::Closed { url, source },
+            error if transport::closed_before_answer(&error) => DialError::Closed { url, error },
             WsError::Io(source) => DialError::Network { url, source },
             WsError::Http(response) => {
                 let status = response.status().to_string();
@@ -183,6 +183,7 @@ impl DialError {
             transport::DialError::Answered { response, .. } => {
                 DialError::websocket(&url, WsError::Http(response))
             }
+            transport::DialError::Closed { error, .. } => DialError::websocket(&url, error),
             source => DialError::Tls {
                 url,
                 source: Box::new(source),
