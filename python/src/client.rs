@@ -39,6 +39,7 @@ use runloop_client::{
     Outcome as WireOutcome, Run, RunLoop, RunRequest, Transcript,
 };
 use runloop_proto::agents_run::{DIGEST_RULE, is_valid_digest, is_valid_name};
+use runloop_proto::error_chain::Chain;
 use serde_json::value::RawValue;
 
 use crate::errors::{self, Failure};
@@ -60,7 +61,11 @@ fn config(ca: &[PathBuf]) -> PyResult<ClientConfig> {
         return Ok(config);
     }
     let tls = ClientTls::new(ca).map_err(|error| {
-        Failure::Connect(format!("cannot use the certificate authorities: {error}")).raise()
+        Failure::Connect(format!(
+            "cannot use the certificate authorities: {}",
+            Chain(&error)
+        ))
+        .raise()
     })?;
     Ok(config.tls(tls))
 }

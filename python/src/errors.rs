@@ -6,10 +6,16 @@
 //! `TimeoutError`), which an exception made in Rust cannot have. A future
 //! reports why it failed as a [`Failure`], which needs no GIL; it becomes
 //! the exception when the result is handed to Python.
+//!
+//! An exception's message is the Rust error's whole chain, each cause once
+//! (`top: cause: cause`, [`Chain`]), since a Rust error's own words are its
+//! layer's sentence alone. No `__cause__` is set, so a traceback says each
+//! cause once, in the message.
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use runloop_client::{ConnectError, RunError};
+use runloop_proto::error_chain::Chain;
 
 use crate::value;
 
@@ -40,13 +46,13 @@ pub enum Failure {
 
 impl From<ConnectError> for Failure {
     fn from(error: ConnectError) -> Self {
-        Failure::Connect(error.to_string())
+        Failure::Connect(Chain(&error).to_string())
     }
 }
 
 impl From<RunError> for Failure {
     fn from(error: RunError) -> Self {
-        let message = error.to_string();
+        let message = Chain(&error).to_string();
         match error {
             RunError::Refused(value) => Failure::Refused(message, value),
             RunError::NotServed => Failure::NotServed,

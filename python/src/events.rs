@@ -13,6 +13,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyString;
 use runloop_client::ErrorValue;
 use runloop_client::{AgenticLoopChunk, Outcome as WireOutcome};
+use runloop_proto::error_chain::Chain;
 
 use crate::value;
 
@@ -256,7 +257,7 @@ impl Outcome {
     #[getter]
     fn reason(&self) -> Option<String> {
         match &self.outcome {
-            WireOutcome::Broken(why) => Some(why.to_string()),
+            WireOutcome::Broken(why) => Some(Chain(why).to_string()),
             _ => None,
         }
     }
@@ -275,7 +276,9 @@ impl Outcome {
             WireOutcome::Unfinished(e) | WireOutcome::NoLoop(e) => {
                 format!("Outcome({:?}, error={})", self.outcome.name(), e.0)
             }
-            WireOutcome::Broken(why) => format!("Outcome('broken', reason={:?})", why.to_string()),
+            WireOutcome::Broken(why) => {
+                format!("Outcome('broken', reason={:?})", Chain(why).to_string())
+            }
             _ => format!("Outcome({:?})", self.outcome.name()),
         }
     }

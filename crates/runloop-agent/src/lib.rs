@@ -53,6 +53,7 @@ use bytes::BytesMut;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream};
+use runloop_proto::error_chain::Chain;
 use runloop_proto::registration::RegistrationAsk;
 use runloop_proto::run_loop::{AgenticLoopChunk, RunLoopRequest};
 use runloop_proto::{Decode, ErrorKind};
@@ -180,7 +181,7 @@ pub fn serialized(chunks: ChunkStream) -> ChunkJsonStream {
 
 /// Why a loop stops mid-way without finishing. Yielding it breaks the SSE
 /// stream; the proxy turns that into the loop's final error. The error
-/// underneath, if there is one, stays its source.
+/// underneath, if there is one, is its source and not in its message.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct Break {
@@ -199,22 +200,26 @@ impl Break {
     }
 
     /// A break while doing `what`, because of `source`: the message is
-    /// `what`, a colon and the source's words.
+    /// `what`, and `source` says why.
     pub fn with_source(
         what: impl fmt::Display,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
         Break {
-            message: format!("{what}: {source}"),
+            message: what.to_string(),
             source: Some(Arc::new(source)),
         }
     }
 }
 
-/// Two breaks are the same when they say the same.
+/// Two breaks are the same when they say the same, and so do their
+/// sources.
 impl PartialEq for Break {
     fn eq(&self, other: &Self) -> bool {
-        self.message == other.message
+        let said = |source: &Option<Arc<dyn std::error::Error + Send + Sync>>| {
+            source.as_ref().map(ToString::to_string)
+        };
+        self.message == other.message && said(&self.source) == said(&other.source)
     }
 }
 
@@ -540,7 +545,7 @@ fn events(
                 // (best effort: bytes the socket cannot take yet are still
                 // lost with the break).
                 tokio::task::yield_now().await;
-                warn!(%why, "loop broken");
+                warn!(why = %Chain(&why), "loop broken");
                 // After a break, nothing more is read: the body ends broken.
                 Some((Err(why), None))
             }
@@ -672,13 +677,25 @@ mod tests {
     }
 
     #[test]
-    fn a_break_keeps_what_broke_it_as_its_source() {
-        let cause = std::io::Error::other("disk gone");
-        let broke = Break::with_source("a chunk did not serialize", cause);
-        assert_eq!(broke.to_string(), "a chunk did not serialize: disk gone");
+    fn a_break_leaves_what_broke_it_to_its_source() {
+        let cause = || std::io::Error::other("disk gone");
+        let broke = Break::with_source("a chunk did not serialize", cause());
+        assert_eq!(broke.to_string(), "a chunk did not serialize");
         let source = std::error::Error::source(&broke).expect("a source");
         assert_eq!(source.to_string(), "disk gone");
+        assert_eq!(
+            runloop_proto::error_chain::Chain(&broke).to_string(),
+            "a chunk did not serialize: disk gone"
+        );
+        runloop_testkit::errors::assert_cause_said_once(&broke);
         assert!(std::error::Error::source(&Break::new("plain")).is_none());
         assert_eq!(Break::new("same"), Break::new("same"));
+        assert_eq!(
+            broke,
+            Break::with_source("a chunk did not serialize", cause())
+        );
+        let other = Break::with_source("a chunk did not serialize", std::io::Error::other("gone"));
+        assert_ne!(broke, other, "the sources differ");
+        assert_ne!(broke, Break::new("a chunk did not serialize"));
     }
 }

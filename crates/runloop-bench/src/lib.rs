@@ -138,11 +138,11 @@ impl Params {
 /// What went wrong with a bench run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    /// A socket or process failed.
-    #[error("{0}")]
+    /// A socket or process failed: the system's error.
+    #[error(transparent)]
     Io(#[from] std::io::Error),
-    /// A WebSocket failed.
-    #[error("{0}")]
+    /// A WebSocket failed: the WebSocket library's error.
+    #[error(transparent)]
     WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
     /// A program under test exited early.
     #[error("{0} exited before it was measured")]
@@ -164,9 +164,9 @@ pub enum BenchError {
         /// The limit in force.
         limit: u64,
     },
-    /// A worker task failed.
-    #[error("a load worker failed: {0}")]
-    Worker(String),
+    /// A worker task failed: it panicked, or was cancelled.
+    #[error("a load worker failed")]
+    Worker(#[source] tokio::task::JoinError),
 }
 
 /// Runs every worker and sums what they saw; the first failure ends them
@@ -179,7 +179,7 @@ where
     let mut tasks: JoinSet<_> = workers.into_iter().collect();
     let mut total = Tally::new();
     while let Some(done) = tasks.join_next().await {
-        let tally = done.map_err(|e| BenchError::Worker(e.to_string()))??;
+        let tally = done.map_err(BenchError::Worker)??;
         total.merge(&tally);
     }
     Ok(total)
@@ -697,5 +697,16 @@ mod tests {
                 "{sizes:?}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_failed_says_so_and_why_once() {
+        let cancelled = tokio::task::spawn(std::future::pending::<()>());
+        cancelled.abort();
+        let failed = BenchError::Worker(cancelled.await.expect_err("aborted"));
+        assert_eq!(failed.to_string(), "a load worker failed");
+        let why = std::error::Error::source(&failed).expect("the task's error");
+        assert!(why.is::<tokio::task::JoinError>(), "{why}");
+        runloop_testkit::errors::assert_cause_said_once(&failed);
     }
 }

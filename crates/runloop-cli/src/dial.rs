@@ -6,8 +6,10 @@
 //! `HOST:PORT`), the network (nothing listens there), or the peer (something
 //! answers, but it is not a runloop server: an HTTP server that will not
 //! upgrade, or a port that does not speak HTTP). [`DialError`] keeps them
-//! apart; each message names the URL once and the cause once, and the
-//! WebSocket library's own error stays reachable through `source()`.
+//! apart; each message names the URL once, and the cause (the system's or
+//! the WebSocket library's error) comes through `source()`, so the command
+//! prints it once, after, as every error chain; a usual cause's hint
+//! ([`DialError::hint`]) comes last.
 //!
 //! ```text
 //! "localhost:7878" is not a WebSocket URL: write ws://localhost:7878 (wss:// for TLS)
@@ -42,7 +44,7 @@ pub enum DialError {
         why: String,
     },
     /// Nothing answered: refused, unreachable, a name that does not resolve.
-    #[error("cannot connect to {url}: {source}{}", network_hint(.source))]
+    #[error("cannot connect to {url}")]
     Network {
         /// The URL.
         url: String,
@@ -53,7 +55,7 @@ pub enum DialError {
     /// TLS could not be set up: the client's roots, or a handshake whose
     /// certificate did not verify (the library's error names the host and
     /// the reason).
-    #[error("cannot connect to {url}: {source}")]
+    #[error("cannot connect to {url}")]
     Tls {
         /// The URL.
         url: String,
@@ -82,19 +84,17 @@ pub enum DialError {
     },
     /// The server closed the connection before it answered the upgrade:
     /// what a runloop server does with a caller it turns away when it
-    /// cannot take the time to say why.
+    /// cannot take the time to say why. The words say what the close
+    /// means; the WebSocket error it was read from is kept, not a source.
     #[error("cannot connect to {url}: {}", transport::CLOSED_BEFORE_ANSWER)]
     Closed {
         /// The URL.
         url: String,
         /// How it ended.
-        #[source]
-        source: WsError,
+        error: WsError,
     },
     /// Something answered that does not complete a WebSocket handshake.
-    #[error(
-        "{url} is not a runloop server: its answer to the WebSocket upgrade is not one ({source})"
-    )]
+    #[error("{url} is not a runloop server: its answer to the WebSocket upgrade is not one")]
     Handshake {
         /// The URL.
         url: String,
@@ -103,7 +103,7 @@ pub enum DialError {
         source: WsError,
     },
     /// The WebSocket opened, and the authorization could not be sent.
-    #[error("cannot authorize at {url}: the connection failed: {source}")]
+    #[error("cannot authorize at {url}: the connection failed")]
     Authorization {
         /// The URL.
         url: String,
@@ -124,16 +124,8 @@ pub enum DialError {
         option: &'static str,
     },
     /// The client's own configuration cannot work.
-    #[error("{0}")]
-    Config(#[source] ConnectError),
-}
-
-/// A hint for the network errors that have a usual cause.
-fn network_hint(error: &io::Error) -> &'static str {
-    match error.kind() {
-        io::ErrorKind::ConnectionRefused => ": is a server listening there?",
-        _ => "",
-    }
+    #[error(transparent)]
+    Config(ConnectError),
 }
 
 /// Refuses a URL that is not a WebSocket URL, suggesting the one meant.
@@ -151,11 +143,24 @@ pub fn check_url(url: &str) -> Result<(), DialError> {
 }
 
 impl DialError {
+    /// What to try, for the failures that have a usual cause, said after
+    /// the error's chain (with its own leading punctuation); else `""`.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            DialError::Network { source, .. }
+                if source.kind() == io::ErrorKind::ConnectionRefused =>
+            {
+                ": is a server listening there?"
+            }
+            _ => "",
+        }
+    }
+
     /// The error of the WebSocket handshake with `url`.
     pub fn websocket(url: &str, error: WsError) -> DialError {
         let url = url.to_owned();
         match error {
-            source if transport::closed_before_answer(&source) => DialError::Closed { url, source },
+            error if transport::closed_before_answer(&error) => DialError::Closed { url, error },
             WsError::Io(source) => DialError::Network { url, source },
             WsError::Http(response) => {
                 let status = response.status().to_string();
@@ -175,6 +180,10 @@ impl DialError {
             transport::DialError::Url { why, .. } => DialError::Url { url, why },
             transport::DialError::Tcp { source, .. } => DialError::Network { url, source },
             transport::DialError::WebSocket { source, .. } => DialError::websocket(&url, source),
+            transport::DialError::Answered { response, .. } => {
+                DialError::websocket(&url, WsError::Http(response))
+            }
+            transport::DialError::Closed { error, .. } => DialError::websocket(&url, error),
             source => DialError::Tls {
                 url,
                 source: Box::new(source),
@@ -197,6 +206,8 @@ impl DialError {
 
 #[cfg(test)]
 mod tests {
+    use runloop_testkit::errors::assert_cause_said_once;
+
     use super::*;
 
     #[test]
@@ -227,10 +238,11 @@ mod tests {
             "ws://127.0.0.1:1",
             WsError::Io(io::Error::from(io::ErrorKind::ConnectionRefused)),
         );
-        let text = refused.to_string();
-        assert_eq!(text.matches("cannot connect").count(), 1, "{text}");
-        assert!(text.ends_with(": is a server listening there?"), "{text}");
-        assert!(refused.source().is_some());
+        assert_eq!(refused.to_string(), "cannot connect to ws://127.0.0.1:1");
+        assert_eq!(refused.hint(), ": is a server listening there?");
+        let cause = refused.source().expect("what the system said");
+        assert!(cause.is::<io::Error>(), "{cause}");
+        assert_cause_said_once(&refused);
 
         let closed = DialError::websocket(
             "ws://h:1",

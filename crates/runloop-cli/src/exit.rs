@@ -29,6 +29,7 @@ use std::io;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use runloop_proto::error_chain::Chain;
 use runloop_proto::run_loop::Outcome;
 
 use crate::seconds;
@@ -106,6 +107,10 @@ impl From<Exit> for ExitCode {
 }
 
 /// Why a command could not do its work (exit code 2).
+///
+/// Each says what failed at the command's level and leaves the cause to
+/// `source()`; `main` prints the chain once, `runloop: what: why: why`,
+/// then the [`Failure::hint`] when there is one.
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
     /// An argument that parses but cannot be used.
@@ -113,11 +118,11 @@ pub enum Failure {
     Argument(String),
     /// The server could not be reached, is not a runloop server, or the
     /// credential could not be sent.
-    #[error("{0}")]
-    Dial(#[source] crate::dial::DialError),
+    #[error(transparent)]
+    Dial(crate::dial::DialError),
     /// The run did not start (refused, not served, credential rejected).
-    #[error("{error}{hint}", error = .0, hint = credential_hint(.0))]
-    Run(#[source] runloop::client::RunError),
+    #[error(transparent)]
+    Run(runloop::client::RunError),
     /// A time limit of `run` ran out.
     #[error("{what} within {} ({option} {})", seconds::show(*.after), seconds::value(*.after))]
     TimedOut {
@@ -129,7 +134,7 @@ pub enum Failure {
         after: Duration,
     },
     /// An address could not be listened on.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         /// The address.
         addr: String,
@@ -139,13 +144,14 @@ pub enum Failure {
     },
     /// The container host could not be set up, or an image it was given
     /// could not be served.
-    #[error("{0}")]
-    Containers(#[source] runloop_oci::HostError),
-    /// The async runtime, or the process around it, failed.
-    #[error("{0}")]
-    Runtime(#[source] io::Error),
+    #[error(transparent)]
+    Containers(runloop_oci::HostError),
+    /// The async runtime, or the process around it, failed: the system's
+    /// error, or one made with words that say what.
+    #[error(transparent)]
+    Runtime(io::Error),
     /// The capture file could not be written.
-    #[error("cannot write the capture {path}: {source}")]
+    #[error("cannot write the capture {path}")]
     Capture {
         /// The file.
         path: String,
@@ -154,7 +160,7 @@ pub enum Failure {
         source: io::Error,
     },
     /// A file or directory could not be written.
-    #[error("cannot write {name}: {source}")]
+    #[error("cannot write {name}")]
     Write {
         /// The file or directory.
         name: String,
@@ -163,17 +169,17 @@ pub enum Failure {
         source: io::Error,
     },
     /// The benchmark could not run.
-    #[error("the benchmark failed: {0}")]
+    #[error("the benchmark failed")]
     Bench(#[source] runloop_bench::BenchError),
     /// Standard output could not be written.
-    #[error("cannot write the output: {0}")]
+    #[error("cannot write the output")]
     Output(#[source] io::Error),
     /// The input is not what the command reads (`decode` given a file that
     /// is not a capture).
     #[error("{0}")]
     NotCapture(String),
     /// The input could not be opened or read.
-    #[error("cannot read {name}: {source}")]
+    #[error("cannot read {name}")]
     Input {
         /// The file, or `standard input`.
         name: String,
@@ -183,17 +189,27 @@ pub enum Failure {
     },
 }
 
-/// Where a command takes the credential a server wanted and did not get.
-fn credential_hint(error: &runloop::client::RunError) -> &'static str {
-    match error {
-        runloop::client::RunError::NoCredential => {
-            " (pass it with --token-file FILE or RUNLOOP_TOKEN)"
-        }
-        _ => "",
-    }
-}
-
 impl Failure {
+    /// What to try, said after the error's chain (with its own leading
+    /// punctuation), for the failures that have a usual fix; else `""`:
+    /// where a command takes the credential a server wanted and did not
+    /// get, whether a server listens where nothing answered.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            Failure::Run(runloop::client::RunError::NoCredential) => {
+                " (pass it with --token-file FILE or RUNLOOP_TOKEN)"
+            }
+            Failure::Dial(dial) => dial.hint(),
+            _ => "",
+        }
+    }
+
+    /// The failure as a person reads it, on one line: its chain, each
+    /// cause once, then its hint.
+    pub fn said(&self) -> String {
+        format!("{}{}", Chain(self), self.hint())
+    }
+
     /// The exit code: 7 for a refused run, 8 for a time limit, else 2.
     pub fn exit(&self) -> Exit {
         use runloop::client::RunError;
@@ -218,7 +234,7 @@ impl Failure {
                 source,
             },
             // A limit below its minimum: the arguments set it.
-            other => Failure::Argument(other.to_string()),
+            other => Failure::Argument(Chain(&other).to_string()),
         }
     }
 
@@ -276,14 +292,65 @@ mod tests {
     }
 
     #[test]
-    fn failures_say_what_and_keep_the_cause() {
+    fn failures_say_what_and_leave_the_cause_to_the_chain() {
         let missing = Failure::Input {
             name: "capture.txt".into(),
             source: io::Error::new(io::ErrorKind::NotFound, "no such file"),
         };
-        assert_eq!(missing.to_string(), "cannot read capture.txt: no such file");
+        assert_eq!(missing.to_string(), "cannot read capture.txt");
         assert!(missing.source().is_some());
+        assert_eq!(missing.said(), "cannot read capture.txt: no such file");
         assert!(!missing.is_broken_pipe());
         assert!(Failure::from(io::Error::from(io::ErrorKind::BrokenPipe)).is_broken_pipe());
+    }
+
+    #[test]
+    fn no_failure_says_its_cause_twice() {
+        let system = || io::Error::other("no space left on device");
+        let refused = crate::dial::DialError::websocket(
+            "ws://127.0.0.1:1",
+            tokio_tungstenite::tungstenite::Error::Io(io::Error::from(
+                io::ErrorKind::ConnectionRefused,
+            )),
+        );
+        let failures = [
+            Failure::Dial(refused),
+            Failure::Run(runloop::client::RunError::NoCredential),
+            Failure::Listen {
+                addr: "127.0.0.1:80".into(),
+                source: system(),
+            },
+            Failure::Capture {
+                path: "c.txt".into(),
+                source: system(),
+            },
+            Failure::Write {
+                name: "out".into(),
+                source: system(),
+            },
+            Failure::Output(system()),
+            Failure::Input {
+                name: "standard input".into(),
+                source: system(),
+            },
+            Failure::Runtime(system()),
+        ];
+        for failure in &failures {
+            runloop_testkit::errors::assert_cause_said_once(failure);
+        }
+        assert_eq!(
+            failures[0].said(),
+            format!(
+                "cannot connect to ws://127.0.0.1:1: {}: is a server listening there?",
+                io::Error::from(io::ErrorKind::ConnectionRefused)
+            )
+        );
+        assert!(
+            failures[1]
+                .said()
+                .ends_with("none was sent (pass it with --token-file FILE or RUNLOOP_TOKEN)"),
+            "{}",
+            failures[1].said()
+        );
     }
 }

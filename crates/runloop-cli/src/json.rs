@@ -33,6 +33,7 @@ use std::fmt;
 use std::io::{self, Write};
 use std::time::Duration;
 
+use runloop_proto::error_chain::Chain;
 use runloop_proto::observer::ChannelId;
 use runloop_proto::run_loop::Outcome;
 use serde_json::{Map, Value};
@@ -121,7 +122,7 @@ pub fn ending(outcome: &Outcome) -> Map<String, Value> {
     members.insert("outcome".into(), outcome.name().into());
     match outcome {
         Outcome::Broken(why) => {
-            members.insert("reason".into(), why.to_string().into());
+            members.insert("reason".into(), Chain(why).to_string().into());
         }
         Outcome::Finished { fatal: true } => {
             members.insert("fatal".into(), true.into());

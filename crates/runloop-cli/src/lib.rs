@@ -105,7 +105,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> Exit {
         Ok(exit) => exit,
         Err(failure) if failure.is_broken_pipe() => Exit::Failed,
         Err(failure) => {
-            let _ = writeln!(io::stderr().lock(), "runloop: {failure}");
+            let _ = writeln!(io::stderr().lock(), "runloop: {}", failure.said());
             failure.exit()
         }
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use runloop::admin::{self, Watched};
 use runloop::tls::ClientTls;
+use runloop_proto::error_chain::Chain;
 use tokio_util::sync::CancellationToken;
 
 use crate::exit::Failure;
@@ -176,7 +177,7 @@ pub fn client_tls(authorities: &[PathBuf]) -> Result<Option<ClientTls>, Failure>
     }
     ClientTls::new(authorities)
         .map(Some)
-        .map_err(|error| Failure::Argument(format!("--ca: {error}")))
+        .map_err(|error| Failure::Argument(format!("--ca: {}", Chain(&error))))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -213,7 +214,7 @@ pub async fn start_admin(
         let stop = stop.clone();
         async move {
             if let Err(error) = admin::serve(listener, watched, stop).await {
-                tracing::warn!(%error, "the admin listener failed");
+                tracing::warn!(error = %Chain(&error), "the admin listener failed");
             }
         }
     });

@@ -48,6 +48,7 @@ use runloop::tls::ServerTls;
 use runloop_oci::registry::{Pull, RegistryConfig};
 use runloop_oci::user::IdMapping;
 use runloop_oci::{Host, HostConfig, OciRuntime, PoolConfig};
+use runloop_proto::error_chain::Chain;
 use tracing::{info, warn};
 
 use crate::descriptors::{self, Holds, Load};
@@ -193,7 +194,7 @@ impl Args {
             if !matches!(spec.runtime, RuntimeSpec::Oci(_)) {
                 catalog
                     .add(spec.clone())
-                    .map_err(|error| Failure::Argument(error.to_string()))?;
+                    .map_err(|error| Failure::Argument(Chain(&error).to_string()))?;
             }
         }
         Ok(catalog)
@@ -223,7 +224,7 @@ impl Args {
         };
         for file in &self.token_files {
             if let Err(error) = token::read_file(file) {
-                push(error.to_string());
+                push(Chain(&error).to_string());
             }
         }
         let credentials = match self.credentials() {
@@ -239,7 +240,7 @@ impl Args {
                         .iter()
                         .any(|f| token::read_file(f).is_err())
                 {
-                    push(error.to_string());
+                    push(Chain(&error).to_string());
                 }
                 Credentials::Any
             }
@@ -247,16 +248,16 @@ impl Args {
         let tls = match self.tls() {
             Ok(tls) => tls.is_some(),
             Err(error) => {
-                push(error.to_string());
+                push(Chain(&error).to_string());
                 // Given, if not loadable: not a listener without TLS.
                 true
             }
         };
         if let Err(error) = self.exposure(tls) {
-            push(error.to_string());
+            push(Chain(&error).to_string());
         }
         let catalog = self.catalog().unwrap_or_else(|error| {
-            push(error.to_string());
+            push(Chain(&error).to_string());
             Catalog::demo()
         });
         let config = self.limits_config(credentials, catalog);
@@ -264,7 +265,7 @@ impl Args {
             push(error.named(&option(error.limit)));
         }
         if let Err(error) = self.descriptors(&config) {
-            push(error.to_string());
+            push(Chain(&error).to_string());
         }
         faults
     }
@@ -276,7 +277,7 @@ impl Args {
         match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => ServerTls::load(cert, key)
                 .map(Some)
-                .map_err(|error| Failure::Argument(error.to_string())),
+                .map_err(|error| Failure::Argument(Chain(&error).to_string())),
             (Some(_), None) => Err(Failure::Argument(
                 "--tls-cert is given without --tls-key, the certificate's private key".into(),
             )),
@@ -375,7 +376,7 @@ impl Args {
                 warn!(set = ?environment, "registry pulls do not use the environment's proxy; name one with --registry-proxy");
             }
             let pull = Pull::new(std::sync::Arc::clone(&host), registry).map_err(|error| {
-                Failure::Argument(format!("cannot set up registry pulls: {error}"))
+                Failure::Argument(format!("cannot set up registry pulls: {}", Chain(&error)))
             })?;
             let pull = std::sync::Arc::new(pull);
             config.registry = Some(
@@ -788,7 +789,7 @@ impl Reloading {
                 return;
             }
             Err(error) => {
-                warn!(file = %self.path.display(), %error, "SIGHUP: nothing changed");
+                warn!(file = %self.path.display(), error = %Chain(&error), "SIGHUP: nothing changed");
                 return;
             }
         };
@@ -796,7 +797,7 @@ impl Reloading {
         let config = match args.unchecked_config() {
             Ok(config) => config,
             Err(error) => {
-                warn!(%error, "SIGHUP: nothing changed");
+                warn!(error = %Chain(&error), "SIGHUP: nothing changed");
                 return;
             }
         };
@@ -813,7 +814,7 @@ impl Reloading {
                 }
             }
             Err(error) => {
-                warn!(%error, "SIGHUP: nothing changed");
+                warn!(error = %Chain(&error), "SIGHUP: nothing changed");
                 return;
             }
         }
@@ -849,7 +850,7 @@ async fn reload_on_hangup(
                 Ok(true) => info!("TLS certificate reloaded: new connections get it"),
                 Ok(false) => info!("SIGHUP: no TLS certificate to reload"),
                 Err(error) => {
-                    warn!(%error, "the TLS certificate did not reload; the old one is still served");
+                    warn!(error = %Chain(&error), "the TLS certificate did not reload; the old one is still served");
                 }
             }
             if let Some(reload) = &reload {

@@ -27,8 +27,8 @@ pub const MAX_TOKEN_FILE: u64 = 1 << 20;
 /// Why a file was not read.
 #[derive(Debug, thiserror::Error)]
 pub enum SmallFileError {
-    /// It could not be opened or read.
-    #[error("{0}")]
+    /// It could not be opened or read: the system's error.
+    #[error(transparent)]
     Io(#[from] io::Error),
     /// It is not a regular file (a FIFO, a device, a socket, a directory).
     #[error("it is {0}, not a regular file")]

@@ -23,7 +23,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use runloop_proto::agents_run::{RunResponse, RunResponseError};
 use runloop_proto::channel::ChannelRequest;
-use runloop_proto::connection::{Finished, Route, Table, side};
+use runloop_proto::connection::{Finished, Route, Table, Violation, side};
+use runloop_proto::error_chain::Chain;
 use runloop_proto::frame::{self, ClientFrame, Role, ServerFrame};
 use runloop_proto::run_loop::{Broken, RunLoopRequest};
 use runloop_proto::{Decode, Encode, ErrorValue};
@@ -99,10 +100,10 @@ pub enum Ending {
     /// malformed frame), so the connection could not go on.
     #[error("the server sent what is not a WebSocket message: {0}")]
     Unreadable(String),
-    /// The server broke the protocol's connection rules, so this side
-    /// ended the connection.
-    #[error("the server broke the protocol ({0}), and this client ended the connection")]
-    Violation(String),
+    /// The server broke the protocol's connection rules (the violation,
+    /// its source, says which), so this side ended the connection.
+    #[error("the server broke the protocol, and this client ended the connection")]
+    Violation(#[source] Violation),
     /// This side closed the connection ([`Client::close`](super::Client::close),
     /// or its last handle dropped), or could no longer write to it.
     #[error("this client closed it")]
@@ -426,8 +427,8 @@ impl Delivery {
 }
 
 /// Applies one server frame to the table, and says what is left to deliver.
-/// `Err` ends the connection (a violation, said in words).
-fn route(shared: &Shared, bytes: &Bytes) -> Result<Option<Delivery>, String> {
+/// `Err` ends the connection (a violation).
+fn route(shared: &Shared, bytes: &Bytes) -> Result<Option<Delivery>, Violation> {
     let mut state = shared.state();
     state.answered = true;
     let frame = match ServerFrame::decode(bytes) {
@@ -461,17 +462,17 @@ fn route(shared: &Shared, bytes: &Bytes) -> Result<Option<Delivery>, String> {
         )),
         Route::ChannelFinished(ended) => Some(Delivery::Loop(ended.slot, ChannelEvent::Finish)),
         Route::BareFinish { frame, why } => {
-            debug!(%why, "bare finish");
+            debug!(why = %Chain(&why), "bare finish");
             shared.send(&frame);
             None
         }
         Route::Disregarded(why) => {
-            debug!(%why, "disregarded");
+            debug!(why = %Chain(&why), "disregarded");
             None
         }
         Route::Violation(why) => {
-            warn!(%why, "ending the connection");
-            return Err(why.to_string());
+            warn!(why = %Chain(&why), "ending the connection");
+            return Err(why);
         }
     })
 }

@@ -64,6 +64,10 @@ pub use runloop_proto::agents_run::{
     Container, DEFAULT_DISK, DEFAULT_MEMORY, Image, ImageRef, InvalidRequest, RegistryImage,
     RunRequest,
 };
+/// An error and its causes on one line, each said once: how to print any
+/// error of this crate for a person (`Chain(&error)`).
+#[doc(no_inline)]
+pub use runloop_proto::error_chain::Chain;
 #[doc(no_inline)]
 pub use runloop_proto::run_loop::{
     AgenticLoopChunk, Broken, ChunkKind, Outcome, RunLoopRequest, Transcript,
@@ -174,14 +178,14 @@ impl std::fmt::Debug for ClientConfig {
 pub enum ConnectError {
     /// The connection could not be opened: the URL, TCP, TLS (a
     /// certificate that does not verify names the host and the reason) or
-    /// the WebSocket handshake.
-    #[error("{0}")]
-    Dial(#[source] DialError),
+    /// the WebSocket handshake. The dial's error names the step.
+    #[error(transparent)]
+    Dial(DialError),
     /// The authorization frame could not be sent.
-    #[error("cannot authorize: {0}")]
+    #[error("cannot authorize")]
     Authorization(#[source] WsError),
     /// A limit of the configuration is below its minimum.
-    #[error("the client's configuration cannot work: {0}")]
+    #[error("the client's configuration cannot work")]
     Limit(#[source] LimitError),
     /// Connecting took longer than [`ClientConfig::connect_timeout`].
     #[error("connecting took longer than {} s", .0.as_secs_f64())]
@@ -199,7 +203,7 @@ pub enum RunError {
     #[error("the server did not serve the run")]
     NotServed,
     /// The server's answer broke the rules.
-    #[error("the server's answer did not decode: {0}")]
+    #[error("the server's answer did not decode")]
     Broken(#[source] Undecodable<RunResponseError>),
     /// The server refused the credential: before any frame it closed the
     /// connection as a refusal does (close code 1008 and no reason, no
@@ -215,8 +219,8 @@ pub enum RunError {
     /// The connection ended before the run's answer, otherwise than by a
     /// refusal or a close with a reason: [`Ending`] says how (it broke, the
     /// server sent what cannot be read, this side closed it, …).
-    #[error("the connection ended before the run started: {0}")]
-    ConnectionEnded(Ending),
+    #[error("the connection ended before the run started")]
+    ConnectionEnded(#[source] Ending),
     /// The server closed the connection and said why, in the WebSocket
     /// close frame: for instance that it is serving as many connections as
     /// it may. (A refused credential closes with no reason: that is
@@ -406,13 +410,49 @@ mod tests {
     }
 
     #[test]
-    fn a_broken_answer_keeps_its_decode_error_as_the_source() {
+    fn a_broken_answer_leaves_its_decode_error_to_the_source() {
         let error = RunError::Broken(RunResponseError::UnknownTag(7).into());
-        assert_eq!(
-            error.to_string(),
-            "the server's answer did not decode: unknown run response tag 7"
-        );
+        assert_eq!(error.to_string(), "the server's answer did not decode");
         let source = std::error::Error::source(&error).expect("the decode error");
         assert_eq!(source.to_string(), "unknown run response tag 7");
+        assert_eq!(
+            runloop_proto::error_chain::Chain(&error).to_string(),
+            "the server's answer did not decode: unknown run response tag 7"
+        );
+    }
+
+    #[test]
+    fn no_connect_or_run_error_says_its_cause_twice() {
+        use std::error::Error;
+
+        let limit = runloop_wire::limits::Limit::MaxQueuedResponses
+            .check(0)
+            .expect_err("below the minimum");
+        let violation = runloop_proto::connection::Violation::Rejected(
+            runloop_proto::authorization::AuthorizationError::UnknownMode(7),
+        );
+        let ended = RunError::ConnectionEnded(Ending::Violation(violation.clone()));
+        let errors: [&(dyn Error + 'static); 7] = [
+            &ConnectError::Dial(DialError::Tcp {
+                host: "127.0.0.1".into(),
+                port: 1,
+                source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            }),
+            &ConnectError::Authorization(WsError::ConnectionClosed),
+            &ConnectError::Limit(limit),
+            &RunError::Broken(RunResponseError::UnknownTag(7).into()),
+            &ended,
+            &Ending::Violation(violation),
+            &RunError::ConnectionEnded(Ending::Broke("reset".into())),
+        ];
+        for error in errors {
+            runloop_testkit::errors::assert_cause_said_once(error);
+        }
+        assert_eq!(
+            runloop_proto::error_chain::Chain(&ended).to_string(),
+            "the connection ended before the run started: the server broke the protocol, and \
+             this client ended the connection: the authorization is rejected: unknown \
+             authorization mode 7"
+        );
     }
 }

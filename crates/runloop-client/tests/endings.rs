@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use runloop_client::{Client, ClientConfig, ConnectError, Ending, RunError, RunRequest};
+use runloop_proto::error_chain::Chain;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::WebSocketStream;
@@ -64,7 +65,7 @@ async fn a_server_gone_mid_start_is_a_broken_connection_not_a_credential() {
         panic!("{error:?}");
     };
     assert!(!said.is_empty());
-    let message = error.to_string();
+    let message = Chain(&error).to_string();
     assert!(
         message.starts_with(
             "the connection ended before the run started: it broke with no close \
@@ -89,7 +90,8 @@ async fn a_server_gone_mid_start_with_a_credential_is_broken_too() {
         matches!(error, RunError::ConnectionEnded(Ending::Broke(_))),
         "{error:?}"
     );
-    assert!(!error.to_string().contains("credential"), "{error}");
+    let message = Chain(&error).to_string();
+    assert!(!message.contains("credential"), "{message}");
     server.await.expect("the fake server");
 }
 
@@ -115,7 +117,7 @@ async fn a_message_over_the_limit_is_named_with_the_limit() {
         ),
         "{error:?}"
     );
-    let message = error.to_string();
+    let message = Chain(&error).to_string();
     assert!(
         message.contains(&format!(
             "over this client's max_message_size of {limit} bytes"
@@ -151,7 +153,8 @@ async fn a_torn_frame_is_a_broken_connection() {
         ),
         "{error:?}"
     );
-    assert!(!error.to_string().contains("credential"), "{error}");
+    let message = Chain(&error).to_string();
+    assert!(!message.contains("credential"), "{message}");
     server.await.expect("the fake server");
 }
 

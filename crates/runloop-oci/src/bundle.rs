@@ -166,7 +166,7 @@ pub struct InitMount {
 
 /// Why a configuration could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot build the container's configuration: {0}")]
+#[error("cannot build the container's configuration")]
 pub struct BundleError(#[from] oci_spec::OciSpecError);
 
 /// The port the agent program listens on: the image's `PORT` when it is a

@@ -45,6 +45,7 @@ use std::process::ExitStatus;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use runloop_proto::error_chain::Chain;
 use runloop_runtime::cgroup::{TenantHold, Tenants};
 use runloop_runtime::netns::{Diag, Listening};
 use runloop_runtime::output::TenantLog;
@@ -297,14 +298,19 @@ impl OciRuntime {
             async {
                 disk::create(&dir, limits.disk, self.host.disks(), &self.image.rootfs)
                     .await
-                    .map_err(|error| format!("cannot make the run's disk and root: {error}"))
+                    .map_err(|error| {
+                        format!("cannot make the run's disk and root: {}", Chain(&error))
+                    })
             },
             async {
                 let netns = network::create(key)
                     .await
-                    .map_err(|error| format!("cannot make the run's network: {error}"))?;
+                    .map_err(|error| format!("cannot make the run's network: {}", Chain(&error)))?;
                 let diag = netns.diag().await.map_err(|error| {
-                    format!("cannot ask who listens in the run's network namespace: {error}")
+                    format!(
+                        "cannot ask who listens in the run's network namespace: {}",
+                        Chain(&error)
+                    )
                 })?;
                 let resolv_conf = self.egress(key, &dir).await?;
                 Ok::<_, String>((netns, diag, resolv_conf))
@@ -335,7 +341,7 @@ impl OciRuntime {
             filter: self.host.filter(),
         }
         .spec()
-        .map_err(|error| error.to_string())?;
+        .map_err(|error| Chain(&error).to_string())?;
         let config = dir.join("config.json");
         spec.save(&config)
             .map_err(|error| format!("cannot write {}: {error}", config.display()))?;
@@ -359,10 +365,12 @@ impl OciRuntime {
         let Some(egress) = self.host.egress() else {
             return Ok(None);
         };
-        let link = egress
-            .attach(key, dir)
-            .await
-            .map_err(|error| format!("cannot give the run its egress link: {error}"))?;
+        let link = egress.attach(key, dir).await.map_err(|error| {
+            format!(
+                "cannot give the run its egress link: {error}",
+                error = Chain(&error)
+            )
+        })?;
         info!(%key, link = %link.name, address = %link.run, gateway = %link.host, "container egress");
         Ok(egress.resolv_conf(dir))
     }

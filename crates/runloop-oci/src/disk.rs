@@ -60,8 +60,8 @@ const LOOP_DETACH: Duration = Duration::from_secs(5);
 /// Why a run's disk or root could not be made or removed.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
-    /// A file or directory of the run.
-    #[error("{path}: {source}")]
+    /// A file or directory of the run: its path, and the system's error.
+    #[error("{path}")]
     Io {
         /// The path.
         path: PathBuf,

@@ -95,24 +95,13 @@ pub enum FetchError {
     /// The token exchange.
     #[error("cannot get a pull token: {0}")]
     Token(String),
-    /// The connection or the HTTP exchange.
-    #[error("{}", http_failure(.0))]
-    Http(#[source] reqwest::Error),
+    /// The connection or the HTTP exchange: reqwest's error, whose causes
+    /// (the connection's, TLS's) come through its source.
+    #[error(transparent)]
+    Http(reqwest::Error),
     /// TLS settings could not be made.
-    #[error("cannot make the registry client's TLS settings: {0}")]
-    Tls(String),
-}
-
-/// A reqwest error with its causes, which its own Display leaves out.
-fn http_failure(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    #[error("cannot make the registry client's TLS settings")]
+    Tls(#[source] runloop_wire::tls::TlsError),
 }
 
 /// A manifest as the registry sent it.
@@ -180,8 +169,7 @@ impl Distribution {
         // over HTTPS fail at the handshake (unknown issuer), said at once
         // here; insecure (plain HTTP) registries go on.
         runloop_wire::tls::install_default_provider();
-        let (tls, no_roots) =
-            ClientTls::platform_or_none().map_err(|error| FetchError::Tls(error.to_string()))?;
+        let (tls, no_roots) = ClientTls::platform_or_none().map_err(FetchError::Tls)?;
         if let Some(why) = no_roots {
             warn!(%why, "no trust roots for registries over HTTPS: each pull from one will fail");
         }

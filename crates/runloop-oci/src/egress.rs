@@ -73,6 +73,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use runloop_proto::error_chain::Chain;
 use tracing::{info, warn};
 
 use crate::command::{self, CommandError};
@@ -218,7 +219,7 @@ pub enum EgressError {
     #[error(transparent)]
     Command(#[from] CommandError),
     /// A file egress writes (a marker, the forwarding switch).
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         /// The file.
         path: PathBuf,
@@ -227,7 +228,7 @@ pub enum EgressError {
         source: io::Error,
     },
     /// The kernel would not forget a run's connections.
-    #[error("cannot delete the connection-tracking entries of {address}: {source}")]
+    #[error("cannot delete the connection-tracking entries of {address}")]
     Conntrack {
         /// The run's address.
         address: Ipv4Addr,
@@ -419,7 +420,7 @@ impl Egress {
     /// Deletes the server's table (once its runs are gone).
     pub async fn close(&self) {
         if let Err(error) = delete_table(&self.table).await {
-            warn!(table = %self.table, %error, "cannot remove the container egress table");
+            warn!(table = %self.table, error = %Chain(&error), "cannot remove the container egress table");
             return;
         }
         let _ = std::fs::remove_file(self.store.join(MARKER));
@@ -439,7 +440,9 @@ pub async fn sweep(store: &Path) {
         Ok(()) => {
             let _ = std::fs::remove_file(marker);
         }
-        Err(error) => warn!(%table, %error, "cannot remove the container egress table"),
+        Err(error) => {
+            warn!(%table, error = %Chain(&error), "cannot remove the container egress table")
+        }
     }
 }
 

@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use oci_spec::image::ImageManifest;
+use runloop_proto::error_chain::Chain;
 use rustix::fs::FlockOperation;
 use tracing::{info, warn};
 
@@ -61,7 +62,7 @@ pub const GC_LOCK: &str = "gc.lock";
 pub enum GcError {
     /// A file of the store that could not be opened, locked, read or
     /// removed.
-    #[error("the store at {}: {source}", path.display())]
+    #[error("the store at {}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
@@ -136,7 +137,7 @@ impl Hold {
     /// longer ago.
     pub fn touch(&self) {
         if let Err(error) = self.0.set_modified(SystemTime::now()) {
-            warn!(%error, "cannot mark an image used; it may be collected as if unused");
+            warn!(error = %Chain(&error), "cannot mark an image used; it may be collected as if unused");
         }
     }
 }

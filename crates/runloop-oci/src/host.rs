@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use runloop_proto::error_chain::Chain;
 use rustix::fs::FlockOperation;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -222,7 +223,7 @@ pub enum HostError {
         gid: u32,
     },
     /// An image layout of the catalog.
-    #[error("image layout {dir}: {source}")]
+    #[error("image layout {dir}")]
     Image {
         /// The layout.
         dir: PathBuf,
@@ -231,7 +232,7 @@ pub enum HostError {
         source: ImageError,
     },
     /// A catalog pin that is not a digest this crate reads.
-    #[error("image layout {dir}: {source}")]
+    #[error("image layout {dir}")]
     Pin {
         /// The layout.
         dir: PathBuf,
@@ -391,7 +392,12 @@ impl Host {
             host.egress = Some(
                 Egress::open(network, host.store.dir())
                     .await
-                    .map_err(|error| HostError::Missing(format!("container egress: {error}")))?,
+                    .map_err(|error| {
+                        HostError::Missing(format!(
+                            "container egress: {error}",
+                            error = Chain(&error)
+                        ))
+                    })?,
             );
         }
         info!(store = %host.store.dir().display(), runc = %version, cgroups = ?host.cgroups, uids = %host.config.ids.uids, gids = %host.config.ids.gids, cpus = host.config.cpus, init = host.init.is_some(), store_max_size = ?host.config.store_max_size, "container host ready");

@@ -89,7 +89,7 @@ pub enum LayoutError {
         max: u64,
     },
     /// A JSON blob that does not parse as what it should be.
-    #[error("{what} {digest} does not parse: {source}")]
+    #[error("{what} {digest} does not parse")]
     Json {
         /// What the blob is.
         what: &'static str,
@@ -102,8 +102,8 @@ pub enum LayoutError {
     /// A descriptor with a digest this crate does not read.
     #[error(transparent)]
     Digest(#[from] DigestError),
-    /// Reading or writing failed.
-    #[error("{path}: {source}")]
+    /// Reading or writing failed: the file, and the system's error.
+    #[error("{path}")]
     Io {
         /// The file.
         path: PathBuf,

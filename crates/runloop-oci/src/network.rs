@@ -77,7 +77,7 @@ pub enum NetworkError {
     #[error(transparent)]
     Command(#[from] CommandError),
     /// The namespace could not be made, bound or opened.
-    #[error("cannot make the network namespace {path}: {source}")]
+    #[error("cannot make the network namespace {path}")]
     Open {
         /// Its path.
         path: PathBuf,

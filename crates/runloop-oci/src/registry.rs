@@ -64,6 +64,7 @@ use std::time::Duration;
 use oci_client::Reference;
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
 use runloop_proto::ErrorKind;
+use runloop_proto::error_chain::Chain;
 use runloop_runtime::{BoxFuture, Puller, Registry, RegistryError, Reserve, Runtime};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
@@ -286,10 +287,12 @@ impl Pull {
         let store = self.host.store();
         // No collection takes what this pull finds or fetches before its
         // run holds the image.
-        let _busy = store
-            .busy()
-            .await
-            .map_err(|error| refused(ErrorKind::Registry, format!("image {text}: {error}")))?;
+        let _busy = store.busy().await.map_err(|error| {
+            refused(
+                ErrorKind::Registry,
+                format!("image {text}: {error}", error = Chain(&error)),
+            )
+        })?;
         // Pinned and already here: no need to ask the registry.
         if let Some(digest) = &pinned
             && let Ok(image) = Image::load(store.layout(), digest, None)
@@ -332,7 +335,10 @@ impl Pull {
             .map_err(|error| {
                 refused(
                     ErrorKind::Registry,
-                    format!("cannot record {text} in the store: {error}"),
+                    format!(
+                        "cannot record {text} in the store: {error}",
+                        error = Chain(&error)
+                    ),
                 )
             })?;
         self.unpacked(text, &image).await
@@ -348,7 +354,12 @@ impl Pull {
                 image.size.saturating_mul(self.config.max_unpack_ratio),
             )
             .await
-            .map_err(|error| refused(ErrorKind::Registry, format!("image {text}: {error}")))?;
+            .map_err(|error| {
+                refused(
+                    ErrorKind::Registry,
+                    format!("image {text}: {error}", error = Chain(&error)),
+                )
+            })?;
         Ok(OciRuntime::new(Arc::clone(&self.host), unpacked))
     }
 
@@ -414,8 +425,12 @@ impl Pull {
                     format!("the index of {whole} does not parse: {error}"),
                 )
             })?;
-            let entry = image::pick(&index, false)
-                .map_err(|error| refused(ErrorKind::Registry, format!("{whole}: {error}")))?;
+            let entry = image::pick(&index, false).map_err(|error| {
+                refused(
+                    ErrorKind::Registry,
+                    format!("{whole}: {error}", error = Chain(&error)),
+                )
+            })?;
             let entry_digest = crate::layout::digest_of(entry)
                 .map_err(|error| refused(ErrorKind::Registry, format!("{whole}: {error}")))?;
             target = reference.clone_with_digest(entry_digest.to_string());
@@ -441,8 +456,12 @@ impl Pull {
                 format!("the manifest of {whole} does not parse: {error}"),
             )
         })?;
-        let (layers, size) = image::layers(&parsed, manifest.len() as u64)
-            .map_err(|error| refused(ErrorKind::Registry, format!("{whole}: {error}")))?;
+        let (layers, size) = image::layers(&parsed, manifest.len() as u64).map_err(|error| {
+            refused(
+                ErrorKind::Registry,
+                format!("{whole}: {error}", error = Chain(&error)),
+            )
+        })?;
         if size > self.config.max_image_size {
             return Err(refused(
                 ErrorKind::Registry,
@@ -456,7 +475,10 @@ impl Pull {
         layout.put(manifest).map_err(|error| {
             refused(
                 ErrorKind::Registry,
-                format!("cannot store the manifest of {whole}: {error}"),
+                format!(
+                    "cannot store the manifest of {whole}: {error}",
+                    error = Chain(&error)
+                ),
             )
         })?;
         let config = crate::layout::digest_of(parsed.config())
@@ -471,8 +493,12 @@ impl Pull {
             fetched += self.blob(reference, &blob, size).await?;
         }
         info!(reference = %whole, %digest, bytes = fetched, "image pulled");
-        Image::load(layout, digest, Some(manifest.len() as u64))
-            .map_err(|error| refused(ErrorKind::Registry, format!("{whole}: {error}")))
+        Image::load(layout, digest, Some(manifest.len() as u64)).map_err(|error| {
+            refused(
+                ErrorKind::Registry,
+                format!("{whole}: {error}", error = Chain(&error)),
+            )
+        })
     }
 
     /// Streams one blob into the store unless it is there; returns the
@@ -512,7 +538,10 @@ impl Pull {
             ));
         }
         let (path, file) = layout.temporary().map_err(|error| {
-            refused(ErrorKind::Registry, format!("cannot store {what}: {error}"))
+            refused(
+                ErrorKind::Registry,
+                format!("cannot store {what}: {error}", error = Chain(&error)),
+            )
         })?;
         let partial = Partial(path);
         let mut file = tokio::fs::File::from_std(file);
@@ -558,7 +587,7 @@ impl Pull {
 fn failed(whole: &str, what: &str, error: &FetchError) -> RegistryError {
     let text = match error {
         FetchError::NotFound(_) => format!("{what} of {whole}: {error}"),
-        _ => format!("cannot pull {what} of {whole}: {error}"),
+        _ => format!("cannot pull {what} of {whole}: {}", Chain(error)),
     };
     refused(ErrorKind::Registry, text)
 }

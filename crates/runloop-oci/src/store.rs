@@ -42,6 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once, Weak};
 
+use runloop_proto::error_chain::Chain;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
@@ -81,7 +82,7 @@ pub enum StoreError {
     #[error(transparent)]
     Layout(#[from] LayoutError),
     /// A layer was refused or failed.
-    #[error("layer {index} ({digest}): {source}")]
+    #[error("layer {index} ({digest})")]
     Layer {
         /// The layer's position, from 1 at the bottom.
         index: usize,
@@ -92,7 +93,7 @@ pub enum StoreError {
         source: UnpackError,
     },
     /// The store's own files.
-    #[error("the store at {path}: {source}")]
+    #[error("the store at {path}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -100,9 +101,10 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
-    /// The blocking unpack task did not finish.
-    #[error("the unpack task failed: {0}")]
-    Task(String),
+    /// The blocking unpack task did not finish: it panicked, or was
+    /// cancelled.
+    #[error("the unpack task failed")]
+    Task(#[source] tokio::task::JoinError),
     /// The server is stopping: no unpack starts, and those under way end.
     #[error("the server is stopping; the unpack was ended and removed")]
     Stopping,
@@ -215,7 +217,7 @@ impl Store {
         let dir = self.dir.clone();
         let busy = tokio::task::spawn_blocking(move || Busy::wait(&dir))
             .await
-            .map_err(|error| StoreError::Task(error.to_string()))??;
+            .map_err(StoreError::Task)??;
         Ok(busy)
     }
 
@@ -239,7 +241,9 @@ impl Store {
                     let dir = dir.clone();
                     match tokio::task::spawn_blocking(move || gc::collect(&dir, max, false)).await {
                         Ok(Ok(_)) => {}
-                        Ok(Err(error)) => warn!(%error, "the store's collection failed"),
+                        Ok(Err(error)) => {
+                            warn!(error = %Chain(&error), "the store's collection failed")
+                        }
                         Err(error) => warn!(%error, "the store's collection task failed"),
                     }
                 }
@@ -378,7 +382,7 @@ impl Store {
             job.run()
         })
         .await
-        .map_err(|error| StoreError::Task(error.to_string()))??;
+        .map_err(StoreError::Task)??;
         info!(image = %image.digest, layers = image.layers.len(), bytes = unpacked_bytes, "image unpacked");
         let hold = self.hold(&dir).await?.ok_or_else(|| StoreError::Io {
             path: dir.clone(),
@@ -398,7 +402,7 @@ impl Store {
         let dir = dir.to_owned();
         let hold = tokio::task::spawn_blocking(move || Hold::take(&dir))
             .await
-            .map_err(|error| StoreError::Task(error.to_string()))??;
+            .map_err(StoreError::Task)??;
         Ok(hold)
     }
 

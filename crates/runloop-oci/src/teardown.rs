@@ -11,6 +11,7 @@
 
 use std::path::Path;
 
+use runloop_proto::error_chain::Chain;
 use tracing::warn;
 
 use crate::cgroup;
@@ -43,12 +44,12 @@ pub async fn teardown(runc: &Runc, cgroups: cgroup::Version, runs: &Path, key: &
     }
     let run = runs.join(key);
     if let Err(error) = egress::detach(key, &run).await {
-        warn!(%id, %error, "cannot remove the container's egress link");
+        warn!(%id, error = %Chain(&error), "cannot remove the container's egress link");
     }
     if let Err(error) = network::remove(key).await {
-        warn!(%id, %error, "cannot remove the container's network");
+        warn!(%id, error = %Chain(&error), "cannot remove the container's network");
     }
     if let Err(error) = disk::remove(&run).await {
-        warn!(%id, %error, "cannot remove the run's disk and files");
+        warn!(%id, error = %Chain(&error), "cannot remove the run's disk and files");
     }
 }

@@ -178,7 +178,7 @@ pub enum UnpackError {
         max: u64,
     },
     /// A system call on an entry failed.
-    #[error("cannot unpack entry {entry:?}: {source}")]
+    #[error("cannot unpack entry {entry:?}")]
     Entry {
         /// The entry's path.
         entry: String,
@@ -187,10 +187,10 @@ pub enum UnpackError {
         source: io::Error,
     },
     /// The archive itself does not read (bad header, truncated, bad compression).
-    #[error("the layer is not a readable tar archive: {0}")]
+    #[error("the layer is not a readable tar archive")]
     Archive(#[source] io::Error),
     /// The root directory cannot be opened.
-    #[error("cannot open the image root {path}: {source}")]
+    #[error("cannot open the image root {path}")]
     Root {
         /// The root.
         path: String,

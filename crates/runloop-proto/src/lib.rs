@@ -28,6 +28,7 @@
 //!                  content blocks                                   (§8)
 //! error_value      the error value, and the kinds this project writes (§9, §12)
 //! codec            Encode, Decode and the append-only Writer
+//! error_chain      an error and its causes as one line, each said once
 //!
 //! capture          a connection's messages as lines of hex text
 //! observer         a connection reconstructed from a capture, kept in
@@ -42,6 +43,7 @@ pub mod channel;
 pub mod codec;
 pub mod connection;
 pub mod endpoint;
+pub mod error_chain;
 pub mod error_value;
 pub mod frame;
 pub mod mcp;

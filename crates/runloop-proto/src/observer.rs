@@ -111,11 +111,11 @@ pub enum Malformed {
     #[error(transparent)]
     Violation(Violation),
     /// The first authorization, whose payload the receiver would reject.
-    #[error("the authorization would be rejected: {0}")]
+    #[error("the authorization would be rejected")]
     Authorization(#[source] AuthorizationError),
     /// A client channel request that does not decode; the channel opens and
     /// the server answers it with a bare finish.
-    #[error("the client's channel request on {at} did not decode: {error}")]
+    #[error("the client's channel request on {at} did not decode")]
     ChannelRequest {
         /// The channel.
         at: ChannelId,
@@ -329,6 +329,7 @@ fn end_all<'m>(channels: Vec<Ended<Followed>>, why: Broken, emit: &mut impl FnMu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error_chain::Chain;
     use Direction::{ClientToServer as C, ServerToClient as S};
 
     /// A message built byte by byte, independently of the crate's encoders.
@@ -398,7 +399,7 @@ mod tests {
                 format!("error {} {}", at(id), String::from_utf8_lossy(json))
             }
             Event::Outcome { at: id, outcome } => format!("outcome {} {outcome}", at(id)),
-            Event::Malformed(malformed) => format!("malformed: {malformed}"),
+            Event::Malformed(malformed) => format!("malformed: {}", Chain(malformed)),
         }
     }
 

@@ -47,8 +47,8 @@ impl<'a> RegistrationAsk<'a> {
 #[non_exhaustive]
 pub enum RegistrationAskError {
     /// Not a JSON object.
-    #[error("{0}")]
-    Json(#[source] serde_json::Error),
+    #[error(transparent)]
+    Json(serde_json::Error),
     /// An object without `agent`.
     #[error("it has no `agent` member")]
     NoAgent,

@@ -54,6 +54,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::SinkExt;
+use runloop_proto::error_chain::Chain;
 use runloop_proto::run_loop::{PathEnd, PathSend, RunLoopRequest};
 use runloop_proto::{Decode, ErrorKind, ErrorValue};
 use runloop_wire::lane::Lane;
@@ -520,8 +521,9 @@ fn cut_short(broke: &sse::Broke, framing: Framing) -> String {
     match (broke, framing) {
         (sse::Broke::Transport(_), Framing::Length(length)) => format!(
             "the agent program's /run body ended before the {length} bytes of its \
-             Content-Length: {broke}"
+             Content-Length: {}",
+            Chain(broke)
         ),
-        _ => broke.to_string(),
+        _ => Chain(broke).to_string(),
     }
 }

@@ -62,8 +62,6 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures_util::stream::Stream;
 use runloop_proto::run_loop::{CHUNK, PieceKind};
 
-use super::upstream::chain;
-
 /// How much of an event's data is held before it starts to come out in
 /// pieces: an event whose data fits comes out whole, as one message.
 pub(super) const STREAM_AFTER: usize = 64 << 10;
@@ -72,7 +70,7 @@ pub(super) const STREAM_AFTER: usize = 64 << 10;
 #[derive(Debug, thiserror::Error)]
 pub(super) enum Broke {
     /// The HTTP body failed: the connection dropped, a chunked body was cut.
-    #[error("the event stream broke: {}", chain(.0.as_ref()))]
+    #[error("the event stream broke")]
     Transport(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The bytes are not UTF-8, as chunk JSON must be (SSE's own decoder
     /// would replace them, which would change a chunk).
@@ -582,18 +580,20 @@ mod tests {
     }
 
     #[test]
-    fn a_transport_break_says_its_whole_chain_and_keeps_it_as_the_source() {
+    fn a_transport_break_leaves_its_chain_to_the_source() {
         #[derive(Debug, thiserror::Error)]
         #[error("the body failed")]
         struct Body(#[source] std::io::Error);
         let broke = Broke::Transport(Box::new(Body(std::io::Error::other("reset"))));
-        assert_eq!(
-            broke.to_string(),
-            "the event stream broke: the body failed: reset"
-        );
+        assert_eq!(broke.to_string(), "the event stream broke");
         let source = std::error::Error::source(&broke).expect("the transport's error");
         assert_eq!(source.to_string(), "the body failed");
         assert!(source.source().is_some(), "and what is beneath it");
+        assert_eq!(
+            runloop_proto::error_chain::Chain(&broke).to_string(),
+            "the event stream broke: the body failed: reset"
+        );
+        runloop_testkit::errors::assert_cause_said_once(&broke);
     }
 
     #[tokio::test]

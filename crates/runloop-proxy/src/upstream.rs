@@ -36,6 +36,7 @@ use std::net::SocketAddr;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
+use runloop_proto::error_chain::Chain;
 use runloop_proto::{ErrorKind, ErrorValue};
 use serde_json::{Map, Value};
 use tracing::warn;
@@ -223,7 +224,7 @@ impl Upstream {
                 Some(Err(error)) => {
                     return Failure::status(
                         status,
-                        format!("the agent program's error body broke: {}", chain(&error)),
+                        format!("the agent program's error body broke: {}", Chain(&error)),
                     );
                 }
             }
@@ -245,22 +246,6 @@ fn is_event_stream(content_type: Option<&[u8]>) -> bool {
         .and_then(|value| std::str::from_utf8(value).ok())
         .and_then(|value| value.split(';').next())
         .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
-}
-
-/// An error and its sources, joined with `: `, for an error value that has
-/// to say what happened in one string.
-pub(super) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(inner) = source {
-        let words = inner.to_string();
-        if !text.contains(&words) {
-            text.push_str(": ");
-            text.push_str(&words);
-        }
-        source = inner.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -102,9 +102,10 @@ impl Default for RunTenant {
     }
 }
 
-/// Why a container did not start. The message reaches the caller inside the
-/// run's error response, so it says what failed without leaking secrets;
-/// the error underneath, if there is one, stays its source.
+/// Why a container did not start. The message says what failed without
+/// leaking secrets; the error underneath, if there is one, is its source
+/// and not in the message. The server puts the whole chain in the run's
+/// error response.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct StartError {
@@ -123,15 +124,14 @@ impl StartError {
     }
 
     /// A start that failed doing `what`, because of `source`: the message
-    /// is `what`, a colon and the source's words.
+    /// is `what`, and `source` says why.
     pub fn with_source(
         what: impl fmt::Display,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        let source = source.into();
         StartError {
-            message: format!("{what}: {source}"),
-            source: Some(source),
+            message: what.to_string(),
+            source: Some(source.into()),
         }
     }
 }
@@ -250,11 +250,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_start_error_says_what_failed_and_keeps_why_as_its_source() {
+    fn a_start_error_says_what_failed_and_leaves_why_to_its_source() {
         let error = StartError::with_source("cannot bind", std::io::Error::other("no ports"));
-        assert_eq!(error.to_string(), "cannot bind: no ports");
+        assert_eq!(error.to_string(), "cannot bind");
         let source = std::error::Error::source(&error).expect("a source");
         assert_eq!(source.to_string(), "no ports");
+        assert_eq!(
+            runloop_proto::error_chain::Chain(&error).to_string(),
+            "cannot bind: no ports"
+        );
+        runloop_testkit::errors::assert_cause_said_once(&error);
         assert!(std::error::Error::source(&StartError::new("refused")).is_none());
     }
 }

@@ -43,6 +43,7 @@ use futures_util::StreamExt;
 use futures_util::stream::{SplitSink, SplitStream};
 use runloop_proto::Decode;
 use runloop_proto::connection::{Disregarded, Serve, Table, Violation};
+use runloop_proto::error_chain::Chain;
 use runloop_proto::frame::{self, ClientFrame, HeaderError, Role};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -103,7 +104,7 @@ impl Conn {
             .stats
             .disregarded
             .fetch_add(1, Ordering::Relaxed);
-        debug!(%why, "disregarded");
+        debug!(why = %Chain(why), "disregarded");
     }
 }
 
@@ -157,7 +158,7 @@ pub(crate) async fn serve(
                         shared.metrics.refused.inc(refusal);
                     }
                     if logged() {
-                        info!(%why, "authorization refused; closing without a frame");
+                        info!(why = %Chain(&why), "authorization refused; closing without a frame");
                     }
                     return close_without_frame(sink, stream).await;
                 }
@@ -206,7 +207,7 @@ pub(crate) async fn serve(
 /// Why a connection was refused at authorization. Never holds the credential.
 #[derive(Debug, thiserror::Error)]
 enum Refused {
-    #[error("the first message is not a frame: {0}")]
+    #[error("the first message is not a frame")]
     NotAFrame(#[source] HeaderError),
     #[error(transparent)]
     Violation(Violation),
@@ -658,9 +659,9 @@ fn dispatch(conn: &Conn, bytes: &Bytes, place: OwnedSemaphorePermit) -> Result<(
         }
         Serve::BareFinish { frame, why } => {
             if why.is_limit() {
-                warn!(%why, "bare finish");
+                warn!(why = %Chain(&why), "bare finish");
             } else {
-                debug!(%why, "bare finish");
+                debug!(why = %Chain(&why), "bare finish");
             }
             conn.outbox
                 .queue_held(frame::to_message(&frame), Place::one(place), None);

@@ -154,6 +154,7 @@ pub use tenants::{PerIdentity, TenantChange};
 use self::admission::TurnedAway;
 use self::shared::Shared;
 use runloop_metrics::{Reload, TlsFailure};
+use runloop_proto::error_chain::Chain;
 use runloop_wire::limits::LimitError;
 use runloop_wire::listener;
 use runloop_wire::tls::TlsError;
@@ -164,13 +165,13 @@ use runloop_wire::transport::{self, AcceptError};
 #[non_exhaustive]
 pub enum BindError {
     /// A limit of the configuration is below its minimum.
-    #[error("the server's configuration would serve nobody: {0}")]
+    #[error("the server's configuration would serve nobody")]
     Limit(#[source] LimitError),
     /// The tenants do not validate.
-    #[error("the server's tenants cannot be served: {0}")]
+    #[error("the server's tenants cannot be served")]
     Tenants(#[source] TenantError),
     /// The address could not be listened on.
-    #[error("cannot listen: {0}")]
+    #[error("cannot listen")]
     Listen(#[source] io::Error),
 }
 
@@ -555,7 +556,7 @@ async fn tls_handshake(
                 AcceptError::NotTls => TlsFailure::NotTls,
                 AcceptError::Handshake(_) => TlsFailure::Handshake,
             });
-            info!(%peer, %error, "TLS refused");
+            info!(%peer, error = %Chain(&error), "TLS refused");
         }
         Err(_) => {
             shared.metrics.tls_failures.inc(TlsFailure::Timeout);
@@ -658,10 +659,16 @@ mod tests {
             match Server::bind("127.0.0.1:0", config).await {
                 Err(BindError::Limit(error)) => {
                     assert_eq!(error.limit, limit);
-                    let message = BindError::Limit(error.clone()).to_string();
+                    let bind = BindError::Limit(error.clone());
+                    assert_eq!(
+                        bind.to_string(),
+                        "the server's configuration would serve nobody"
+                    );
+                    let message = Chain(&bind).to_string();
                     assert!(message.contains(limit.name()), "{message}");
                     assert!(message.contains(&limit.minimum()), "{message}");
-                    assert!(std::error::Error::source(&BindError::Limit(error)).is_some());
+                    assert!(std::error::Error::source(&bind).is_some());
+                    runloop_testkit::errors::assert_cause_said_once(&bind);
                 }
                 other => panic!("{limit}: {other:?}"),
             }
@@ -727,5 +734,20 @@ mod tests {
             "{metrics}"
         );
         assert!(reserve.claim(1 << 30, 0).is_some(), "both given back");
+    }
+
+    #[test]
+    fn no_bind_error_says_its_cause_twice() {
+        let errors = [
+            BindError::Tenants(TenantError::Duplicate("a".into())),
+            BindError::Listen(io::Error::from(io::ErrorKind::AddrInUse)),
+        ];
+        for error in &errors {
+            runloop_testkit::errors::assert_cause_said_once(error);
+        }
+        assert_eq!(
+            Chain(&errors[0]).to_string(),
+            "the server's tenants cannot be served: two tenants are named \"a\""
+        );
     }
 }

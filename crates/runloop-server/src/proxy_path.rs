@@ -195,9 +195,15 @@ impl fmt::Display for Unopened {
     }
 }
 
+/// The words are the WebSocket error's own, or the proxy's answer: so the
+/// source is the WebSocket error's source (as a transparent error's is),
+/// and an answer, whose status and body the words already say, has none.
 impl std::error::Error for Unopened {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
+        match &self.0 {
+            WsError::Http(_) => None,
+            other => other.source(),
+        }
     }
 }
 
@@ -455,5 +461,26 @@ mod tests {
         // No dial after the last.
         let more = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
         assert!(more.is_err(), "dialled more than {OPEN_ATTEMPTS} times");
+    }
+
+    #[test]
+    fn an_unopened_path_says_its_cause_once() {
+        use std::error::Error;
+
+        let mut answer = tokio_tungstenite::tungstenite::http::Response::new(None);
+        *answer.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        let answered = Unopened(WsError::Http(Box::new(answer)));
+        assert_eq!(
+            answered.to_string(),
+            "the proxy answered HTTP 503 Service Unavailable"
+        );
+        assert!(answered.source().is_none(), "the words say the answer");
+        runloop_testkit::errors::assert_cause_said_once(&answered);
+        let closed = Unopened(WsError::ConnectionClosed);
+        assert_eq!(closed.to_string(), WsError::ConnectionClosed.to_string());
+        assert!(
+            closed.source().is_none(),
+            "the WebSocket error's own source"
+        );
     }
 }

@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use base64::Engine as _;
 use runloop_proto::agents_run::{Image, ImageRef, RunRequest, RunResponse};
+use runloop_proto::error_chain::Chain;
 use runloop_proto::{ErrorKind, ErrorValue};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -208,7 +209,7 @@ impl Run {
                 shared.metrics.runtime_failures.inc();
                 return Err((
                     RunRefusal::Runtime,
-                    ErrorValue::kind(ErrorKind::Runtime, why),
+                    ErrorValue::kind(ErrorKind::Runtime, Chain(&why)),
                 ));
             }
         };

@@ -21,8 +21,12 @@
 //! replay (recipes, transcripts).
 //!
 //! [`uplink`]: a fake internet behind a veth, for the egress tests.
+//!
+//! [`errors`]: the error convention (an error's words leave its cause to
+//! `source()`), checked over each crate's list of its errors.
 
 pub mod document;
+pub mod errors;
 pub mod message;
 pub mod uplink;
 

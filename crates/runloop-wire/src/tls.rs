@@ -42,7 +42,7 @@ const ALPN: &[u8] = b"http/1.1";
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -57,7 +57,7 @@ pub enum TlsError {
         path: PathBuf,
     },
     /// A file's PEM does not parse.
-    #[error("{} is not valid PEM: {source}", path.display())]
+    #[error("{} is not valid PEM", path.display())]
     Pem {
         /// The file.
         path: PathBuf,
@@ -78,7 +78,7 @@ pub enum TlsError {
         path: PathBuf,
     },
     /// The key cannot be used, or does not go with the certificate.
-    #[error("the key in {} cannot serve the certificate in {}: {source}", key.display(), cert.display())]
+    #[error("the key in {} cannot serve the certificate in {}", key.display(), cert.display())]
     Key {
         /// The certificate file.
         cert: PathBuf,
@@ -89,7 +89,7 @@ pub enum TlsError {
         source: rustls::Error,
     },
     /// A certificate authority's certificate cannot be trusted as a root.
-    #[error("{} cannot be used as a certificate authority: {source}", path.display())]
+    #[error("{} cannot be used as a certificate authority", path.display())]
     Authority {
         /// The file.
         path: PathBuf,
@@ -102,7 +102,7 @@ pub enum TlsError {
     #[error("no certificate authority to trust: the platform's store offered none{}", platform_errors(.0))]
     NoRoots(Vec<String>),
     /// The provider refused the protocol versions (not expected with `ring`).
-    #[error("TLS settings: {0}")]
+    #[error("the TLS provider refused the protocol versions")]
     Settings(#[source] rustls::Error),
 }
 
@@ -361,6 +361,8 @@ impl ClientTls {
 
 #[cfg(test)]
 mod tests {
+    use runloop_testkit::errors::assert_cause_said_once;
+
     use super::*;
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -404,6 +406,7 @@ mod tests {
         let error = tls.reload().expect_err("a key of another certificate");
         assert!(matches!(error, TlsError::Key { .. }), "{error}");
         assert!(error.to_string().contains("key.pem"), "{error}");
+        assert_cause_said_once(&error);
         assert_eq!(served(&tls), after);
     }
 
@@ -427,11 +430,13 @@ mod tests {
         for (cert, key, expected) in cases {
             let error = ServerTls::load(cert, key).expect_err(expected);
             assert!(error.to_string().contains(expected), "{error}");
+            assert_cause_said_once(&error);
         }
         let garbled = write(dir, "garbled.pem", "-----BEGIN CERTIFICATE-----\n!!!\n");
         let error = ServerTls::load(&garbled, &key_path).expect_err("garbled");
         assert!(matches!(error, TlsError::Pem { .. }), "{error}");
         assert!(std::error::Error::source(&error).is_some());
+        assert_cause_said_once(&error);
     }
 
     #[test]

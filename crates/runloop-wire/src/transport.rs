@@ -45,7 +45,7 @@ pub enum DialError {
         why: String,
     },
     /// The TCP connection failed.
-    #[error("cannot reach {host}:{port}: {source}")]
+    #[error("cannot reach {host}:{port}")]
     Tcp {
         /// The host.
         host: String,
@@ -55,22 +55,50 @@ pub enum DialError {
         #[source]
         source: io::Error,
     },
-    /// The client's trust roots could not be made.
-    #[error("{0}")]
-    Roots(#[source] TlsError),
-    /// The TLS handshake failed.
-    #[error("TLS with {host} failed: {reason}")]
+    /// The client's trust roots could not be made; the error names the
+    /// file or the platform's store.
+    #[error(transparent)]
+    Roots(TlsError),
+    /// The TLS handshake failed; `reason` (the source) says why.
+    #[error("TLS with {host} failed")]
     Tls {
         /// The host, as the URL names it.
         host: String,
-        /// Why, in words.
-        reason: TlsReason,
-        /// The handshake's error.
+        /// Why, read from `error`.
         #[source]
-        source: io::Error,
+        reason: TlsReason,
+        /// The handshake's error, which `reason` reads: the TLS library's
+        /// own words, kept for a caller that wants them.
+        error: io::Error,
     },
-    /// The WebSocket handshake failed: what answered is not a runloop
-    /// server, or a runloop server refused the upgrade and said why.
+    /// The WebSocket upgrade was answered with an HTTP status instead:
+    /// what answered is not a runloop server, or a runloop server refused
+    /// the upgrade and said why. The words say the status and the body,
+    /// all the answer holds, so there is no source.
+    #[error("{}", upgrade_answered(host, *port, response))]
+    Answered {
+        /// The host.
+        host: String,
+        /// The port.
+        port: u16,
+        /// The answer.
+        response: Box<Response>,
+    },
+    /// The server closed the connection before it answered the upgrade
+    /// (as a runloop server does with a caller it turns away and cannot
+    /// take the time to tell why). The words say what the close means, so
+    /// the WebSocket error it was read from is kept, not a source.
+    #[error("cannot connect to {host}:{port}: {CLOSED_BEFORE_ANSWER}")]
+    Closed {
+        /// The host.
+        host: String,
+        /// The port.
+        port: u16,
+        /// How the handshake ended.
+        error: WsError,
+    },
+    /// The WebSocket handshake failed otherwise: the connection broke, or
+    /// what answered does not speak WebSocket.
     #[error("{}", websocket_failure(host, *port, source))]
     WebSocket {
         /// The host.
@@ -165,6 +193,10 @@ impl std::fmt::Display for Ago {
     }
 }
 
+/// A reason is the cause of [`DialError::Tls`], in words: its own cause,
+/// the handshake's error, is what it was read from.
+impl std::error::Error for TlsReason {}
+
 impl TlsReason {
     /// The reason behind a failed client handshake.
     fn of(error: &io::Error) -> TlsReason {
@@ -247,30 +279,31 @@ pub const CLOSED_BEFORE_ANSWER: &str = "the server closed the connection before 
      WebSocket upgrade: it is turning callers away (too many connections at once, or from this \
      address); try again later";
 
-/// The words of a failed WebSocket handshake with `host:port`.
+/// The words of a WebSocket upgrade with `host:port` answered with an
+/// HTTP status.
+fn upgrade_answered(host: &str, port: u16, response: &Response) -> String {
+    match runloop_refusal(response) {
+        Some(body) => format!(
+            "the WebSocket handshake with {host}:{port} failed: the server answered HTTP {}: \
+             {body}",
+            response.status()
+        ),
+        None => format!(
+            "{host}:{port} is not a runloop server: it answered the WebSocket upgrade with \
+             HTTP {}",
+            response.status()
+        ),
+    }
+}
+
+/// The words of a WebSocket handshake with `host:port` that failed
+/// otherwise; the error, its source, says how.
 fn websocket_failure(host: &str, port: u16, error: &WsError) -> String {
     match error {
-        error if closed_before_answer(error) => {
-            format!("cannot connect to {host}:{port}: {CLOSED_BEFORE_ANSWER}")
-        }
-        WsError::Http(response) => match runloop_refusal(response) {
-            Some(body) => format!(
-                "the WebSocket handshake with {host}:{port} failed: the server answered HTTP {}: \
-                 {body}",
-                response.status()
-            ),
-            None => format!(
-                "{host}:{port} is not a runloop server: it answered the WebSocket upgrade with \
-                 HTTP {}",
-                response.status()
-            ),
-        },
-        WsError::Io(error) => {
-            format!("the WebSocket handshake with {host}:{port} failed: {error}")
-        }
-        other => format!(
+        WsError::Io(_) => format!("the WebSocket handshake with {host}:{port} failed"),
+        _ => format!(
             "{host}:{port} is not a runloop server: its answer to the WebSocket upgrade is not \
-             one ({other})"
+             one"
         ),
     }
 }
@@ -347,10 +380,10 @@ pub async fn dial(
         let tls = connector
             .connect(name, tcp)
             .await
-            .map_err(|source| DialError::Tls {
+            .map_err(|error| DialError::Tls {
                 host: host.clone(),
-                reason: TlsReason::of(&source),
-                source,
+                reason: TlsReason::of(&error),
+                error,
             })?;
         Either::Right(tls)
     } else {
@@ -358,7 +391,15 @@ pub async fn dial(
     };
     tokio_tungstenite::client_async_with_config(request, stream, Some(config))
         .await
-        .map_err(|source| DialError::WebSocket { host, port, source })
+        .map_err(|source| match source {
+            WsError::Http(response) => DialError::Answered {
+                host,
+                port,
+                response,
+            },
+            error if closed_before_answer(&error) => DialError::Closed { host, port, error },
+            source => DialError::WebSocket { host, port, source },
+        })
 }
 
 /// Why a server-side TLS handshake did not complete.
@@ -372,7 +413,7 @@ pub enum AcceptError {
     #[error("the caller did not start a TLS handshake")]
     NotTls,
     /// The handshake failed.
-    #[error("the TLS handshake failed: {0}")]
+    #[error("the TLS handshake failed")]
     Handshake(#[source] io::Error),
 }
 
@@ -466,7 +507,75 @@ mod tests {
                  with HTTP 200 OK"
             )
         );
+        assert!(
+            std::error::Error::source(&error).is_none(),
+            "the words say all the answer holds"
+        );
         server.await.expect("the server ends");
+    }
+
+    #[tokio::test]
+    async fn no_dial_or_accept_error_says_its_cause_twice() {
+        use std::error::Error;
+
+        use runloop_proto::error_chain::Chain;
+        use runloop_testkit::errors::assert_cause_said_once;
+
+        let refused = || io::Error::from(io::ErrorKind::ConnectionRefused);
+        let tcp = DialError::Tcp {
+            host: "127.0.0.1".into(),
+            port: 1,
+            source: refused(),
+        };
+        let tls = DialError::Tls {
+            host: "localhost".into(),
+            reason: TlsReason::UnknownAuthority,
+            error: io::Error::other("invalid peer certificate: UnknownIssuer"),
+        };
+        let handshake = DialError::WebSocket {
+            host: "127.0.0.1".into(),
+            port: 1,
+            source: WsError::Io(io::Error::from(io::ErrorKind::ConnectionReset)),
+        };
+        let not_websocket = DialError::WebSocket {
+            host: "127.0.0.1".into(),
+            port: 1,
+            source: WsError::Protocol(
+                tokio_tungstenite::tungstenite::error::ProtocolError::SecWebSocketAcceptKeyMismatch,
+            ),
+        };
+        let roots = DialError::Roots(TlsError::Read {
+            path: "/nowhere/ca.pem".into(),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        });
+        let errors: [&(dyn Error + 'static); 6] = [
+            &tcp,
+            &tls,
+            &handshake,
+            &not_websocket,
+            &roots,
+            &AcceptError::Handshake(refused()),
+        ];
+        for error in errors {
+            assert_cause_said_once(error);
+        }
+        assert_eq!(
+            Chain(&tcp).to_string(),
+            format!("cannot reach 127.0.0.1:1: {}", refused())
+        );
+        assert_eq!(
+            Chain(&tls).to_string(),
+            "TLS with localhost failed: its certificate is not signed by a certificate \
+             authority this client trusts (unknown issuer)"
+        );
+        assert_eq!(
+            Chain(&handshake).to_string(),
+            format!(
+                "the WebSocket handshake with 127.0.0.1:1 failed: IO error: {}",
+                io::Error::from(io::ErrorKind::ConnectionReset)
+            ),
+            "tungstenite's IO error says its cause in its words: said once"
+        );
     }
 
     #[test]

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use runloop::client::{Client, ClientConfig, Event, RunError};
 use runloop_proto::authorization;
+use runloop_proto::error_chain::Chain;
 use runloop_proto::frame::{self, ClientFrame, FrameType, HEADER_LEN, raw};
 use runloop_proto::run_loop::{Broken, Outcome, Reader, Step};
 use tokio::time::timeout;
@@ -245,7 +246,7 @@ async fn client(ctx: &Ctx) -> Result<Client, Verdict> {
     .await
     {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(error)) => fail(error.to_string()),
+        Ok(Err(error)) => fail(Chain(&error).to_string()),
         Err(_) => fail(format!("no connection within {}", ctx.waited())),
     }
 }
@@ -274,7 +275,7 @@ async fn served(ctx: &mut Ctx) -> Checked {
              RUNLOOP_TOKEN"
                 .to_owned(),
         ))),
-        Ok(Err(error)) => fail(error.to_string()),
+        Ok(Err(error)) => fail(Chain(&error).to_string()),
         Err(_) => Err(ctx.unserved(Verdict::Fail(format!(
             "no answer to a run request within {}",
             ctx.waited()
@@ -553,7 +554,7 @@ async fn loop_outcome(ctx: &Ctx, client: &Client) -> Checked {
                 "the run was refused this time: {error}"
             )));
         }
-        Ok(Err(error)) => return fail(format!("the run did not start: {error}")),
+        Ok(Err(error)) => return fail(format!("the run did not start: {}", Chain(&error))),
         Err(_) => {
             return fail(format!(
                 "no answer to a run request within {}",
@@ -581,7 +582,7 @@ async fn loop_outcome(ctx: &Ctx, client: &Client) -> Checked {
     };
     let _ = timeout(ctx.timeout, run.stop()).await;
     match outcome {
-        Outcome::Broken(why) => fail(format!("broken after {}: {why}", counted(chunks))),
+        Outcome::Broken(why) => fail(format!("broken after {}: {}", counted(chunks), Chain(&why))),
         outcome => pass(format!(
             "{} ({}): {outcome}",
             outcome.name(),

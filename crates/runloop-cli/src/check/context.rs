@@ -22,6 +22,7 @@ use runloop_proto::agents_run::{Container, FuseMount, Image, RunRequest};
 use runloop_proto::authorization::Authorization;
 use runloop_proto::channel::ChannelRequest;
 use runloop_proto::endpoint::EndpointRequest;
+use runloop_proto::error_chain::Chain;
 use runloop_proto::run_loop::RunLoopRequest;
 
 use super::wire::{RunAnswer, Wire};
@@ -201,7 +202,7 @@ impl Ctx {
         match Wire::dial(&self.url, self.tls.as_ref(), self.timeout).await {
             Ok(wire) => Ok(wire),
             Err(error) => {
-                let why = error.to_string();
+                let why = format!("{}{}", Chain(&error), error.hint());
                 self.unreachable = Some(why.clone());
                 Err(Verdict::Fail(why))
             }

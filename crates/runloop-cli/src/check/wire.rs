@@ -30,6 +30,7 @@ use runloop::tls::ClientTls;
 use runloop::transport::{self, ClientStream};
 use runloop_proto::Decode;
 use runloop_proto::agents_run::RunResponse;
+use runloop_proto::error_chain::Chain;
 use runloop_proto::frame::{self, ClientFrame, ServerFrame};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -396,7 +397,8 @@ impl Wire {
                 Ok(RunAnswer::Refused(error))
             }
             Err(error) => Err(Verdict::Fail(format!(
-                "the first response on scope {scope} is neither the id nor an error: {error}: {}",
+                "the first response on scope {scope} is neither the id nor an error: {}: {}",
+                Chain(&error),
                 show(&first)
             ))),
         }

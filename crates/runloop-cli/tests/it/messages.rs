@@ -122,8 +122,8 @@ fn an_http_server_that_is_not_a_runloop_server_is_named_as_such() {
         ),
         (
             "1.0",
-            "its answer to the WebSocket upgrade is not one (WebSocket protocol error: HTTP \
-             version must be 1.1 or higher)",
+            "its answer to the WebSocket upgrade is not one: WebSocket protocol error: HTTP \
+             version must be 1.1 or higher",
         ),
     ];
     for (version, why) in expected {

@@ -39,10 +39,10 @@ pub enum RunResponseError {
     #[error("unknown run response tag {0}")]
     UnknownTag(u8),
     /// Tag 0 without `{"id": "<string>"}`.
-    #[error("run id did not parse: {0}")]
+    #[error("run id did not parse")]
     Id(#[source] serde_json::Error),
     /// Tag 1 without exactly one JSON value.
-    #[error("run error did not parse: {0}")]
+    #[error("run error did not parse")]
     Error(#[source] serde_json::Error),
 }
 

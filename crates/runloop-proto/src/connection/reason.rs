@@ -89,7 +89,7 @@ pub enum Violation {
         frame_type: FrameType,
     },
     /// The first authorization, with a payload that cannot be accepted.
-    #[error("the authorization is rejected: {0}")]
+    #[error("the authorization is rejected")]
     Rejected(#[source] AuthorizationError),
     /// An authorization after the first, from the party that dialled.
     #[error("a second authorization, from the {sender}")]
@@ -137,13 +137,13 @@ pub enum NotServed {
     #[error("endpoint tag {0} is not served")]
     Endpoint(u8),
     /// A request that does not decode.
-    #[error("the request did not decode: {0}")]
+    #[error("the request did not decode")]
     Request(#[source] EndpointRequestError),
     /// A client channel tag this side does not serve.
     #[error("channel tag {0} is not served")]
     Channel(u8),
     /// A channel request that does not decode.
-    #[error("the channel request did not decode: {0}")]
+    #[error("the channel request did not decode")]
     ChannelRequest(#[source] ChannelRequestError),
     /// A channel the server opened: the client serves none.
     #[error("the client serves no channels")]

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 use super::side::{Client, Observer, Server};
 use super::*;
+use crate::error_chain::Chain;
 use crate::frame::HeaderError;
 
 const RUN: &[u8] = b"\x00{\"image\":{\"server\":{\"name\":\"demo\",\"digest\":\"sha256:0000000000000000000000000000000000000000000000000000000000000000\"}},\"memory\":1,\"disk\":0,\"agent\":{}}";
@@ -99,7 +100,7 @@ fn authorization_comes_first_and_once() {
         panic!("an unknown mode")
     };
     assert_eq!(
-        why.to_string(),
+        Chain(&why).to_string(),
         "the authorization is rejected: unknown authorization mode 7"
     );
     assert!(std::error::Error::source(&why).is_some());
@@ -283,7 +284,8 @@ fn bare_finishes_open_nothing() {
         match table.received(frame) {
             Serve::BareFinish { frame, why } => {
                 assert_eq!(frame, ServerFrame::ResponseFinish { scope: 3 });
-                assert!(why.to_string().starts_with(words), "{why}");
+                let said = Chain(&why).to_string();
+                assert!(said.starts_with(words), "{said}");
                 assert!(!why.is_limit());
             }
             other => panic!("{other:?}"),
@@ -321,7 +323,8 @@ fn bare_finishes_open_nothing() {
                         channel: 4
                     }
                 );
-                assert!(why.to_string().starts_with(words), "{why}");
+                let said = Chain(&why).to_string();
+                assert!(said.starts_with(words), "{said}");
             }
             other => panic!("{other:?}"),
         }

@@ -31,6 +31,7 @@ use std::fmt;
 
 use super::{AgenticLoopChunk, Response, ResponseError};
 use crate::codec::{Decode, Undecodable};
+use crate::error_chain::Chain;
 use crate::error_value::ErrorValue;
 
 /// How a run-loop channel ended, as the caller must understand it.
@@ -63,7 +64,7 @@ pub enum Broken {
     #[error("a response came after the error")]
     ResponseAfterError,
     /// A response payload did not decode; the error says how.
-    #[error("a response did not decode: {0}")]
+    #[error("a response did not decode")]
     Undecodable(#[source] Undecodable<ResponseError>),
     /// The connection ended before the channel's finish.
     #[error("the connection ended before the channel's finish")]
@@ -119,7 +120,7 @@ impl fmt::Display for Outcome {
             }
             Outcome::NoLoop(error) => write!(f, "no loop ran: {error}"),
             Outcome::NotServed => f.write_str("the proxy did not serve the loop"),
-            Outcome::Broken(why) => write!(f, "broken: {why}"),
+            Outcome::Broken(why) => write!(f, "broken: {}", Chain(why)),
         }
     }
 }
@@ -379,20 +380,27 @@ mod tests {
         let Some(Step::End(Outcome::Broken(broken))) = reader.response(b"\x00{\"type\":7}") else {
             panic!("an undecodable chunk breaks the channel")
         };
+        assert_eq!(broken.to_string(), "a response did not decode");
+        let chain = Chain(&broken).to_string();
         assert!(
-            broken
-                .to_string()
-                .starts_with("a response did not decode: agentic loop chunk did not parse: "),
-            "{broken}"
+            chain.starts_with("a response did not decode: agentic loop chunk did not parse: "),
+            "{chain}"
         );
         assert!(
-            broken
-                .to_string()
-                .ends_with(r#"; the payload was "{\"type\":7}" (10 bytes)"#),
-            "the JSON after the tag is quoted: {broken}"
+            chain.ends_with(r#"; the payload was "{\"type\":7}" (10 bytes)"#),
+            "the JSON after the tag is quoted: {chain}"
+        );
+        assert_eq!(
+            Outcome::Broken(broken.clone()).to_string(),
+            format!("broken: {chain}"),
+            "the outcome in words says the whole chain"
         );
         let undecodable = std::error::Error::source(&broken).expect("the decode error");
-        let json = undecodable.source().expect("serde_json's error beneath it");
-        assert!(json.downcast_ref::<serde_json::Error>().is_some(), "{json}");
+        let undecodable = undecodable
+            .downcast_ref::<Undecodable<ResponseError>>()
+            .expect("the undecodable response");
+        let json = undecodable.error().json_error();
+        assert!(json.is_some(), "serde_json's error beneath it");
+        runloop_testkit::errors::assert_cause_said_once(&broken);
     }
 }

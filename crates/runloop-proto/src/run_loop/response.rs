@@ -46,7 +46,13 @@ pub enum Tag {
 }
 
 /// A run-loop response payload that could not be read. The four cases and
-/// their messages are fixed by the protocol.
+/// their messages are fixed by the protocol (§7).
+///
+/// Two of those messages end with the JSON error's own words, so this type
+/// is the one exception to the rule that an error leaves its cause to
+/// `source()`: its `source()` is `None`, so that a chain printer says the
+/// JSON error once, and the JSON error itself stays reachable through
+/// [`ResponseError::json_error`].
 #[derive(Debug)]
 pub enum ResponseError {
     /// No bytes at all.
@@ -70,8 +76,14 @@ impl fmt::Display for ResponseError {
     }
 }
 
-impl StdError for ResponseError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+/// No `source()`: the JSON error is already in the words the protocol
+/// fixes (see the type's docs).
+impl StdError for ResponseError {}
+
+impl ResponseError {
+    /// The JSON error beneath a chunk or an error that did not parse, whose
+    /// words end this error's message.
+    pub fn json_error(&self) -> Option<&serde_json::Error> {
         match self {
             ResponseError::Chunk(inner) | ResponseError::Error(inner) => Some(inner),
             ResponseError::Empty | ResponseError::UnknownTag(_) => None,
@@ -255,21 +267,31 @@ mod tests {
 
         let chunk = Response::decode(b"\x00{\"type\":\"nope\"}").expect_err("bad chunk");
         assert!(matches!(chunk, ResponseError::Chunk(_)));
-        let inner = chunk.source().expect("inner error reachable").to_string();
+        let inner = chunk
+            .json_error()
+            .expect("inner error reachable")
+            .to_string();
         assert_eq!(
             chunk.to_string(),
             format!("agentic loop chunk did not parse: {inner}")
         );
         assert!(inner.starts_with("unknown variant `nope`"), "{inner}");
+        // The protocol's words hold the JSON error: it is not said again.
+        assert!(chunk.source().is_none());
 
         let error = Response::decode(b"\x01{} {}").expect_err("two values");
         assert!(matches!(error, ResponseError::Error(_)));
-        let inner = error.source().expect("inner error reachable").to_string();
+        let inner = error
+            .json_error()
+            .expect("inner error reachable")
+            .to_string();
         assert_eq!(
             error.to_string(),
             format!("agentic loop error did not parse: {inner}")
         );
         assert!(inner.starts_with("trailing characters"), "{inner}");
+        assert!(error.source().is_none());
+        assert!(empty.json_error().is_none() && unknown.json_error().is_none());
 
         let nothing = Response::decode(b"\x01").expect_err("no value");
         assert!(matches!(nothing, ResponseError::Error(_)));
