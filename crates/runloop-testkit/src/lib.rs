@@ -21,8 +21,16 @@
 //! replay (recipes, transcripts).
 //!
 //! [`uplink`]: a fake internet behind a veth, for the egress tests.
+//!
+//! The helpers that need more than the standard library are features, one
+//! a module, so that a suite builds only what it asks for:
+//!
+//! - `logs`: an in-memory writer that a tracing subscriber, the
+//!   CLI's notes or a child's output write to and the test reads back.
 
 pub mod document;
+#[cfg(feature = "logs")]
+pub mod logs;
 pub mod message;
 pub mod uplink;
 

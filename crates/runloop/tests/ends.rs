@@ -8,21 +8,17 @@
 
 // The helpers of the `it` binary, of which this test uses a part.
 #[allow(dead_code)]
-#[path = "it/common/mod.rs"]
-mod common;
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
 #[path = "it/support/mod.rs"]
 mod support;
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use common::Logs;
 use futures_util::{SinkExt, StreamExt};
 use runloop::client::Client;
 use runloop::runtime::{BoxFuture, Catalog, Container, ContainerLimits, Runtime, StartError};
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::frame::ClientFrame;
+use runloop_testkit::logs::Logs;
 use support::{FakeProxy, PATIENCE, RawClient, released};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -159,16 +155,7 @@ fn ending_of(port: u16) -> String {
 /// The one log buffer of this binary, at debug.
 fn logs() -> &'static Logs {
     static LOGS: OnceLock<Logs> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-        logs
-    })
+    LOGS.get_or_init(|| Logs::global(tracing::Level::DEBUG))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

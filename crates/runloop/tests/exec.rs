@@ -11,11 +11,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{End, Logs, error_json, exchange, outcome, reaped, register, wait_dead};
+use common::{End, error_json, exchange, outcome, reaped, register, wait_dead};
 use runloop::proto::run_loop::Outcome;
 use runloop::runtime::{
     Confinement, Container, ContainerLimits, DiskPolicy, Exec, ExecConfig, Runtime,
 };
+use runloop_testkit::logs::Logs;
 
 const GIB: u64 = 1 << 30;
 

@@ -11,19 +11,15 @@
 
 // The helpers of the `it` binary, of which this test uses a part.
 #[allow(dead_code)]
-#[path = "it/common/mod.rs"]
-mod common;
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
 #[path = "it/support/mod.rs"]
 mod support;
 
-use common::Logs;
 use runloop::client::Client;
 use runloop::runtime::Catalog;
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::frame::ClientFrame;
 use runloop_proto::run_loop::Outcome;
+use runloop_testkit::logs::Logs;
 use support::{RawClient, released};
 
 const ACCEPTED: &str = "tok-ACCEPTED-7f3a9c";

@@ -7,19 +7,15 @@
 
 // The helpers of the `it` binary, of which this test uses a part.
 #[allow(dead_code)]
-#[path = "it/common/mod.rs"]
-mod common;
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
 #[path = "it/support/mod.rs"]
 mod support;
 
-use common::Logs;
 use futures_util::StreamExt;
 use runloop::client::Event;
 use runloop::runtime::Catalog;
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::run_loop::Outcome;
+use runloop_testkit::logs::Logs;
 use support::released;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,12 @@
 //! Test helpers shared by the integration tests: a WebSocket client that
-//! drives a proxy path the way the server does, a scripted agent program on
-//! a raw TCP socket, and an in-memory log writer.
+//! drives a proxy path the way the server does, and a scripted agent
+//! program on a raw TCP socket.
 //!
 //! Each test binary uses a part of this module; the rest is dead code there.
 
 use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -18,7 +17,6 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
-use tracing_subscriber::fmt::MakeWriter;
 
 pub type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
 
@@ -343,52 +341,4 @@ pub fn dead(pid: u32) -> bool {
 /// Whether `/proc/<pid>` is gone: the process ended and was reaped.
 pub fn reaped(pid: u32) -> bool {
     !std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Collects log output in memory, for tests that read what was logged.
-#[derive(Clone, Default)]
-pub struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    /// Captures every event of this test binary at `level` and above, from
-    /// now on. The subscriber is global, so this is called once per binary
-    /// (a thread-local one misses events whose call sites other threads'
-    /// tests cached first).
-    pub fn global(level: tracing::Level) -> Logs {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .with_max_level(level)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-        logs
-    }
-
-    /// Everything logged so far.
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
-    }
-}
-
-impl io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.0
-            .lock()
-            .expect("not poisoned")
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
 }
