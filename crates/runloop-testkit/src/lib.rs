@@ -27,12 +27,34 @@
 //!
 //! - `logs`: an in-memory writer that a tracing subscriber, the
 //!   CLI's notes or a child's output write to and the test reads back.
+//! - `chain`: the parts of the chain a test puts around the one it
+//!   tests, all in its process. Around a proxy: `path`, the server's end
+//!   of a proxy path, and `agent_program`, an agent program whose every
+//!   byte the test writes. Around a server: `fake_proxy`, a proxy that
+//!   follows a script, `server`, a server in front of one and runs on it,
+//!   and `caller`, a caller that sends any frame. `wait`: the bound on
+//!   every wait of theirs.
+//!
+//! [`process`]: what became of a process a test started.
 
+#[cfg(feature = "chain")]
+pub mod agent_program;
+#[cfg(feature = "chain")]
+pub mod caller;
 pub mod document;
+#[cfg(feature = "chain")]
+pub mod fake_proxy;
 #[cfg(feature = "logs")]
 pub mod logs;
 pub mod message;
+#[cfg(feature = "chain")]
+pub mod path;
+pub mod process;
+#[cfg(feature = "chain")]
+pub mod server;
 pub mod uplink;
+#[cfg(feature = "chain")]
+pub mod wait;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -8,8 +8,6 @@
 //! callers from 127.0.0.1. The loads at the full size are figures
 //! of `runloop-cli`'s `benches/figures.rs` (`-- walls`).
 
-use crate::support;
-
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,8 +20,11 @@ use runloop::server::{
     Credentials, PerIdentity, Quota, ServerConfig, ServerHandle, Tenant, Tenants, TokenHash,
 };
 use runloop_proto::frame::{self, ClientFrame};
+use runloop_testkit::fake_proxy::{FakeProxy, Step};
+use runloop_testkit::message::chunk;
+use runloop_testkit::server::{hanging_loop, released, server_with, unbudgeted};
+use runloop_testkit::wait::{PATIENCE, eventually};
 use runloop_testkit::{Part, needs};
-use support::{FakeProxy, Step, chunk, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -121,7 +122,7 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
         max_runs: Some(1),
         ..Quota::default()
     };
-    let server = support::server_with(
+    let server = server_with(
         &proxy,
         Credentials::Tenants(alice_and_bob(one_run)),
         |config| config.revoked_grace = Duration::from_secs(2),
@@ -129,7 +130,7 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
     .await;
     let alice = Client::connect(&server.url(), "a").await.expect("alice");
     let run = alice.start(request(0)).await.expect("alice's one run");
-    let running = support::hanging_loop(&run).await;
+    let running = hanging_loop(&run).await;
     assert!(
         refused(alice.start(request(0)).await).contains("holds as many runs as it may"),
         "max-runs 1"
@@ -187,7 +188,7 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
         }
         other => panic!("alice's running loop: {other:?}"),
     }
-    tokio::time::timeout(support::PATIENCE, alice.closed())
+    tokio::time::timeout(PATIENCE, alice.closed())
         .await
         .expect("alice's connection is closed");
     assert_eq!(
@@ -202,7 +203,7 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
         3
     );
     served(&server.url(), "b").await.expect("bob, after");
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// A token removed from a tenant that stays is a revocation too: its
@@ -218,7 +219,7 @@ async fn a_removed_token_of_a_tenant_that_stays_is_revoked() {
             quota: Quota::default(),
         }],
     };
-    let server = support::server_with(&proxy, Credentials::Tenants(two_tokens), |config| {
+    let server = server_with(&proxy, Credentials::Tenants(two_tokens), |config| {
         config.revoked_grace = Duration::ZERO;
     })
     .await;
@@ -235,7 +236,7 @@ async fn a_removed_token_of_a_tenant_that_stays_is_revoked() {
     };
     server.set_tenants(kept, per_identity).expect("applied");
     // A zero grace: the connection of the removed token is closed at once.
-    tokio::time::timeout(support::PATIENCE, second.closed())
+    tokio::time::timeout(PATIENCE, second.closed())
         .await
         .expect("the removed token's connection is closed");
     let run = first.start(request(0)).await.expect("a1 still serves");
@@ -245,7 +246,7 @@ async fn a_removed_token_of_a_tenant_that_stays_is_revoked() {
     );
     run.stop().await;
     first.close().await;
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// A WebSocket connection by hand from `from`: the upgrade, then the
@@ -346,9 +347,7 @@ async fn ends(tcp: &mut TcpStream) -> bool {
             }
         }
     };
-    tokio::time::timeout(support::PATIENCE, wait)
-        .await
-        .unwrap_or(false)
+    tokio::time::timeout(PATIENCE, wait).await.unwrap_or(false)
 }
 
 /// alice's connections each send all but 1 KiB of a 16 MiB message and
@@ -359,7 +358,7 @@ async fn ends(tcp: &mut TcpStream) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_idle() {
     let proxy = proxy().await;
-    let server = support::server_with(
+    let server = server_with(
         &proxy,
         Credentials::Tenants(alice_and_bob(Quota::default())),
         |config| {
@@ -422,7 +421,7 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
     served(&server.url(), "a")
         .await
         .expect("alice, with whole messages");
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// A message that keeps coming, slowly, is never idle, and whole messages
@@ -431,7 +430,7 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_makes_progress_is_not_idle() {
     let proxy = proxy().await;
-    let server = support::server_with(&proxy, Credentials::Any, |config| {
+    let server = server_with(&proxy, Credentials::Any, |config| {
         config.message_idle_timeout = Duration::from_secs(1);
     })
     .await;
@@ -460,7 +459,7 @@ async fn a_message_that_makes_progress_is_not_idle() {
         0
     );
     drop(tcp);
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// A runtime whose containers are a fake proxy's, each with a disk as the
@@ -629,7 +628,7 @@ async fn a_run_is_admitted_only_when_its_disk_fits_the_free_space() {
     let made = Arc::clone(&disks.made);
     let mut catalog = runloop::runtime::Catalog::new();
     catalog.insert("demo", None, Arc::new(disks));
-    let mut config = support::unbudgeted(ServerConfig::new(
+    let mut config = unbudgeted(ServerConfig::new(
         Credentials::Tenants(alice_and_bob(Quota::default())),
         catalog,
     ));
@@ -669,7 +668,7 @@ async fn a_run_is_admitted_only_when_its_disk_fits_the_free_space() {
     bobs.stop().await;
     alice.close().await;
     bob.close().await;
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// Silent sockets from `from` against `to`, `count` at once, each one
@@ -711,7 +710,7 @@ async fn silent_flood(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_on_a_few_addresses_cannot_keep_a_caller_out() {
     let proxy = proxy().await;
-    let server = support::server_with(&proxy, Credentials::Any, |config| {
+    let server = server_with(&proxy, Credentials::Any, |config| {
         config.admission.max_unauthorized = 32;
         config.max_unauthorized_per_address = 4;
     })
@@ -744,7 +743,7 @@ async fn strangers_on_a_few_addresses_cannot_keep_a_caller_out() {
         0,
         "the server-wide places were never all taken"
     );
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// A caller from an address whose connections not yet authorized fill its
@@ -752,7 +751,7 @@ async fn strangers_on_a_few_addresses_cannot_keep_a_caller_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_past_its_addresss_places_is_told_why() {
     let proxy = proxy().await;
-    let server = support::server_with(&proxy, Credentials::Any, |config| {
+    let server = server_with(&proxy, Credentials::Any, |config| {
         config.max_unauthorized_per_address = 2;
     })
     .await;
@@ -765,7 +764,7 @@ async fn a_caller_past_its_addresss_places_is_told_why() {
     let mut third = connect_from(attacker(0), to).await.expect("a third");
     upgrade(&mut third).await.expect("upgraded, to be told why");
     let mut close = Vec::new();
-    let _ = tokio::time::timeout(support::PATIENCE, third.read_to_end(&mut close)).await;
+    let _ = tokio::time::timeout(PATIENCE, third.read_to_end(&mut close)).await;
     // An unmasked close frame: 0x88, its length, the code, the reason.
     assert!(close.len() > 4 && close[0] == 0x88, "{close:?}");
     assert_eq!(u16::from_be_bytes([close[2], close[3]]), 1013);
@@ -785,7 +784,7 @@ async fn a_caller_past_its_addresss_places_is_told_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_from_one_address_are_slowed() {
     let proxy = proxy().await;
-    let server = support::server_with(
+    let server = server_with(
         &proxy,
         Credentials::Tokens(vec!["right".into()]),
         |config| {
@@ -842,11 +841,11 @@ async fn wrong_credentials_from_one_address_are_slowed() {
     .await
     .expect("a request");
     let mut first = [0u8; 1];
-    tokio::time::timeout(support::PATIENCE, right.read_exact(&mut first))
+    tokio::time::timeout(PATIENCE, right.read_exact(&mut first))
         .await
         .expect("an answer in time")
         .expect("an answer");
     assert_eq!(first[0], 0x82, "a binary frame: authorized");
     drop(right);
-    support::released(&server).await;
+    released(&server).await;
 }

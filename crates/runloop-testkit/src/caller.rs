@@ -1,0 +1,172 @@
+//! A caller that sends whatever frames it is told to (protocol §2–§7),
+//! including what the real client never would, and reads the server's
+//! frames as values it owns.
+
+use futures_util::{SinkExt, StreamExt};
+use runloop_proto::Decode;
+use runloop_proto::frame::{self, ClientFrame, ServerFrame};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::server::run_request_payload;
+use crate::wait::PATIENCE;
+
+/// A frame-level client: sends whatever bytes it is told to.
+pub struct RawClient {
+    /// The connection, for what the methods do not cover.
+    pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl RawClient {
+    /// Connects without authorizing.
+    pub async fn connect(url: &str) -> RawClient {
+        // Small frames one after another: Nagle would hold each for an ACK.
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
+            .await
+            .expect("connect");
+        RawClient { ws }
+    }
+
+    /// Connects and authorizes with `credential`.
+    pub async fn authorized(url: &str, credential: &str) -> RawClient {
+        let mut client = RawClient::connect(url).await;
+        let mut payload = vec![0];
+        payload.extend_from_slice(credential.as_bytes());
+        client
+            .send_frame(&ClientFrame::Authorization { payload: &payload })
+            .await;
+        client
+    }
+
+    /// Sends `bytes` as one binary message.
+    pub async fn send(&mut self, bytes: Vec<u8>) {
+        self.ws
+            .send(Message::Binary(bytes.into()))
+            .await
+            .expect("send");
+    }
+
+    /// Sends `frame`.
+    pub async fn send_frame(&mut self, frame: &ClientFrame<'_>) {
+        self.send(frame::to_message(frame)).await;
+    }
+
+    /// Opens scope `scope` with a run request and returns the id.
+    pub async fn open_run(&mut self, scope: u32) -> String {
+        self.send_frame(&ClientFrame::Request {
+            scope,
+            payload: &run_request_payload(),
+        })
+        .await;
+        match self.next_frame().await {
+            Some(Owned::Response { scope: s, payload }) if s == scope && payload[0] == 0 => {
+                let id: serde_json::Value = serde_json::from_slice(&payload[1..]).expect("id JSON");
+                id["id"].as_str().expect("id").to_owned()
+            }
+            other => panic!("expected the run's id, got {other:?}"),
+        }
+    }
+
+    /// Opens a run-loop channel.
+    pub async fn open_loop(&mut self, scope: u32, channel: u32, prompt: &str) {
+        let mut payload = vec![5];
+        payload.extend_from_slice(serde_json::json!({"prompt": prompt}).to_string().as_bytes());
+        self.send_frame(&ClientFrame::ChannelRequest {
+            scope,
+            channel,
+            payload: &payload,
+        })
+        .await;
+    }
+
+    /// The next server frame, `None` when the connection ends.
+    pub async fn next_frame(&mut self) -> Option<Owned> {
+        let next = async {
+            loop {
+                match self.ws.next().await {
+                    Some(Ok(Message::Binary(bytes))) => {
+                        return Some(Owned::from(
+                            ServerFrame::decode(&bytes).expect("a server frame"),
+                        ));
+                    }
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+                    Some(Ok(_)) => {}
+                }
+            }
+        };
+        tokio::time::timeout(PATIENCE, next)
+            .await
+            .expect("a frame or the end in time")
+    }
+}
+
+/// A server frame that owns its payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    /// The authorization frame (its payload is not kept).
+    Authorization,
+    /// A response on `scope`.
+    Response {
+        /// The scope.
+        scope: u32,
+        /// Its payload.
+        payload: Vec<u8>,
+    },
+    /// The finish of `scope`.
+    ResponseFinish {
+        /// The scope.
+        scope: u32,
+    },
+    /// A channel request (its payload is not kept).
+    ChannelRequest {
+        /// The scope.
+        scope: u32,
+        /// The channel.
+        channel: u32,
+    },
+    /// A response on a channel.
+    ChannelResponse {
+        /// The scope.
+        scope: u32,
+        /// The channel.
+        channel: u32,
+        /// Its payload.
+        payload: Vec<u8>,
+    },
+    /// The finish of a channel.
+    ChannelResponseFinish {
+        /// The scope.
+        scope: u32,
+        /// The channel.
+        channel: u32,
+    },
+}
+
+impl From<ServerFrame<'_>> for Owned {
+    fn from(frame: ServerFrame<'_>) -> Owned {
+        match frame {
+            ServerFrame::Authorization { .. } => Owned::Authorization,
+            ServerFrame::Response { scope, payload } => Owned::Response {
+                scope,
+                payload: payload.to_vec(),
+            },
+            ServerFrame::ResponseFinish { scope } => Owned::ResponseFinish { scope },
+            ServerFrame::ChannelRequest { scope, channel, .. } => {
+                Owned::ChannelRequest { scope, channel }
+            }
+            ServerFrame::ChannelResponse {
+                scope,
+                channel,
+                payload,
+            } => Owned::ChannelResponse {
+                scope,
+                channel,
+                payload: payload.to_vec(),
+            },
+            ServerFrame::ChannelResponseFinish { scope, channel } => {
+                Owned::ChannelResponseFinish { scope, channel }
+            }
+        }
+    }
+}
