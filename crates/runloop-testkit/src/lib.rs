@@ -34,6 +34,16 @@
 //!   follows a script, `server`, a server in front of one and runs on it,
 //!   and `caller`, a caller that sends any frame. `wait`: the bound on
 //!   every wait of theirs.
+//! - `command`: the `runloop` command under test, as a child process
+//!   (`runloop serve` on a loopback port, `runloop run`), waited for
+//!   within a bound.
+//! - `loads`: the loads of `runloop serve` that a test runs small and a
+//!   figure runs at full size (floods, a slowloris, one token's runs,
+//!   exec runs, a large prompt).
+//! - `certs`: a certificate authority and the certificates it signed,
+//!   made for the test.
+//!
+//! [`fixture`]: the agent programs the exec runtime runs in tests.
 //!
 //! [`process`]: what became of a process a test started.
 
@@ -41,9 +51,15 @@
 pub mod agent_program;
 #[cfg(feature = "chain")]
 pub mod caller;
+#[cfg(feature = "certs")]
+pub mod certs;
+#[cfg(feature = "command")]
+pub mod command;
 pub mod document;
 #[cfg(feature = "chain")]
 pub mod fake_proxy;
+#[cfg(feature = "loads")]
+pub mod loads;
 #[cfg(feature = "logs")]
 pub mod logs;
 pub mod message;
@@ -58,6 +74,16 @@ pub mod wait;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// The path of the fixture `name`: the small agent programs (python3)
+/// under `crates/runloop/tests/fixtures/` that exec runs serve with.
+pub fn fixture(name: &str) -> String {
+    document::workspace()
+        .join("crates/runloop/tests/fixtures")
+        .join(name)
+        .display()
+        .to_string()
+}
 
 /// The variable under which a missing part fails the test.
 pub const REQUIRE: &str = "RUNLOOP_REQUIRE_SYSTEM";

@@ -2,11 +2,9 @@
 //! the environment, exit codes of their own for a refused run, a time limit
 //! and Ctrl-C, and the prompt from standard input.
 
-use crate::common;
-
 use std::process::Stdio;
 
-use common::{Serve, exits, run, runloop};
+use runloop_testkit::command::{Serve, exits, run, runloop};
 
 /// A port on loopback that nothing listens on.
 fn closed_port() -> u16 {

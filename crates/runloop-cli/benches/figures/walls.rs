@@ -2,15 +2,13 @@
 //! `runloop serve` (a process, its memory read from `/proc/PID`): 256
 //! connections half-sending 16 MiB, strangers flooding before they
 //! authorize (plain and over TLS), a slowloris from one address, and
-//! guessed tokens. Each is a figure of `benches/figures.rs`
-//! (`cargo bench -p runloop-cli --bench figures -- walls`): it prints what
+//! guessed tokens. Each is a figure (`cargo bench -p runloop-cli --bench
+//! figures -- walls`): it prints what
 //! it measured and checks the issue's bar. `RUNLOOP_BIN` runs them against
 //! another build (the one before the fix, for the figures before).
 //!
 //! The mechanisms' own tests, smaller and run every time, are
 //! `crates/runloop/tests/it/walls.rs`.
-
-use crate::common;
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -21,19 +19,15 @@ use runloop::client::Client;
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::frame::{self, ClientFrame};
 use runloop::proto::run_loop::Outcome;
+use runloop_testkit::command;
+use runloop_testkit::loads::{MIB, UPGRADE, connect_from, runtime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
-
-const MIB: u64 = 1 << 20;
 
 /// The `n`th attacker's address: 127.0.0.(n + 2).
 fn attacker(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, n + 2))
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("a runtime")
 }
 
 /// A `runloop serve` of `args` on a loopback port, killed when dropped.
@@ -46,7 +40,7 @@ struct Served {
 
 impl Served {
     fn start(args: &[&str]) -> Served {
-        let mut child = common::runloop()
+        let mut child = command::runloop()
             .args([&["serve", "--listen", "127.0.0.1:0"], args].concat())
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
@@ -66,7 +60,7 @@ impl Served {
             .nth(1)
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("an address in {url:?}"));
-        let _log = common::drain(child.stderr.take().expect("stderr"));
+        let _log = command::drain(child.stderr.take().expect("stderr"));
         Served {
             child,
             url,
@@ -158,17 +152,6 @@ async fn served(url: &str, credential: &str) -> Result<(), String> {
         other => Err(format!("{other:?}")),
     }
 }
-
-/// A TCP connection to `to` from `from`.
-async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(from, 0))?;
-    socket.connect(to).await
-}
-
-const UPGRADE: &str = "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: \
-                       Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-                       Sec-WebSocket-Version: 13\r\n\r\n";
 
 /// The WebSocket handshake by hand on `tcp`, then the authorization with
 /// `credential` (client frames masked with a zero key).
@@ -266,7 +249,6 @@ async fn half_send(from: IpAddr, to: SocketAddr, credential: &str, wait: Duratio
 /// 1 GiB: what her half-sent messages hold stays within it, is given
 /// back at the message-idle deadline (30 s), and bob is served
 /// throughout.
-#[allow(dead_code)]
 pub fn half_sent_256_connections_of_16_mib() {
     let dir = tempfile::tempdir().expect("a directory");
     // The per-address limits let 64 connections of one address authorize
@@ -434,7 +416,6 @@ fn one_loop(url: &str) -> Result<(), String> {
 
 /// Issue 40, row 5: 300 half-sent upgrade requests from 5 addresses (60
 /// each) hold what they can; callers from another address are served.
-#[allow(dead_code)]
 pub fn pre_authorization_flood_from_five_addresses() {
     let server = Served::start(&[]);
     let to = server.addr;
@@ -470,7 +451,6 @@ pub fn pre_authorization_flood_from_five_addresses() {
 
 /// Issue 40, row 5: 128 slow sockets from one address (the upgrade
 /// request a byte every 300 ms); 20 loops of a caller from another.
-#[allow(dead_code)]
 pub fn slowloris_128_from_one_address() {
     let server = Served::start(&[]);
     let to = server.addr;
@@ -508,9 +488,8 @@ const CLIENT_HELLO: &[u8] = &[
 /// Issue 40, row 5: slow TLS handshakes (a ClientHello a byte every
 /// 300 ms) from 5 addresses, 60 each; 20 `runloop run`s over wss:// from
 /// another address, each its own process.
-#[allow(dead_code)]
 pub fn slow_tls_handshakes_from_five_addresses() {
-    let pki = crate::certs::Pki::new();
+    let pki = runloop_testkit::certs::Pki::new();
     let (cert, key) = (
         pki.localhost.cert.display().to_string(),
         pki.localhost.key.display().to_string(),
@@ -536,7 +515,7 @@ pub fn slow_tls_handshakes_from_five_addresses() {
                 .collect()
         },
         move || {
-            let (status, _, stderr) = common::run(&["run", "--url", &url, "--ca", &ca, "hello"]);
+            let (status, _, stderr) = command::run(&["run", "--url", &url, "--ca", &ca, "hello"]);
             if status.success() {
                 Ok(())
             } else {
@@ -557,7 +536,6 @@ pub fn slow_tls_handshakes_from_five_addresses() {
 /// Issue 40, row 6: one address guesses tokens as fast as it can, on 64
 /// connections at once, for 10 s: the credential checks the server made
 /// for it, a second.
-#[allow(dead_code)]
 pub fn credential_guesses_from_one_address() {
     let dir = tempfile::tempdir().expect("a directory");
     let config = alice_and_bob(dir.path(), "");
