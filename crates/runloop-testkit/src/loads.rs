@@ -360,16 +360,33 @@ pub fn large_prompt_peak(word: usize) -> u64 {
     peak
 }
 
-/// A connection that sends 15 MiB before it authorizes, and waits for the
-/// server to close it.
-pub async fn unauthorized(url: String) {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
-    let Ok((mut socket, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
-        return;
-    };
-    let _ = socket
-        .send(Message::Binary(vec![7u8; 15 << 20].into()))
-        .await;
-    while let Some(Ok(_)) = socket.next().await {}
+/// `runloop serve` at `RUST_LOG=level` with two tenants, `alice` (and
+/// `alice_settings`, lines of her `[[tenant]]` table) and `bob`, whose
+/// tokens are `alice` and `bob`, serving `agents` (exec, disk unenforced);
+/// and the directory that holds its configuration file.
+pub fn alice_and_bob(
+    level: &str,
+    alice_settings: &str,
+    agents: &[String],
+) -> (Serve, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[tenant]]\nname = \"alice\"\ntokens = [\"sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90\"]\n{alice_settings}\
+             [[tenant]]\nname = \"bob\"\ntokens = [\"sha256:81b637d8fcd2c6da6359e6963113a1170de795e4b725b84d1e0b4cfd9ec58ce9\"]\n"
+        ),
+    )
+    .expect("written");
+    let mut args = vec![
+        "--config",
+        config.to_str().expect("a path"),
+        "--exec-disk",
+        "unenforced",
+    ];
+    for agent in agents {
+        args.extend(["--agent", agent.as_str()]);
+    }
+    (Serve::start(level, &args), dir)
 }

@@ -4,9 +4,9 @@ use std::time::{Duration, Instant};
 
 use runloop::client::{Client, Run};
 use runloop::proto::run_loop::Outcome;
-use runloop_testkit::command::{Serve, request};
+use runloop_testkit::command::request;
 use runloop_testkit::fixture;
-use runloop_testkit::loads::{MIB, cgroups};
+use runloop_testkit::loads::{MIB, alice_and_bob, cgroups};
 
 /// The time of one loop of bob's fixed CPU work (`work` agent, `n`
 /// iterations), as the caller sees it.
@@ -25,29 +25,9 @@ pub fn cpu_weights_while_alice_spins() {
     if !cgroups() {
         return;
     }
-    let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        "[[tenant]]\nname = \"alice\"\ntokens = [\"sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90\"]\n\
-         [[tenant]]\nname = \"bob\"\ntokens = [\"sha256:81b637d8fcd2c6da6359e6963113a1170de795e4b725b84d1e0b4cfd9ec58ce9\"]\n",
-    )
-    .expect("written");
     let spin = format!("spin=exec:python3 {} spin", fixture("cpu.py"));
     let work = format!("work=exec:python3 {} work", fixture("cpu.py"));
-    let server = Serve::start(
-        "warn",
-        &[
-            "--config",
-            config.to_str().expect("a path"),
-            "--exec-disk",
-            "unenforced",
-            "--agent",
-            &spin,
-            "--agent",
-            &work,
-        ],
-    );
+    let (server, _config) = alice_and_bob("warn", "", &[spin, work]);
     let url = server.url.clone();
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let n: u64 = std::env::var("RUNLOOP_CPU_WORK")

@@ -12,7 +12,7 @@ use runloop::proto::Decode;
 use runloop::proto::agents_run::RunRequest;
 use runloop_testkit::command::Serve;
 use runloop_testkit::fixture;
-use runloop_testkit::loads::cgroups;
+use runloop_testkit::loads::{alice_and_bob, cgroups};
 
 /// `runloop serve --exec-disk unenforced --agent AGENT` at `RUST_LOG=info`.
 fn serve(agent: &str) -> Serve {
@@ -304,26 +304,8 @@ fn a_tenant_s_runs_share_one_cpu_weight_in_a_cgroup_of_its_own() {
     if !cgroups() {
         return;
     }
-    let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        "[[tenant]]\nname = \"alice\"\ntokens = [\"sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90\"]\ncpu-weight = 300\n\
-         [[tenant]]\nname = \"bob\"\ntokens = [\"sha256:81b637d8fcd2c6da6359e6963113a1170de795e4b725b84d1e0b4cfd9ec58ce9\"]\n",
-    )
-    .expect("written");
     let agent = format!("sse=exec:python3 {}", fixture("sse_agent.py"));
-    let server = Serve::start(
-        "info",
-        &[
-            "--config",
-            config.to_str().expect("a path"),
-            "--exec-disk",
-            "unenforced",
-            "--agent",
-            &agent,
-        ],
-    );
+    let (server, _config) = alice_and_bob("info", "cpu-weight = 300\n", &[agent]);
     let own = format!("{}.", server.pid());
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let url = server.url.clone();
