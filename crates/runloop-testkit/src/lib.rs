@@ -42,6 +42,7 @@
 //!   exec runs, a large prompt).
 //! - `certs`: a certificate authority and the certificates it signed,
 //!   made for the test.
+//! - `oci`: OCI image layouts written as another tool writes them.
 //!
 //! [`fixture`]: the agent programs the exec runtime runs in tests.
 //!
@@ -63,6 +64,8 @@ pub mod loads;
 #[cfg(feature = "logs")]
 pub mod logs;
 pub mod message;
+#[cfg(feature = "oci")]
+pub mod oci;
 #[cfg(feature = "chain")]
 pub mod path;
 pub mod process;
