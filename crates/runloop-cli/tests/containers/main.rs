@@ -3,10 +3,11 @@
 //! `runloop run` as the caller, and the kernel holding memory and disk.
 //!
 //! Every test starts its own server on its own store (runs have no address
-//! on the host, so servers need nothing else apart), and checks afterwards
-//! that nothing of its runs is left on the machine: no runc container,
-//! cgroup, network namespace, veth, nft table, mount, loop device or run
-//! directory.
+//! on the host, so servers need nothing else apart). A [`Server`] is the
+//! fixture: dropped, it stops its server and checks that nothing of its
+//! runs is left on the machine — no runc container, cgroup, network
+//! namespace, veth, egress link, nft table, mount, loop device or run
+//! directory — so no test can forget to ask.
 
 mod egress;
 mod figures;
@@ -49,9 +50,13 @@ fn ready_with_registry() -> bool {
 }
 
 /// A `runloop serve` with a store of its own, run in its scratch directory
-/// (where relative paths of its arguments point), stopped with SIGKILL when
-/// dropped (its leftovers are then for the next server on the store). The
-/// store lives as long as this value, stopped or not.
+/// (where relative paths of its arguments point). The store lives as long
+/// as this value, stopped or not.
+///
+/// Dropped while its server runs, it stops it ([`Server::stop`]: SIGTERM,
+/// exit 0, nothing of its runs left). A test that stops it another way
+/// ([`Server::take`] and a SIGKILL, [`Server::terminate`]) checks what it
+/// expects itself; a test that has failed already only kills it.
 struct Server {
     child: Mutex<Option<Child>>,
     url: String,
@@ -170,6 +175,28 @@ impl Server {
         self.child.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
+    /// Stops the server with SIGTERM and checks what a stop promises: it
+    /// exits 0, and nothing of any run its log names is left ([`leftovers`],
+    /// and the runs' egress links).
+    fn stop(&self) {
+        let code = self.terminate();
+        assert_eq!(code, Some(0), "serve's exit\n{}", self.log());
+        assert_eq!(self.left(), Vec::<String>::new(), "{}", self.log());
+    }
+
+    /// What of its runs is on the machine, in words: [`leftovers`] of the
+    /// keys its log names, and the egress links it logged.
+    fn left(&self) -> Vec<String> {
+        let log = self.log();
+        let mut left = leftovers(&self.store, &self.keys());
+        for link in egress::links(&log) {
+            if egress::link_exists(&link.link) {
+                left.push(format!("egress link {link:?}"));
+            }
+        }
+        left
+    }
+
     /// Stops the server with SIGTERM; returns its exit code.
     fn terminate(&self) -> Option<i32> {
         let mut child = self.take().expect("running");
@@ -198,10 +225,24 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(mut child) = self.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        let running = self
+            .child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if !running {
+            return;
         }
+        if std::thread::panicking() {
+            // The test failed already: leave no server behind, and no
+            // second panic over what it left.
+            if let Some(mut child) = self.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            return;
+        }
+        self.stop();
     }
 }
 
@@ -365,11 +406,7 @@ fn a_loop_through_an_oci_image_is_the_builtin_loop_byte_for_byte() {
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains(&format!("pinned to {digest}")), "{said}");
 
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(keys.len(), 1, "one container ran");
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+    assert_eq!(server.keys().len(), 1, "one container ran");
 }
 
 /// The error value of a `run --json` output, as text.
@@ -435,11 +472,7 @@ fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
         "still serving?",
     );
     assert_eq!(after.status.code(), Some(0), "{after:?}");
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(keys.len(), 3);
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+    assert_eq!(server.keys().len(), 3);
 }
 
 #[test]
@@ -469,11 +502,7 @@ fn an_agent_that_dies_mid_loop_is_reported_to_the_caller_in_words() {
         server.log()
     );
     assert_eq!(lines.last().expect("outcome")["outcome"], "unfinished");
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(keys.len(), 1, "one container ran");
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+    assert_eq!(server.keys().len(), 1, "one container ran");
 }
 
 /// The numbers the disk hog reports: (memory limit, tmp error, tmp bytes,
@@ -562,10 +591,6 @@ fn writing_past_disk_gets_enospc_and_nothing_outside_grows() {
         tree_size(&server.store.join("layout")),
     );
     assert_eq!(before, after, "the image and the blobs did not grow");
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
 
 /// Processes whose command line is `/hog stubborn`.
@@ -605,10 +630,6 @@ fn an_agent_that_ignores_sigterm_and_forks_is_killed_after_the_grace() {
         0,
         "every process of the container is gone"
     );
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
 
 #[test]
@@ -656,11 +677,7 @@ fn twenty_runs_at_once_each_with_its_own_limits() {
             );
         }
     }
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(keys.len(), 20);
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+    assert_eq!(server.keys().len(), 20);
 }
 
 #[test]
@@ -725,9 +742,7 @@ fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
         chunks(&json_lines(&output)),
         builtin_chunks("beside the leftovers")
     );
-    let other_keys = other.keys();
-    assert_eq!(other.terminate(), Some(0));
-    assert_eq!(leftovers(&other.store, &other_keys), Vec::<String>::new());
+    other.stop();
 
     // The next server on the store removes all of it before it serves.
     let scratch = tempfile::tempdir().expect("temp");
@@ -740,7 +755,6 @@ fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
     let output = next.run(&image, "128M", "8M", "after the crash");
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     drop(server);
-    assert_eq!(next.terminate(), Some(0));
 }
 
 /// The builtin demo's chunks for `prompt`, the reference the containers
@@ -811,11 +825,7 @@ fn a_registry_image_runs_and_two_runs_at_once_pull_it_once() {
     let index = fs::read_to_string(server.store.join("layout/index.json")).expect("index");
     assert!(index.contains(&reference), "{index}");
 
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(keys.len(), 3);
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+    assert_eq!(server.keys().len(), 3);
 }
 
 /// A registry over HTTPS, pulled with the tree's one TLS stack (rustls with
@@ -985,16 +995,15 @@ fn registry_images_are_refused_before_anything_starts() {
     ));
     assert!(said.contains("digest mismatch"), "{said}");
 
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(keys, Vec::<String>::new(), "no container started");
+    assert_eq!(server.keys(), Vec::<String>::new(), "no container started");
     assert_eq!(
-        fs::read_dir(store.join("images")).expect("images").count(),
+        fs::read_dir(server.store.join("images"))
+            .expect("images")
+            .count(),
         0,
         "nothing unpacked"
     );
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
+    server.stop();
 
     // Too large: refused from the manifest, before any layer is fetched.
     let small = Server::start(
@@ -1014,7 +1023,6 @@ fn registry_images_are_refused_before_anything_starts() {
     );
     assert_eq!(registry.gets("/blobs/"), layer_gets, "no blob was fetched");
     assert_eq!(small.keys(), Vec::<String>::new());
-    assert_eq!(small.terminate(), Some(0));
 }
 
 #[test]
@@ -1027,7 +1035,6 @@ fn a_server_without_registries_refuses_registry_images() {
     let server = Server::start(&[format!("demo=oci:{}", path.display())], &[]);
     let said = refusal(&pull_and_run(&server.url, "127.0.0.1:9/agents/demo:1", "x"));
     assert!(said.contains("registry images are not run here"), "{said}");
-    assert_eq!(server.terminate(), Some(0));
 }
 
 /// `runloop serve` that is expected to refuse to start: its stderr.
@@ -1162,7 +1169,6 @@ fn a_store_the_containers_cannot_reach_is_refused_at_startup_with_its_fix() {
     let server = Server::start_on(scratch, store, &[agent], &[]);
     let ran = server.run(&format!("demo@{digest}"), "256M", "64M", "hello");
     assert_eq!(ran.status.code(), Some(0), "{ran:?}\n{}", server.log());
-    assert_eq!(server.terminate(), Some(0));
 }
 
 #[test]
@@ -1230,10 +1236,6 @@ fn a_container_runs_below_its_tenant_s_cgroup_of_the_tenant_s_weight() {
         tenant().is_none(),
         "the tenant's cgroup goes with its last run"
     );
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
 
 #[test]
@@ -1272,10 +1274,11 @@ fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
         "{said}"
     );
     assert!(said.contains(":8080 within 1 s"), "{said}");
-    let keys = server.keys();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(keys.len(), 2, "two containers were made, then removed");
-    assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
+    assert_eq!(
+        server.keys().len(),
+        2,
+        "two containers were made, then removed"
+    );
 }
 
 /// The escape probes' answers (`NAME: RESULT` chunks of the hog's
@@ -1482,11 +1485,6 @@ fn a_hostile_image_is_held(runtime: &str) {
     }
     let after = server.run(&format!("hog@{digest}"), "64M", "4M", "look around");
     assert_eq!(after.status.code(), Some(0), "{after:?}");
-
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }
 
 #[test]
@@ -1533,7 +1531,6 @@ fn serve_names_its_runc_and_warns_when_it_predates_the_2025_fixes() {
         runloop_oci::runc::advisory(parsed).is_some(),
         "{log}"
     );
-    assert_eq!(server.terminate(), Some(0));
 }
 
 /// How long `terminate` takes for a container of `layout` whose agent
