@@ -83,10 +83,9 @@ fn machine() -> [(&'static str, usize); 5] {
 #[test]
 #[ignore = "prints the closing note's figures; run by hand"]
 fn figures() {
-    if !super::ready_with_registry() {
+    let Some(images) = super::images_with_registry() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (layout, _) = images.agent_layout("figures");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
@@ -299,10 +298,9 @@ fn start_as_a_caller_sees_it() {
 #[test]
 #[ignore = "prints the start figure; run by hand"]
 fn start_p50() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (layout, _) = images.agent_layout("start-p50");
     let runtime_name = super::oci_runtime();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::images::Images;
-use super::{Server, chunks, error_text, json_lines};
+use super::{Server, chunks, error_text, exited, json_lines};
 
 /// `runloop run --json` with `agent` as the registration's JSON.
 pub(super) fn run_as(url: &str, image: &str, agent: &str, prompt: &str) -> Output {
@@ -213,10 +213,9 @@ pub(super) fn host_address() -> Option<String> {
 
 #[test]
 fn a_container_reaches_no_host_service_no_other_run_and_no_other_machine() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     // A service of the host on every address.
     let service = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("host service");
     service.set_nonblocking(true).expect("nonblocking");
@@ -269,7 +268,7 @@ fn a_container_reaches_no_host_service_no_other_run_and_no_other_machine() {
             server.log()
         );
         let probe = run_as(&server.url, &format!("reach@{reach_digest}"), "{}", "x");
-        assert_eq!(probe.status.code(), Some(0), "{probe:?}\n{}", server.log());
+        exited(&probe, 0, &server);
         let report = first_text(&json_lines(&probe));
         for target in &targets {
             assert!(
@@ -295,10 +294,9 @@ fn a_container_reaches_no_host_service_no_other_run_and_no_other_machine() {
 
 #[test]
 fn a_registration_to_a_container_gone_after_its_probe_fails_and_reaches_nothing() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     // A listener on the host's own loopback at the agent's port: where a
     // dial outside the run's namespace would land.
     let decoy = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("decoy");
@@ -403,13 +401,7 @@ fn stopped_servers_leave_nothing(flags: &[&str]) {
     // gives the start up.
     let server = Server::start(&agents, &extra);
     let mut run = caller(&server.url, &silent, "x");
-    assert!(
-        wait_until(Duration::from_secs(30), || server
-            .log()
-            .contains("container starting")),
-        "{}",
-        server.log()
-    );
+    server.logs_within(Duration::from_secs(30), "container starting");
     let child = server.take().expect("running");
     signal(&child, "TERM");
     let mut child = child;
@@ -427,13 +419,7 @@ fn stopped_servers_leave_nothing(flags: &[&str]) {
     // Two signals at once, right as the start begins (mid-make).
     let server = Server::start(&agents, &extra);
     let mut run = caller(&server.url, &silent, "x");
-    assert!(
-        wait_until(Duration::from_secs(30), || server
-            .log()
-            .contains("starting the container")),
-        "{}",
-        server.log()
-    );
+    server.logs_within(Duration::from_secs(30), "starting the container");
     let mut child = server.take().expect("running");
     signal(&child, "TERM");
     std::thread::sleep(Duration::from_millis(20));
@@ -450,13 +436,7 @@ fn stopped_servers_leave_nothing(flags: &[&str]) {
     // The caller leaves during the start; then SIGTERM during a loop.
     let server = Server::start(&agents, &extra);
     let mut run = caller(&server.url, &silent, "x");
-    assert!(
-        wait_until(Duration::from_secs(30), || server
-            .log()
-            .contains("container starting")),
-        "{}",
-        server.log()
-    );
+    server.logs_within(Duration::from_secs(30), "container starting");
     run.kill().expect("the caller leaves");
     let _ = run.wait();
     // The server still runs: its nft table is its own, not the run's.
@@ -520,23 +500,16 @@ fn a_container_takes_no_kernel_key_of_its_host_user() {
     // kernel allows a user 200 keys (kernel.keys.maxkeys): a session
     // keyring per container capped the host at about 200 containers,
     // and one tenant's runs could take every other's.
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (held, digest) = images.layout("keys-held", &[&images.hog], &["/hog", "tenant", "4000"]);
     let server = Server::start(
         &[format!("held=oci:{}", held.display())],
         &["--container-uid-range", "2300000000:65536"],
     );
     let run = caller(&server.url, &format!("held@{digest}"), "x");
-    assert!(
-        wait_until(Duration::from_secs(60), || server
-            .log()
-            .contains("runloop_server::scope: running")),
-        "{}",
-        server.log()
-    );
+    server.logs_within(Duration::from_secs(60), "runloop_server::scope: running");
     let keys = kernel_keys(2_300_000_000);
     let output = run.wait_with_output().expect("the run ends");
     assert_eq!(output.status.code(), Some(0), "{output:?}");

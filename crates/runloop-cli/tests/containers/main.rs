@@ -49,6 +49,18 @@ fn ready_with_registry() -> bool {
     ready() && runloop_testkit::needs(&[runloop_testkit::REGISTRY])
 }
 
+/// The test images, where this machine can run the container tests
+/// ([`ready`]); `None` where it cannot (having said what it lacks).
+fn images() -> Option<&'static Images> {
+    ready().then(Images::get)
+}
+
+/// [`images`], where the machine has a registry too
+/// ([`ready_with_registry`]).
+fn images_with_registry() -> Option<&'static Images> {
+    ready_with_registry().then(Images::get)
+}
+
 /// A `runloop serve` with a store of its own, run in its scratch directory
 /// (where relative paths of its arguments point). The store lives as long
 /// as this value, stopped or not.
@@ -158,6 +170,16 @@ impl Server {
     /// `runloop run --json` against this server.
     fn run(&self, image: &str, memory: &str, disk: &str, prompt: &str) -> Output {
         run_against(&self.url, image, memory, disk, prompt)
+    }
+
+    /// Waits (`limit` at most) until the server's log says `words`; fails
+    /// with the log if it never does.
+    fn logs_within(&self, limit: std::time::Duration, words: &str) {
+        assert!(
+            isolation::wait_until(limit, || self.log().contains(words)),
+            "never logged {words:?}:\n{}",
+            self.log()
+        );
     }
 
     /// The server's process id.
@@ -282,6 +304,17 @@ fn run_against(url: &str, image: &str, memory: &str, disk: &str, prompt: &str) -
         .expect("run runs")
 }
 
+/// Checks that the `runloop run` of `output` exited `code`; where it did
+/// not, says what it and `server` said.
+fn exited(output: &Output, code: i32, server: &Server) {
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{output:?}\n{}",
+        server.log()
+    );
+}
+
 /// The JSON lines of `run --json`.
 fn json_lines(output: &Output) -> Vec<Value> {
     String::from_utf8_lossy(&output.stdout)
@@ -375,20 +408,14 @@ fn chunks(lines: &[Value]) -> Vec<String> {
 
 #[test]
 fn a_loop_through_an_oci_image_is_the_builtin_loop_byte_for_byte() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (layout, digest) = images.agent_layout("demo");
     let server = Server::start(&[format!("agents/demo=oci:{}", layout.display())], &[]);
     let prompt = "count these words please";
     let contained = server.run(&format!("agents/demo@{digest}"), "256M", "64M", prompt);
-    assert_eq!(
-        contained.status.code(),
-        Some(0),
-        "{contained:?}\n{}",
-        server.log()
-    );
+    exited(&contained, 0, &server);
     let builtin = Command::new(env!("CARGO_BIN_EXE_runloop"))
         .args(["run", "--json", prompt])
         .output()
@@ -421,10 +448,9 @@ fn error_text(lines: &[Value]) -> String {
 
 #[test]
 fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (hog, hog_digest) = images.hog_layout("memory");
     let (hungry, hungry_digest) = images.hog_layout("hungry");
     let (demo, demo_digest) = images.agent_layout("after-memory");
@@ -452,12 +478,7 @@ fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
     let output = server.run(&format!("hog@{hog_digest}"), "32M", "8M", "eat");
     let lines = json_lines(&output);
     // The loop said something, then ended without finishing.
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "{output:?}\n{}",
-        server.log()
-    );
+    exited(&output, 1, &server);
     assert_eq!(chunks(&lines).len(), 1, "{lines:?}");
     let error = error_text(&lines);
     assert!(error.contains("ran out of memory"), "{error}");
@@ -477,20 +498,14 @@ fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
 
 #[test]
 fn an_agent_that_dies_mid_loop_is_reported_to_the_caller_in_words() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (dies, digest) = images.hog_layout("dies");
     let server = Server::start(&[format!("dies=oci:{}", dies.display())], &[]);
     let output = server.run(&format!("dies@{digest}"), "64M", "4M", "x");
     let lines = json_lines(&output);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "{output:?}\n{}",
-        server.log()
-    );
+    exited(&output, 1, &server);
     let chunks = chunks(&lines);
     assert_eq!(chunks.len(), 1, "{lines:?}");
     assert!(chunks[0].contains("dying"), "{chunks:?}");
@@ -543,10 +558,9 @@ fn tree_size(dir: &Path) -> u64 {
 
 #[test]
 fn writing_past_disk_gets_enospc_and_nothing_outside_grows() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (hog, digest) = images.hog_layout("disk");
     let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
     let before = (
@@ -555,12 +569,7 @@ fn writing_past_disk_gets_enospc_and_nothing_outside_grows() {
     );
     let disk: u64 = 8 << 20;
     let output = server.run(&format!("hog@{digest}"), "64M", "8M", "fill it");
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{output:?}\n{}",
-        server.log()
-    );
+    exited(&output, 0, &server);
     let (memory, tmp_error, tmp, root_error, root) = disk_report(&json_lines(&output));
     // gVisor shows no host cgroup inside: the limit is checked under runc.
     if oci_runtime() == "runc" {
@@ -607,19 +616,13 @@ fn stubborn_processes() -> usize {
 
 #[test]
 fn an_agent_that_ignores_sigterm_and_forks_is_killed_after_the_grace() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (hog, digest) = images.hog_layout("stubborn");
     let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
     let output = server.run(&format!("hog@{digest}"), "64M", "4M", "stay");
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{output:?}\n{}",
-        server.log()
-    );
+    exited(&output, 0, &server);
     let log = server.log();
     assert!(
         log.contains("the container ignored its stop signal; killing every process in it"),
@@ -634,10 +637,9 @@ fn an_agent_that_ignores_sigterm_and_forks_is_killed_after_the_grace() {
 
 #[test]
 fn twenty_runs_at_once_each_with_its_own_limits() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (hog, digest) = images.hog_layout("disk");
     let image = format!("hog@{digest}");
     let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
@@ -660,12 +662,7 @@ fn twenty_runs_at_once_each_with_its_own_limits() {
             .collect()
     });
     for ((memory, disk), output) in runs.iter().zip(&outputs) {
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{output:?}\n{}",
-            server.log()
-        );
+        exited(output, 0, &server);
         let (limit, _, tmp, _, root) = disk_report(&json_lines(output));
         if oci_runtime() == "runc" {
             assert_eq!(limit as u64, *memory);
@@ -682,10 +679,9 @@ fn twenty_runs_at_once_each_with_its_own_limits() {
 
 #[test]
 fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (demo, digest) = images.agent_layout("crash");
     let image = format!("demo@{digest}");
     let scratch = tempfile::tempdir().expect("temp");
@@ -737,7 +733,7 @@ fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
     // nothing to share with theirs.
     let other = Server::start(&agents, &[]);
     let output = other.run(&image, "128M", "8M", "beside the leftovers");
-    assert_eq!(output.status.code(), Some(0), "{output:?}\n{}", other.log());
+    exited(&output, 0, &other);
     assert_eq!(
         chunks(&json_lines(&output)),
         builtin_chunks("beside the leftovers")
@@ -769,10 +765,9 @@ fn builtin_chunks(prompt: &str) -> Vec<String> {
 
 #[test]
 fn a_registry_image_runs_and_two_runs_at_once_pull_it_once() {
-    if !ready_with_registry() {
+    let Some(images) = images_with_registry() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (path, digest) = images.agent_layout("registry");
     let registry = LocalRegistry::start();
     registry.push(
@@ -795,12 +790,7 @@ fn a_registry_image_runs_and_two_runs_at_once_pull_it_once() {
     });
     let expected = builtin_chunks(prompt);
     for output in &outputs {
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{output:?}\n{}",
-            server.log()
-        );
+        exited(output, 0, &server);
         assert_eq!(chunks(&json_lines(output)), expected);
     }
     // Each blob came from the registry once.
@@ -834,10 +824,9 @@ fn a_registry_image_runs_and_two_runs_at_once_pull_it_once() {
 /// would), and refused, naming the certificate, when they do not.
 #[test]
 fn a_registry_over_https_is_pulled_when_its_authority_is_trusted() {
-    if !ready_with_registry() {
+    let Some(images) = images_with_registry() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (path, digest) = images.agent_layout("registry");
     let scratch = tempfile::tempdir().expect("temp");
     let storage = scratch.path().join("storage");
@@ -863,12 +852,7 @@ fn a_registry_over_https_is_pulled_when_its_authority_is_trusted() {
         &[("SSL_CERT_FILE", ca)],
     );
     let output = pull_and_run(&trusted.url, &reference, prompt);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{output:?}\n{}",
-        trusted.log()
-    );
+    exited(&output, 0, &trusted);
     assert_eq!(chunks(&json_lines(&output)), builtin_chunks(prompt));
     drop(trusted);
 
@@ -914,10 +898,9 @@ fn refusal(output: &Output) -> String {
 
 #[test]
 fn registry_images_are_refused_before_anything_starts() {
-    if !ready_with_registry() {
+    let Some(images) = images_with_registry() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (path, digest) = images.agent_layout("refusals");
     let layout = Layout::open(&path).expect("layout");
     let registry = LocalRegistry::start();
@@ -1027,10 +1010,9 @@ fn registry_images_are_refused_before_anything_starts() {
 
 #[test]
 fn a_server_without_registries_refuses_registry_images() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (path, _) = images.agent_layout("no-registry");
     let server = Server::start(&[format!("demo=oci:{}", path.display())], &[]);
     let said = refusal(&pull_and_run(&server.url, "127.0.0.1:9/agents/demo:1", "x"));
@@ -1066,10 +1048,9 @@ fn serve_refuses(prefix: &[&str], agent: &str, env_path: Option<&str>) -> String
 
 #[test]
 fn serve_refuses_at_startup_what_it_cannot_run() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (path, digest) = images.agent_layout("startup");
     let agent = format!("demo=oci:{}", path.display());
 
@@ -1116,10 +1097,9 @@ fn a_store_the_containers_cannot_reach_is_refused_at_startup_with_its_fix() {
     // Issue 40, item 8: `serve --store DIR/store` with DIR mode 0700 (a
     // `mktemp -d`) started, and every container run failed with runc's
     // "error preparing rootfs: … permission denied".
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (layout, digest) = images.agent_layout("unreachable-store");
     let agent = format!("demo=oci:{}", layout.display());
     let scratch = tempfile::tempdir().expect("temp");
@@ -1168,17 +1148,16 @@ fn a_store_the_containers_cannot_reach_is_refused_at_startup_with_its_fix() {
     .expect("chmod o+x");
     let server = Server::start_on(scratch, store, &[agent], &[]);
     let ran = server.run(&format!("demo@{digest}"), "256M", "64M", "hello");
-    assert_eq!(ran.status.code(), Some(0), "{ran:?}\n{}", server.log());
+    exited(&ran, 0, &server);
 }
 
 #[test]
 fn a_container_runs_below_its_tenant_s_cgroup_of_the_tenant_s_weight() {
     // Issue 40, item 6: a tenant's oci runs share one CPU weight, as its
     // exec runs do (tests/it/exec.rs has the two tenants).
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (layout, digest) = images.agent_layout("tenant-cgroup");
     let server = Server::start(
         &[format!("demo=oci:{}", layout.display())],
@@ -1240,10 +1219,9 @@ fn a_container_runs_below_its_tenant_s_cgroup_of_the_tenant_s_weight() {
 
 #[test]
 fn a_container_that_does_not_start_says_why_and_leaves_nothing() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (missing, missing_digest) = images.layout("missing-entrypoint", &[&images.hog], &["/nope"]);
     // Never listening at all.
     let (quiet, quiet_digest) = images.hog_layout("silent");
@@ -1361,12 +1339,7 @@ fn a_hostile_image_is_held(runtime: &str) {
     );
     let (output, quotas) =
         quotas_seen(|| server.run(&format!("hog@{digest}"), "64M", "4M", "look around"));
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{output:?}\n{}",
-        server.log()
-    );
+    exited(&output, 0, &server);
     let seen = probes(&json_lines(&output));
     let said = |name: &str| {
         seen.get(name)
@@ -1504,10 +1477,9 @@ fn a_hostile_image_under_runsc_finds_gvisors_kernel_and_the_same_controls() {
 
 #[test]
 fn serve_names_its_runc_and_warns_when_it_predates_the_2025_fixes() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (demo, _) = images.agent_layout("runc-version");
     let server = Server::start(
         &[format!("demo=oci:{}", demo.display())],
@@ -1558,10 +1530,9 @@ fn stop_time(layout: &Path, init: bool, grace: std::time::Duration) -> std::time
 
 #[test]
 fn an_agent_without_a_sigterm_handler_stops_at_once_under_the_init() {
-    if !ready() {
+    let Some(images) = images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (plain, _) = images.hog_layout("plain");
     let grace = std::time::Duration::from_secs(3);
     let with_init = stop_time(&plain, true, grace);

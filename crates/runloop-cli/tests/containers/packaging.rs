@@ -15,7 +15,7 @@ use runloop_testkit::document::{marked_block, transcript, workspace};
 use runloop_testkit::{Part, needs};
 
 use crate::registry::LocalRegistry;
-use crate::{Server, ready_with_registry};
+use crate::{Server, exited, ready_with_registry};
 
 /// The page.
 const PAGE: &str = "docs/containers.md";
@@ -153,7 +153,7 @@ fn the_packaging_recipes_make_an_image_that_runs_the_exec_agent_unchanged() {
         .args(["--memory", "256M", "--disk", "64M", "hello world"])
         .output()
         .expect("runloop run runs");
-    assert_eq!(exec.status.code(), Some(0), "{exec:?}\n{}", server.log());
+    exited(&exec, 0, &server);
     assert_eq!(printed(&exec), calls[0].output);
 
     // Each container stopped at SIGTERM (the init passed it on to Python),
