@@ -1,11 +1,15 @@
 //! A caller that sends whatever frames it is told to (protocol §2–§7),
 //! including what the real client never would, and reads the server's
-//! frames as values it owns.
+//! frames as values it owns; and, under the WebSocket, a TCP connection
+//! from any loopback address and a handshake written by hand.
+
+use std::net::{IpAddr, SocketAddr};
 
 use futures_util::{SinkExt, StreamExt};
 use runloop_proto::Decode;
 use runloop_proto::frame::{self, ClientFrame, ServerFrame};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -168,5 +172,35 @@ impl From<ServerFrame<'_>> for Owned {
                 Owned::ChannelResponseFinish { scope, channel }
             }
         }
+    }
+}
+
+/// A TCP connection to `to` from `from`.
+pub async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    socket.connect(to).await
+}
+
+/// A WebSocket upgrade request, written by hand.
+pub const UPGRADE: &str = "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: \
+                       Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+                       Sec-WebSocket-Version: 13\r\n\r\n";
+
+/// Completes the WebSocket handshake by hand on `tcp`.
+pub async fn upgrade(tcp: &mut TcpStream) -> std::io::Result<()> {
+    tcp.write_all(UPGRADE.as_bytes()).await?;
+    let mut response = Vec::new();
+    let mut byte = [0u8; 1];
+    while !response.ends_with(b"\r\n\r\n") {
+        if tcp.read(&mut byte).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        response.push(byte[0]);
+    }
+    if response.starts_with(b"HTTP/1.1 101") {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("not upgraded"))
     }
 }

@@ -197,6 +197,12 @@ pub fn run(args: &[&str]) -> (ExitStatus, String, String) {
     )
 }
 
+/// How a configuration file names `token`: `sha256:` and its SHA-256 in
+/// lowercase hex.
+pub fn token_hash(token: &str) -> String {
+    crate::sha256(token.as_bytes())
+}
+
 /// A run request for the demo agent, with room to spare.
 pub fn demo_request() -> RunRequest {
     request("demo", 1 << 30, 1 << 30)

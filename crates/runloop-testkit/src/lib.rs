@@ -88,6 +88,18 @@ pub fn fixture(name: &str) -> String {
         .to_string()
 }
 
+/// `sha256:` and the SHA-256 of `bytes` in lowercase hex: how a blob's
+/// digest and a configured token's hash are written.
+#[cfg(any(feature = "command", feature = "oci"))]
+pub fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let hex: String = sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("sha256:{hex}")
+}
+
 /// The variable under which a missing part fails the test.
 pub const REQUIRE: &str = "RUNLOOP_REQUIRE_SYSTEM";
 
@@ -270,6 +282,15 @@ pub const REGISTRY: Part = Part::program("docker-registry", "docker-registry");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(any(feature = "command", feature = "oci"))]
+    #[test]
+    fn a_digest_is_sha256_in_lowercase_hex() {
+        assert_eq!(
+            sha256(b"alice"),
+            "sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90"
+        );
+    }
 
     #[test]
     fn a_program_on_the_path_is_found_and_a_made_up_one_is_not() {

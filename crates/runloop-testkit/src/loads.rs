@@ -14,8 +14,8 @@ use std::time::Duration;
 use runloop_client::{Client, Run, RunError};
 use runloop_proto::run_loop::Outcome;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
 
+use crate::caller::{UPGRADE, connect_from, upgrade};
 use crate::command::{Serve, demo_request, request};
 
 /// A mebibyte.
@@ -49,36 +49,6 @@ pub async fn served(url: &str, credential: &str) -> Result<(), String> {
     match outcome {
         Outcome::Finished { fatal: false } => Ok(()),
         other => Err(format!("{other:?}")),
-    }
-}
-
-/// A TCP connection to `to` from `from`.
-pub async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(from, 0))?;
-    socket.connect(to).await
-}
-
-/// A WebSocket upgrade request, written by hand.
-pub const UPGRADE: &str = "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: \
-                       Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-                       Sec-WebSocket-Version: 13\r\n\r\n";
-
-/// Completes the WebSocket handshake by hand on `tcp`.
-pub async fn upgrade(tcp: &mut TcpStream) -> std::io::Result<()> {
-    tcp.write_all(UPGRADE.as_bytes()).await?;
-    let mut response = Vec::new();
-    let mut byte = [0u8; 1];
-    while !response.ends_with(b"\r\n\r\n") {
-        if tcp.read(&mut byte).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        response.push(byte[0]);
-    }
-    if response.starts_with(b"HTTP/1.1 101") {
-        Ok(())
-    } else {
-        Err(std::io::Error::other("not upgraded"))
     }
 }
 

@@ -10,7 +10,6 @@
 //! The mechanisms' own tests, smaller and run every time, are
 //! `crates/runloop/tests/it/walls.rs`.
 
-use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -19,8 +18,9 @@ use runloop::client::Client;
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::frame::{self, ClientFrame};
 use runloop::proto::run_loop::Outcome;
-use runloop_testkit::command;
-use runloop_testkit::loads::{MIB, UPGRADE, connect_from, runtime};
+use runloop_testkit::caller::{UPGRADE, connect_from};
+use runloop_testkit::command::{self, token_hash};
+use runloop_testkit::loads::{MIB, runtime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -89,25 +89,6 @@ impl Drop for Served {
     }
 }
 
-/// The hash of `token` as a configuration file names it.
-fn hash(token: &str) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(token.as_bytes())?;
-            child.wait_with_output()
-        })
-        .expect("sha256sum");
-    let hex = String::from_utf8(out.stdout).expect("text");
-    format!("sha256:{}", hex.split_whitespace().next().expect("a hash"))
-}
-
 /// A configuration file of two tenants, alice (token `a`) and bob (`b`),
 /// and `extra` lines before them, in `dir`.
 fn alice_and_bob(dir: &std::path::Path, extra: &str) -> String {
@@ -117,8 +98,8 @@ fn alice_and_bob(dir: &std::path::Path, extra: &str) -> String {
         format!(
             "{extra}\n[[tenant]]\nname = \"alice\"\ntokens = [\"{}\"]\n\
              [[tenant]]\nname = \"bob\"\ntokens = [\"{}\"]\n",
-            hash("a"),
-            hash("b")
+            token_hash("a"),
+            token_hash("b")
         ),
     )
     .expect("the configuration");

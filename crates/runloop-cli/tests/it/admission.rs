@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use runloop::client::{Client, RunError};
 use runloop::proto::run_loop::Outcome;
+use runloop_testkit::caller::{connect_from, upgrade};
 use runloop_testkit::command::{self, Serve, request};
 use runloop_testkit::loads::{
-    ATTACKER, MIB, connect_from, descriptors, flood_before_authorizing, one_token_floods_runs,
-    pre_authorization_flood, runtime, served, served_during_slowloris, upgrade,
+    ATTACKER, MIB, descriptors, flood_before_authorizing, one_token_floods_runs,
+    pre_authorization_flood, runtime, served, served_during_slowloris,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -6,13 +6,7 @@ use std::process::{Child, Command, Stdio};
 
 use runloop_testkit::command::{self, run};
 
-/// A port on loopback that nothing listens on.
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
-}
+use crate::conventions::closed_port;
 
 #[test]
 fn a_capture_that_cannot_be_written_says_so() {

@@ -19,7 +19,7 @@ use futures_util::StreamExt;
 use runloop::client::{Client, Event, Run, RunError};
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
-use runloop_testkit::command;
+use runloop_testkit::command::{self, token_hash};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -446,25 +446,6 @@ fn write(path: &Path, text: &str) {
     std::fs::rename(&partial, path).expect("renamed");
 }
 
-/// The hash of `token` as a configuration file names it.
-fn hash(token: &str) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(token.as_bytes())?;
-            child.wait_with_output()
-        })
-        .expect("sha256sum");
-    let hex = String::from_utf8(out.stdout).expect("text");
-    format!("sha256:{}", hex.split_whitespace().next().expect("a hash"))
-}
-
 #[test]
 fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied() {
     let dir = tempfile::tempdir().expect("a directory");
@@ -501,7 +482,7 @@ fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied()
             "max-runs = 8\nmax-runs-per-identity = 3\n\
              [[tenant]]\nname = \"alice\"\ntoken-file = \"alice.tokens\"\nmax-runs = 2\n\
              [[tenant]]\nname = \"bob\"\ntokens = [\"{}\"]\n",
-            hash("b1")
+            token_hash("b1")
         ),
     );
     server.hangup();
@@ -558,7 +539,7 @@ fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied()
         run.stop().await;
     });
     let logs = server.logs();
-    for secret in ["a1", "a2", "b1", &hash("b1")[7..]] {
+    for secret in ["a1", "a2", "b1", &token_hash("b1")[7..]] {
         assert!(
             !logs
                 .lines()
@@ -711,7 +692,7 @@ fn check_config_reports_a_limit_beside_a_tls_fault_and_a_bad_tenant_once() {
         &format!(
             "max-scopes = 0\ntls-cert = \"missing.pem\"\ntls-key = \"missing.key\"\n\
              [[tenant]]\nname = \"bad name\"\ntokens = [\"{}\"]\n",
-            hash("t")
+            token_hash("t")
         ),
     );
     let (status, stdout, stderr) = command::run(&[

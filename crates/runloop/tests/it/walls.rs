@@ -20,13 +20,14 @@ use runloop::server::{
     Credentials, PerIdentity, Quota, ServerConfig, ServerHandle, Tenant, Tenants, TokenHash,
 };
 use runloop_proto::frame::{self, ClientFrame};
+use runloop_testkit::caller::{connect_from, upgrade};
 use runloop_testkit::fake_proxy::{FakeProxy, Step};
 use runloop_testkit::message::chunk;
 use runloop_testkit::server::{hanging_loop, released, server_with, unbudgeted};
 use runloop_testkit::wait::{PATIENCE, eventually};
 use runloop_testkit::{Part, needs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
 const MIB: u64 = 1 << 20;
 
@@ -280,35 +281,6 @@ fn binary_header(length: u64, fin: bool) -> Vec<u8> {
     }
     header.extend_from_slice(&[0; 4]);
     header
-}
-
-/// A TCP connection to `to` from `from`.
-async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(from, 0))?;
-    socket.connect(to).await
-}
-
-const UPGRADE: &str = "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: \
-                       Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-                       Sec-WebSocket-Version: 13\r\n\r\n";
-
-/// The WebSocket handshake by hand on `tcp`.
-async fn upgrade(tcp: &mut TcpStream) -> std::io::Result<()> {
-    tcp.write_all(UPGRADE.as_bytes()).await?;
-    let mut response = Vec::new();
-    let mut byte = [0u8; 1];
-    while !response.ends_with(b"\r\n\r\n") {
-        if tcp.read(&mut byte).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        response.push(byte[0]);
-    }
-    if response.starts_with(b"HTTP/1.1 101") {
-        Ok(())
-    } else {
-        Err(std::io::Error::other("not upgraded"))
-    }
 }
 
 /// Sends, after the authorization, all but the last `short` bytes of one
