@@ -204,3 +204,46 @@ pub async fn upgrade(tcp: &mut TcpStream) -> std::io::Result<()> {
         Err(std::io::Error::other("not upgraded"))
     }
 }
+
+/// The header of a binary frame of `length` bytes, masked with a zero key
+/// (so its payload goes as it is), the last of its message or not.
+pub fn binary_header(length: u64, fin: bool) -> Vec<u8> {
+    let mut header = vec![if fin { 0x82 } else { 0x02 }];
+    if length < 126 {
+        header.push(0x80 | length as u8);
+    } else {
+        header.push(0x80 | 127);
+        header.extend_from_slice(&length.to_be_bytes());
+    }
+    header.extend_from_slice(&[0; 4]);
+    header
+}
+
+/// Sends `frame` as one binary message on a connection made by hand.
+pub async fn send_masked(tcp: &mut TcpStream, frame: &ClientFrame<'_>) -> std::io::Result<()> {
+    let message = frame::to_message(frame);
+    tcp.write_all(&binary_header(message.len() as u64, true))
+        .await?;
+    tcp.write_all(&message).await
+}
+
+/// On `tcp`, the upgrade by hand, then the authorization with
+/// `credential`.
+pub async fn authorize(tcp: &mut TcpStream, credential: &str) -> std::io::Result<()> {
+    upgrade(tcp).await?;
+    let mut payload = vec![0u8];
+    payload.extend_from_slice(credential.as_bytes());
+    send_masked(tcp, &ClientFrame::Authorization { payload: &payload }).await
+}
+
+/// A WebSocket connection by hand from `from`, authorized with
+/// `credential` ([`authorize`]).
+pub async fn authorized_from(
+    from: IpAddr,
+    to: SocketAddr,
+    credential: &str,
+) -> std::io::Result<TcpStream> {
+    let mut tcp = connect_from(from, to).await?;
+    authorize(&mut tcp, credential).await?;
+    Ok(tcp)
+}

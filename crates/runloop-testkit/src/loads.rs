@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::caller::{UPGRADE, connect_from, upgrade};
 use crate::command::{Serve, demo_request, request};
+use crate::server::served_with;
 
 /// A mebibyte.
 pub const MIB: u64 = 1 << 20;
@@ -36,20 +37,7 @@ pub fn descriptors(pid: u32) -> usize {
 
 /// One demo loop on a new connection with `credential`: whether it finished.
 pub async fn served(url: &str, credential: &str) -> Result<(), String> {
-    let client = Client::connect(url, credential)
-        .await
-        .map_err(|e| e.to_string())?;
-    let run = client
-        .start(request("demo", MIB, 0))
-        .await
-        .map_err(|e| e.to_string())?;
-    let outcome = run.run_loop("hello there").outcome().await;
-    run.stop().await;
-    client.close().await;
-    match outcome {
-        Outcome::Finished { fatal: false } => Ok(()),
-        other => Err(format!("{other:?}")),
-    }
+    served_with(url, credential, request("demo", MIB, 0), "hello there").await
 }
 
 /// From `from`: the handshake, then the start of one binary message of

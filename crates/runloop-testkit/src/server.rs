@@ -53,6 +53,28 @@ pub async fn start_run(server: &ServerHandle) -> (Client, Run) {
     (client, run)
 }
 
+/// One loop of `prompt` in a run of `request` on a new connection to
+/// `url` with `credential`: `Ok` when it finished, else the words of why
+/// not.
+pub async fn served_with(
+    url: &str,
+    credential: &str,
+    request: RunRequest,
+    prompt: &str,
+) -> Result<(), String> {
+    let client = Client::connect(url, credential)
+        .await
+        .map_err(|e| e.to_string())?;
+    let run = client.start(request).await.map_err(|e| e.to_string())?;
+    let outcome = run.run_loop(prompt).outcome().await;
+    run.stop().await;
+    client.close().await;
+    match outcome {
+        Outcome::Finished { fatal: false } => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
 /// The texts of a loop's chunks (all text chunks), and its outcome.
 pub async fn texts(run_loop: RunLoop) -> (Vec<String>, Outcome) {
     let (chunks, outcome) = run_loop.collect_chunks().await;

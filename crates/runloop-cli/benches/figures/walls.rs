@@ -14,15 +14,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use runloop::client::Client;
-use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
-use runloop::proto::frame::{self, ClientFrame};
-use runloop::proto::run_loop::Outcome;
-use runloop_testkit::caller::{UPGRADE, connect_from};
-use runloop_testkit::command::{self, token_hash};
+use runloop_testkit::caller::{UPGRADE, authorize, binary_header, connect_from};
+use runloop_testkit::command::{self, request, token_hash};
 use runloop_testkit::loads::{MIB, runtime};
+use runloop_testkit::server::served_with;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 /// The `n`th attacker's address: 127.0.0.(n + 2).
@@ -106,69 +102,6 @@ fn alice_and_bob(dir: &std::path::Path, extra: &str) -> String {
     file.display().to_string()
 }
 
-fn demo_request() -> RunRequest {
-    let image = Image::Server(ImageRef {
-        name: "demo".into(),
-        digest: format!("sha256:{}", "0".repeat(64)),
-    });
-    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
-    RunRequest::new(Container::new(image, 16 * MIB, 0), agent)
-}
-
-/// One demo loop on a new connection with `credential`: whether it
-/// finished, or the words of why not.
-async fn served(url: &str, credential: &str) -> Result<(), String> {
-    let client = Client::connect(url, credential)
-        .await
-        .map_err(|e| e.to_string())?;
-    let run = client
-        .start(demo_request())
-        .await
-        .map_err(|e| e.to_string())?;
-    let outcome = run.run_loop("hello there").outcome().await;
-    run.stop().await;
-    client.close().await;
-    match outcome {
-        Outcome::Finished { fatal: false } => Ok(()),
-        other => Err(format!("{other:?}")),
-    }
-}
-
-/// The WebSocket handshake by hand on `tcp`, then the authorization with
-/// `credential` (client frames masked with a zero key).
-async fn authorized(tcp: &mut TcpStream, credential: &str) -> std::io::Result<()> {
-    tcp.write_all(UPGRADE.as_bytes()).await?;
-    let mut response = Vec::new();
-    let mut byte = [0u8; 1];
-    while !response.ends_with(b"\r\n\r\n") {
-        if tcp.read(&mut byte).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        response.push(byte[0]);
-    }
-    if !response.starts_with(b"HTTP/1.1 101") {
-        return Err(std::io::Error::other("not upgraded"));
-    }
-    let mut payload = vec![0u8];
-    payload.extend_from_slice(credential.as_bytes());
-    let message = frame::to_message(&ClientFrame::Authorization { payload: &payload });
-    tcp.write_all(&binary_header(message.len() as u64)).await?;
-    tcp.write_all(&message).await
-}
-
-/// The header of a masked (zero key) final binary frame of `length` bytes.
-fn binary_header(length: u64) -> Vec<u8> {
-    let mut header = vec![0x82];
-    if length < 126 {
-        header.push(0x80 | length as u8);
-    } else {
-        header.push(0x80 | 127);
-        header.extend_from_slice(&length.to_be_bytes());
-    }
-    header.extend_from_slice(&[0; 4]);
-    header
-}
-
 /// What one half-sending connection saw.
 #[derive(Debug, Clone, Copy)]
 struct HalfSent {
@@ -191,11 +124,11 @@ async fn half_send(from: IpAddr, to: SocketAddr, credential: &str, wait: Duratio
     let Ok(mut tcp) = connect_from(from, to).await else {
         return none;
     };
-    if authorized(&mut tcp, credential).await.is_err() {
+    if authorize(&mut tcp, credential).await.is_err() {
         return none;
     }
     let size = 16 * MIB;
-    if tcp.write_all(&binary_header(size)).await.is_err() {
+    if tcp.write_all(&binary_header(size, true)).await.is_err() {
         return none;
     }
     let zeros = vec![0u8; 256 << 10];
@@ -254,7 +187,15 @@ pub fn half_sent_256_connections_of_16_mib() {
         tokio::time::sleep(Duration::from_secs(10)).await;
         let mut bob = Vec::new();
         while started.elapsed() < idle {
-            bob.push(served(&server.url, "b").await);
+            bob.push(
+                served_with(
+                    &server.url,
+                    "b",
+                    request("demo", 16 * MIB, 0),
+                    "hello there",
+                )
+                .await,
+            );
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         // Past the deadline, while alice's connections are still open
@@ -392,7 +333,12 @@ fn served_during(
 
 /// One demo loop at `url` with no credential, on a runtime of its own.
 fn one_loop(url: &str) -> Result<(), String> {
-    runtime().block_on(served(url, ""))
+    runtime().block_on(served_with(
+        url,
+        "",
+        request("demo", 16 * MIB, 0),
+        "hello there",
+    ))
 }
 
 /// Issue 40, row 5: 300 half-sent upgrade requests from 5 addresses (60
@@ -534,7 +480,7 @@ pub fn credential_guesses_from_one_address() {
                             tokio::time::sleep(Duration::from_millis(10)).await;
                             continue;
                         };
-                        if authorized(&mut tcp, &format!("guess {n} {checks}"))
+                        if authorize(&mut tcp, &format!("guess {n} {checks}"))
                             .await
                             .is_err()
                         {
@@ -565,7 +511,12 @@ pub fn credential_guesses_from_one_address() {
         (checks, started.elapsed())
     });
     let rate = checks as f64 / elapsed.as_secs_f64();
-    let bob = runtime().block_on(served(&server.url, "b"));
+    let bob = runtime().block_on(served_with(
+        &server.url,
+        "b",
+        request("demo", 16 * MIB, 0),
+        "hello there",
+    ));
     println!(
         "row 6: wrong tokens from one address on 64 connections for {:.0} s: {checks} checks, \
          {rate:.0} a second; a right token from another address afterwards: {}",

@@ -19,11 +19,11 @@ use runloop::proto::run_loop::Outcome;
 use runloop::server::{
     Credentials, PerIdentity, Quota, ServerConfig, ServerHandle, Tenant, Tenants, TokenHash,
 };
-use runloop_proto::frame::{self, ClientFrame};
-use runloop_testkit::caller::{connect_from, upgrade};
+use runloop_proto::frame::ClientFrame;
+use runloop_testkit::caller::{authorized_from, binary_header, connect_from, send_masked, upgrade};
 use runloop_testkit::fake_proxy::{FakeProxy, Step};
 use runloop_testkit::message::chunk;
-use runloop_testkit::server::{hanging_loop, released, server_with, unbudgeted};
+use runloop_testkit::server::{hanging_loop, released, served_with, server_with, unbudgeted};
 use runloop_testkit::wait::{PATIENCE, eventually};
 use runloop_testkit::{Part, needs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -73,22 +73,6 @@ async fn proxy() -> FakeProxy {
     proxy.script("hi", vec![Step::Send(chunk("hi")), Step::Close]);
     proxy.script_hang();
     proxy
-}
-
-/// One loop `hi` on a new run of a new connection with `credential`:
-/// whether it finished, or why not.
-async fn served(url: &str, credential: &str) -> Result<(), String> {
-    let client = Client::connect(url, credential)
-        .await
-        .map_err(|e| e.to_string())?;
-    let run = client.start(request(0)).await.map_err(|e| e.to_string())?;
-    let outcome = run.run_loop("hi").outcome().await;
-    run.stop().await;
-    client.close().await;
-    match outcome {
-        Outcome::Finished { fatal: false } => Ok(()),
-        other => Err(format!("{other:?}")),
-    }
 }
 
 /// The words of a refused run, which must be a `policy` error.
@@ -178,10 +162,16 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
         other => panic!("a loop of a revoked tenant: {other:?}"),
     }
     // A new connection with her token is refused outright.
-    assert!(served(&server.url(), "a").await.is_err());
+    assert!(
+        served_with(&server.url(), "a", request(0), "hi")
+            .await
+            .is_err()
+    );
     // bob is served, and her running loop goes on until the grace is over;
     // then her connection is closed, and the loop ends saying why.
-    served(&server.url(), "b").await.expect("bob is served");
+    served_with(&server.url(), "b", request(0), "hi")
+        .await
+        .expect("bob is served");
     match running.outcome().await {
         Outcome::Unfinished(error) => {
             let words = error.0["error"].as_str().expect("words");
@@ -203,7 +193,9 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
         series(&server, "runloop_runs_refused_total{reason=\"revoked\"}"),
         3
     );
-    served(&server.url(), "b").await.expect("bob, after");
+    served_with(&server.url(), "b", request(0), "hi")
+        .await
+        .expect("bob, after");
     released(&server).await;
 }
 
@@ -248,39 +240,6 @@ async fn a_removed_token_of_a_tenant_that_stays_is_revoked() {
     run.stop().await;
     first.close().await;
     released(&server).await;
-}
-
-/// A WebSocket connection by hand from `from`: the upgrade, then the
-/// authorization with `credential` (client frames masked with a zero
-/// key, so their payloads go as they are).
-async fn raw(from: IpAddr, to: SocketAddr, credential: &str) -> std::io::Result<TcpStream> {
-    let mut tcp = connect_from(from, to).await?;
-    upgrade(&mut tcp).await?;
-    let mut payload = vec![0u8];
-    payload.extend_from_slice(credential.as_bytes());
-    send(&mut tcp, &ClientFrame::Authorization { payload: &payload }).await?;
-    Ok(tcp)
-}
-
-/// Sends `frame` as one binary message on a connection made by [`raw`].
-async fn send(tcp: &mut TcpStream, frame: &ClientFrame<'_>) -> std::io::Result<()> {
-    let message = frame::to_message(frame);
-    tcp.write_all(&binary_header(message.len() as u64, true))
-        .await?;
-    tcp.write_all(&message).await
-}
-
-/// The header of a masked (zero key) binary frame of `length` bytes.
-fn binary_header(length: u64, fin: bool) -> Vec<u8> {
-    let mut header = vec![if fin { 0x82 } else { 0x02 }];
-    if length < 126 {
-        header.push(0x80 | length as u8);
-    } else {
-        header.push(0x80 | 127);
-        header.extend_from_slice(&length.to_be_bytes());
-    }
-    header.extend_from_slice(&[0; 4]);
-    header
 }
 
 /// Sends, after the authorization, all but the last `short` bytes of one
@@ -345,7 +304,9 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
     let size = 16 * MIB;
     let mut held = Vec::new();
     for n in 0..2 {
-        let mut tcp = raw(attacker(0), to, "a").await.expect("alice connects");
+        let mut tcp = authorized_from(attacker(0), to, "a")
+            .await
+            .expect("alice connects");
         let (sent, closed) = half_send(&mut tcp, size, 1024).await;
         assert_eq!(
             (sent, closed),
@@ -360,7 +321,9 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
     .await;
     // The third does not fit: the server closes it, naming the limit in
     // its log and its metrics.
-    let mut third = raw(attacker(0), to, "a").await.expect("alice connects");
+    let mut third = authorized_from(attacker(0), to, "a")
+        .await
+        .expect("alice connects");
     half_send(&mut third, size, 1024).await;
     assert!(ends(&mut third).await, "the third is closed");
     assert!(server.stats().half_sent <= 40 * MIB, "{:?}", server.stats());
@@ -372,7 +335,9 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
         1
     );
     // bob has his own share, and is served while alice holds hers.
-    served(&server.url(), "b").await.expect("bob is served");
+    served_with(&server.url(), "b", request(0), "hi")
+        .await
+        .expect("bob is served");
     // alice's two make no progress: closed at the deadline, and what
     // they held goes back.
     for tcp in &mut held {
@@ -389,8 +354,10 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
         ),
         2
     );
-    served(&server.url(), "b").await.expect("bob, after");
-    served(&server.url(), "a")
+    served_with(&server.url(), "b", request(0), "hi")
+        .await
+        .expect("bob, after");
+    served_with(&server.url(), "a", request(0), "hi")
         .await
         .expect("alice, with whole messages");
     released(&server).await;
@@ -406,7 +373,7 @@ async fn a_message_that_makes_progress_is_not_idle() {
         config.message_idle_timeout = Duration::from_secs(1);
     })
     .await;
-    let mut tcp = raw(IpAddr::V4(Ipv4Addr::LOCALHOST), server.local_addr(), "")
+    let mut tcp = authorized_from(IpAddr::V4(Ipv4Addr::LOCALHOST), server.local_addr(), "")
         .await
         .expect("connects");
     // A frame with no meaning (an unknown type), 4 KiB, a piece every
@@ -698,7 +665,10 @@ async fn strangers_on_a_few_addresses_cannot_keep_a_caller_out() {
     .await;
     let mut served_ok = 0;
     for _ in 0..10 {
-        if served(&server.url(), "").await.is_ok() {
+        if served_with(&server.url(), "", request(0), "hi")
+            .await
+            .is_ok()
+        {
             served_ok += 1;
         }
     }
@@ -769,7 +739,7 @@ async fn wrong_credentials_from_one_address_are_slowed() {
     let guesses: Vec<_> = (0..30)
         .map(|n| {
             tokio::spawn(async move {
-                let mut tcp = raw(attacker(0), to, &format!("guess {n}"))
+                let mut tcp = authorized_from(attacker(0), to, &format!("guess {n}"))
                     .await
                     .expect("a guess");
                 ends(&mut tcp).await
@@ -789,7 +759,7 @@ async fn wrong_credentials_from_one_address_are_slowed() {
         ),
         30
     );
-    served(&server.url(), "right")
+    served_with(&server.url(), "right", request(0), "hi")
         .await
         .expect("another address is served");
     assert_eq!(
@@ -800,10 +770,10 @@ async fn wrong_credentials_from_one_address_are_slowed() {
     // The right token from the guessing address gets in, in its turn:
     // authorized, it is answered (a bare finish for an endpoint not
     // served), where a refused one would be closed with no frame.
-    let mut right = raw(attacker(0), to, "right")
+    let mut right = authorized_from(attacker(0), to, "right")
         .await
         .expect("the right token");
-    send(
+    send_masked(
         &mut right,
         &ClientFrame::Request {
             scope: 1,
