@@ -95,30 +95,15 @@ impl Notes {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
     use std::time::Instant;
+
+    use runloop_testkit::logs::Logs;
 
     use super::*;
 
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Shared {
-        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            self.0
-                .lock()
-                .expect("not poisoned")
-                .extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
     #[test]
     fn lines_come_out_in_order() {
-        let out = Shared::default();
+        let out = Logs::default();
         let notes = Notes::new(out.clone());
         let mut note = notes.note();
         for n in 0..100 {
@@ -126,7 +111,7 @@ mod tests {
         }
         drop(note);
         notes.finish(Duration::from_secs(10));
-        let text = String::from_utf8(out.0.lock().expect("not poisoned").clone()).expect("UTF-8");
+        let text = String::from_utf8(out.bytes()).expect("UTF-8");
         assert_eq!(text.lines().count(), 100);
         assert!(text.ends_with("line 99\n"));
     }

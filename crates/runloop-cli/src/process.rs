@@ -223,33 +223,15 @@ pub async fn start_admin(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use runloop_testkit::logs::Logs;
 
     use super::*;
 
-    /// Log lines written to a shared buffer.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     #[test]
     fn no_outside_text_ends_a_text_log_line_or_forges_one() {
-        let captured = Captured::default();
-        let writer = captured.clone();
+        let captured = Logs::default();
         let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
+            .with_writer(captured.clone())
             .with_ansi(false)
             .fmt_fields(text_fields())
             .finish();
@@ -275,7 +257,7 @@ mod tests {
                 events += 5;
             }
         });
-        let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("UTF-8");
+        let text = String::from_utf8(captured.bytes()).expect("UTF-8");
         let lines: Vec<&str> = text.split_terminator('\n').collect();
         assert_eq!(lines.len(), events, "{text}");
         for line in &lines {

@@ -124,27 +124,11 @@ mod tests {
     use super::*;
 
     use runloop_proto::frame::raw as message;
-
-    /// A `Vec` the test can read while the view holds it.
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Shared {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .expect("not poisoned")
-                .extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use runloop_testkit::logs::Logs;
 
     #[test]
     fn each_frame_is_a_line_and_the_end_sums_up() {
-        let out = Shared::default();
+        let out = Logs::default();
         let verbose = Verbose::new(out.clone(), Instant::now());
         verbose.frame(Role::Client, &message(0, 0, 0, b"\x00hunter2"));
         verbose.frame(Role::Server, &message(2, 0, 0, b"\x00{\"id\":\"r\"}"));
@@ -154,7 +138,7 @@ mod tests {
         );
         verbose.frame(Role::Server, &message(5, 0, 0, b"\x00{}"));
         verbose.frame(Role::Server, &message(6, 0, 0, b""));
-        let text = String::from_utf8(out.0.lock().expect("not poisoned").clone()).expect("UTF-8");
+        let text = String::from_utf8(out.bytes()).expect("UTF-8");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 5, "{text}");
         let shown: Vec<&str> = lines
@@ -180,7 +164,7 @@ mod tests {
             "{timing}"
         );
 
-        let idle = Verbose::new(Shared::default(), Instant::now());
+        let idle = Verbose::new(Logs::default(), Instant::now());
         assert!(
             idle.timing()
                 .starts_with("timing: id none, first chunk none, total "),

@@ -20,6 +20,7 @@
 //! in `_total`, durations are in seconds and sizes in bytes.
 
 pub mod admin;
+mod labels;
 mod proxy;
 mod server;
 
@@ -40,11 +41,12 @@ pub use runloop_wire::histogram::{Histogram, MS, S, US};
 /// the server's exposition reads it.
 pub static AGENT_LOG_DROPPED_LINES: AtomicU64 = AtomicU64::new(0);
 
-pub use proxy::{AgentFault, ProxyLoop, ProxyMetrics, Registration};
-pub use server::{
-    AuthorizationRefusal, ClosedAtAccept, ConnectionClosed, LoopOutcome, ProxyFault, Reload,
-    RunEnd, RunRefusal, ServerMetrics, StatsSnapshot, TenantFigures, TlsFailure,
+pub use labels::{
+    AgentFault, AuthorizationRefusal, ClosedAtAccept, ConnectionClosed, LoopOutcome, ProxyFault,
+    ProxyLoop, Registration, Reload, RunEnd, RunRefusal, TlsFailure,
 };
+pub use proxy::ProxyMetrics;
+pub use server::{ServerMetrics, StatsSnapshot, TenantFigures};
 
 /// The `Content-Type` of the exposition (the Prometheus text format 0.0.4).
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -180,14 +182,129 @@ impl EncodeMetric for Exposed {
     }
 }
 
-/// The exposition of `registries`, one after the other.
-fn encode<'a>(registries: impl IntoIterator<Item = &'a Registry>) -> String {
-    let mut text = String::new();
-    for registry in registries {
-        // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, registry);
+/// One metric of an exposition, as its table names it: its name (after
+/// the exposition's prefix), its help, its unit, and how a scrape reads
+/// it from `M` (the counts) and `L` (what else the scrape is given).
+///
+/// Each exposition is one table of these ([`ServerMetrics`]'s, the
+/// tenants', [`ProxyMetrics`]'s): registering is reading the table, so a
+/// metric is named once, and the docs' list is checked against what the
+/// tables expose.
+pub(crate) struct Row<M, L> {
+    name: &'static str,
+    help: &'static str,
+    unit: Option<Unit>,
+    read: fn(&M, &L) -> Reading,
+}
+
+/// The unit a metric's name ends in (Prometheus's conventions).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Unit {
+    Bytes,
+    Seconds,
+}
+
+impl<M, L> Row<M, L> {
+    /// A metric with no unit.
+    pub(crate) const fn new(
+        name: &'static str,
+        help: &'static str,
+        read: fn(&M, &L) -> Reading,
+    ) -> Self {
+        Row {
+            name,
+            help,
+            unit: None,
+            read,
+        }
     }
-    text
+
+    /// A metric in bytes.
+    pub(crate) const fn bytes(
+        name: &'static str,
+        help: &'static str,
+        read: fn(&M, &L) -> Reading,
+    ) -> Self {
+        Row {
+            unit: Some(Unit::Bytes),
+            ..Row::new(name, help, read)
+        }
+    }
+
+    /// A metric in seconds.
+    pub(crate) const fn seconds(
+        name: &'static str,
+        help: &'static str,
+        read: fn(&M, &L) -> Reading,
+    ) -> Self {
+        Row {
+            unit: Some(Unit::Seconds),
+            ..Row::new(name, help, read)
+        }
+    }
+}
+
+/// A metric's value at a scrape: anything the exposition writes.
+pub(crate) struct Reading(Box<dyn EncodeMetric + Send + Sync>);
+
+impl Reading {
+    /// `metric`, as read at a scrape.
+    pub(crate) fn of(metric: impl EncodeMetric + Send + Sync + 'static) -> Reading {
+        Reading(Box::new(metric))
+    }
+}
+
+impl std::fmt::Debug for Reading {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reading")
+    }
+}
+
+impl EncodeMetric for Reading {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The exposition of `rows` under `prefix`, each read from `metrics` and
+/// `live`, appended to `text`.
+fn expose<M, L>(text: &mut String, prefix: &str, rows: &[Row<M, L>], metrics: &M, live: &L) {
+    let mut registry = Registry::with_prefix(prefix);
+    for row in rows {
+        let reading = (row.read)(metrics, live);
+        match row.unit {
+            None => registry.register(row.name, row.help, reading),
+            Some(unit) => {
+                let unit = match unit {
+                    Unit::Bytes => prometheus_client::registry::Unit::Bytes,
+                    Unit::Seconds => prometheus_client::registry::Unit::Seconds,
+                };
+                registry.register_with_unit(row.name, row.help, unit, reading);
+            }
+        }
+    }
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::prometheus_text::encode(text, &registry);
+}
+
+/// `values` × `unit`: a histogram's bounds, written in the unit that reads
+/// best (`bounds(MS, [1, 5, 10])` is 1 ms, 5 ms, 10 ms).
+const fn bounds<const N: usize>(unit: u64, values: [u64; N]) -> [u64; N] {
+    let mut bounds = values;
+    let mut at = 0;
+    while at < N {
+        bounds[at] *= unit;
+        at += 1;
+    }
+    bounds
 }
 
 /// Whether a chunk's JSON is a fatal notification (protocol §8): the one
@@ -295,6 +412,45 @@ mod tests {
         assert!(text.contains("test_wait_seconds_count 5\n"), "{text}");
         assert!(text.contains("test_wait_seconds_sum 5.00301\n"), "{text}");
         assert_eq!(histogram.count(), 5);
+    }
+
+    /// The names a monitor queries (a counter's with its `_total`).
+    fn queried(text: &str) -> std::collections::BTreeSet<String> {
+        text.lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|line| line.split_once(' '))
+            .map(|(name, _)| name.to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_docs_list_every_metric_the_tables_expose_and_no_other() {
+        let server = ServerMetrics::new();
+        server.tenant("a");
+        let text = server.encode(&StatsSnapshot::default(), false) + &ProxyMetrics::new().encode();
+        let tables = queried(&text);
+        // Every row, once: the server's `proxy_paths_open` and the proxy's
+        // `paths_open` are one name, `runloop_proxy_paths_open`, exposed by
+        // two processes.
+        let rows = server::SERVER.len() + server::TENANTS.len() + proxy::PROXY.len();
+        assert_eq!(tables.len(), rows - 1, "{tables:#?}");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/metrics.md");
+        let docs = std::fs::read_to_string(path).expect("docs/metrics.md");
+        let named: std::collections::BTreeSet<String> = docs
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("runloop_"))
+            .map(str::to_owned)
+            .collect();
+        let undocumented: Vec<_> = tables.difference(&named).collect();
+        let unexposed: Vec<_> = named.difference(&tables).collect();
+        assert!(
+            undocumented.is_empty(),
+            "not in docs/metrics.md: {undocumented:?}"
+        );
+        assert!(
+            unexposed.is_empty(),
+            "in docs/metrics.md, not exposed: {unexposed:?}"
+        );
     }
 
     #[test]

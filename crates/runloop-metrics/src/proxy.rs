@@ -5,66 +5,22 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::registry::{Registry, Unit};
 
-use super::{Counts, Exposed, Histogram, LoopOutcome, MS, S, label};
-
-label! {
-    /// How an `/agent/register` ask ended (protocol §10).
-    pub enum Registration("result") {
-        /// The agent program registered.
-        Registered = "registered",
-        /// The proxy refused it: a malformed ask, or a second registration.
-        Refused = "refused",
-        /// The agent program refused it or could not be reached.
-        Failed = "failed",
-    }
-}
-
-label! {
-    /// Why the proxy refused an `/agent/run` ask without calling the agent
-    /// program (protocol §10).
-    pub enum ProxyLoop("reason") {
-        /// The ask is not a run-loop request.
-        Malformed = "malformed",
-        /// No agent is registered, or a loop is already running.
-        Busy = "busy",
-    }
-}
-
-label! {
-    /// What went wrong with the agent program during a loop (protocol §10).
-    pub enum AgentFault("kind") {
-        /// It did not answer `/run` with a `2xx` event stream: it could not
-        /// be reached, or answered an error status or another content type.
-        NoStream = "no_stream",
-        /// Its event stream broke (or an event was over the size limit).
-        StreamBroke = "stream_broke",
-        /// Its body ended only with its connection (not delimited).
-        Undelimited = "undelimited",
-    }
-}
+use super::{
+    AgentFault, Counts, Exposed, Histogram, LoopOutcome, MS, ProxyLoop, Reading, Registration, Row,
+};
 
 /// Bounds of the time to a loop's first chunk: 1 ms to 60 s.
-static FIRST_CHUNK_BOUNDS: [u64; 12] = [
+static FIRST_CHUNK_BOUNDS: [u64; 12] = super::bounds(
     MS,
-    5 * MS,
-    10 * MS,
-    50 * MS,
-    100 * MS,
-    250 * MS,
-    500 * MS,
-    S,
-    5 * S / 2,
-    5 * S,
-    10 * S,
-    60 * S,
-];
+    [
+        1, 5, 10, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 60_000,
+    ],
+);
 
 /// The proxy's counters and histograms.
 #[derive(Debug)]
 pub struct ProxyMetrics {
-    registry: Registry,
     /// Registration asks, by result.
     pub registrations: Counts<Registration>,
     /// Loops answered, by the outcome sent.
@@ -92,75 +48,68 @@ impl Default for ProxyMetrics {
 impl ProxyMetrics {
     /// Every metric at zero.
     pub fn new() -> ProxyMetrics {
-        let mut registry = Registry::with_prefix("runloop_proxy");
-        let registrations = Counts::new();
-        registry.register(
-            "registrations",
-            "Registration asks, by result",
-            registrations.clone(),
-        );
-        let loops = Counts::new();
-        registry.register(
-            "loops",
-            "Loops the proxy answered, by the outcome it sent",
-            loops.clone(),
-        );
-        let refused = Counts::new();
-        registry.register(
-            "loops_refused",
-            "Loop asks refused without calling the agent program, by reason",
-            refused.clone(),
-        );
-        let agent_faults = Counts::new();
-        registry.register(
-            "agent_faults",
-            "Failures of the agent program during a loop, by kind",
-            agent_faults.clone(),
-        );
-        let chunks = Counter::default();
-        registry.register(
-            "chunks",
-            "Chunks passed from the agent program to the server",
-            chunks.clone(),
-        );
-        let bytes = Counter::default();
-        registry.register_with_unit(
-            "chunk",
-            "Bytes of chunk JSON passed from the agent program to the server",
-            Unit::Bytes,
-            bytes.clone(),
-        );
-        let first_chunk = Histogram::new(&FIRST_CHUNK_BOUNDS);
-        registry.register_with_unit(
-            "first_chunk",
-            "Time from a loop's ask to its first chunk from the agent program",
-            Unit::Seconds,
-            Exposed(first_chunk.clone()),
-        );
         ProxyMetrics {
-            registry,
-            registrations,
-            loops,
-            refused,
-            agent_faults,
-            chunks,
-            bytes,
-            first_chunk,
+            registrations: Counts::new(),
+            loops: Counts::new(),
+            refused: Counts::new(),
+            agent_faults: Counts::new(),
+            chunks: Counter::default(),
+            bytes: Counter::default(),
+            first_chunk: Histogram::new(&FIRST_CHUNK_BOUNDS),
             paths: AtomicI64::new(0),
         }
     }
 
     /// The exposition, with the paths open now.
     pub fn encode(&self) -> String {
-        let mut gauges = Registry::with_prefix("runloop_proxy");
-        gauges.register(
-            "paths_open",
-            "WebSocket paths from the server open",
-            ConstGauge::new(self.paths.load(Ordering::Relaxed)),
-        );
-        super::encode([&self.registry, &gauges])
+        let mut text = String::new();
+        super::expose(&mut text, "runloop_proxy", PROXY, self, &());
+        text
     }
 }
+
+/// Every metric of the proxy's exposition, in its order (after the
+/// prefix `runloop_proxy_`).
+pub(crate) const PROXY: &[Row<ProxyMetrics, ()>] = &[
+    Row::new("registrations", "Registration asks, by result", |m, _| {
+        Reading::of(m.registrations.clone())
+    }),
+    Row::new(
+        "loops",
+        "Loops the proxy answered, by the outcome it sent",
+        |m, _| Reading::of(m.loops.clone()),
+    ),
+    Row::new(
+        "loops_refused",
+        "Loop asks refused without calling the agent program, by reason",
+        |m, _| Reading::of(m.refused.clone()),
+    ),
+    Row::new(
+        "agent_faults",
+        "Failures of the agent program during a loop, by kind",
+        |m, _| Reading::of(m.agent_faults.clone()),
+    ),
+    Row::new(
+        "chunks",
+        "Chunks passed from the agent program to the server",
+        |m, _| Reading::of(m.chunks.clone()),
+    ),
+    Row::bytes(
+        "chunk",
+        "Bytes of chunk JSON passed from the agent program to the server",
+        |m, _| Reading::of(m.bytes.clone()),
+    ),
+    Row::seconds(
+        "first_chunk",
+        "Time from a loop's ask to its first chunk from the agent program",
+        |m, _| Reading::of(Exposed(m.first_chunk.clone())),
+    ),
+    Row::new(
+        "paths_open",
+        "WebSocket paths from the server open",
+        |m, _| Reading::of(ConstGauge::new(m.paths.load(Ordering::Relaxed))),
+    ),
+];
 
 #[cfg(test)]
 mod tests {

@@ -11,9 +11,11 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::registry::{Registry, Unit};
 
-use super::{Counts, Exposed, Histogram, MS, S, US, label};
+use super::{
+    AuthorizationRefusal, ClosedAtAccept, ConnectionClosed, Counts, Exposed, Histogram,
+    LoopOutcome, MS, ProxyFault, Reading, Reload, Row, RunEnd, RunRefusal, TlsFailure, US,
+};
 
 /// The server's live counts at one moment (the server's `Stats`, read).
 ///
@@ -27,14 +29,13 @@ pub struct StatsSnapshot {
     pub scopes: usize,
     /// Running containers.
     pub containers: usize,
+    /// Warm containers kept started for runs to come.
+    pub warm: usize,
     /// Run-loop channels being relayed (one task each), from the order to
     /// the channel's finish.
     pub relays: usize,
     /// Open WebSocket paths to proxies.
     pub proxy_paths: usize,
-    /// Warm containers kept started for runs to come (their memory and
-    /// disk claimed of the server's budgets).
-    pub warm: usize,
     /// Frames disregarded since the server started (protocol §2).
     pub disregarded: u64,
     /// Connections turned away at a connection limit since the server
@@ -46,208 +47,22 @@ pub struct StatsSnapshot {
     pub half_sent: u64,
 }
 
-label! {
-    /// Why a connection was closed at authorization (protocol §3).
-    pub enum AuthorizationRefusal("reason") {
-        /// A credential the server does not accept.
-        Credential = "credential",
-        /// A first frame that is not an acceptable authorization frame.
-        Malformed = "malformed",
-        /// No authorization within the grace period.
-        Timeout = "timeout",
-        /// More sent before the authorization than the bound allows.
-        TooLarge = "too_large",
-        /// More control frames (pings, pongs) than the budget allows.
-        Flood = "flood",
-        /// The credential's token was revoked by a reload while it was
-        /// being checked.
-        Revoked = "revoked",
-    }
-}
-
-label! {
-    /// Why the server closed an authorized connection for a wall of its
-    /// own (protocol §12), not for the caller's words.
-    pub enum ConnectionClosed("reason") {
-        /// A half-sent message did not fit its tenant's memory budget or
-        /// the server's.
-        HalfSentMemory = "half_sent_memory",
-        /// A half-sent message made no progress for `--message-idle-timeout`.
-        MessageIdle = "message_idle",
-        /// Its token or tenant was revoked by a reload, and
-        /// `--revoked-grace` is over.
-        Revoked = "revoked",
-    }
-}
-
-label! {
-    /// Why a connection was turned away as it was accepted, before its
-    /// handshake.
-    pub enum ClosedAtAccept("reason") {
-        /// Its address held `--max-connections-per-address`.
-        Address = "address",
-        /// Its address held `--max-unauthorized-per-address` connections
-        /// not yet authorized.
-        UnauthorizedAddress = "unauthorized_address",
-        /// `--max-unauthorized` connections were authorizing.
-        Unauthorized = "unauthorized",
-        /// Its address had spent its `--handshake-rate`.
-        Rate = "rate",
-    }
-}
-
-label! {
-    /// Why a TLS connection did not get as far as its WebSocket handshake.
-    pub enum TlsFailure("reason") {
-        /// The caller spoke plain HTTP to the TLS port.
-        Plaintext = "plaintext",
-        /// The caller spoke neither TLS nor HTTP.
-        NotTls = "not_tls",
-        /// The handshake itself failed (no common version, a bad record…).
-        Handshake = "handshake",
-        /// No handshake within the handshake timeout.
-        Timeout = "timeout",
-        /// As many handshakes under way as connections allowed.
-        Busy = "busy",
-    }
-}
-
-label! {
-    /// Why a run was refused: answered with an error instead of an id
-    /// (protocol §5).
-    pub enum RunRefusal("reason") {
-        /// The request decoded but is not valid.
-        Request = "request",
-        /// An image or a mount this server will not run.
-        Policy = "policy",
-        /// Over a limit of runs: the runs at once (server-wide or per
-        /// identity), a run's largest memory or disk, the memory budget.
-        Budget = "budget",
-        /// Its disk does not fit the free space of the filesystem that
-        /// holds runs' disks, less what the runs admitted may still write.
-        Disk = "disk",
-        /// The connection's token or tenant was revoked by a reload.
-        Revoked = "revoked",
-        /// The container did not start.
-        Runtime = "runtime",
-        /// The agent's registration failed (the proxy or the agent program refused it, or the proxy could not be reached).
-        Registration = "registration",
-        /// The run was stopped, or its connection or the server ended, before its id.
-        Abandoned = "abandoned",
-        /// The server could not make an id.
-        Server = "server",
-    }
-}
-
-label! {
-    /// Why a run that started (sent its id) ended.
-    pub enum RunEnd("reason") {
-        /// The caller stopped it.
-        Stop = "stop",
-        /// The container ended by itself.
-        Container = "container",
-        /// The caller's connection ended.
-        Disconnect = "disconnect",
-        /// The server shut down (or its drain deadline passed).
-        Shutdown = "shutdown",
-        /// Its connection's token or tenant was revoked by a reload, and
-        /// the revocation grace is over.
-        Revoked = "revoked",
-    }
-}
-
-label! {
-    /// How a run-loop channel ended, as the server sent it (protocol §7).
-    pub enum LoopOutcome("outcome") {
-        /// Chunks, then the finish.
-        Finished = "finished",
-        /// Chunks, the last a fatal notification, then the finish.
-        Fatal = "fatal",
-        /// Chunks, then an error: a partial result.
-        Unfinished = "unfinished",
-        /// An error and no chunk: no loop ran.
-        NoLoop = "no_loop",
-        /// The finish alone: not served.
-        NotServed = "not_served",
-    }
-}
-
-label! {
-    /// What went wrong on a proxy's `/agent/run` path (protocol §12).
-    pub enum ProxyFault("kind") {
-        /// The path could not be opened.
-        Unreachable = "unreachable",
-        /// The run-loop request could not be sent on it.
-        Send = "send",
-        /// It ended without a clean close.
-        AbruptEnd = "abrupt_end",
-        /// The proxy sent an empty message or an unknown tag.
-        Sequence = "sequence",
-    }
-}
-
-label! {
-    /// How a reload of the TLS certificate went.
-    pub enum Reload("result") {
-        /// The new files are served.
-        Loaded = "loaded",
-        /// They did not load; the old certificate is still served.
-        Failed = "failed",
-    }
-}
-
-impl LoopOutcome {
-    /// How a loop ended, from what was sent on its channel: how many
-    /// chunks, whether an error came last, and its last chunk's JSON (read
-    /// only when the loop finished, to tell a fatal ending).
-    pub fn of(chunks: u64, erred: bool, last: Option<&[u8]>) -> LoopOutcome {
-        match (chunks, erred) {
-            (0, true) => LoopOutcome::NoLoop,
-            (0, false) => LoopOutcome::NotServed,
-            (_, true) => LoopOutcome::Unfinished,
-            (_, false) if last.is_some_and(super::is_fatal) => LoopOutcome::Fatal,
-            (_, false) => LoopOutcome::Finished,
-        }
-    }
-}
-
 /// Bounds of the relay's latency histogram: 10 µs to 2.5 s.
-static RELAY_BOUNDS: [u64; 16] = [
-    10 * US,
-    25 * US,
-    50 * US,
-    100 * US,
-    250 * US,
-    500 * US,
-    MS,
-    5 * MS / 2,
-    5 * MS,
-    10 * MS,
-    25 * MS,
-    50 * MS,
-    100 * MS,
-    250 * MS,
-    S,
-    5 * S / 2,
-];
+static RELAY_BOUNDS: [u64; 16] = super::bounds(
+    US,
+    [
+        10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+        1_000_000, 2_500_000,
+    ],
+);
 
 /// Bounds of the runtime's start-time histogram: 1 ms to 60 s.
-static START_BOUNDS: [u64; 14] = [
+static START_BOUNDS: [u64; 14] = super::bounds(
     MS,
-    5 * MS,
-    10 * MS,
-    25 * MS,
-    50 * MS,
-    100 * MS,
-    250 * MS,
-    500 * MS,
-    S,
-    5 * S / 2,
-    5 * S,
-    10 * S,
-    30 * S,
-    60 * S,
-];
+    [
+        1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,
+    ],
+);
 
 /// One tenant's counts. A connection takes its tenant's once, when it
 /// authorizes, so counting is an atomic add like any other counter's.
@@ -283,7 +98,6 @@ pub struct ServerMetrics {
     /// only (never from a caller), so the series are as many as the
     /// tenants ever configured.
     tenants: Mutex<BTreeMap<Arc<str>, Arc<TenantFigures>>>,
-    registry: Registry,
     /// Caller connections accepted.
     pub connections: Counter,
     /// Connections closed at authorization, by reason.
@@ -335,149 +149,27 @@ impl Default for ServerMetrics {
 impl ServerMetrics {
     /// Every metric at zero.
     pub fn new() -> ServerMetrics {
-        let mut registry = Registry::with_prefix("runloop");
-        let connections = Counter::default();
-        registry.register(
-            "connections",
-            "Caller connections accepted, before the connection limit and authorization",
-            connections.clone(),
-        );
-        let refused = Counts::new();
-        registry.register(
-            "connections_refused",
-            "Connections closed at authorization, by reason",
-            refused.clone(),
-        );
-        let closed_at_accept = Counts::new();
-        registry.register(
-            "connections_closed_at_accept",
-            "Connections turned away as they were accepted, before any handshake, by reason",
-            closed_at_accept.clone(),
-        );
-        let closed = Counts::new();
-        registry.register(
-            "connections_closed",
-            "Authorized connections the server closed for a limit of its own (a half-sent \
-             message over the memory budget or idle, a revoked token), by reason",
-            closed.clone(),
-        );
-        let credential_checks_slowed = Counter::default();
-        registry.register(
-            "credential_checks_slowed",
-            "Credential checks that waited their turn: their address had spent its \
-             credential-failure-rate",
-            credential_checks_slowed.clone(),
-        );
-        let tls_failures = Counts::new();
-        registry.register(
-            "tls_handshake_failures",
-            "TLS connections that failed before their WebSocket handshake, by reason",
-            tls_failures.clone(),
-        );
-        let tls_reloads = Counts::new();
-        registry.register(
-            "tls_reloads",
-            "Reloads of the TLS certificate and key (SIGHUP), by result",
-            tls_reloads.clone(),
-        );
-        let runs_started_warm = Counter::default();
-        registry.register(
-            "runs_started_warm",
-            "Runs served by a warm container, started before the run asked for it",
-            runs_started_warm.clone(),
-        );
-        let runs_started = Counter::default();
-        registry.register(
-            "runs_started",
-            "Runs whose container ran and whose id was sent",
-            runs_started.clone(),
-        );
-        let runs_refused = Counts::new();
-        registry.register(
-            "runs_refused",
-            "Runs answered with an error instead of an id, by reason",
-            runs_refused.clone(),
-        );
-        let runs_ended = Counts::new();
-        registry.register(
-            "runs_ended",
-            "Runs that had started and ended, by reason",
-            runs_ended.clone(),
-        );
-        let loops = Counts::new();
-        registry.register(
-            "loops",
-            "Run-loop channels ended, by the outcome the server sent",
-            loops.clone(),
-        );
-        let loops_refused = Counter::default();
-        registry.register(
-            "loops_refused",
-            "Run-loop channels refused at max_loops_per_identity or for a revoked token \
-             (counted as no_loop too)",
-            loops_refused.clone(),
-        );
-        let chunks = Counter::default();
-        registry.register(
-            "chunks_relayed",
-            "Chunks relayed from proxies to callers",
-            chunks.clone(),
-        );
-        let bytes = Counter::default();
-        registry.register_with_unit(
-            "relayed",
-            "Bytes of run-loop responses relayed from proxies to callers",
-            Unit::Bytes,
-            bytes.clone(),
-        );
-        let proxy_faults = Counts::new();
-        registry.register(
-            "proxy_faults",
-            "Faults of proxies' /agent/run paths, by kind",
-            proxy_faults.clone(),
-        );
-        let runtime_start = Histogram::new(&START_BOUNDS);
-        registry.register_with_unit(
-            "runtime_start",
-            "Time the runtime took to start a container that started",
-            Unit::Seconds,
-            Exposed(runtime_start.clone()),
-        );
-        let runtime_failures = Counter::default();
-        registry.register(
-            "runtime_start_failures",
-            "Containers the runtime failed to start",
-            runtime_failures.clone(),
-        );
-        let relay_latency = Histogram::new(&RELAY_BOUNDS);
-        registry.register_with_unit(
-            "relay_latency",
-            "Time from a proxy's message to its frame written to the caller's socket",
-            Unit::Seconds,
-            Exposed(relay_latency.clone()),
-        );
         ServerMetrics {
             tenants: Mutex::default(),
-            registry,
-            connections,
-            refused,
-            closed_at_accept,
-            closed,
-            credential_checks_slowed,
-            tls_failures,
-            tls_reloads,
-            runs_started,
-            runs_started_warm,
-            runs_refused,
-            runs_ended,
-            loops,
-            loops_refused,
-            chunks,
-            bytes,
-            proxy_faults,
-            runtime_start,
-            runtime_failures,
-            relay_latency,
+            connections: Counter::default(),
+            refused: Counts::new(),
+            closed_at_accept: Counts::new(),
+            closed: Counts::new(),
+            credential_checks_slowed: Counter::default(),
+            tls_failures: Counts::new(),
+            tls_reloads: Counts::new(),
+            runs_started: Counter::default(),
+            runs_started_warm: Counter::default(),
+            runs_refused: Counts::new(),
+            runs_ended: Counts::new(),
+            loops: Counts::new(),
+            loops_refused: Counter::default(),
+            chunks: Counter::default(),
+            bytes: Counter::default(),
+            proxy_faults: Counts::new(),
+            runtime_start: Histogram::new(&START_BOUNDS),
+            runtime_failures: Counter::default(),
+            relay_latency: Histogram::new(&RELAY_BOUNDS),
         }
     }
 
@@ -495,132 +187,250 @@ impl ServerMetrics {
         figures
     }
 
-    /// The tenants' counts as labelled counter families.
-    fn tenant_registry(&self) -> Registry {
-        let mut registry = Registry::with_prefix("runloop_tenant");
+    /// The exposition: these metrics, then the server's live counts
+    /// (`live`) and whether it is draining, then the tenants' counts.
+    pub fn encode(&self, live: &StatsSnapshot, draining: bool) -> String {
+        let mut text = String::new();
+        let scrape = Live {
+            stats: *live,
+            draining,
+        };
+        super::expose(&mut text, "runloop", SERVER, self, &scrape);
         let tenants = self
             .tenants
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        type Pick = fn(&TenantFigures) -> &AtomicU64;
-        let families: [(&str, &str, Option<Unit>, Pick); 7] = [
-            ("runs_started", "Runs started, by tenant", None, |f| {
-                &f.runs_started
-            }),
-            (
-                "runs_refused",
-                "Runs refused (any reason), by tenant",
-                None,
-                |f| &f.runs_refused,
-            ),
-            ("loops", "Run-loop channels ended, by tenant", None, |f| {
-                &f.loops
-            }),
-            (
-                "loops_refused",
-                "Run-loop channels refused at the tenant's max-loops, by tenant",
-                None,
-                |f| &f.loops_refused,
-            ),
-            (
-                "connections_refused",
-                "Connections closed at the tenant's max-connections, by tenant",
-                None,
-                |f| &f.connections_refused,
-            ),
-            (
-                "chunks_relayed",
-                "Chunks relayed to callers, by tenant",
-                None,
-                |f| &f.chunks,
-            ),
-            (
-                "relayed",
-                "Bytes of run-loop responses relayed to callers, by tenant",
-                Some(Unit::Bytes),
-                |f| &f.bytes,
-            ),
-        ];
-        for (name, help, unit, pick) in families {
-            let family = Family::<Vec<(String, String)>, Counter>::default();
-            for (tenant, figures) in tenants.iter() {
-                family
-                    .get_or_create(&vec![("tenant".to_owned(), tenant.to_string())])
-                    .inc_by(pick(figures).load(Ordering::Relaxed));
-            }
-            match unit {
-                Some(unit) => registry.register_with_unit(name, help, unit, family),
-                None => registry.register(name, help, family),
-            }
-        }
-        registry
-    }
-
-    /// The exposition: these metrics, then the server's live counts
-    /// (`live`) and whether it is draining.
-    pub fn encode(&self, live: &StatsSnapshot, draining: bool) -> String {
-        let mut gauges = Registry::with_prefix("runloop");
-        let gauge = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
-        gauges.register(
-            "connections_open",
-            "Caller connections open, authorized or not yet",
-            gauge(live.connections),
-        );
-        gauges.register(
-            "runs_open",
-            "Runs (scopes) being served",
-            gauge(live.scopes),
-        );
-        gauges.register(
-            "containers_running",
-            "Containers running",
-            gauge(live.containers),
-        );
-        gauges.register(
-            "warm_containers",
-            "Warm containers kept started for runs to come, their memory and disk claimed of the server's budgets",
-            gauge(live.warm),
-        );
-        gauges.register(
-            "loops_open",
-            "Run-loop channels being relayed",
-            gauge(live.relays),
-        );
-        gauges.register(
-            "proxy_paths_open",
-            "WebSocket paths to proxies open",
-            gauge(live.proxy_paths),
-        );
-        gauges.register(
-            "connections_turned_away",
-            "Connections closed at the connection limit (close code 1013)",
-            ConstCounter::new(live.turned_away),
-        );
-        gauges.register_with_unit(
-            "half_sent",
-            "Bytes of callers' messages begun and not yet ended, held by the server",
-            Unit::Bytes,
-            ConstGauge::new(i64::try_from(live.half_sent).unwrap_or(i64::MAX)),
-        );
-        gauges.register(
-            "frames_disregarded",
-            "Frames disregarded (protocol §2): malformed, or naming a scope or channel not open",
-            ConstCounter::new(live.disregarded),
-        );
-        gauges.register(
-            "agent_log_dropped_lines",
-            "Lines of agent output dropped instead of logged: over a run's output budget or its tenant's log rate",
-            ConstCounter::new(super::AGENT_LOG_DROPPED_LINES.load(Ordering::Relaxed)),
-        );
-        gauges.register(
-            "draining",
-            "1 while the server drains: it accepts no connection and /readyz answers 503",
-            ConstGauge::new(i64::from(draining)),
-        );
-        let tenants = self.tenant_registry();
-        super::encode([&self.registry, &gauges, &tenants])
+        super::expose(&mut text, "runloop_tenant", TENANTS, &*tenants, &());
+        text
     }
 }
+
+/// What a scrape reads besides the counters.
+pub(crate) struct Live {
+    /// The server's live counts.
+    stats: StatsSnapshot,
+    /// Whether it drains.
+    draining: bool,
+}
+
+/// A live count as a gauge.
+fn gauge(n: usize) -> Reading {
+    Reading::of(ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)))
+}
+
+/// Every metric of the server's exposition, in its order (after the
+/// prefix `runloop_`).
+pub(crate) const SERVER: &[Row<ServerMetrics, Live>] = &[
+    Row::new(
+        "connections",
+        "Caller connections accepted, before the connection limit and authorization",
+        |m, _| Reading::of(m.connections.clone()),
+    ),
+    Row::new(
+        "connections_refused",
+        "Connections closed at authorization, by reason",
+        |m, _| Reading::of(m.refused.clone()),
+    ),
+    Row::new(
+        "connections_closed_at_accept",
+        "Connections turned away as they were accepted, before any handshake, by reason",
+        |m, _| Reading::of(m.closed_at_accept.clone()),
+    ),
+    Row::new(
+        "connections_closed",
+        "Authorized connections the server closed for a limit of its own (a half-sent \
+         message over the memory budget or idle, a revoked token), by reason",
+        |m, _| Reading::of(m.closed.clone()),
+    ),
+    Row::new(
+        "credential_checks_slowed",
+        "Credential checks that waited their turn: their address had spent its \
+         credential-failure-rate",
+        |m, _| Reading::of(m.credential_checks_slowed.clone()),
+    ),
+    Row::new(
+        "tls_handshake_failures",
+        "TLS connections that failed before their WebSocket handshake, by reason",
+        |m, _| Reading::of(m.tls_failures.clone()),
+    ),
+    Row::new(
+        "tls_reloads",
+        "Reloads of the TLS certificate and key (SIGHUP), by result",
+        |m, _| Reading::of(m.tls_reloads.clone()),
+    ),
+    Row::new(
+        "runs_started_warm",
+        "Runs served by a warm container, started before the run asked for it",
+        |m, _| Reading::of(m.runs_started_warm.clone()),
+    ),
+    Row::new(
+        "runs_started",
+        "Runs whose container ran and whose id was sent",
+        |m, _| Reading::of(m.runs_started.clone()),
+    ),
+    Row::new(
+        "runs_refused",
+        "Runs answered with an error instead of an id, by reason",
+        |m, _| Reading::of(m.runs_refused.clone()),
+    ),
+    Row::new(
+        "runs_ended",
+        "Runs that had started and ended, by reason",
+        |m, _| Reading::of(m.runs_ended.clone()),
+    ),
+    Row::new(
+        "loops",
+        "Run-loop channels ended, by the outcome the server sent",
+        |m, _| Reading::of(m.loops.clone()),
+    ),
+    Row::new(
+        "loops_refused",
+        "Run-loop channels refused at max_loops_per_identity or for a revoked token \
+         (counted as no_loop too)",
+        |m, _| Reading::of(m.loops_refused.clone()),
+    ),
+    Row::new(
+        "chunks_relayed",
+        "Chunks relayed from proxies to callers",
+        |m, _| Reading::of(m.chunks.clone()),
+    ),
+    Row::bytes(
+        "relayed",
+        "Bytes of run-loop responses relayed from proxies to callers",
+        |m, _| Reading::of(m.bytes.clone()),
+    ),
+    Row::new(
+        "proxy_faults",
+        "Faults of proxies' /agent/run paths, by kind",
+        |m, _| Reading::of(m.proxy_faults.clone()),
+    ),
+    Row::seconds(
+        "runtime_start",
+        "Time the runtime took to start a container that started",
+        |m, _| Reading::of(Exposed(m.runtime_start.clone())),
+    ),
+    Row::new(
+        "runtime_start_failures",
+        "Containers the runtime failed to start",
+        |m, _| Reading::of(m.runtime_failures.clone()),
+    ),
+    Row::seconds(
+        "relay_latency",
+        "Time from a proxy's message to its frame written to the caller's socket",
+        |m, _| Reading::of(Exposed(m.relay_latency.clone())),
+    ),
+    Row::new(
+        "connections_open",
+        "Caller connections open, authorized or not yet",
+        |_, live| gauge(live.stats.connections),
+    ),
+    Row::new("runs_open", "Runs (scopes) being served", |_, live| {
+        gauge(live.stats.scopes)
+    }),
+    Row::new("containers_running", "Containers running", |_, live| {
+        gauge(live.stats.containers)
+    }),
+    Row::new(
+        "warm_containers",
+        "Warm containers kept started for runs to come, their memory and disk claimed of the server's budgets",
+        |_, live| gauge(live.stats.warm),
+    ),
+    Row::new(
+        "loops_open",
+        "Run-loop channels being relayed",
+        |_, live| gauge(live.stats.relays),
+    ),
+    Row::new(
+        "proxy_paths_open",
+        "WebSocket paths to proxies open",
+        |_, live| gauge(live.stats.proxy_paths),
+    ),
+    Row::new(
+        "connections_turned_away",
+        "Connections closed at the connection limit (close code 1013)",
+        |_, live| Reading::of(ConstCounter::new(live.stats.turned_away)),
+    ),
+    Row::bytes(
+        "half_sent",
+        "Bytes of callers' messages begun and not yet ended, held by the server",
+        |_, live| {
+            Reading::of(ConstGauge::new(
+                i64::try_from(live.stats.half_sent).unwrap_or(i64::MAX),
+            ))
+        },
+    ),
+    Row::new(
+        "frames_disregarded",
+        "Frames disregarded (protocol §2): malformed, or naming a scope or channel not open",
+        |_, live| Reading::of(ConstCounter::new(live.stats.disregarded)),
+    ),
+    Row::new(
+        "agent_log_dropped_lines",
+        "Lines of agent output dropped instead of logged: over a run's output budget or its tenant's log rate",
+        |_, _| {
+            Reading::of(ConstCounter::new(
+                super::AGENT_LOG_DROPPED_LINES.load(Ordering::Relaxed),
+            ))
+        },
+    ),
+    Row::new(
+        "draining",
+        "1 while the server drains: it accepts no connection and /readyz answers 503",
+        |_, live| Reading::of(ConstGauge::new(i64::from(live.draining))),
+    ),
+];
+
+/// The tenants, by name.
+type Tenants = BTreeMap<Arc<str>, Arc<TenantFigures>>;
+
+/// A counter family by tenant, of the count `pick` chooses.
+fn by_tenant(tenants: &Tenants, pick: fn(&TenantFigures) -> &AtomicU64) -> Reading {
+    let family = Family::<Vec<(String, String)>, Counter>::default();
+    for (tenant, figures) in tenants {
+        family
+            .get_or_create(&vec![("tenant".to_owned(), tenant.to_string())])
+            .inc_by(pick(figures).load(Ordering::Relaxed));
+    }
+    Reading::of(family)
+}
+
+/// The tenants' counts, each a counter family labelled by tenant (after
+/// the prefix `runloop_tenant_`). Names come from the configuration only
+/// (never from a caller), so the series are as many as the tenants ever
+/// configured.
+pub(crate) const TENANTS: &[Row<Tenants, ()>] = &[
+    Row::new("runs_started", "Runs started, by tenant", |t, _| {
+        by_tenant(t, |f| &f.runs_started)
+    }),
+    Row::new(
+        "runs_refused",
+        "Runs refused (any reason), by tenant",
+        |t, _| by_tenant(t, |f| &f.runs_refused),
+    ),
+    Row::new("loops", "Run-loop channels ended, by tenant", |t, _| {
+        by_tenant(t, |f| &f.loops)
+    }),
+    Row::new(
+        "loops_refused",
+        "Run-loop channels refused at the tenant's max-loops, by tenant",
+        |t, _| by_tenant(t, |f| &f.loops_refused),
+    ),
+    Row::new(
+        "connections_refused",
+        "Connections closed at the tenant's max-connections, by tenant",
+        |t, _| by_tenant(t, |f| &f.connections_refused),
+    ),
+    Row::new(
+        "chunks_relayed",
+        "Chunks relayed to callers, by tenant",
+        |t, _| by_tenant(t, |f| &f.chunks),
+    ),
+    Row::bytes(
+        "relayed",
+        "Bytes of run-loop responses relayed to callers, by tenant",
+        |t, _| by_tenant(t, |f| &f.bytes),
+    ),
+];
 
 #[cfg(test)]
 mod tests {

@@ -6,11 +6,11 @@ use std::fs;
 use std::io::Write;
 use std::sync::Arc;
 
-use oci_spec::image::MediaType;
 use runloop_oci::digest::Digest;
 use runloop_oci::image::{Image, host_arch};
 use runloop_oci::layout::Layout;
 use runloop_oci::store::{Store, UnpackLimits};
+use runloop_testkit::oci::{self, GZIP, TAR, ZSTD};
 use serde_json::json;
 
 const LIMITS: UnpackLimits = UnpackLimits {
@@ -18,21 +18,13 @@ const LIMITS: UnpackLimits = UnpackLimits {
     max_entries: 100_000,
 };
 
+/// A layer of `files` (path, content), each mode 0755.
 fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    for (path, data) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o755);
-        header.set_entry_type(tar::EntryType::Regular);
-        header.set_uid(0);
-        header.set_gid(0);
-        header.set_mtime(1_700_000_000);
-        builder
-            .append_data(&mut header, path, *data)
-            .expect("append");
-    }
-    builder.into_inner().expect("tar")
+    let files: Vec<(&str, u32, &[u8])> = files
+        .iter()
+        .map(|(path, data)| (*path, 0o755, *data))
+        .collect();
+    oci::tar(&files)
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -50,43 +42,17 @@ fn zstd(bytes: &[u8]) -> Vec<u8> {
 /// Writes an image (layers given as media type and blob) into `layout`
 /// under `name`; returns the manifest's digest.
 fn image(layout: &Layout, name: &str, layers: &[(&str, Vec<u8>)], arch: &str) -> Digest {
-    let config = json!({
-        "architecture": arch,
-        "os": "linux",
-        "config": {"Entrypoint": ["/bin/agent"], "Cmd": ["--port", "8080"], "Env": ["A=1"], "WorkingDir": "/srv"},
-        "rootfs": {"type": "layers", "diff_ids": []},
-    });
-    let config = serde_json::to_vec(&config).expect("config");
-    let config_digest = layout.put(&config).expect("config blob");
-    let layers: Vec<_> = layers
+    let config = oci::config(
+        arch,
+        json!({"Entrypoint": ["/bin/agent"], "Cmd": ["--port", "8080"], "Env": ["A=1"], "WorkingDir": "/srv"}),
+    );
+    let layers: Vec<(&str, &[u8])> = layers
         .iter()
-        .map(|(media_type, blob)| {
-            let digest = layout.put(blob).expect("layer blob");
-            json!({"mediaType": media_type, "digest": digest.to_string(), "size": blob.len()})
-        })
+        .map(|(media_type, blob)| (*media_type, blob.as_slice()))
         .collect();
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest.to_string(), "size": config.len()},
-        "layers": layers,
-    });
-    let manifest = serde_json::to_vec(&manifest).expect("manifest");
-    let digest = layout.put(&manifest).expect("manifest blob");
-    layout
-        .add_manifest(
-            name,
-            &digest,
-            manifest.len() as u64,
-            MediaType::ImageManifest,
-        )
-        .expect("indexed");
-    digest
+    let (digest, _) = oci::write_image(layout.dir(), name, &config, &layers);
+    digest.parse().expect("a digest")
 }
-
-const TAR: &str = "application/vnd.oci.image.layer.v1.tar";
-const GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-const ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
 
 #[tokio::test]
 async fn layers_of_every_compression_unpack_in_order_and_are_cached() {

@@ -22,16 +22,87 @@
 //!
 //! [`uplink`]: a fake internet behind a veth, for the egress tests.
 //!
+//! The helpers that need more than the standard library are features, one
+//! a module, so that a suite builds only what it asks for:
+//!
+//! - `logs`: an in-memory writer that a tracing subscriber, the
+//!   CLI's notes or a child's output write to and the test reads back.
+//! - `chain`: the parts of the chain a test puts around the one it
+//!   tests, all in its process. Around a proxy: `path`, the server's end
+//!   of a proxy path, and `agent_program`, an agent program whose every
+//!   byte the test writes. Around a server: `fake_proxy`, a proxy that
+//!   follows a script, `server`, a server in front of one and runs on it,
+//!   and `caller`, a caller that sends any frame. `wait`: the bound on
+//!   every wait of theirs.
+//! - `command`: the `runloop` command under test, as a child process
+//!   (`runloop serve` on a loopback port, `runloop run`), waited for
+//!   within a bound.
+//! - `loads`: the loads of `runloop serve` that a test runs small and a
+//!   figure runs at full size (floods, a slowloris, one token's runs,
+//!   exec runs, a large prompt).
+//! - `certs`: a certificate authority and the certificates it signed,
+//!   made for the test.
+//! - `oci`: OCI image layouts written as another tool writes them.
+//!
+//! [`fixture`]: the agent programs the exec runtime runs in tests.
+//!
+//! [`process`]: what became of a process a test started.
+//!
 //! [`errors`]: the error convention (an error's words leave its cause to
 //! `source()`), checked over each crate's list of its errors.
 
+#[cfg(feature = "chain")]
+pub mod agent_program;
+#[cfg(feature = "chain")]
+pub mod caller;
+#[cfg(feature = "certs")]
+pub mod certs;
+#[cfg(feature = "command")]
+pub mod command;
 pub mod document;
 pub mod errors;
+#[cfg(feature = "chain")]
+pub mod fake_proxy;
+#[cfg(feature = "loads")]
+pub mod loads;
+#[cfg(feature = "logs")]
+pub mod logs;
 pub mod message;
+#[cfg(feature = "oci")]
+pub mod oci;
+#[cfg(feature = "chain")]
+pub mod path;
+pub mod process;
+#[cfg(feature = "chain")]
+pub mod server;
 pub mod uplink;
+#[cfg(feature = "chain")]
+pub mod wait;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// The path of the fixture `name`: the small agent programs (python3)
+/// under `crates/runloop/tests/fixtures/` that exec runs serve with.
+pub fn fixture(name: &str) -> String {
+    document::workspace()
+        .join("crates/runloop/tests/fixtures")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// `sha256:` and the SHA-256 of `bytes` in lowercase hex: how a blob's
+/// digest and a configured token's hash are written.
+#[cfg(any(feature = "command", feature = "oci"))]
+pub fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let hex: String = sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("sha256:{hex}")
+}
 
 /// The variable under which a missing part fails the test.
 pub const REQUIRE: &str = "RUNLOOP_REQUIRE_SYSTEM";
@@ -215,6 +286,15 @@ pub const REGISTRY: Part = Part::program("docker-registry", "docker-registry");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(any(feature = "command", feature = "oci"))]
+    #[test]
+    fn a_digest_is_sha256_in_lowercase_hex() {
+        assert_eq!(
+            sha256(b"alice"),
+            "sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90"
+        );
+    }
 
     #[test]
     fn a_program_on_the_path_is_found_and_a_made_up_one_is_not() {

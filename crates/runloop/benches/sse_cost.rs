@@ -16,17 +16,13 @@
 //! rescans its buffer on every read is quadratic in the event's size and
 //! shows here as a ratio in the hundreds.
 
-// The test helpers of the `it` binary, of which this bench uses a part.
-#[allow(dead_code)]
-#[path = "../tests/it/common/mod.rs"]
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Conn, exchange, register, scripted};
 use runloop::agent::{AgentServer, demo::Demo};
+use runloop_testkit::agent_program::{self, Conn, scripted};
+use runloop_testkit::path::{exchange, register};
 use tokio_util::sync::CancellationToken;
 
 /// The event's text: 15 MiB, under the proxy's 16 MiB bound on one event.
@@ -104,7 +100,7 @@ async fn demo_proxy(stop: &CancellationToken) -> String {
 }
 
 async fn proxy_for(agent: SocketAddr) -> String {
-    let proxy = common::proxy(agent).await;
+    let proxy = agent_program::proxy(agent).await;
     register(&proxy.url).await;
     proxy.url
 }

@@ -6,24 +6,18 @@
 //! The server's logs of this binary, at debug, go into one buffer; each
 //! test reads the lines of its own connection (named by the caller's port).
 
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
-#[path = "it/common/mod.rs"]
-mod common;
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
-#[path = "it/support/mod.rs"]
-mod support;
-
 use std::sync::{Arc, Mutex, OnceLock};
 
-use common::Logs;
 use futures_util::{SinkExt, StreamExt};
 use runloop::client::Client;
 use runloop::runtime::{BoxFuture, Catalog, Container, ContainerLimits, Runtime, StartError};
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::frame::ClientFrame;
-use support::{FakeProxy, PATIENCE, RawClient, released};
+use runloop_testkit::caller::RawClient;
+use runloop_testkit::fake_proxy::FakeProxy;
+use runloop_testkit::logs::Logs;
+use runloop_testkit::server::{released, server_for, server_with};
+use runloop_testkit::wait::PATIENCE;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::MaybeTlsStream;
@@ -159,16 +153,7 @@ fn ending_of(port: u16) -> String {
 /// The one log buffer of this binary, at debug.
 fn logs() -> &'static Logs {
     static LOGS: OnceLock<Logs> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-        logs
-    })
+    LOGS.get_or_init(|| Logs::global(tracing::Level::DEBUG))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,7 +205,7 @@ async fn the_server_answers_a_callers_close_before_its_runs_have_ended() {
 async fn the_connection_ending_line_counts_the_frames_it_disregarded() {
     logs();
     let proxy = FakeProxy::start().await;
-    let server = support::server_for(&proxy, Credentials::Any).await;
+    let server = server_for(&proxy, Credentials::Any).await;
     let mut raw = RawClient::authorized(&server.url(), "").await;
     let port = caller_port(&raw);
     // Truncated; a channel request on a scope that is not open; a response
@@ -248,7 +233,7 @@ async fn the_connection_ending_line_counts_the_frames_it_disregarded() {
 async fn a_message_over_the_limit_is_logged_as_what_it_is_not_as_a_break() {
     logs();
     let proxy = FakeProxy::start().await;
-    let server = support::server_with(&proxy, Credentials::Any, |config| {
+    let server = server_with(&proxy, Credentials::Any, |config| {
         config.limits.max_message_size = 4096;
     })
     .await;

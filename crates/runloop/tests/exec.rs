@@ -4,21 +4,41 @@
 //! and no descendant left running. Where the machine has cgroups (root,
 //! as CI runs), each run has its own, and the tests check what it holds.
 
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
-#[path = "it/common/mod.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::{End, Logs, error_json, exchange, outcome, reaped, register, wait_dead};
 use runloop::proto::run_loop::Outcome;
 use runloop::runtime::{
     Confinement, Container, ContainerLimits, DiskPolicy, Exec, ExecConfig, ExecContainer,
     ExecNetwork, Runtime,
 };
+use runloop_testkit::logs::Logs;
+use runloop_testkit::path::{End, error_json, exchange, outcome, register};
+use runloop_testkit::process::reaped;
 
 const GIB: u64 = 1 << 30;
+
+/// Waits, within a generous bound, until `pid` is no longer a running
+/// process (gone, or a zombie that is not ours to reap).
+async fn wait_dead(pid: u32) -> bool {
+    for _ in 0..2000 {
+        if dead(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// Whether `pid` is gone or a zombie.
+fn dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'Z' | 'X')),
+    }
+}
 
 fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))

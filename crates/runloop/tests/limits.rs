@@ -2,11 +2,6 @@
 //! slow caller, scope and channel limits, oversize messages, the
 //! authorization grace period, and the connection limit.
 
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
-#[path = "it/support/mod.rs"]
-mod support;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -16,7 +11,13 @@ use runloop::client::{Client, RunError};
 use runloop::server::Credentials;
 use runloop_proto::frame::ClientFrame;
 use runloop_proto::run_loop::Outcome;
-use support::{FakeProxy, Owned, RawClient, Step, chunk, server_with};
+use runloop_testkit::caller::{Owned, RawClient};
+use runloop_testkit::fake_proxy::{FakeProxy, Step};
+use runloop_testkit::message::chunk;
+use runloop_testkit::server::{
+    hanging_loop, released, run_request, run_request_payload, server_with, texts,
+};
+use runloop_testkit::wait::{PATIENCE, eventually};
 use tokio::io::AsyncReadExt;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -153,11 +154,11 @@ async fn a_caller_that_stops_reading_does_not_hold_up_the_others() {
     let expected: Vec<String> = (0..50).map(|n| n.to_string()).collect();
     let callers = (0..3).map(|_| async {
         let client = Client::connect(&server.url(), "").await.expect("connect");
-        let runs = join_all((0..2).map(|_| client.start(support::run_request()))).await;
+        let runs = join_all((0..2).map(|_| client.start(run_request()))).await;
         let mut results = Vec::new();
         for run in runs {
             let run = run.expect("run starts");
-            let loops = join_all((0..2).map(|_| support::texts(run.run_loop("quick")))).await;
+            let loops = join_all((0..2).map(|_| texts(run.run_loop("quick")))).await;
             results.extend(loops);
             run.stop().await;
         }
@@ -175,13 +176,13 @@ async fn a_caller_that_stops_reading_does_not_hold_up_the_others() {
         stuck_at,
         "the slow caller is still stuck where it was"
     );
-    support::eventually("only the slow caller is left, its loop still open", || {
+    eventually("only the slow caller is left, its loop still open", || {
         let stats = server.stats();
         (stats.connections, stats.scopes, stats.relays) == (1, 1, 1)
     })
     .await;
     drop(slow);
-    support::released(&server).await;
+    released(&server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,7 +199,7 @@ async fn scopes_and_channels_past_their_limits_get_bare_finishes() {
     raw.open_run(1).await;
     raw.send_frame(&ClientFrame::Request {
         scope: 2,
-        payload: &support::run_request_payload(),
+        payload: &run_request_payload(),
     })
     .await;
     assert_eq!(
@@ -265,7 +266,7 @@ async fn a_message_over_the_size_limit_ends_the_connection() {
             "only the run's end may follow"
         );
     }
-    support::eventually("the run ends with the connection", || {
+    eventually("the run ends with the connection", || {
         server.stats().scopes == 0
     })
     .await;
@@ -280,26 +281,26 @@ async fn a_connection_that_never_authorizes_is_closed_after_the_grace_period() {
     .await;
     let mut raw = RawClient::connect(&server.url()).await;
     assert_eq!(raw.next_frame().await, None, "closed, with no frame");
-    support::eventually("the connection is gone", || server.stats().connections == 0).await;
+    eventually("the connection is gone", || server.stats().connections == 0).await;
 
     // A connection that never even completes the WebSocket handshake holds
     // its slot no longer.
     let mut silent = tokio::net::TcpStream::connect(server.local_addr())
         .await
         .expect("connects");
-    support::eventually("the connection is served", || {
+    eventually("the connection is served", || {
         server.stats().connections == 1
     })
     .await;
     let mut byte = [0u8; 1];
-    let read = tokio::time::timeout(support::PATIENCE, silent.read(&mut byte))
+    let read = tokio::time::timeout(PATIENCE, silent.read(&mut byte))
         .await
         .expect("closed within the grace period");
     assert!(
         matches!(read, Ok(0) | Err(_)),
         "closed, not answered: {read:?}"
     );
-    support::eventually("the connection is gone", || server.stats().connections == 0).await;
+    eventually("the connection is gone", || server.stats().connections == 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,9 +312,9 @@ async fn a_connection_past_the_limit_is_turned_away_with_a_reason() {
     })
     .await;
     let first = Client::connect(&server.url(), "").await.expect("connects");
-    let run = first.start(support::run_request()).await.expect("a run");
+    let run = first.start(run_request()).await.expect("a run");
     let _second = RawClient::authorized(&server.url(), "").await;
-    support::eventually("two connections", || server.stats().connections == 2).await;
+    eventually("two connections", || server.stats().connections == 2).await;
 
     // The third completes its handshake and is closed with code 1013 and
     // the server's reason, before anything it sends is read.
@@ -328,7 +329,7 @@ async fn a_connection_past_the_limit_is_turned_away_with_a_reason() {
 
     // Through the client library it is an error that says why.
     let fourth = Client::connect(&server.url(), "").await.expect("connects");
-    match fourth.start(support::run_request()).await {
+    match fourth.start(run_request()).await {
         Err(RunError::Closed { code: 1013, reason }) => {
             assert!(
                 reason.contains("as many connections as it may (2)"),
@@ -342,13 +343,10 @@ async fn a_connection_past_the_limit_is_turned_away_with_a_reason() {
 
     // The connections being served are untouched, and a slot that frees up
     // is served again.
-    drop(support::hanging_loop(&run).await);
+    drop(hanging_loop(&run).await);
     drop(run);
     first.close().await;
-    support::eventually("one connection", || server.stats().connections == 1).await;
+    eventually("one connection", || server.stats().connections == 1).await;
     let again = Client::connect(&server.url(), "").await.expect("connects");
-    again
-        .start(support::run_request())
-        .await
-        .expect("served again");
+    again.start(run_request()).await.expect("served again");
 }

@@ -9,22 +9,14 @@
 //! bridge; `runloop serve` caps that bridge below trace, and the CLI's own
 //! test checks the whole command at `RUST_LOG=trace`.
 
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
-#[path = "it/common/mod.rs"]
-mod common;
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
-#[path = "it/support/mod.rs"]
-mod support;
-
-use common::Logs;
 use runloop::client::Client;
 use runloop::runtime::Catalog;
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::frame::ClientFrame;
 use runloop_proto::run_loop::Outcome;
-use support::{RawClient, released};
+use runloop_testkit::caller::RawClient;
+use runloop_testkit::logs::Logs;
+use runloop_testkit::server::{released, run_request};
 
 const ACCEPTED: &str = "tok-ACCEPTED-7f3a9c";
 const REFUSED: &str = "tok-REFUSED-91c2d4";
@@ -45,10 +37,7 @@ async fn no_credential_reaches_the_logs_even_at_trace() {
     let client = Client::connect(&server.url(), ACCEPTED)
         .await
         .expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let run = client.start(run_request()).await.expect("run starts");
     let outcome = run.run_loop("count these words").outcome().await;
     assert_eq!(outcome, Outcome::Finished { fatal: false });
     run.stop().await;

@@ -5,22 +5,13 @@
 //! Every event of this test binary goes into a buffer; the server, its
 //! builtin proxy and the demo agent program all run in this process.
 
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
-#[path = "it/common/mod.rs"]
-mod common;
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
-#[path = "it/support/mod.rs"]
-mod support;
-
-use common::Logs;
 use futures_util::StreamExt;
 use runloop::client::Event;
 use runloop::runtime::Catalog;
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::run_loop::Outcome;
-use support::released;
+use runloop_testkit::logs::Logs;
+use runloop_testkit::server::{released, start_run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_loops_through_the_builtin_demo_log_no_broken_path() {
@@ -29,7 +20,7 @@ async fn healthy_loops_through_the_builtin_demo_log_no_broken_path() {
     let config = ServerConfig::new(Credentials::Any, Catalog::demo());
     let server = Server::bind("127.0.0.1:0", config).await.expect("bind");
     let (server, _task) = server.spawn();
-    let (client, run) = support::start_run(&server).await;
+    let (client, run) = start_run(&server).await;
     for prompt in ["one loop", "and another", "a third, to be sure"] {
         let outcome = run.run_loop(prompt).outcome().await;
         assert_eq!(outcome, Outcome::Finished { fatal: false });

@@ -17,16 +17,11 @@
 //! At that scale the demo cannot be the agent: each of its runs is a proxy
 //! and an agent program in this process, six descriptors a loop. The scale
 //! runs on one proxy that streams numbered chunks
-//! ([`support::FakeProxy`]), in a child process (this test again, with
+//! ([`FakeProxy`]), in a child process (this test again, with
 //! `RUNLOOP_SOAK=proxy`), so that neither process needs more descriptors
 //! than a loop's socket end each (the server's peak memory at this scale is
 //! `runloop bench --loops 10000 --connections 100`'s to measure: here the
 //! client shares the process).
-
-// The helpers of the `it` binary, of which this test uses a part.
-#[allow(dead_code)]
-#[path = "it/support/mod.rs"]
-mod support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,6 +35,8 @@ use runloop::client::{Client, Event, Run};
 use runloop::runtime::{Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::run_loop::{AgenticLoopChunk, Outcome, RunLoopRequest};
+use runloop_testkit::fake_proxy::{FakeProxy, Step};
+use runloop_testkit::server::{released, run_request, texts, unbudgeted};
 
 /// How a loop is to end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +164,7 @@ fn mib(bytes: u64) -> f64 {
 async fn serve() -> ServerHandle {
     let server = Server::bind(
         "127.0.0.1:0",
-        support::unbudgeted(ServerConfig::new(Credentials::Any, Catalog::demo())),
+        unbudgeted(ServerConfig::new(Credentials::Any, Catalog::demo())),
     )
     .await
     .expect("bind");
@@ -184,15 +181,15 @@ const PROXY_AT: &str = "soak proxy at ";
 /// the prompt `scale` until the soak closes its standard input.
 async fn scale_proxy() {
     raise_descriptor_limit();
-    let proxy = support::FakeProxy::start().await;
+    let proxy = FakeProxy::start().await;
     proxy.script(
         "scale",
         vec![
-            support::Step::Flood {
+            Step::Flood {
                 count: SCALE.2,
                 size: 64,
             },
-            support::Step::Close,
+            Step::Close,
         ],
     );
     println!("{PROXY_AT}{}", proxy.url());
@@ -251,7 +248,7 @@ async fn at_scale() -> usize {
     let (mut proxy, url) = spawn_scale_proxy();
     let mut catalog = Catalog::new();
     catalog.insert("demo", None, Arc::new(Attach::new(url)));
-    let mut config = support::unbudgeted(ServerConfig::new(Credentials::Any, catalog));
+    let mut config = unbudgeted(ServerConfig::new(Credentials::Any, catalog));
     config.budget.max_runs = loops;
     config.budget.max_runs_per_identity = loops;
     config.admission.max_connections_per_address = connections;
@@ -271,10 +268,10 @@ async fn at_scale() -> usize {
         let client = clients[i % connections].clone();
         let all_asked = Arc::clone(&all_asked);
         tasks.spawn(async move {
-            let run = client.start(support::run_request()).await.expect("run");
+            let run = client.start(run_request()).await.expect("run");
             let run_loop = run.run_loop("scale");
             all_asked.wait().await;
-            let (texts, outcome) = support::texts(run_loop).await;
+            let (texts, outcome) = texts(run_loop).await;
             assert_eq!(outcome, Outcome::Finished { fatal: false }, "loop {i}");
             for (n, text) in texts.iter().enumerate() {
                 assert_eq!(
@@ -300,7 +297,7 @@ async fn at_scale() -> usize {
     for client in &clients {
         client.close().await;
     }
-    support::released(&server).await;
+    released(&server).await;
     server.shutdown();
     drop(proxy.stdin.take());
     proxy.wait().expect("the proxy ends");
@@ -324,11 +321,11 @@ async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
 
     // A warm-up loop, so the baseline includes what any first use allocates.
     let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client.start(support::run_request()).await.expect("run");
+    let run = client.start(run_request()).await.expect("run");
     check_loop(&run, &prompt(0), &expected[&prompt(0)]).await;
     run.stop().await;
     client.close().await;
-    support::released(&server).await;
+    released(&server).await;
     let baseline = settled_rss();
 
     let peak = Arc::new(AtomicU64::new(baseline));
@@ -346,7 +343,7 @@ async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
     // In sequence: one run, one loop after another.
     let started = Instant::now();
     let client = Client::connect(&server.url(), "").await.expect("connect");
-    let run = client.start(support::run_request()).await.expect("run");
+    let run = client.start(run_request()).await.expect("run");
     let mut chunks = 0;
     for i in 0..sequential {
         let prompt = prompt(i);
@@ -368,7 +365,7 @@ async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
         let client = clients[i % connections].clone();
         let expected = Arc::clone(&expected);
         tasks.spawn(async move {
-            let run = client.start(support::run_request()).await.expect("run");
+            let run = client.start(run_request()).await.expect("run");
             let prompt = prompt(i);
             let chunks = check_loop(&run, &prompt, &expected[&prompt]).await;
             run.stop().await;
@@ -388,7 +385,7 @@ async fn thousands_of_loops_lose_nothing_and_leave_nothing() {
     let scaled = if full { at_scale().await } else { 0 };
     let at_scale = started.elapsed();
 
-    support::released(&server).await;
+    released(&server).await;
     sampling.store(false, Ordering::SeqCst);
     sampler.await.expect("the sampler");
     let after = settled_rss();

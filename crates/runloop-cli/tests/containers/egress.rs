@@ -28,7 +28,7 @@ use runloop_testkit::uplink::Uplink;
 
 use super::images::Images;
 use super::isolation::{first_text, host_address, run_as, wait_until};
-use super::{Server, json_lines, leftovers};
+use super::{Server, exited, json_lines, leftovers};
 
 /// Whether the machine has `nft` for egress, and `nsenter` for the fake
 /// internet (`skipped: needs …`).
@@ -229,15 +229,9 @@ fn a_run_with_egress_reaches_the_internet_and_no_host_service_no_other_run() {
                 "held",
             )
         });
-        assert!(
-            wait_until(Duration::from_secs(60), || server
-                .log()
-                .contains("oci container ready")),
-            "{}",
-            server.log()
-        );
+        server.logs_within(Duration::from_secs(60), "oci container ready");
         let probe = run_as(&server.url, &format!("reach@{reach_digest}"), "{}", "x");
-        assert_eq!(probe.status.code(), Some(0), "{probe:?}\n{}", server.log());
+        exited(&probe, 0, &server);
         let other = other.join().expect("joined");
         assert_eq!(other.status.code(), Some(0), "{other:?}");
         first_text(&json_lines(&probe))
@@ -272,15 +266,8 @@ fn a_run_with_egress_reaches_the_internet_and_no_host_service_no_other_run() {
     let mut linked: Vec<String> = logged.iter().map(|link| link.key.clone()).collect();
     linked.sort();
     assert_eq!(linked, keys, "every run had its own link");
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
-    for link in &logged {
-        assert!(!link_exists(&link.link), "{link:?} is left");
-    }
-    assert!(
-        !table_exists(&server.store),
-        "the server's nft table is left"
-    );
+    // Its links and its nft table go with the rest.
+    server.stop();
     let log = server.log();
     assert!(
         !log.contains("cannot remove the container's egress link"),
@@ -339,13 +326,7 @@ fn a_killed_servers_egress_is_swept_by_the_next_on_its_store_and_disturbs_no_oth
         .stderr(Stdio::null())
         .spawn()
         .expect("run starts");
-    assert!(
-        wait_until(Duration::from_secs(60), || killed
-            .log()
-            .contains("oci container ready")),
-        "{}",
-        killed.log()
-    );
+    killed.logs_within(Duration::from_secs(60), "oci container ready");
     let logged = links(&killed.log());
     assert_eq!(logged.len(), 1, "{}", killed.log());
     let mut child = killed.take().expect("running");
@@ -361,12 +342,12 @@ fn a_killed_servers_egress_is_swept_by_the_next_on_its_store_and_disturbs_no_oth
     // leftovers, and leave them be.
     let other = Server::start(&agents, &egress);
     let output = run_as(&other.url, &format!("reach@{reach_digest}"), "{}", "x");
-    assert_eq!(output.status.code(), Some(0), "{output:?}\n{}", other.log());
+    exited(&output, 0, &other);
     let report = first_text(&json_lines(&output));
     assert_eq!(report, format!("{} connected", internet.target));
     // Its resolver configuration: the host's name servers it can reach.
     let output = run_as(&other.url, &resolv, "{}", "x");
-    assert_eq!(output.status.code(), Some(0), "{output:?}\n{}", other.log());
+    exited(&output, 0, &other);
     let resolver = first_text(&json_lines(&output));
     let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
     for server in host
@@ -409,7 +390,7 @@ fn a_killed_servers_egress_is_swept_by_the_next_on_its_store_and_disturbs_no_oth
     );
     // Without egress, a run reaches nothing.
     let output = run_as(&next.url, &format!("reach@{reach_digest}"), "{}", "x");
-    assert_eq!(output.status.code(), Some(0), "{output:?}\n{}", next.log());
+    exited(&output, 0, &next);
     let report = first_text(&json_lines(&output));
     assert_eq!(
         report,
@@ -423,12 +404,7 @@ fn a_killed_servers_egress_is_swept_by_the_next_on_its_store_and_disturbs_no_oth
         "/etc/resolv.conf: No such file or directory"
     );
 
-    let other_keys = other.keys();
-    assert_eq!(other.terminate(), Some(0));
-    assert_eq!(leftovers(&other.store, &other_keys), Vec::<String>::new());
-    assert!(!table_exists(&other.store));
-    let next_keys = next.keys();
-    assert_eq!(next.terminate(), Some(0));
-    assert_eq!(leftovers(&store, &next_keys), Vec::<String>::new());
+    other.stop();
+    next.stop();
     drop(killed);
 }

@@ -28,7 +28,7 @@ use runloop_oci::{Host, HostConfig};
 
 use super::images::{self, Images};
 use super::registry::LocalRegistry;
-use super::{Server, leftovers, run_against};
+use super::{Server, run_against};
 
 fn limits() -> ContainerLimits {
     ContainerLimits::new(128 << 20, 16 << 20)
@@ -83,10 +83,9 @@ fn machine() -> [(&'static str, usize); 5] {
 #[test]
 #[ignore = "prints the closing note's figures; run by hand"]
 fn figures() {
-    if !super::ready_with_registry() {
+    let Some(images) = super::images_with_registry() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (layout, _) = images.agent_layout("figures");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
@@ -201,7 +200,7 @@ fn figures() {
     let elapsed = started.elapsed();
     let keys = server.keys();
     assert_eq!(server.terminate(), Some(0));
-    let left = leftovers(&server.store, &keys);
+    let left = server.left();
     println!(
         "100 runs through runloop serve in {elapsed:?} ({} containers); left of them: {}",
         keys.len(),
@@ -286,7 +285,6 @@ fn start_as_a_caller_sees_it() {
         "container start as a caller sees it (run request to id, cached image, {binary}), p50 of 30: {:?}",
         p50(samples)
     );
-    assert_eq!(server.terminate(), Some(0));
 }
 
 /// Container start with the image cached (spawn until the agent accepts
@@ -300,10 +298,9 @@ fn start_as_a_caller_sees_it() {
 #[test]
 #[ignore = "prints the start figure; run by hand"]
 fn start_p50() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (layout, _) = images.agent_layout("start-p50");
     let runtime_name = super::oci_runtime();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");

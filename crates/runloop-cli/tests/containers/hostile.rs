@@ -284,7 +284,7 @@ pub fn peak_rss(pid: u32) -> u64 {
 use std::time::Instant;
 
 use crate::images::{self, Images};
-use crate::{Server, pull_and_run, pull_command, refusal};
+use crate::{Server, exited, pull_and_run, pull_command, refusal};
 
 fn server(hostile: &Hostile, extra: &[&str]) -> Server {
     let mut args = vec!["--insecure-registry", hostile.host.as_str()];
@@ -294,10 +294,9 @@ fn server(hostile: &Hostile, extra: &[&str]) -> Server {
 
 #[test]
 fn registry_redirects_go_only_where_the_operator_said() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let image = images.agent_layout("hostile-redirects");
     let hostile = Hostile::start();
     hostile.route(
@@ -351,12 +350,7 @@ fn registry_redirects_go_only_where_the_operator_said() {
     // Listed as a mirror by its address: followed, and the image runs.
     let mirrored = self::server(&hostile, &["--registry-mirror", &elsewhere]);
     let output = pull_and_run(&mirrored.url, &format!("{host}/agents/blobs:1"), "mirrored");
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{output:?}\n{}",
-        mirrored.log()
-    );
+    exited(&output, 0, &mirrored);
     assert!(hostile.elsewhere_hits() > 0);
     drop(mirrored);
 
@@ -515,9 +509,8 @@ fn a_gzip_bomb_is_refused_at_its_unpack_ratio() {
         )),
         "{said}"
     );
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    let left: Vec<_> = fs::read_dir(store.join("images"))
+    server.stop();
+    let left: Vec<_> = fs::read_dir(server.store.join("images"))
         .expect("images")
         .map(|entry| entry.expect("entry").file_name())
         .collect();
@@ -711,10 +704,9 @@ fn until(what: &str, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn a_tenant_at_its_pull_cap_is_refused_and_another_still_pulls() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let hostile = Hostile::start();
     hostile.route(
         "agents/slow",
@@ -763,17 +755,16 @@ fn a_tenant_at_its_pull_cap_is_refused_and_another_still_pulls() {
     let other = pull_as(&server.url, &demo, "bob-secret")
         .output()
         .expect("run runs");
-    assert_eq!(other.status.code(), Some(0), "{other:?}\n{}", server.log());
+    exited(&other, 0, &server);
     let _ = held.kill();
     let _ = held.wait();
 }
 
 #[test]
 fn a_pull_nobody_waits_for_stops_and_leaves_no_partial_blob() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let hostile = Hostile::start();
     hostile.route(
         "agents/trickle-blobs",
@@ -929,10 +920,9 @@ fn carry(client: TcpStream, asked: &Mutex<Vec<String>>) {
 
 #[test]
 fn the_environments_proxy_is_not_used_and_the_operators_keeps_the_address_rules() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let image = images.agent_layout("hostile-proxied");
     let hostile = Hostile::start();
     let port = hostile.elsewhere.rsplit(':').next().expect("a port");
@@ -1011,10 +1001,9 @@ fn the_environments_proxy_is_not_used_and_the_operators_keeps_the_address_rules(
 
 #[test]
 fn a_bounded_store_sheds_the_image_no_run_holds_and_says_a_held_one_keeps_it_over() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let one = images.agent_layout("store-bound-one");
     let two = images.layout_with_env(
         "store-bound-two",

@@ -1,5 +1,5 @@
-//! The test images, built with no network: OCI image layouts written with
-//! the store's own layout code, from layers made here.
+//! The test images, built with no network: OCI image layouts written by
+//! the testkit (`runloop_testkit::oci`), from layers made here.
 //!
 //! - `agent`: this build's `runloop` binary (stripped) and the shared
 //!   libraries `ldd` lists, running `runloop agent demo` as it comes: on
@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use runloop_oci::digest::Digest;
 use runloop_oci::image::host_arch;
 use runloop_oci::layout::Layout;
-use runloop_oci::oci_spec::image::MediaType;
+use runloop_testkit::oci;
 use serde_json::json;
 
 /// A layer: its tar bytes.
@@ -25,20 +25,7 @@ pub struct Layer(pub Vec<u8>);
 
 /// Builds a tar layer from (path in the image, mode, content) triples.
 pub fn layer(files: &[(&str, u32, &[u8])]) -> Layer {
-    let mut builder = tar::Builder::new(Vec::new());
-    for (path, mode, data) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(*mode);
-        header.set_uid(0);
-        header.set_gid(0);
-        header.set_mtime(1_700_000_000);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder
-            .append_data(&mut header, path, *data)
-            .expect("append");
-    }
-    Layer(builder.into_inner().expect("tar"))
+    Layer(oci::tar(files))
 }
 
 /// Writes an image to `layout` with `layers` and a process of `args`;
@@ -63,38 +50,13 @@ pub fn write_image_with_env(
     let env: Vec<&str> = std::iter::once("PATH=/")
         .chain(env.iter().copied())
         .collect();
-    let config = json!({
-        "architecture": host_arch(),
-        "os": "linux",
-        "config": {"Entrypoint": args, "Env": env},
-        "rootfs": {"type": "layers", "diff_ids": []},
-    });
-    let config = serde_json::to_vec(&config).expect("config");
-    let config_digest = layout.put(&config).expect("config blob");
-    let layers: Vec<_> = layers
+    let config = oci::config(host_arch(), json!({"Entrypoint": args, "Env": env}));
+    let layers: Vec<(&str, &[u8])> = layers
         .iter()
-        .map(|layer| {
-            let digest = layout.put(&layer.0).expect("layer blob");
-            json!({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest.to_string(), "size": layer.0.len()})
-        })
+        .map(|layer| (oci::TAR, layer.0.as_slice()))
         .collect();
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest.to_string(), "size": config.len()},
-        "layers": layers,
-    });
-    let manifest = serde_json::to_vec(&manifest).expect("manifest");
-    let digest = layout.put(&manifest).expect("manifest blob");
-    layout
-        .add_manifest(
-            name,
-            &digest,
-            manifest.len() as u64,
-            MediaType::ImageManifest,
-        )
-        .expect("indexed");
-    (digest, manifest)
+    let (digest, manifest) = oci::write_image(layout.dir(), name, &config, &layers);
+    (digest.parse().expect("a digest"), manifest)
 }
 
 /// The built images, made once per test run.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::images::Images;
-use super::{Server, chunks, error_text, json_lines, leftovers};
+use super::{Server, chunks, error_text, exited, json_lines};
 
 /// `runloop run --json` with `agent` as the registration's JSON.
 pub(super) fn run_as(url: &str, image: &str, agent: &str, prompt: &str) -> Output {
@@ -187,15 +187,11 @@ fn two_servers_never_cross(runs: usize, extra: &[&str]) -> usize {
     assert_eq!(failures, Vec::<String>::new(), "failed runs\n{logs}");
     println!("{} runs on two servers at once, 0 crossings", outputs.len());
     for server in &servers {
-        let keys = server.keys();
-        assert_eq!(keys.len(), runs);
+        assert_eq!(server.keys().len(), runs);
         let links = super::egress::links(&server.log());
         assert_eq!(links.len(), if egress { runs } else { 0 });
-        assert_eq!(server.terminate(), Some(0));
-        assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
-        for link in links {
-            assert!(!super::egress::link_exists(&link.link), "{link:?} is left");
-        }
+        // Its runs' links are gone with the rest.
+        server.stop();
     }
     most
 }
@@ -217,10 +213,9 @@ pub(super) fn host_address() -> Option<String> {
 
 #[test]
 fn a_container_reaches_no_host_service_no_other_run_and_no_other_machine() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     // A service of the host on every address.
     let service = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("host service");
     service.set_nonblocking(true).expect("nonblocking");
@@ -273,7 +268,7 @@ fn a_container_reaches_no_host_service_no_other_run_and_no_other_machine() {
             server.log()
         );
         let probe = run_as(&server.url, &format!("reach@{reach_digest}"), "{}", "x");
-        assert_eq!(probe.status.code(), Some(0), "{probe:?}\n{}", server.log());
+        exited(&probe, 0, &server);
         let report = first_text(&json_lines(&probe));
         for target in &targets {
             assert!(
@@ -295,17 +290,13 @@ fn a_container_reaches_no_host_service_no_other_run_and_no_other_machine() {
     });
     // Nothing came to the host's service.
     assert!(service.accept().is_err(), "the host's service was reached");
-    let keys = server.keys();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
 }
 
 #[test]
 fn a_registration_to_a_container_gone_after_its_probe_fails_and_reaches_nothing() {
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     // A listener on the host's own loopback at the agent's port: where a
     // dial outside the run's namespace would land.
     let decoy = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("decoy");
@@ -351,10 +342,7 @@ fn a_registration_to_a_container_gone_after_its_probe_fails_and_reaches_nothing(
         let _ = stream.read_to_string(&mut reached);
         panic!("the registration reached the host's loopback: {reached:?}");
     }
-    let keys = server.keys();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(keys.len(), 2);
-    assert_eq!(leftovers(&server.store, &keys), Vec::<String>::new());
+    assert_eq!(server.keys().len(), 2);
 }
 
 /// A `runloop run` in the background, its output piped.
@@ -394,17 +382,6 @@ fn a_server_with_egress_stopped_while_a_container_starts_or_runs_leaves_nothing(
     stopped_servers_leave_nothing(&["--container-egress"]);
 }
 
-/// What of the runs `keys` of `server` is left, egress links included.
-fn left_of(server: &Server, keys: &[String]) -> Vec<String> {
-    let mut left = leftovers(&server.store, keys);
-    for link in super::egress::links(&server.log()) {
-        if super::egress::link_exists(&link.link) {
-            left.push(format!("egress link {link:?}"));
-        }
-    }
-    left
-}
-
 /// A server (with `flags`) stopped while a run starts, runs, or is given
 /// up on, in each way: nothing of its runs is left once it has exited.
 fn stopped_servers_leave_nothing(flags: &[&str]) {
@@ -424,13 +401,7 @@ fn stopped_servers_leave_nothing(flags: &[&str]) {
     // gives the start up.
     let server = Server::start(&agents, &extra);
     let mut run = caller(&server.url, &silent, "x");
-    assert!(
-        wait_until(Duration::from_secs(30), || server
-            .log()
-            .contains("container starting")),
-        "{}",
-        server.log()
-    );
+    server.logs_within(Duration::from_secs(30), "container starting");
     let child = server.take().expect("running");
     signal(&child, "TERM");
     let mut child = child;
@@ -442,24 +413,13 @@ fn stopped_servers_leave_nothing(flags: &[&str]) {
     );
     let keys = server.keys();
     assert_eq!(keys.len(), 1, "{}", server.log());
-    assert_eq!(
-        left_of(&server, &keys),
-        Vec::<String>::new(),
-        "{}",
-        server.log()
-    );
+    assert_eq!(server.left(), Vec::<String>::new(), "{}", server.log());
     let _ = run.wait();
 
     // Two signals at once, right as the start begins (mid-make).
     let server = Server::start(&agents, &extra);
     let mut run = caller(&server.url, &silent, "x");
-    assert!(
-        wait_until(Duration::from_secs(30), || server
-            .log()
-            .contains("starting the container")),
-        "{}",
-        server.log()
-    );
+    server.logs_within(Duration::from_secs(30), "starting the container");
     let mut child = server.take().expect("running");
     signal(&child, "TERM");
     std::thread::sleep(Duration::from_millis(20));
@@ -470,31 +430,19 @@ fn stopped_servers_leave_nothing(flags: &[&str]) {
         "{}",
         server.log()
     );
-    let keys = server.keys();
-    assert_eq!(
-        left_of(&server, &keys),
-        Vec::<String>::new(),
-        "{}",
-        server.log()
-    );
+    assert_eq!(server.left(), Vec::<String>::new(), "{}", server.log());
     let _ = run.wait();
 
     // The caller leaves during the start; then SIGTERM during a loop.
     let server = Server::start(&agents, &extra);
     let mut run = caller(&server.url, &silent, "x");
-    assert!(
-        wait_until(Duration::from_secs(30), || server
-            .log()
-            .contains("container starting")),
-        "{}",
-        server.log()
-    );
+    server.logs_within(Duration::from_secs(30), "container starting");
     run.kill().expect("the caller leaves");
     let _ = run.wait();
-    let left = server.keys();
     // The server still runs: its nft table is its own, not the run's.
     let of_the_run = || -> Vec<String> {
-        left_of(&server, &left)
+        server
+            .left()
             .into_iter()
             .filter(|thing| !thing.starts_with("nft table"))
             .collect()
@@ -521,12 +469,7 @@ fn stopped_servers_leave_nothing(flags: &[&str]) {
     );
     let keys = server.keys();
     assert_eq!(keys.len(), 2);
-    assert_eq!(
-        left_of(&server, &keys),
-        Vec::<String>::new(),
-        "{}",
-        server.log()
-    );
+    assert_eq!(server.left(), Vec::<String>::new(), "{}", server.log());
     // With egress, both runs had a link (the one given up on once it
     // listened, the one stopped mid-loop).
     if flags.contains(&"--container-egress") {
@@ -557,29 +500,18 @@ fn a_container_takes_no_kernel_key_of_its_host_user() {
     // kernel allows a user 200 keys (kernel.keys.maxkeys): a session
     // keyring per container capped the host at about 200 containers,
     // and one tenant's runs could take every other's.
-    if !super::ready() {
+    let Some(images) = super::images() else {
         return;
-    }
-    let images = Images::get();
+    };
     let (held, digest) = images.layout("keys-held", &[&images.hog], &["/hog", "tenant", "4000"]);
     let server = Server::start(
         &[format!("held=oci:{}", held.display())],
         &["--container-uid-range", "2300000000:65536"],
     );
     let run = caller(&server.url, &format!("held@{digest}"), "x");
-    assert!(
-        wait_until(Duration::from_secs(60), || server
-            .log()
-            .contains("runloop_server::scope: running")),
-        "{}",
-        server.log()
-    );
+    server.logs_within(Duration::from_secs(60), "runloop_server::scope: running");
     let keys = kernel_keys(2_300_000_000);
     let output = run.wait_with_output().expect("the run ends");
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     assert_eq!(keys, 0, "the container's root held kernel keys");
-    let keys = server.keys();
-    let store = server.store.clone();
-    assert_eq!(server.terminate(), Some(0));
-    assert_eq!(leftovers(&store, &keys), Vec::<String>::new());
 }

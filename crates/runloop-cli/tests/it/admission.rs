@@ -6,134 +6,28 @@
 //!
 //! The attackers connect from 127.0.0.2, the callers from 127.0.0.1: two
 //! addresses, both loopback. The loads at the issue's full size are
-//! figures of `benches/figures.rs`:
+//! figures of `benches/figures/`:
 //! `cargo bench -p runloop-cli --bench figures -- admission`.
 
-use crate::common;
-
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::Serve;
 use runloop::client::{Client, RunError};
-use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
+use runloop_testkit::caller::{connect_from, upgrade};
+use runloop_testkit::command::{self, Serve, request};
+use runloop_testkit::loads::{
+    ATTACKER, MIB, descriptors, flood_before_authorizing, one_token_floods_runs,
+    pre_authorization_flood, runtime, served, served_during_slowloris,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
-
-const MIB: u64 = 1 << 20;
-
-/// The attackers' address.
-const ATTACKER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("a runtime")
-}
-
-fn addr(server: &Serve) -> SocketAddr {
-    server
-        .url
-        .trim_start_matches("ws://")
-        .parse()
-        .expect("an address")
-}
-
-/// Descriptors process `pid` has open.
-fn descriptors(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |fds| fds.count())
-}
-
-fn demo_request() -> RunRequest {
-    let image = Image::Server(ImageRef {
-        name: "demo".into(),
-        digest: format!("sha256:{}", "0".repeat(64)),
-    });
-    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
-    RunRequest::new(Container::new(image, MIB, 0), agent)
-}
-
-/// One demo loop on a new connection with `credential`: whether it finished.
-async fn served(url: &str, credential: &str) -> Result<(), String> {
-    let client = Client::connect(url, credential)
-        .await
-        .map_err(|e| e.to_string())?;
-    let run = client
-        .start(demo_request())
-        .await
-        .map_err(|e| e.to_string())?;
-    let outcome = run.run_loop("hello there").outcome().await;
-    run.stop().await;
-    client.close().await;
-    match outcome {
-        Outcome::Finished { fatal: false } => Ok(()),
-        other => Err(format!("{other:?}")),
-    }
-}
-
-/// A TCP connection to `to` from `from`.
-async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(from, 0))?;
-    socket.connect(to).await
-}
-
-const UPGRADE: &str = "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: \
-                       Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-                       Sec-WebSocket-Version: 13\r\n\r\n";
-
-/// Completes the WebSocket handshake by hand on `tcp`.
-async fn upgrade(tcp: &mut TcpStream) -> std::io::Result<()> {
-    tcp.write_all(UPGRADE.as_bytes()).await?;
-    let mut response = Vec::new();
-    let mut byte = [0u8; 1];
-    while !response.ends_with(b"\r\n\r\n") {
-        if tcp.read(&mut byte).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        response.push(byte[0]);
-    }
-    if response.starts_with(b"HTTP/1.1 101") {
-        Ok(())
-    } else {
-        Err(std::io::Error::other("not upgraded"))
-    }
-}
-
-/// From `from`: the handshake, then the start of one binary message of
-/// `size` bytes (masked with a zero key, so its payload is zeros on the
-/// wire), written until the server stops taking it. How many bytes went,
-/// and whether all of them did.
-async fn flood_before_authorizing(from: IpAddr, to: SocketAddr, size: u64) -> (u64, bool) {
-    let Ok(mut tcp) = connect_from(from, to).await else {
-        return (0, false);
-    };
-    if upgrade(&mut tcp).await.is_err() {
-        return (0, false);
-    }
-    let mut header = vec![0x82, 0x80 | 127];
-    header.extend_from_slice(&size.to_be_bytes());
-    header.extend_from_slice(&[0; 4]);
-    if tcp.write_all(&header).await.is_err() {
-        return (0, false);
-    }
-    let zeros = vec![0u8; 64 << 10];
-    let mut sent = 0;
-    while sent < size {
-        let piece = zeros.len().min((size - sent) as usize);
-        let written = tokio::time::timeout(Duration::from_secs(5), tcp.write_all(&zeros[..piece]));
-        match written.await {
-            Ok(Ok(())) => sent += piece as u64,
-            _ => return (sent, false),
-        }
-    }
-    (sent, true)
-}
+use tokio::net::TcpStream;
 
 #[test]
 fn a_message_over_the_bound_before_authorization_ends_the_connection_unread() {
     let mut server = Serve::start("info", &[]);
-    let log = common::drain(server.stderr());
-    let to = addr(&server);
+    let log = command::drain(server.stderr());
+    let to = server.addr();
     runtime().block_on(async {
         // 15 MiB: the server stops reading it, and closes.
         let (sent, all) = flood_before_authorizing(ATTACKER, to, 15 * MIB).await;
@@ -155,30 +49,6 @@ fn a_message_over_the_bound_before_authorization_ends_the_connection_unread() {
     );
 }
 
-/// `connections` connections from distinct ports of `from`, each sending
-/// 15 MiB before authorizing, all at once; the server's peak RSS growth.
-fn pre_authorization_flood(args: &[&str], connections: usize) -> (u64, u64) {
-    let server = Serve::start("error", args);
-    let to = addr(&server);
-    let runtime = runtime();
-    runtime.block_on(async {
-        served(&server.url, "").await.expect("a warm-up loop");
-    });
-    let baseline = server.status("VmRSS");
-    runtime.block_on(async {
-        let floods: Vec<_> = (0..connections)
-            .map(|_| tokio::spawn(flood_before_authorizing(ATTACKER, to, 15 * MIB)))
-            .collect();
-        for flood in floods {
-            let (_, all) = flood.await.expect("a flood");
-            assert!(!all, "a whole 15 MiB message was taken");
-        }
-        served(&server.url, "").await.expect("served after");
-    });
-    let peak = server.status("VmHWM");
-    (baseline, peak)
-}
-
 #[test]
 fn floods_before_authorization_keep_the_server_small() {
     // Many attacking addresses, as far as the per-address limit goes: only
@@ -193,116 +63,10 @@ fn floods_before_authorization_keep_the_server_small() {
     );
 }
 
-/// 1024 connections × 15 MiB before authorizing.
-/// A figure of `benches/figures.rs` (not a test: a load).
-#[allow(dead_code)]
-pub fn a_thousand_floods_before_authorization() {
-    for (what, args) in [
-        ("defaults", &[][..]),
-        (
-            "--max-connections-per-address 1024",
-            &["--max-connections-per-address", "1024"][..],
-        ),
-    ] {
-        let (baseline, peak) = pre_authorization_flood(args, 1024);
-        println!(
-            "row 3 ({what}): 1024 connections × 15 MiB before authorizing: baseline {} MiB, \
-             peak {} MiB, growth {} MiB",
-            baseline / MIB,
-            peak / MIB,
-            (peak - baseline) / MIB
-        );
-        assert!(peak < baseline + 64 * MIB);
-    }
-}
-
-/// A slowloris from `from` until `stop`: `sockets` connections, each
-/// silent, or sending its upgrade request a byte at a time; reconnecting a
-/// second after the server closes one. How many connects it made.
-async fn slowloris(
-    from: IpAddr,
-    to: SocketAddr,
-    sockets: usize,
-    stop: tokio_util::sync::CancellationToken,
-) -> u64 {
-    let tasks: Vec<_> = (0..sockets)
-        .map(|i| {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let mut connects = 0u64;
-                while !stop.is_cancelled() {
-                    connects += 1;
-                    let Ok(mut tcp) = connect_from(from, to).await else {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    };
-                    let hold = async {
-                        if i % 2 == 0 {
-                            // Silent: wait for the server to close.
-                            let _ = tcp.read(&mut [0u8; 64]).await;
-                        } else {
-                            for byte in UPGRADE.as_bytes() {
-                                if tcp.write_all(&[*byte]).await.is_err() {
-                                    return;
-                                }
-                                tokio::time::sleep(Duration::from_millis(100)).await;
-                            }
-                        }
-                    };
-                    tokio::select! {
-                        () = hold => {}
-                        () = stop.cancelled() => {}
-                    }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                connects
-            })
-        })
-        .collect();
-    let mut connects = 0;
-    for task in tasks {
-        connects += task.await.unwrap_or(0);
-    }
-    connects
-}
-
-/// Callers served during a slowloris of `sockets` from another address:
-/// (served, tries, the attacker's connects).
-fn served_during_slowloris(sockets: usize, tries: usize) -> (usize, usize, u64) {
-    let server = Serve::start("error", &[]);
-    let to = addr(&server);
-    runtime().block_on(async {
-        let stop = tokio_util::sync::CancellationToken::new();
-        let attack = tokio::spawn(slowloris(ATTACKER, to, sockets, stop.clone()));
-        // Let the attack fill what it can.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let mut ok = 0;
-        for _ in 0..tries {
-            if served(&server.url, "").await.is_ok() {
-                ok += 1;
-            }
-        }
-        stop.cancel();
-        let connects = attack.await.expect("the attack");
-        (ok, tries, connects)
-    })
-}
-
 #[test]
 fn callers_are_served_during_a_slowloris_from_another_address() {
     let (ok, tries, _) = served_during_slowloris(1024, 10);
     assert!(ok * 10 >= tries * 9, "served {ok} of {tries}");
-}
-
-/// 1024 slowloris sockets from one address, 50 tries.
-/// A figure of `benches/figures.rs` (not a test: a load).
-#[allow(dead_code)]
-pub fn slowloris_from_one_address() {
-    let (ok, tries, connects) = served_during_slowloris(1024, 50);
-    println!(
-        "row 4: 1024 slowloris sockets from 127.0.0.2: callers from 127.0.0.1 served {ok} of {tries} tries; the attacker made {connects} connects"
-    );
-    assert!(ok * 10 >= tries * 9);
 }
 
 /// `runloop serve ARGS…` under `ulimit -n NOFILE`, its log drained.
@@ -325,8 +89,8 @@ impl Limited {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("sh runs");
-        let url = common::url(&mut child);
-        let log = common::drain(child.stderr.take().expect("stderr"));
+        let url = command::url(&mut child);
+        let log = command::drain(child.stderr.take().expect("stderr"));
         Limited { child, url, log }
     }
 
@@ -354,7 +118,7 @@ fn silent_sockets_past_the_limits_hold_no_descriptors() {
     runtime().block_on(async {
         // A caller authorized before the attack, with a run.
         let client = Client::connect(url, "").await.expect("connects");
-        let run = client.start(demo_request()).await.expect("a run");
+        let run = client.start(request("demo", MIB, 0)).await.expect("a run");
         let mut silent = Vec::new();
         for _ in 0..2000 {
             if let Ok(tcp) = connect_from(ATTACKER, to).await {
@@ -390,7 +154,7 @@ fn past_max_connections_under_a_small_nofile_callers_get_1013() {
         }
         for _ in 0..30 {
             let client = Client::connect(url, "").await.expect("the handshake");
-            match client.start(demo_request()).await {
+            match client.start(request("demo", MIB, 0)).await {
                 Err(RunError::Closed { code: 1013, .. }) => {}
                 other => panic!("past the limit: {:?}", other.map(|_| "a run")),
             }
@@ -402,37 +166,6 @@ fn past_max_connections_under_a_small_nofile_callers_get_1013() {
     server.never_ran_out();
 }
 
-/// one token's connections × runs of the demo, at once; then
-/// another token's loop. (served, refused, the server's descriptors at
-/// the height, whether the other token was served).
-fn one_token_floods_runs(connections: usize, runs: usize) -> (usize, usize, usize, bool) {
-    let tokens = tempfile::NamedTempFile::new().expect("a token file");
-    std::fs::write(tokens.path(), "alice\nbob\n").expect("tokens written");
-    let path = tokens.path().to_str().expect("a path").to_owned();
-    let server = Serve::start("error", &["--token-file", &path]);
-    runtime().block_on(async {
-        let mut clients = Vec::new();
-        for _ in 0..connections {
-            clients.push(
-                Client::connect(&server.url, "alice")
-                    .await
-                    .expect("connects"),
-            );
-        }
-        let starts = clients
-            .iter()
-            .flat_map(|client| (0..runs).map(move |_| client.start(demo_request())));
-        let started = futures_util::future::join_all(starts).await;
-        let (ok, refused): (Vec<_>, Vec<_>) = started.into_iter().partition(Result::is_ok);
-        let held = descriptors(server.pid());
-        let other = served(&server.url, "bob").await;
-        for run in ok.iter().flatten() {
-            run.stop().await;
-        }
-        (ok.len(), refused.len(), held, other.is_ok())
-    })
-}
-
 #[test]
 fn one_token_cannot_take_every_run_and_another_is_served() {
     let (ok, refused, _, other) = one_token_floods_runs(2, 64);
@@ -441,22 +174,11 @@ fn one_token_cannot_take_every_run_and_another_is_served() {
     assert!(other, "bob was not served");
 }
 
-/// A figure of `benches/figures.rs` (not a test: a load).
-#[allow(dead_code)]
-pub fn one_token_24_connections_of_256_runs() {
-    let (ok, refused, held, other) = one_token_floods_runs(24, 256);
-    println!(
-        "row 7: one token, 24 connections × 256 demo runs at once: {ok} served, {refused} \
-         refused, {held} server descriptors at the height; another token served: {other}"
-    );
-    assert!(other);
-}
-
 #[test]
 fn refusal_lines_are_rate_limited_per_address_with_a_summary() {
     let mut server = Serve::start("warn", &["--max-connections-per-address", "1"]);
-    let log = common::drain(server.stderr());
-    let to = addr(&server);
+    let log = command::drain(server.stderr());
+    let to = server.addr();
     runtime().block_on(async {
         // The address's one place, held; each connect after it is closed
         // at once, with a refusal line.
@@ -508,7 +230,7 @@ async fn close_frame(tcp: &mut TcpStream) -> std::io::Result<(u16, String)> {
 #[test]
 fn an_address_past_its_handshake_rate_is_told_why_and_another_is_served() {
     use std::io::{BufRead, BufReader};
-    let mut child = common::start(
+    let mut child = command::start(
         "warn",
         &[
             "serve",
@@ -520,7 +242,7 @@ fn an_address_past_its_handshake_rate_is_told_why_and_another_is_served() {
             "127.0.0.1:0",
         ],
     );
-    let _log = common::drain(child.stderr.take().expect("stderr"));
+    let _log = command::drain(child.stderr.take().expect("stderr"));
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
     stdout.read_line(&mut line).expect("the URL");

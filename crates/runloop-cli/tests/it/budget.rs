@@ -7,49 +7,14 @@
 //!
 //! Row 8 as a load (one connection asking for 256 runs of an `exec` agent
 //! at the default budget; the processes and memory they take) is
-//! a figure of `benches/figures.rs`:
+//! a figure of `benches/figures/`:
 //! `cargo bench -p runloop-cli --bench figures -- budget`.
 
-use crate::common;
-
-use std::time::Duration;
-
-use common::Serve;
 use futures_util::StreamExt;
-use runloop::client::{Client, Event, Run, RunError};
-use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
+use runloop::client::{Client, Event};
 use runloop::proto::run_loop::Outcome;
-
-const MIB: u64 = 1 << 20;
-
-/// A run of `image` asking for `memory` and `disk`.
-fn request(image: &str, memory: u64, disk: u64) -> RunRequest {
-    let image = Image::Server(ImageRef {
-        name: image.into(),
-        digest: format!("sha256:{}", "0".repeat(64)),
-    });
-    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
-    RunRequest::new(Container::new(image, memory, disk), agent)
-}
-
-/// The `error` member of a refusal, or a panic saying what came instead.
-fn refusal(started: Result<Run, RunError>) -> String {
-    match started {
-        Err(RunError::Refused(error)) => {
-            assert_eq!(error.0["kind"], "policy", "{error:?}");
-            error.0["error"]
-                .as_str()
-                .expect("an error string")
-                .to_owned()
-        }
-        Err(other) => panic!("refused otherwise: {other}"),
-        Ok(_) => panic!("the run started"),
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("a runtime")
-}
+use runloop_testkit::command::{Serve, request};
+use runloop_testkit::loads::{MIB, cgroups, exec_runs, refusal, runtime};
 
 #[test]
 fn a_run_over_the_largest_memory_or_disk_is_refused_naming_the_limit() {
@@ -243,79 +208,6 @@ fn one_token_cannot_hold_every_loop() {
     });
 }
 
-/// Whether exec runs get cgroups here (root, memory and pids controllers).
-fn cgroups() -> bool {
-    runloop_testkit::needs(&[runloop_testkit::Part::Cgroups])
-}
-
-fn sse_agent() -> String {
-    format!(
-        "sse=exec:python3 {}/../runloop/tests/fixtures/sse_agent.py",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
-
-/// Processes whose parent is `pid`, and theirs, all the way down.
-fn descendants(pid: u32) -> usize {
-    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        if let Some(parent) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|ppid| ppid.parse().ok())
-        {
-            children.entry(parent).or_default().push(child);
-        }
-    }
-    let mut stack = vec![pid];
-    let mut count = 0;
-    while let Some(next) = stack.pop() {
-        for &child in children.get(&next).into_iter().flatten() {
-            count += 1;
-            stack.push(child);
-        }
-    }
-    count
-}
-
-/// One connection asks for `asked` runs of an exec agent, 256 MiB each, at
-/// once; how many start, how many are refused and why, and how many
-/// processes the server has while they run.
-fn exec_runs(args: &[&str], asked: usize) -> (usize, Vec<String>, usize) {
-    let agent = sse_agent();
-    let server = Serve::start(
-        "error",
-        &[&["--exec-disk", "unenforced", "--agent", &agent], args].concat(),
-    );
-    runtime().block_on(async {
-        let client = Client::connect(&server.url, "").await.expect("connects");
-        let started = futures_util::future::join_all(
-            (0..asked).map(|_| client.start(request("sse", 256 * MIB, 0))),
-        )
-        .await;
-        let mut runs = Vec::new();
-        let mut refused = Vec::new();
-        for start in started {
-            match start {
-                Ok(run) => runs.push(run),
-                Err(error) => refused.push(refusal(Err(error))),
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let processes = descendants(server.pid());
-        for run in runs.iter() {
-            run.stop().await;
-        }
-        (runs.len(), refused, processes)
-    })
-}
-
 #[test]
 fn exec_runs_past_the_memory_budget_are_refused() {
     if !cgroups() {
@@ -331,26 +223,4 @@ fn exec_runs_past_the_memory_budget_are_refused() {
             "{why}"
         );
     }
-}
-
-/// One connection, 256 exec runs of 256 MiB, default limits.
-/// A figure of `benches/figures.rs` (not a test: a load).
-#[allow(dead_code)]
-pub fn exec_runs_at_the_default_budget() {
-    if !cgroups() {
-        return;
-    }
-    let (served, refused, processes) = exec_runs(&[], 256);
-    let budget: std::collections::BTreeSet<_> = refused
-        .iter()
-        .map(|why| why.split(':').next().unwrap_or_default().to_owned())
-        .collect();
-    println!(
-        "row 8: 256 exec runs of 256 MiB asked on one connection: {served} served, {} refused \
-         ({budget:?}), {processes} processes under the server, {} MiB claimed",
-        refused.len(),
-        served as u64 * 256
-    );
-    assert_eq!(served + refused.len(), 256);
-    assert!(!refused.is_empty(), "nothing past the budget was refused");
 }

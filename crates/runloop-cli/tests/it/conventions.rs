@@ -2,14 +2,12 @@
 //! the environment, exit codes of their own for a refused run, a time limit
 //! and Ctrl-C, and the prompt from standard input.
 
-use crate::common;
-
 use std::process::Stdio;
 
-use common::{Serve, exits, run, runloop};
+use runloop_testkit::command::{Serve, exits, run, runloop};
 
 /// A port on loopback that nothing listens on.
-fn closed_port() -> u16 {
+pub(crate) fn closed_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("a free port")

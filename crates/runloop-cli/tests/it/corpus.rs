@@ -8,9 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 
+use runloop_testkit::command::{run, runloop, url};
 use serde_json::Value;
-
-use super::common::{run, runloop, url};
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../corpus")

@@ -2,7 +2,7 @@
 //! startup, and a `--max-connections` and `--max-runs` that cannot fit in
 //! it refused.
 
-use crate::common;
+use runloop_testkit::command;
 
 /// `runloop serve ARGS…` under `ulimit -S SOFT -H HARD` (descriptors), run
 /// to its end: exit code, stdout and stderr.
@@ -72,7 +72,7 @@ fn the_soft_limit_is_raised_to_the_hard_one() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("sh runs");
-    common::url(&mut child);
+    command::url(&mut child);
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).expect("limits");
     let open_files = limits
         .lines()

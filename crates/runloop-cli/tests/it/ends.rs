@@ -2,9 +2,7 @@
 //! `runloop run` that is done closes its connection with a handshake, so
 //! the server never logs a caller that left normally as broken.
 
-use crate::common;
-
-use common::{Serve, drain, exits, run, start};
+use runloop_testkit::command::{Serve, drain, exits, run, start};
 
 /// Normal runs, one after another; the server at debug sees how each
 /// connection ended, down to the WebSocket library's words.

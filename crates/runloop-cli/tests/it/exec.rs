@@ -4,28 +4,15 @@
 //! and a tenant's runs' together), and the cgroups of tenants that share
 //! one CPU weight.
 
-use crate::common;
-
 use std::io::{BufRead, BufReader, Read};
 use std::time::{Duration, Instant};
-
-use common::Serve;
 
 use runloop::client::Client;
 use runloop::proto::Decode;
 use runloop::proto::agents_run::RunRequest;
-
-fn fixture(name: &str) -> String {
-    format!(
-        "{}/../runloop/tests/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
-
-/// Whether exec runs get cgroups here (root, memory and pids controllers).
-fn cgroups() -> bool {
-    runloop_testkit::needs(&[runloop_testkit::Part::Cgroups])
-}
+use runloop_testkit::command::Serve;
+use runloop_testkit::fixture;
+use runloop_testkit::loads::{alice_and_bob, cgroups};
 
 /// `runloop serve --exec-disk unenforced --agent AGENT` at `RUST_LOG=info`.
 fn serve(agent: &str) -> Serve {
@@ -317,26 +304,8 @@ fn a_tenant_s_runs_share_one_cpu_weight_in_a_cgroup_of_its_own() {
     if !cgroups() {
         return;
     }
-    let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        "[[tenant]]\nname = \"alice\"\ntokens = [\"sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90\"]\ncpu-weight = 300\n\
-         [[tenant]]\nname = \"bob\"\ntokens = [\"sha256:81b637d8fcd2c6da6359e6963113a1170de795e4b725b84d1e0b4cfd9ec58ce9\"]\n",
-    )
-    .expect("written");
     let agent = format!("sse=exec:python3 {}", fixture("sse_agent.py"));
-    let server = Serve::start(
-        "info",
-        &[
-            "--config",
-            config.to_str().expect("a path"),
-            "--exec-disk",
-            "unenforced",
-            "--agent",
-            &agent,
-        ],
-    );
+    let (server, _config) = alice_and_bob("info", "cpu-weight = 300\n", &[agent]);
     let own = format!("{}.", server.pid());
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let url = server.url.clone();
@@ -402,97 +371,4 @@ fn a_tenant_s_runs_share_one_cpu_weight_in_a_cgroup_of_its_own() {
     });
     assert_eq!(server.terminate().code(), Some(0));
     assert!(tree().is_none(), "the server's own goes with it");
-}
-
-/// The time of one loop of bob's fixed CPU work (`work` agent, `n`
-/// iterations), as the caller sees it.
-async fn bob_s_work(run: &runloop::client::Run, n: u64) -> Duration {
-    let start = Instant::now();
-    let outcome = run.run_loop(n.to_string()).outcome().await;
-    assert_eq!(
-        outcome,
-        runloop::proto::run_loop::Outcome::Finished { fatal: false }
-    );
-    start.elapsed()
-}
-
-/// Bob's fixed CPU workload alone, then while alice spins 8 runs (each a
-/// CPU's worth, on however many the machine has): the ratio, against the
-/// bar of 1.6 (issue 40, item 6: 1.6 s alone took 4.3 s before, when each
-/// run weighed the same whoever's it was). A figure of
-/// `benches/figures.rs` (not a test: a load, timed).
-#[allow(dead_code)]
-pub fn cpu_weights_while_alice_spins() {
-    if !cgroups() {
-        return;
-    }
-    let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        "[[tenant]]\nname = \"alice\"\ntokens = [\"sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90\"]\n\
-         [[tenant]]\nname = \"bob\"\ntokens = [\"sha256:81b637d8fcd2c6da6359e6963113a1170de795e4b725b84d1e0b4cfd9ec58ce9\"]\n",
-    )
-    .expect("written");
-    let spin = format!("spin=exec:python3 {} spin", fixture("cpu.py"));
-    let work = format!("work=exec:python3 {} work", fixture("cpu.py"));
-    let server = Serve::start(
-        "warn",
-        &[
-            "--config",
-            config.to_str().expect("a path"),
-            "--exec-disk",
-            "unenforced",
-            "--agent",
-            &spin,
-            "--agent",
-            &work,
-        ],
-    );
-    let url = server.url.clone();
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let n: u64 = std::env::var("RUNLOOP_CPU_WORK")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(30_000_000);
-    let (alone, loaded) = runtime.block_on(async {
-        let bob = Client::connect(&url, "bob").await.expect("bob");
-        let work = bob.start(small_request("work")).await.expect("bob's run");
-        let mut alone = Vec::new();
-        for _ in 0..3 {
-            alone.push(bob_s_work(&work, n).await);
-        }
-        let alice = Client::connect(&url, "alice").await.expect("alice");
-        let mut spinning = Vec::new();
-        for _ in 0..8 {
-            spinning.push(
-                alice
-                    .start(small_request("spin"))
-                    .await
-                    .expect("alice's run"),
-            );
-        }
-        // Her spinners are up to speed.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let mut loaded = Vec::new();
-        for _ in 0..3 {
-            loaded.push(bob_s_work(&work, n).await);
-        }
-        for run in spinning {
-            run.stop().await;
-        }
-        work.stop().await;
-        alice.close().await;
-        bob.close().await;
-        alone.sort();
-        loaded.sort();
-        (alone[1], loaded[1])
-    });
-    assert_eq!(server.terminate().code(), Some(0));
-    let ratio = loaded.as_secs_f64() / alone.as_secs_f64();
-    println!(
-        "bob's fixed work ({n} iterations), median of 3: {alone:?} alone, {loaded:?} while alice \
-         spins 8 runs: {ratio:.2}x (bar 1.6x)"
-    );
-    assert!(ratio <= 1.6, "bob's work took {ratio:.2}x its time alone");
 }

@@ -1,9 +1,7 @@
 //! `runloop serve` refuses, at startup, a limit that would make it useless,
 //! and says what the least workable value is; at that least value it serves.
 
-use crate::common;
-
-use common::{Serve, run};
+use runloop_testkit::command::{Serve, run};
 
 #[test]
 fn serve_refuses_each_limit_below_its_minimum_and_names_the_minimum() {

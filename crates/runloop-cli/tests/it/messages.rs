@@ -1,20 +1,12 @@
 //! The messages that point the right way (issue 17 §3), each as a user
 //! meets it: the built binary, real sockets, a real HTTP server.
 
-use crate::common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use common::run;
+use runloop_testkit::command::{self, run};
 
-/// A port on loopback that nothing listens on.
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
-}
+use crate::conventions::closed_port;
 
 #[test]
 fn a_capture_that_cannot_be_written_says_so() {
@@ -192,7 +184,7 @@ fn the_demo_agent_counts_one_word_as_one_word() {
 #[test]
 fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeout() {
     // `sleep` runs and never listens: the run waits --startup-timeout.
-    let server = common::Serve::start(
+    let server = command::Serve::start(
         "error",
         &[
             "--agent",
@@ -248,13 +240,13 @@ ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forev
 
 /// A server whose one image is an exec agent that sends `events` (Python
 /// bytes literals), in a scratch directory that lives as long as it.
-fn scripted_server(events: &[&str]) -> (common::Serve, tempfile::TempDir) {
+fn scripted_server(events: &[&str]) -> (command::Serve, tempfile::TempDir) {
     scripted_server_then(events, "pass")
 }
 
 /// [`scripted_server`], whose agent runs the Python statement `after`
 /// once its events are written, before its body's end.
-fn scripted_server_then(events: &[&str], after: &str) -> (common::Serve, tempfile::TempDir) {
+fn scripted_server_then(events: &[&str], after: &str) -> (command::Serve, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a scratch directory");
     let agent = dir.path().join("scripted_agent.py");
     let program = format!(
@@ -263,7 +255,7 @@ fn scripted_server_then(events: &[&str], after: &str) -> (common::Serve, tempfil
     );
     std::fs::write(&agent, program).expect("written");
     let spec = format!("demo=exec:python3 {}", agent.display());
-    let server = common::Serve::start("error", &["--agent", &spec, "--exec-disk", "unenforced"]);
+    let server = command::Serve::start("error", &["--agent", &spec, "--exec-disk", "unenforced"]);
     (server, dir)
 }
 
@@ -426,8 +418,8 @@ fn an_idle_timeout_shows_what_came_then_says_which_limit() {
 fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
     let exe = env!("CARGO_BIN_EXE_runloop");
     let spec = format!("demo=exec:{exe} agent demo");
-    let mut server = common::Serve::start("warn", &["--agent", &spec]);
-    let log = common::drain(server.stderr());
+    let mut server = command::Serve::start("warn", &["--agent", &spec]);
+    let log = command::drain(server.stderr());
     let (status, stdout, stderr) = run(&["run", "--url", &server.url, "--disk", "0", "hi"]);
     assert_eq!(status.code(), Some(0), "disk 0 runs: {stdout}{stderr}");
     let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
@@ -474,12 +466,12 @@ ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forev
 
 /// A server whose one image runs [`FAILING_AGENT`] with `on_run`, and the
 /// scratch directory that holds the program.
-fn failing_server(on_run: &str, level: &str) -> (common::Serve, tempfile::TempDir) {
+fn failing_server(on_run: &str, level: &str) -> (command::Serve, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a scratch directory");
     let agent = dir.path().join("failing_agent.py");
     std::fs::write(&agent, format!("ON_RUN = {on_run:?}\n{FAILING_AGENT}")).expect("written");
     let spec = format!("demo=exec:python3 {}", agent.display());
-    let server = common::Serve::start(level, &["--agent", &spec, "--exec-disk", "unenforced"]);
+    let server = command::Serve::start(level, &["--agent", &spec, "--exec-disk", "unenforced"]);
     (server, dir)
 }
 
@@ -490,7 +482,7 @@ fn failing_server(on_run: &str, level: &str) -> (common::Serve, tempfile::TempDi
 #[test]
 fn an_agent_that_raises_in_its_handler_is_said_to_have_closed_the_connection() {
     let (mut server, _dir) = failing_server("raise KeyError('promt')", "info");
-    let log = common::drain(server.stderr());
+    let log = command::drain(server.stderr());
     let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
     assert_eq!(status.code(), Some(3), "no loop ran: {stdout}{stderr}");
     assert_eq!(stdout, "");
@@ -535,7 +527,8 @@ fn an_agent_killed_at_its_memory_limit_before_it_answers_says_so() {
 #[test]
 fn a_catalog_refusal_says_what_would_be_served() {
     let pinned = format!("sha256:{}", "a".repeat(64));
-    let server = common::Serve::start("error", &["--agent", &format!("rev@{pinned}=builtin:demo")]);
+    let server =
+        command::Serve::start("error", &["--agent", &format!("rev@{pinned}=builtin:demo")]);
     let (status, _, stderr) = run(&["run", "--url", &server.url, "--image", "rev", "hi"]);
     assert_eq!(status.code(), Some(7), "{stderr}");
     assert_eq!(
@@ -595,8 +588,8 @@ fn no_credential_is_told_apart_from_a_wrong_one() {
     std::fs::write(&tokens, "right\n").expect("written");
     let wrong = dir.path().join("wrong");
     std::fs::write(&wrong, "wrong\n").expect("written");
-    let server = common::Serve::start("error", &["--token-file", tokens.to_str().expect("UTF-8")]);
-    let none = common::runloop()
+    let server = command::Serve::start("error", &["--token-file", tokens.to_str().expect("UTF-8")]);
+    let none = command::runloop()
         .args(["run", "--url", &server.url, "hi"])
         .env_remove("RUNLOOP_TOKEN")
         .output()
@@ -622,8 +615,8 @@ fn no_credential_is_told_apart_from_a_wrong_one() {
 #[test]
 fn a_server_killed_mid_start_is_a_broken_connection() {
     // The exec agent never listens: the run's start is still going on.
-    let mut server = common::Serve::start("error", &["--agent", "slow=exec:sleep 60"]);
-    let mut caller = common::runloop()
+    let mut server = command::Serve::start("error", &["--agent", "slow=exec:sleep 60"]);
+    let mut caller = command::runloop()
         .args([
             "run",
             "--url",
@@ -640,11 +633,11 @@ fn a_server_killed_mid_start_is_a_broken_connection() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("runs");
-    let stderr = common::drain(caller.stderr.take().expect("stderr"));
+    let stderr = command::drain(caller.stderr.take().expect("stderr"));
     std::thread::sleep(std::time::Duration::from_millis(800));
     assert_eq!(caller.try_wait().expect("waits"), None, "still starting");
     server.kill();
-    let status = common::exits(&mut caller, "runloop run after the server's kill");
+    let status = command::exits(&mut caller, "runloop run after the server's kill");
     let stderr = stderr.join().expect("stderr");
     assert!(
         stderr.starts_with(
@@ -661,7 +654,7 @@ fn a_server_killed_mid_start_is_a_broken_connection() {
 /// or the script it is given, is not there — not only at the first run.
 #[test]
 fn serve_warns_at_startup_of_an_exec_program_that_is_not_there() {
-    let mut server = common::Serve::start(
+    let mut server = command::Serve::start(
         "warn",
         &[
             "--exec-disk",
@@ -674,7 +667,7 @@ fn serve_warns_at_startup_of_an_exec_program_that_is_not_there() {
             "fine=exec:python3 -m http.server",
         ],
     );
-    let log = common::drain(server.stderr());
+    let log = command::drain(server.stderr());
     server.terminate();
     let log = log.join().expect("the log");
     assert!(
@@ -700,7 +693,7 @@ fn serve_warns_at_startup_of_an_exec_program_that_is_not_there() {
 /// supervised module's).
 #[test]
 fn a_program_that_exits_before_it_listens_says_where_its_output_is() {
-    let mut server = common::Serve::start(
+    let mut server = command::Serve::start(
         "info",
         &[
             "--exec-disk",
@@ -709,7 +702,7 @@ fn a_program_that_exits_before_it_listens_says_where_its_output_is() {
             "demo=exec:python3 -c raise(SystemExit('a-typo-in-the-agent'))",
         ],
     );
-    let log = common::drain(server.stderr());
+    let log = command::drain(server.stderr());
     let (status, _, stderr) = run(&["run", "--url", &server.url, "hi"]);
     assert_eq!(status.code(), Some(7), "{stderr}");
     assert!(

@@ -6,10 +6,9 @@
 //! rule can refuse the empty one.
 
 use futures_util::{SinkExt, StreamExt};
+use runloop_testkit::command::Serve;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-
-use crate::common::Serve;
 
 const PAGE: &str = "http://127.0.0.1:8080";
 

@@ -19,13 +19,11 @@
 //! `RUNLOOP_BIN` names another `runloop` binary to measure (an older build,
 //! for a before/after figure); the default is this build's.
 
-use crate::common;
-
 use std::time::Duration;
 
-use common::{Serve, demo_request};
 use futures_util::SinkExt;
 use runloop::proto::frame::{self, ClientFrame};
+use runloop_testkit::command::{Serve, demo_request};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;

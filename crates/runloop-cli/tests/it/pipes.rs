@@ -5,11 +5,9 @@
 //! Each test closes a pipe of a real process while it runs, and waits for
 //! it with a bound: a hang fails the test instead of holding it.
 
-use crate::common;
-
 use std::io::{BufRead, BufReader};
 
-use common::{Serve, drain, exits, finishes, run, start};
+use runloop_testkit::command::{Serve, drain, exits, finishes, run, start};
 
 /// Reads `n` lines of a child's stderr, then closes the pipe.
 fn read_lines_then_close(stderr: std::process::ChildStderr, n: usize) -> Vec<String> {

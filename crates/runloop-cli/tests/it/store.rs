@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-use crate::common::runloop;
+use runloop_testkit::command::runloop;
 
 /// An unpacked image of the store, used `ago` before now; its directory.
 fn image(store: &Path, letter: char, ago: Duration) -> PathBuf {

@@ -8,8 +8,6 @@
 //! a typo, a bad size and an unreadable token file; flags over the file;
 //! `--print-config` as a file that checks out.
 
-use crate::common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -21,6 +19,7 @@ use futures_util::StreamExt;
 use runloop::client::{Client, Event, Run, RunError};
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
+use runloop_testkit::command::{self, token_hash};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -67,7 +66,7 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
-        Server::start_with(common::runloop(), args)
+        Server::start_with(command::runloop(), args)
     }
 
     /// [`Server::start`] with `command` as the `runloop` to run (its
@@ -136,7 +135,7 @@ impl Server {
                 return line.to_owned();
             }
             assert!(
-                start.elapsed() < common::PATIENCE,
+                start.elapsed() < command::PATIENCE,
                 "no line with {needles:?} in\n{logs}"
             );
             std::thread::sleep(Duration::from_millis(20));
@@ -447,25 +446,6 @@ fn write(path: &Path, text: &str) {
     std::fs::rename(&partial, path).expect("renamed");
 }
 
-/// The hash of `token` as a configuration file names it.
-fn hash(token: &str) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(token.as_bytes())?;
-            child.wait_with_output()
-        })
-        .expect("sha256sum");
-    let hex = String::from_utf8(out.stdout).expect("text");
-    format!("sha256:{}", hex.split_whitespace().next().expect("a hash"))
-}
-
 #[test]
 fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied() {
     let dir = tempfile::tempdir().expect("a directory");
@@ -502,7 +482,7 @@ fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied()
             "max-runs = 8\nmax-runs-per-identity = 3\n\
              [[tenant]]\nname = \"alice\"\ntoken-file = \"alice.tokens\"\nmax-runs = 2\n\
              [[tenant]]\nname = \"bob\"\ntokens = [\"{}\"]\n",
-            hash("b1")
+            token_hash("b1")
         ),
     );
     server.hangup();
@@ -559,7 +539,7 @@ fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied()
         run.stop().await;
     });
     let logs = server.logs();
-    for secret in ["a1", "a2", "b1", &hash("b1")[7..]] {
+    for secret in ["a1", "a2", "b1", &token_hash("b1")[7..]] {
         assert!(
             !logs
                 .lines()
@@ -592,7 +572,7 @@ fn a_token_file_that_is_a_fifo_is_refused_on_reload_and_the_server_goes_on() {
         &config,
         "[[tenant]]\nname = \"alice\"\ntoken-file = \"alice.tokens\"\nmax-runs = 1\n",
     );
-    let mut command = common::runloop();
+    let mut command = command::runloop();
     command.env("TOKIO_WORKER_THREADS", "1");
     let server = Server::start_with(
         command,
@@ -655,7 +635,7 @@ fn check_config_reports_every_fault_at_once() {
         "max-run = 3\nmax-message-size = \"16Q\"\n\
          [[tenant]]\nname = \"carol\"\ntoken-file = \"unreadable\"\n",
     );
-    let (status, stdout, stderr) = common::run(&[
+    let (status, stdout, stderr) = command::run(&[
         "serve",
         "--check-config",
         "--config",
@@ -674,7 +654,7 @@ fn check_config_reports_every_fault_at_once() {
 
     // The example checks out; a flag overrides its key.
     let example = example();
-    let (status, stdout, stderr) = common::run(&[
+    let (status, stdout, stderr) = command::run(&[
         "serve",
         "--check-config",
         "--config",
@@ -712,10 +692,10 @@ fn check_config_reports_a_limit_beside_a_tls_fault_and_a_bad_tenant_once() {
         &format!(
             "max-scopes = 0\ntls-cert = \"missing.pem\"\ntls-key = \"missing.key\"\n\
              [[tenant]]\nname = \"bad name\"\ntokens = [\"{}\"]\n",
-            hash("t")
+            token_hash("t")
         ),
     );
-    let (status, stdout, stderr) = common::run(&[
+    let (status, stdout, stderr) = command::run(&[
         "serve",
         "--check-config",
         "--config",
@@ -747,7 +727,7 @@ fn a_duration_or_size_past_its_maximum_is_a_fault_in_a_file_and_on_the_command_l
          [[tenant]]\nname = \"alice\"\ntokens = [\"sha256:97dd3707015dcf069cf73022ed7173b1165db6eff24b441cb57fd069a8c4e525\"]\ncpu-weight = 0\n",
     );
     let config = config.to_str().expect("a path");
-    let (status, stdout, stderr) = common::run(&["serve", "--check-config", "--config", config]);
+    let (status, stdout, stderr) = command::run(&["serve", "--check-config", "--config", config]);
     assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
     for fault in [
         "authorization-grace: invalid value '999999h'",
@@ -759,7 +739,7 @@ fn a_duration_or_size_past_its_maximum_is_a_fault_in_a_file_and_on_the_command_l
         assert!(stderr.contains(fault), "{fault} in\n{stderr}");
     }
     let (status, _, stderr) =
-        common::run(&["serve", "--check-config", "--drain-timeout", "100000h"]);
+        command::run(&["serve", "--check-config", "--drain-timeout", "100000h"]);
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("the most it may be, 24h"), "{stderr}");
 }
@@ -785,7 +765,7 @@ fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
     );
     let config = config.to_str().expect("a path");
     let key_file = key_file.to_str().expect("a path");
-    let (status, stdout, stderr) = common::run(&[
+    let (status, stdout, stderr) = command::run(&[
         "serve",
         "--check-config",
         "--config",
@@ -801,7 +781,7 @@ fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
         "{stdout}"
     );
     // One without the other is a fault that says which is missing.
-    let (status, _, stderr) = common::run(&["serve", "--check-config", "--config", config]);
+    let (status, _, stderr) = command::run(&["serve", "--check-config", "--config", config]);
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("--tls-cert is given without --tls-key"),
@@ -812,7 +792,7 @@ fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
 #[test]
 fn print_config_with_a_file_prints_its_tenants_as_a_file_that_serves_the_same() {
     let example = example();
-    let (status, printed, stderr) = common::run(&[
+    let (status, printed, stderr) = command::run(&[
         "serve",
         "--print-config",
         "--config",
@@ -834,7 +814,7 @@ fn print_config_with_a_file_prints_its_tenants_as_a_file_that_serves_the_same() 
     let dir = tempfile::tempdir().expect("a directory");
     let copy = dir.path().join("copy.toml");
     std::fs::write(&copy, &printed).expect("written");
-    let (status, again, stderr) = common::run(&[
+    let (status, again, stderr) = command::run(&[
         "serve",
         "--check-config",
         "--config",
@@ -847,7 +827,7 @@ fn print_config_with_a_file_prints_its_tenants_as_a_file_that_serves_the_same() 
 
 #[test]
 fn print_config_uncommented_is_a_valid_configuration() {
-    let (status, printed, stderr) = common::run(&["serve", "--print-config"]);
+    let (status, printed, stderr) = command::run(&["serve", "--print-config"]);
     assert_eq!(status.code(), Some(0), "{stderr}");
     let mut file = String::new();
     for line in printed.lines() {
@@ -876,7 +856,7 @@ fn print_config_uncommented_is_a_valid_configuration() {
     let dir = tempfile::tempdir().expect("a directory");
     let path = dir.path().join("defaults.toml");
     std::fs::write(&path, &file).expect("written");
-    let (status, stdout, stderr) = common::run(&[
+    let (status, stdout, stderr) = command::run(&[
         "serve",
         "--check-config",
         "--config",

@@ -2,11 +2,9 @@
 //! line), `run --token-file` and `RUNLOOP_TOKEN` work; `--token` works and
 //! is warned about; the help steers to the file and the variable.
 
-use crate::common;
-
 use std::io::Read;
 
-use common::{Serve, run, runloop};
+use runloop_testkit::command::{self, Serve, run, runloop};
 
 fn token_file(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
     let path = dir.path().join(name);
@@ -56,7 +54,7 @@ fn serve_also_takes_runloop_token() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("starts");
-    let url = common::url(&mut child);
+    let url = command::url(&mut child);
     let url = url.as_str();
     let ok = runloop()
         .args(["run", "--url", url, "hi"])

@@ -19,10 +19,10 @@ use runloop::tls::ClientTls;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::certs::Pki;
 use crate::http;
 use crate::nginx::Nginx;
 use crate::serve::Serve;
+use runloop_testkit::certs::Pki;
 
 /// Chunks in each loop of the load-balanced runs.
 const CHUNKS: u64 = 16;

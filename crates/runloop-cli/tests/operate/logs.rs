@@ -2,9 +2,9 @@
 //! as it is; every line about a connection, a run or a loop carries their
 //! ids; no credential, at any level.
 
+use runloop_testkit::command::run;
 use serde_json::Value;
 
-use crate::common::run;
 use crate::serve::Serve;
 
 const TOKEN: &str = "json-logs-secret-token";

@@ -7,12 +7,6 @@
 //! tests on loopback ports from configurations they write (`.ci/run`
 //! installs them when missing).
 
-// The helpers of the `it` binary, of which these tests use a part.
-#[allow(dead_code)]
-#[path = "../it/common/mod.rs"]
-mod common;
-
-mod certs;
 mod http;
 mod nginx;
 mod prometheus;

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use runloop_testkit::command::run;
 use serde_json::Value;
 
-use crate::common::run;
 use crate::http;
 use crate::prometheus::{Prometheus, promtool_check};
 use crate::serve::Serve;
@@ -240,11 +240,11 @@ fn a_loop_past_the_identity_s_limit_is_counted_as_refused() {
     runtime.block_on(async {
         let client = Client::connect(&server.url, TOKEN).await.expect("connects");
         let first = client
-            .start(crate::common::demo_request())
+            .start(runloop_testkit::command::demo_request())
             .await
             .expect("a run");
         let second = client
-            .start(crate::common::demo_request())
+            .start(runloop_testkit::command::demo_request())
             .await
             .expect("a run");
         // The one loop the token may have, held while the next is asked.
@@ -280,7 +280,8 @@ fn the_proxy_counts_its_side() {
         return;
     }
     // The demo agent program and a proxy in front of it, each a process.
-    let mut agent = crate::common::start("warn", &["agent", "demo", "--listen", "127.0.0.1:0"]);
+    let mut agent =
+        runloop_testkit::command::start("warn", &["agent", "demo", "--listen", "127.0.0.1:0"]);
     let mut line = String::new();
     std::io::BufRead::read_line(
         &mut std::io::BufReader::new(agent.stdout.take().expect("stdout")),
@@ -288,7 +289,7 @@ fn the_proxy_counts_its_side() {
     )
     .expect("the agent's URL");
     let port = line.trim().rsplit(':').next().expect("a port").to_owned();
-    let mut proxy = crate::common::start(
+    let mut proxy = runloop_testkit::command::start(
         "warn",
         &[
             "proxy",

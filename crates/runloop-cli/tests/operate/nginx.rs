@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use runloop_testkit::Part;
 
-use crate::certs::Pair;
+use runloop_testkit::certs::Pair;
 
 /// Where the Debian package puts nginx.
 const NGINX: &str = "/usr/sbin/nginx";

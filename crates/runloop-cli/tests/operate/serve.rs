@@ -7,7 +7,7 @@ use std::process::{Child, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::common::{self, drain, exits};
+use runloop_testkit::command::{self, drain, exits};
 
 /// A running `runloop serve`, killed if the test ends first.
 pub struct Serve {
@@ -22,7 +22,7 @@ pub struct Serve {
 impl Serve {
     /// Starts `runloop serve --listen 127.0.0.1:0 ARGS…` at `RUST_LOG=level`.
     pub fn start(level: &str, args: &[&str]) -> Serve {
-        let mut child = common::start(
+        let mut child = command::start(
             level,
             &[&["serve", "--listen", "127.0.0.1:0"], args].concat(),
         );

@@ -5,13 +5,13 @@
 
 use std::path::Path;
 
+use runloop_testkit::command::run;
 use runloop_testkit::document::{marked_block, workspace};
 
-use crate::certs::Pki;
-use crate::common::run;
 use crate::serve::Serve;
+use runloop_testkit::certs::Pki;
 
-fn tls_server(pki: &Pki, pair: &crate::certs::Pair) -> Serve {
+fn tls_server(pki: &Pki, pair: &runloop_testkit::certs::Pair) -> Serve {
     let (cert, key) = (path(&pair.cert), path(&pair.key));
     let _ = pki;
     Serve::start("warn", &["--tls-cert", &cert, "--tls-key", &key])
@@ -174,7 +174,7 @@ fn serve_refuses_a_network_address_without_a_token_or_without_tls() {
     let (_, _, stderr) = run(&["serve", "--listen", "0.0.0.0:0", "--token", "t"]);
     assert!(stderr.contains("--allow-plaintext"), "{stderr}");
     // Told explicitly, it listens in the clear.
-    let mut child = crate::common::start(
+    let mut child = runloop_testkit::command::start(
         "warn",
         &[
             "serve",

@@ -2,13 +2,10 @@
 //! WebSocket client → the server's relay → the caller's reader, for every
 //! way a loop can end; and the builtin runtime that packages the two.
 
-use crate::common;
-
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use common::{End, Exchange, error_json, exchange, outcome, register};
 use futures_util::StreamExt;
 use runloop::agent::demo::{Demo, SEQ};
 use runloop::agent::{self, Agent, AgentHandle, AgentServer};
@@ -16,6 +13,7 @@ use runloop::proto::ErrorValue;
 use runloop::proto::run_loop::{AgenticLoopChunk, ChunkKind, Outcome, RunLoopRequest};
 use runloop::proxy::{Proxy, ProxyHandle};
 use runloop::runtime::{Builtin, ContainerLimits, Runtime};
+use runloop_testkit::path::{self, End, Exchange, error_json, exchange, outcome, register};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -258,11 +256,11 @@ async fn a_loop_running_when_the_agent_program_shuts_down_is_unfinished() {
     register(&url).await;
 
     // A paced loop is still running when the agent program shuts down.
-    let mut ws = common::open(&url, "/agent/run").await;
-    common::ask(&mut ws, RunLoopRequest::new("demo:pace=50 slow").json()).await;
-    let first = common::next_binary(&mut ws).await.expect("a chunk");
+    let mut ws = path::open(&url, "/agent/run").await;
+    path::ask(&mut ws, RunLoopRequest::new("demo:pace=50 slow").json()).await;
+    let first = path::next_binary(&mut ws).await.expect("a chunk");
     agent_stop.shutdown();
-    let mut done = common::rest(ws).await;
+    let mut done = path::rest(ws).await;
     done.messages.insert(0, first);
     let (_, result) = outcome(&done);
     assert_eq!(result.name(), "unfinished", "{result}");

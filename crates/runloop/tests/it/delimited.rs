@@ -7,11 +7,9 @@
 //! "finished": the proxy relays its chunks and then says why, and how to
 //! fix the agent program.
 
-use crate::common;
-
-use common::{End, error_json, exchange, outcome, register};
 use runloop::proto::run_loop::{AgenticLoopChunk, Outcome};
 use runloop::runtime::{ContainerLimits, DiskPolicy, Exec};
+use runloop_testkit::path::{End, error_json, exchange, outcome, register};
 
 fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))

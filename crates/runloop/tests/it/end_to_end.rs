@@ -2,8 +2,6 @@
 //! proxy → agent program, for the builtin, exec and attach runtimes, with
 //! the caller's `Outcome` for every ending the demo agent can show.
 
-use crate::support;
-
 use std::sync::Arc;
 
 use futures_util::StreamExt;
@@ -14,6 +12,8 @@ use runloop::proxy::Proxy;
 use runloop::runtime::{AgentSpec, Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::run_loop::{AgenticLoopChunk, ChunkKind, Outcome};
+use runloop_testkit::server::{run_request, start_run};
+use runloop_testkit::wait::eventually;
 
 async fn serve(catalog: Catalog) -> ServerHandle {
     let server = Server::bind("127.0.0.1:0", ServerConfig::new(Credentials::Any, catalog))
@@ -30,10 +30,7 @@ fn seq(json: &[u8]) -> u64 {
 
 /// Runs one loop and checks the demo's numbering: 0, 1, 2… with no gap.
 async fn run_numbered(client: &Client, prompt: &str) -> (Vec<AgenticLoopChunk>, Outcome) {
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let run = client.start(run_request()).await.expect("run starts");
     let mut run_loop = run.run_loop(prompt);
     let mut chunks = Vec::new();
     let outcome = loop {
@@ -85,7 +82,7 @@ async fn the_builtin_demo_shows_every_ending() {
     assert_eq!(chunks.len(), 500);
     assert_eq!(outcome, Outcome::Finished { fatal: false });
 
-    support::eventually("every builtin container stopped", || {
+    eventually("every builtin container stopped", || {
         server.stats().containers == 0
     })
     .await;
@@ -95,7 +92,7 @@ async fn the_builtin_demo_shows_every_ending() {
 async fn a_refused_registration_refuses_the_run() {
     let server = serve(Catalog::demo()).await;
     let client = Client::connect(&server.url(), "").await.expect("connect");
-    let mut request = support::run_request();
+    let mut request = run_request();
     request.agent =
         serde_json::value::RawValue::from_string("\"demo:refuse\"".into()).expect("JSON");
     let Err(RunError::Refused(error)) = client.start(request).await else {
@@ -105,7 +102,7 @@ async fn a_refused_registration_refuses_the_run() {
     assert_eq!(error.value()["kind"], "agent", "{error}");
     assert_eq!(error.value()["status"], 403, "{error}");
     assert_eq!(error.value()["error"]["kind"], "demo", "{error}");
-    support::eventually("the container is stopped", || {
+    eventually("the container is stopped", || {
         server.stats().containers == 0
     })
     .await;
@@ -126,12 +123,12 @@ async fn an_exec_agent_program_runs_behind_the_server_and_is_reaped() {
         )
         .expect("an exec spec is added");
     let server = serve(catalog).await;
-    let (_client, run) = support::start_run(&server).await;
+    let (_client, run) = start_run(&server).await;
     let (chunks, outcome) = run.run_loop("hello").collect_chunks().await;
     assert_eq!(outcome, Outcome::Finished { fatal: false });
     assert!(!chunks.is_empty());
     run.stop().await;
-    support::eventually("the child is stopped", || server.stats().containers == 0).await;
+    eventually("the child is stopped", || server.stats().containers == 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,7 +153,7 @@ async fn an_attached_proxy_serves_one_run() {
     assert_eq!(outcome, Outcome::Finished { fatal: false });
     // A proxy takes one registration in its life: the next run is refused.
     assert!(matches!(
-        client.start(support::run_request()).await,
+        client.start(run_request()).await,
         Err(RunError::Refused(_))
     ));
     proxy.shutdown();

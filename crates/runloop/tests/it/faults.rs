@@ -6,9 +6,6 @@
 //! relay or proxy path, no task beyond the ones it started with, no socket,
 //! and no child process.
 
-use crate::common;
-use crate::support;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -19,11 +16,19 @@ use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::frame::ClientFrame;
 use runloop_proto::run_loop::{Broken, Outcome};
 use runloop_proto::{ErrorKind, ErrorValue};
-use serde_json::json;
-use support::{
-    FakeProxy, Gated, Owned, RawClient, Step, chunk, eventually, released, server_for,
-    sockets_closed, tasks_back_to, texts,
+use runloop_testkit::agent_program::{self, scripted};
+use runloop_testkit::caller::{Owned, RawClient};
+use runloop_testkit::fake_proxy::{FakeProxy, Step};
+use runloop_testkit::message::chunk;
+use runloop_testkit::process::reaped;
+use runloop_testkit::server::{
+    hanging_loop, released, run_request, run_request_payload, server_for, start_run, texts,
 };
+use runloop_testkit::wait::{PATIENCE, eventually};
+use serde_json::json;
+
+use crate::gated::Gated;
+use crate::held::{alive_tasks, sockets_closed, tasks_back_to};
 
 fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -48,8 +53,10 @@ fn port(url: &str) -> u16 {
 /// server or the proxy is open.
 /// A real proxy in front of the agent program at `agent`, and a server
 /// whose `demo` image attaches to it.
-async fn behind_a_real_proxy(agent: std::net::SocketAddr) -> (common::RunningProxy, ServerHandle) {
-    let proxy = common::proxy(agent).await;
+async fn behind_a_real_proxy(
+    agent: std::net::SocketAddr,
+) -> (agent_program::RunningProxy, ServerHandle) {
+    let proxy = agent_program::proxy(agent).await;
     let mut catalog = Catalog::new();
     catalog.insert("demo", None, Arc::new(Attach::new(proxy.url.clone())));
     (proxy, serve(catalog).await)
@@ -77,7 +84,7 @@ fn run_stopped() -> ErrorValue {
 async fn a_proxy_path_that_ends_badly_is_never_a_finish() {
     let proxy = FakeProxy::start().await;
     let server = server_for(&proxy, Credentials::Any).await;
-    let baseline = support::alive_tasks();
+    let baseline = alive_tasks();
     let numbered = |k: usize| (0..k).map(|n| Step::Send(chunk(&n.to_string())));
     let expect = |k: usize| (0..k).map(|n| n.to_string()).collect::<Vec<_>>();
 
@@ -116,7 +123,7 @@ async fn a_proxy_path_that_ends_badly_is_never_a_finish() {
         proxy.script(prompt, steps.clone());
     }
 
-    let (client, run) = support::start_run(&server).await;
+    let (client, run) = start_run(&server).await;
     for (prompt, steps, k, says) in &cases {
         let (chunks, outcome) = texts(run.run_loop(prompt.as_str())).await;
         assert_eq!(chunks, expect(*k), "{prompt}: every chunk, in order");
@@ -143,8 +150,8 @@ async fn a_proxy_that_never_answers_keeps_the_loop_open_until_the_caller_stops_i
     let proxy = FakeProxy::start().await;
     proxy.script("silent", vec![Step::AwaitClose]);
     let server = server_for(&proxy, Credentials::Any).await;
-    let baseline = support::alive_tasks();
-    let (client, run) = support::start_run(&server).await;
+    let baseline = alive_tasks();
+    let (client, run) = start_run(&server).await;
     let mut run_loop = run.run_loop("silent");
     proxy.wait_for("run silent").await;
     // No timeout: the loop is open, the path too, and nothing has come.
@@ -163,7 +170,7 @@ async fn a_proxy_that_never_answers_keeps_the_loop_open_until_the_caller_stops_i
 async fn an_agent_program_that_never_answers_behind_a_real_proxy() {
     // The agent program registers, and then takes /run and says nothing.
     let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let (agent, _task) = common::scripted(move |mut conn| {
+    let (agent, _task) = scripted(move |mut conn| {
         let seen = seen_tx.clone();
         async move {
             while let Some(request) = conn.request().await {
@@ -181,9 +188,9 @@ async fn an_agent_program_that_never_answers_behind_a_real_proxy() {
     })
     .await;
     let (proxy, server) = behind_a_real_proxy(agent).await;
-    let baseline = support::alive_tasks();
+    let baseline = alive_tasks();
 
-    let (client, run) = support::start_run(&server).await;
+    let (client, run) = start_run(&server).await;
     let mut run_loop = run.run_loop("hello?");
     assert_eq!(seen.recv().await, Some("run"));
     assert_eq!(run_loop.next().now_or_never(), None, "nothing came");
@@ -209,12 +216,12 @@ async fn a_caller_gone_mid_registration_stops_the_container_and_closes_the_path(
     let gated = Gated::new(&proxy);
     gated.open(1);
     let server = gated.server().await;
-    let baseline = support::alive_tasks();
+    let baseline = alive_tasks();
 
     let mut raw = RawClient::authorized(&server.url(), "").await;
     raw.send_frame(&ClientFrame::Request {
         scope: 0,
-        payload: &support::run_request_payload(),
+        payload: &run_request_payload(),
     })
     .await;
     proxy.wait_for("register").await;
@@ -238,9 +245,9 @@ async fn a_caller_gone_between_loops_stops_the_container() {
     let gated = Gated::new(&proxy);
     gated.open(1);
     let server = gated.server().await;
-    let baseline = support::alive_tasks();
+    let baseline = alive_tasks();
 
-    let (client, run) = support::start_run(&server).await;
+    let (client, run) = start_run(&server).await;
     let (chunks, outcome) = texts(run.run_loop("one")).await;
     assert_eq!(
         (chunks, outcome),
@@ -298,11 +305,11 @@ fn exec_catalog(fixture_name: &str) -> Catalog {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_gone_mid_loop_stops_and_reaps_the_agent_program() {
     let server = serve(exec_catalog("endless_agent.py")).await;
-    let baseline = support::alive_tasks();
-    let (client, run) = support::start_run(&server).await;
+    let baseline = alive_tasks();
+    let (client, run) = start_run(&server).await;
     let mut run_loop = run.run_loop("go");
     let pid = endless_pid(&mut run_loop, 3).await;
-    assert!(!common::reaped(pid), "the agent program runs");
+    assert!(!reaped(pid), "the agent program runs");
 
     client.close().await;
     assert_eq!(
@@ -311,7 +318,7 @@ async fn a_caller_gone_mid_loop_stops_and_reaps_the_agent_program() {
     );
     released(&server).await;
     assert!(
-        common::reaped(pid),
+        reaped(pid),
         "stopped and reaped before the container is let go"
     );
     tasks_back_to(baseline).await;
@@ -321,8 +328,8 @@ async fn a_caller_gone_mid_loop_stops_and_reaps_the_agent_program() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_program_killed_mid_stream_is_an_unfinished_loop() {
     let server = serve(exec_catalog("endless_agent.py")).await;
-    let baseline = support::alive_tasks();
-    let (client, run) = support::start_run(&server).await;
+    let baseline = alive_tasks();
+    let (client, run) = start_run(&server).await;
     let mut run_loop = run.run_loop("go");
     let pid = endless_pid(&mut run_loop, 3).await;
 
@@ -353,7 +360,7 @@ async fn an_agent_program_killed_mid_stream_is_an_unfinished_loop() {
     run.ended().await;
     client.close().await;
     released(&server).await;
-    assert!(common::reaped(pid), "the killed child is reaped");
+    assert!(reaped(pid), "the killed child is reaped");
     tasks_back_to(baseline).await;
     sockets_closed(server.local_addr().port()).await;
 }
@@ -364,16 +371,13 @@ async fn a_stop_racing_the_end_of_the_container_ends_the_run_once() {
     proxy.script_hang();
     let gated = Gated::new(&proxy);
     let server = gated.server().await;
-    let baseline = support::alive_tasks();
+    let baseline = alive_tasks();
     let client = Client::connect(&server.url(), "").await.expect("connect");
     const ROUNDS: u64 = 20;
     for round in 0..ROUNDS {
         gated.open(1);
-        let run = client
-            .start(support::run_request())
-            .await
-            .expect("run starts");
-        let run_loop = support::hanging_loop(&run).await;
+        let run = client.start(run_request()).await.expect("run starts");
+        let run_loop = hanging_loop(&run).await;
         // The container ends and the caller stops at the same moment.
         let stop = run.stop();
         gated.end_latest();
@@ -401,11 +405,11 @@ async fn a_stop_racing_the_end_of_the_container_ends_the_run_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_racing_an_agent_program_that_exits_at_once() {
     let server = serve(exec_catalog("exits_after_register.py")).await;
-    let baseline = support::alive_tasks();
+    let baseline = alive_tasks();
     let client = Client::connect(&server.url(), "").await.expect("connect");
     for round in 0..2 {
         let run = client
-            .start(support::run_request())
+            .start(run_request())
             .await
             .expect("the registration was answered");
         let run_loop = run.run_loop("anyone?");
@@ -435,7 +439,7 @@ async fn a_stop_before_the_id_refuses_the_run_and_leaves_nothing() {
     let proxy = FakeProxy::start().await;
     let gated = Gated::new(&proxy);
     let server = gated.server().await;
-    let baseline = support::alive_tasks();
+    let baseline = alive_tasks();
     let stopped_before =
         json!({"kind": "run", "error": "the run was stopped before its container ran"});
 
@@ -443,7 +447,7 @@ async fn a_stop_before_the_id_refuses_the_run_and_leaves_nothing() {
     let mut raw = RawClient::authorized(&server.url(), "").await;
     raw.send_frame(&ClientFrame::Request {
         scope: 0,
-        payload: &support::run_request_payload(),
+        payload: &run_request_payload(),
     })
     .await;
     eventually("the start is asked for", || {
@@ -477,7 +481,7 @@ async fn a_stop_before_the_id_refuses_the_run_and_leaves_nothing() {
     gated.open(1);
     raw.send_frame(&ClientFrame::Request {
         scope: 1,
-        payload: &support::run_request_payload(),
+        payload: &run_request_payload(),
     })
     .await;
     proxy.wait_for("register").await;
@@ -517,7 +521,7 @@ async fn a_caller_that_gives_up_waiting_for_the_id_stops_the_run() {
     // cancelled task): the future of `run` is dropped.
     let waiting = tokio::spawn({
         let client = client.clone();
-        async move { client.start(support::run_request()).await }
+        async move { client.start(run_request()).await }
     });
     eventually("the start is asked for", || {
         gated.asked.load(Ordering::SeqCst) == 1
@@ -536,10 +540,7 @@ async fn a_caller_that_gives_up_waiting_for_the_id_stops_the_run() {
     .await;
     // The connection is still good for the next run.
     gated.open(1);
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let run = client.start(run_request()).await.expect("run starts");
     run.stop().await;
     client.close().await;
     released(&server).await;
@@ -551,12 +552,12 @@ async fn a_stop_reaches_a_loop_whose_proxy_does_not_read_its_ask() {
     let proxy = FakeProxy::start().await;
     proxy.stall_runs.store(true, Ordering::SeqCst);
     let server = server_for(&proxy, Credentials::Any).await;
-    let (client, run) = support::start_run(&server).await;
+    let (client, run) = start_run(&server).await;
     // An ask larger than the socket buffers between server and proxy hold:
     // the server's send cannot complete while the proxy reads nothing.
     let run_loop = run.run_loop("x".repeat(12 << 20));
     proxy.wait_for("stalled").await;
-    tokio::time::timeout(support::PATIENCE, run.stop())
+    tokio::time::timeout(PATIENCE, run.stop())
         .await
         .expect("the stop is answered although the proxy reads nothing");
     assert_eq!(run_loop.outcome().await, Outcome::NoLoop(run_stopped()));
@@ -573,7 +574,7 @@ async fn a_stop_reaches_a_loop_whose_proxy_does_not_read_its_ask() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_broken_mid_way_through_a_large_chunk_is_an_unfinished_loop() {
     let small = br#"{"type":"assistant_text_content","text":"a"}"#;
-    let (agent, _task) = common::scripted(move |mut conn| async move {
+    let (agent, _task) = scripted(move |mut conn| async move {
         while let Some(request) = conn.request().await {
             if request.path == "/register" {
                 conn.respond(204, "text/plain", b"").await;
@@ -591,7 +592,7 @@ async fn a_body_broken_mid_way_through_a_large_chunk_is_an_unfinished_loop() {
     .await;
     let (proxy, server) = behind_a_real_proxy(agent).await;
 
-    let (client, run) = support::start_run(&server).await;
+    let (client, run) = start_run(&server).await;
     let mut run_loop = run.run_loop("go");
     let mut chunks = Vec::new();
     let outcome = loop {
@@ -648,7 +649,7 @@ async fn a_close_between_the_fragments_of_a_message_is_never_a_finish() {
             Step::Close,
         ],
     );
-    let (client, run) = support::start_run(&server).await;
+    let (client, run) = start_run(&server).await;
 
     let (chunks, outcome) = texts(run.run_loop("whole")).await;
     assert_eq!(chunks, ["0", "in fragments"]);

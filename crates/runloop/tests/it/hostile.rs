@@ -4,8 +4,6 @@
 //! the largest size allowed. The connection survives where docs/protocol.md says it
 //! must, limits hold, and a loop running alongside finishes untouched.
 
-use crate::support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -15,9 +13,13 @@ use runloop::server::Credentials;
 use runloop_proto::Decode;
 use runloop_proto::frame::{self, ClientFrame, ServerFrame};
 use runloop_proto::run_loop::Outcome;
-use support::{
-    FakeProxy, Owned, RawClient, Step, chunk, eventually, released, server_for, server_with,
+use runloop_testkit::caller::{Owned, RawClient};
+use runloop_testkit::fake_proxy::{FakeProxy, Step};
+use runloop_testkit::message::chunk;
+use runloop_testkit::server::{
+    released, run_request, run_request_payload, server_for, server_with,
 };
+use runloop_testkit::wait::eventually;
 use tokio_tungstenite::tungstenite::Message;
 
 /// An authorization frame with this payload.
@@ -49,7 +51,7 @@ async fn refused_authorizations_are_closed_without_a_frame() {
     let server = server_for(&proxy, Credentials::Tokens(vec!["right".into()])).await;
     let request = frame::to_message(&ClientFrame::Request {
         scope: 0,
-        payload: &support::run_request_payload(),
+        payload: &run_request_payload(),
     });
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("a wrong credential", authorization(b"\x00wrong")),
@@ -162,7 +164,7 @@ async fn the_client_ends_a_connection_whose_server_sends_an_authorization() {
         after
     });
     let client = Client::connect(&url, "token").await.expect("connect");
-    let refused = client.start(support::run_request()).await;
+    let refused = client.start(run_request()).await;
     assert!(
         matches!(
             refused,
@@ -184,7 +186,7 @@ async fn the_client_ends_a_connection_whose_server_sends_an_authorization() {
 /// Every kind of frame a server must disregard, by number `n`, while scope
 /// 1 is open with a loop running on channel 1.
 fn disregarded(n: usize) -> Vec<u8> {
-    let run = support::run_request_payload();
+    let run = run_request_payload();
     match n % 12 {
         // Truncated: every length a header can be cut to.
         k @ 0..=8 => vec![4; k],
@@ -371,7 +373,7 @@ async fn floods_past_the_scope_and_channel_limits_are_held_to_them() {
     for scope in 3..3 + FLOOD {
         raw.send_frame(&ClientFrame::Request {
             scope,
-            payload: &support::run_request_payload(),
+            payload: &run_request_payload(),
         })
         .await;
     }
@@ -581,7 +583,7 @@ async fn a_run_loop_request_of_the_largest_size_is_relayed_byte_for_byte() {
     assert!(asks.contains(&json), "the ask is the caller's bytes");
     let client = Client::connect(&server.url(), "").await.expect("connect");
     let run = client
-        .start(support::run_request())
+        .start(run_request())
         .await
         .expect("the server still serves");
     let outcome = run.run_loop("alongside").outcome().await;

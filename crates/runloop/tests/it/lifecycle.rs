@@ -1,14 +1,15 @@
 //! Many runs and loops on one connection, and the server's graceful
 //! shutdown, over real sockets against a scripted proxy.
 
-use crate::support;
-
 use futures_util::future::join_all;
 use runloop::client::Client;
 use runloop::server::{Credentials, Server, ServerConfig};
 use runloop_proto::run_loop::{AgenticLoopChunk, Outcome};
 use runloop_proto::{ErrorKind, ErrorValue};
-use support::{FakeProxy, Step, chunk, eventually, server_for};
+use runloop_testkit::fake_proxy::{FakeProxy, Step};
+use runloop_testkit::message::chunk;
+use runloop_testkit::server::{hanging_loop, run_request, server_for, start_run};
+use runloop_testkit::wait::eventually;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_runs_and_loops_at_once_on_one_connection() {
@@ -21,7 +22,7 @@ async fn several_runs_and_loops_at_once_on_one_connection() {
             .chain([Step::Close]);
         proxy.script(&format!("loop {n}"), steps.collect());
     }
-    let runs = join_all((0..3).map(|_| client.start(support::run_request()))).await;
+    let runs = join_all((0..3).map(|_| client.start(run_request()))).await;
     let runs: Vec<_> = runs.into_iter().map(|r| r.expect("run starts")).collect();
     let mut ids: Vec<_> = runs.iter().map(|r| r.id().to_owned()).collect();
     ids.sort();
@@ -53,7 +54,7 @@ async fn several_runs_and_loops_at_once_on_one_connection() {
 async fn dropping_every_handle_stops_the_run() {
     let proxy = FakeProxy::start().await;
     let server = server_for(&proxy, Credentials::Any).await;
-    let (client, run) = support::start_run(&server).await;
+    let (client, run) = start_run(&server).await;
     assert_eq!(server.stats().scopes, 1);
     drop(run);
     eventually("the forgotten run is stopped", || {
@@ -78,11 +79,8 @@ async fn graceful_shutdown_ends_loops_with_an_error_and_finishes_runs() {
         .expect("bind");
     let (handle, serving) = server.spawn();
     let client = Client::connect(&handle.url(), "").await.expect("connect");
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
-    let run_loop = support::hanging_loop(&run).await;
+    let run = client.start(run_request()).await.expect("run starts");
+    let run_loop = hanging_loop(&run).await;
 
     handle.shutdown();
     assert_eq!(

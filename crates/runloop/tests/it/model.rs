@@ -20,8 +20,6 @@
 //! RUNLOOP_MODEL_MEMORY_CASES   cases in memory (2000 by default)
 //! ```
 
-use crate::support;
-
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::pin::pin;
 use std::sync::OnceLock;
@@ -33,7 +31,11 @@ use runloop_proto::Decode;
 use runloop_proto::connection::{Serve, Table, side};
 use runloop_proto::frame::{self, ClientFrame, ServerFrame};
 use runloop_proto::run_loop::ERROR;
-use support::{FakeProxy, Owned, RawClient, Step, chunk};
+use runloop_testkit::caller::{Owned, RawClient};
+use runloop_testkit::fake_proxy::{FakeProxy, Step};
+use runloop_testkit::message::chunk;
+use runloop_testkit::server::{run_request_payload, server_for};
+use runloop_testkit::wait::eventually;
 
 /// Scope numbers the cases use; the probe's scope is outside them.
 const SCOPES: u32 = 3;
@@ -126,7 +128,7 @@ fn world() -> &'static World {
                 proxy.script(&format!("finish {n}"), steps);
             }
             proxy.script("hang", vec![Step::Send(chunk("h")), Step::AwaitClose]);
-            support::server_for(&proxy, Credentials::Any).await
+            server_for(&proxy, Credentials::Any).await
         });
         World { runtime, server }
     })
@@ -145,7 +147,7 @@ trait Wire {
 
     /// Opens `scope` with a run request and checks its id came.
     async fn open_run(&mut self, scope: u32) {
-        let payload = support::run_request_payload();
+        let payload = run_request_payload();
         self.send_frame(&ClientFrame::Request {
             scope,
             payload: &payload,
@@ -405,7 +407,7 @@ async fn play(raw: &mut impl Wire, actions: Vec<Action>) {
         match action.clone() {
             Action::OpenRun(scope) => match model.scopes.entry(scope) {
                 std::collections::btree_map::Entry::Occupied(_) => {
-                    let payload = support::run_request_payload();
+                    let payload = run_request_payload();
                     raw.send_frame(&ClientFrame::Request {
                         scope,
                         payload: &payload,
@@ -671,7 +673,7 @@ fn nothing_is_left_open_after_the_cases() {
     let world = world();
     world.runtime.block_on(async {
         play_on_socket(vec![Action::OpenRun(0), Action::OpenLoop(0, 0, None)]).await;
-        support::eventually("every case's runs are gone", || {
+        eventually("every case's runs are gone", || {
             world.server.stats().scopes == 0
         })
         .await;

@@ -4,9 +4,6 @@
 //! the error says what happened — the event is over the message limit —
 //! not how a socket ended (issue 40, item 7).
 
-use crate::common;
-use crate::support;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -16,6 +13,8 @@ use runloop::runtime::{
 };
 use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
 use runloop_proto::run_loop::Outcome;
+use runloop_testkit::agent_program::scripted;
+use runloop_testkit::server::{start_run, texts};
 
 /// The proxy's bound on one event, in these tests.
 const PROXY_LIMIT: usize = 100 << 10;
@@ -23,7 +22,7 @@ const PROXY_LIMIT: usize = 100 << 10;
 /// An agent program whose loop is one small chunk, then an event of 200
 /// KiB of data that never ends.
 async fn agent() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    common::scripted(|mut conn| async move {
+    scripted(|mut conn| async move {
         while let Some(request) = conn.request().await {
             if request.path == "/register" {
                 conn.respond(204, "text/plain", b"").await;
@@ -123,8 +122,8 @@ async fn server(runtime: Arc<dyn Runtime>, max_message: usize) -> ServerHandle {
 /// One loop through `server`: the chunks before the large event, then the
 /// server's error, which is returned.
 async fn one_loop(server: &ServerHandle) -> String {
-    let (client, run) = support::start_run(server).await;
-    let (chunks, outcome) = support::texts(run.run_loop("go")).await;
+    let (client, run) = start_run(server).await;
+    let (chunks, outcome) = texts(run.run_loop("go")).await;
     assert_eq!(chunks, ["a"], "the chunk before, nothing of the large one");
     let Outcome::Unfinished(error) = outcome else {
         panic!("{outcome:?}");

@@ -3,18 +3,16 @@
 //! test says. A tokio-tungstenite client drives the proxy's paths the way
 //! the server does.
 
-use crate::common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{
-    Conn, End, Exchange, ask, error_json, exchange, next_binary, open, outcome, proxy, register,
-    rest, scripted,
-};
 use futures_util::SinkExt;
 use runloop::proto::run_loop::Outcome;
 use runloop::proto::{ErrorKind, ErrorValue};
+use runloop_testkit::agent_program::{self, Conn, proxy, scripted};
+use runloop_testkit::path::{
+    End, Exchange, ask, error_json, exchange, next_binary, open, outcome, register, rest,
+};
 use serde_json::json;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
@@ -22,7 +20,7 @@ use tokio_tungstenite::tungstenite::Message;
 /// Answers `/register` with 204; hands `/run` connections to `run`.
 async fn agent_program<F, Fut>(run: F) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>)
 where
-    F: Fn(Conn, common::Request) -> Fut + Send + Sync + 'static,
+    F: Fn(Conn, agent_program::Request) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let run = Arc::new(run);

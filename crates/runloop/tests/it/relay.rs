@@ -1,14 +1,16 @@
 //! The server's relay and the client's outcomes, over real sockets, against
 //! a scripted proxy (protocol §5–§7, §12).
 
-use crate::support;
-
 use runloop::client::{Client, Event, RunError};
 use runloop::server::Credentials;
 use runloop_proto::run_loop::{AgenticLoopChunk, Broken, Outcome};
 use runloop_proto::{ErrorKind, ErrorValue};
+use runloop_testkit::caller::{Owned, RawClient};
+use runloop_testkit::fake_proxy::{FakeProxy, Step};
+use runloop_testkit::message::{chunk, error};
+use runloop_testkit::server::{hanging_loop, run_request, run_request_payload, server_for, texts};
+use runloop_testkit::wait::eventually;
 use serde_json::json;
-use support::{FakeProxy, Owned, RawClient, Step, chunk, error, eventually, server_for, texts};
 
 async fn setup() -> (FakeProxy, runloop::server::ServerHandle, Client) {
     let proxy = FakeProxy::start().await;
@@ -43,10 +45,7 @@ async fn every_ending_reaches_the_caller_as_its_outcome() {
     );
     proxy.script("not served", vec![Step::Close]);
 
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let run = client.start(run_request()).await.expect("run starts");
     assert_eq!(run.id().len(), 22, "128 bits, base64url");
 
     let (chunks, outcome) = texts(run.run_loop("finished")).await;
@@ -131,10 +130,7 @@ async fn proxy_faults_end_with_the_servers_error_never_a_bare_finish() {
         "abort mid",
         vec![Step::Send(chunk("a")), Step::Send(chunk("b")), Step::Abort],
     );
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let run = client.start(run_request()).await.expect("run starts");
 
     let (chunks, outcome) = texts(run.run_loop("empty")).await;
     assert_eq!(chunks, ["a"]);
@@ -212,10 +208,7 @@ async fn the_proxys_error_is_the_end_of_the_loop_whatever_follows_it() {
     for (prompt, steps, _) in &cases {
         proxy.script(prompt, steps.clone());
     }
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let run = client.start(run_request()).await.expect("run starts");
     for (prompt, steps, k) in &cases {
         // A safety net against the old hang, not a timing assertion.
         let (chunks, outcome) = tokio::time::timeout(
@@ -261,10 +254,7 @@ async fn a_second_loop_while_one_runs_gets_the_proxys_error_first() {
         "second",
         vec![Step::BusyCheck, Step::Send(chunk("never")), Step::Close],
     );
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
+    let run = client.start(run_request()).await.expect("run starts");
     let mut first = run.run_loop("long");
     let Some(Event::Chunk { chunk, .. }) = futures_util::StreamExt::next(&mut first).await else {
         panic!("the first loop runs");
@@ -289,11 +279,8 @@ async fn a_second_loop_while_one_runs_gets_the_proxys_error_first() {
 async fn stop_in_the_middle_of_a_loop_ends_it_unfinished_and_closes_the_path() {
     let (proxy, server, client) = setup().await;
     proxy.script_hang();
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
-    let run_loop = support::hanging_loop(&run).await;
+    let run = client.start(run_request()).await.expect("run starts");
+    let run_loop = hanging_loop(&run).await;
     run.stop().await;
     proxy.wait_for("closed hang").await;
     assert_eq!(
@@ -313,11 +300,8 @@ async fn stop_in_the_middle_of_a_loop_ends_it_unfinished_and_closes_the_path() {
 async fn a_caller_that_disconnects_mid_loop_leaves_nothing_behind() {
     let (proxy, server, client) = setup().await;
     proxy.script_hang();
-    let run = client
-        .start(support::run_request())
-        .await
-        .expect("run starts");
-    let run_loop = support::hanging_loop(&run).await;
+    let run = client.start(run_request()).await.expect("run starts");
+    let run_loop = hanging_loop(&run).await;
     assert_eq!(server.stats().proxy_paths, 1);
     client.close().await;
     assert_eq!(
@@ -359,7 +343,7 @@ async fn malformed_frames_and_duplicate_numbers_do_not_disturb_a_running_loop() 
     raw.send(vec![9, 0, 0, 0, 1, 0, 0, 0, 0]).await;
     raw.send_frame(&runloop_proto::frame::ClientFrame::Request {
         scope: 1,
-        payload: &support::run_request_payload(),
+        payload: &run_request_payload(),
     })
     .await;
     raw.open_loop(1, 0, "steady").await;
@@ -457,7 +441,7 @@ async fn authorization_accepted_rejected_and_repeated() {
         .await
         .expect("connect");
     let run = client
-        .start(support::run_request())
+        .start(run_request())
         .await
         .expect("an accepted credential works");
     run.stop().await;
@@ -466,7 +450,7 @@ async fn authorization_accepted_rejected_and_repeated() {
     let mut raw = RawClient::authorized(&server.url(), "wrong").await;
     raw.send_frame(&runloop_proto::frame::ClientFrame::Request {
         scope: 0,
-        payload: &support::run_request_payload(),
+        payload: &run_request_payload(),
     })
     .await;
     assert_eq!(
@@ -478,7 +462,7 @@ async fn authorization_accepted_rejected_and_repeated() {
         .await
         .expect("the socket opens");
     assert_eq!(
-        client.start(support::run_request()).await.err(),
+        client.start(run_request()).await.err(),
         Some(RunError::CredentialRefused)
     );
 
@@ -517,7 +501,7 @@ async fn refused_runs_get_one_error_then_the_finish() {
     };
     let cases: Vec<(runloop_proto::agents_run::RunRequest, &str)> = vec![
         (
-            refused(support::run_request(), &|r| {
+            refused(run_request(), &|r| {
                 r.container.image = runloop_proto::agents_run::Image::Registry(
                     runloop_proto::agents_run::RegistryImage {
                         reference: "r.io/a:1".into(),
@@ -527,7 +511,7 @@ async fn refused_runs_get_one_error_then_the_finish() {
             "registry images are not run here",
         ),
         (
-            refused(support::run_request(), &|r| {
+            refused(run_request(), &|r| {
                 r.container.image =
                     runloop_proto::agents_run::Image::Server(runloop_proto::agents_run::ImageRef {
                         name: "unknown".into(),
@@ -537,7 +521,7 @@ async fn refused_runs_get_one_error_then_the_finish() {
             "image \"unknown\" is not in this server's catalog",
         ),
         (
-            refused(support::run_request(), &|r| {
+            refused(run_request(), &|r| {
                 r.container
                     .fuse_file_mounts
                     .push(runloop_proto::agents_run::FuseMount {
@@ -549,7 +533,7 @@ async fn refused_runs_get_one_error_then_the_finish() {
             "fuse_file_mounts is refused",
         ),
         (
-            refused(support::run_request(), &|r| r.container.memory = 0),
+            refused(run_request(), &|r| r.container.memory = 0),
             "memory must be at least 1 byte",
         ),
     ];

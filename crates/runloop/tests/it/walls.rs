@@ -8,8 +8,6 @@
 //! callers from 127.0.0.1. The loads at the issue's full size are figures
 //! of `runloop-cli`'s `benches/figures.rs` (`-- walls`).
 
-use crate::support;
-
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -21,11 +19,15 @@ use runloop::proto::run_loop::Outcome;
 use runloop::server::{
     Credentials, PerIdentity, Quota, ServerConfig, ServerHandle, Tenant, Tenants, TokenHash,
 };
-use runloop_proto::frame::{self, ClientFrame};
+use runloop_proto::frame::ClientFrame;
+use runloop_testkit::caller::{authorized_from, binary_header, connect_from, send_masked, upgrade};
+use runloop_testkit::fake_proxy::{FakeProxy, Step};
+use runloop_testkit::message::chunk;
+use runloop_testkit::server::{hanging_loop, released, served_with, server_with, unbudgeted};
+use runloop_testkit::wait::{PATIENCE, eventually};
 use runloop_testkit::{Part, needs};
-use support::{FakeProxy, Step, chunk, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
 const MIB: u64 = 1 << 20;
 
@@ -73,22 +75,6 @@ async fn proxy() -> FakeProxy {
     proxy
 }
 
-/// One loop `hi` on a new run of a new connection with `credential`:
-/// whether it finished, or why not.
-async fn served(url: &str, credential: &str) -> Result<(), String> {
-    let client = Client::connect(url, credential)
-        .await
-        .map_err(|e| e.to_string())?;
-    let run = client.start(request(0)).await.map_err(|e| e.to_string())?;
-    let outcome = run.run_loop("hi").outcome().await;
-    run.stop().await;
-    client.close().await;
-    match outcome {
-        Outcome::Finished { fatal: false } => Ok(()),
-        other => Err(format!("{other:?}")),
-    }
-}
-
 /// The words of a refused run, which must be a `policy` error.
 fn refused(started: Result<Run, RunError>) -> String {
     match started {
@@ -121,7 +107,7 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
         max_runs: Some(1),
         ..Quota::default()
     };
-    let server = support::server_with(
+    let server = server_with(
         &proxy,
         Credentials::Tenants(alice_and_bob(one_run)),
         |config| config.revoked_grace = Duration::from_secs(2),
@@ -129,7 +115,7 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
     .await;
     let alice = Client::connect(&server.url(), "a").await.expect("alice");
     let run = alice.start(request(0)).await.expect("alice's one run");
-    let running = support::hanging_loop(&run).await;
+    let running = hanging_loop(&run).await;
     assert!(
         refused(alice.start(request(0)).await).contains("holds as many runs as it may"),
         "max-runs 1"
@@ -176,10 +162,16 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
         other => panic!("a loop of a revoked tenant: {other:?}"),
     }
     // A new connection with her token is refused outright.
-    assert!(served(&server.url(), "a").await.is_err());
+    assert!(
+        served_with(&server.url(), "a", request(0), "hi")
+            .await
+            .is_err()
+    );
     // bob is served, and her running loop goes on until the grace is over;
     // then her connection is closed, and the loop ends saying why.
-    served(&server.url(), "b").await.expect("bob is served");
+    served_with(&server.url(), "b", request(0), "hi")
+        .await
+        .expect("bob is served");
     match running.outcome().await {
         Outcome::Unfinished(error) => {
             let words = error.0["error"].as_str().expect("words");
@@ -187,7 +179,7 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
         }
         other => panic!("alice's running loop: {other:?}"),
     }
-    tokio::time::timeout(support::PATIENCE, alice.closed())
+    tokio::time::timeout(PATIENCE, alice.closed())
         .await
         .expect("alice's connection is closed");
     assert_eq!(
@@ -201,8 +193,10 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
         series(&server, "runloop_runs_refused_total{reason=\"revoked\"}"),
         3
     );
-    served(&server.url(), "b").await.expect("bob, after");
-    support::released(&server).await;
+    served_with(&server.url(), "b", request(0), "hi")
+        .await
+        .expect("bob, after");
+    released(&server).await;
 }
 
 /// A token removed from a tenant that stays is a revocation too: its
@@ -218,7 +212,7 @@ async fn a_removed_token_of_a_tenant_that_stays_is_revoked() {
             quota: Quota::default(),
         }],
     };
-    let server = support::server_with(&proxy, Credentials::Tenants(two_tokens), |config| {
+    let server = server_with(&proxy, Credentials::Tenants(two_tokens), |config| {
         config.revoked_grace = Duration::ZERO;
     })
     .await;
@@ -235,7 +229,7 @@ async fn a_removed_token_of_a_tenant_that_stays_is_revoked() {
     };
     server.set_tenants(kept, per_identity).expect("applied");
     // A zero grace: the connection of the removed token is closed at once.
-    tokio::time::timeout(support::PATIENCE, second.closed())
+    tokio::time::timeout(PATIENCE, second.closed())
         .await
         .expect("the removed token's connection is closed");
     let run = first.start(request(0)).await.expect("a1 still serves");
@@ -245,69 +239,7 @@ async fn a_removed_token_of_a_tenant_that_stays_is_revoked() {
     );
     run.stop().await;
     first.close().await;
-    support::released(&server).await;
-}
-
-/// A WebSocket connection by hand from `from`: the upgrade, then the
-/// authorization with `credential` (client frames masked with a zero
-/// key, so their payloads go as they are).
-async fn raw(from: IpAddr, to: SocketAddr, credential: &str) -> std::io::Result<TcpStream> {
-    let mut tcp = connect_from(from, to).await?;
-    upgrade(&mut tcp).await?;
-    let mut payload = vec![0u8];
-    payload.extend_from_slice(credential.as_bytes());
-    send(&mut tcp, &ClientFrame::Authorization { payload: &payload }).await?;
-    Ok(tcp)
-}
-
-/// Sends `frame` as one binary message on a connection made by [`raw`].
-async fn send(tcp: &mut TcpStream, frame: &ClientFrame<'_>) -> std::io::Result<()> {
-    let message = frame::to_message(frame);
-    tcp.write_all(&binary_header(message.len() as u64, true))
-        .await?;
-    tcp.write_all(&message).await
-}
-
-/// The header of a masked (zero key) binary frame of `length` bytes.
-fn binary_header(length: u64, fin: bool) -> Vec<u8> {
-    let mut header = vec![if fin { 0x82 } else { 0x02 }];
-    if length < 126 {
-        header.push(0x80 | length as u8);
-    } else {
-        header.push(0x80 | 127);
-        header.extend_from_slice(&length.to_be_bytes());
-    }
-    header.extend_from_slice(&[0; 4]);
-    header
-}
-
-/// A TCP connection to `to` from `from`.
-async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(from, 0))?;
-    socket.connect(to).await
-}
-
-const UPGRADE: &str = "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: \
-                       Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-                       Sec-WebSocket-Version: 13\r\n\r\n";
-
-/// The WebSocket handshake by hand on `tcp`.
-async fn upgrade(tcp: &mut TcpStream) -> std::io::Result<()> {
-    tcp.write_all(UPGRADE.as_bytes()).await?;
-    let mut response = Vec::new();
-    let mut byte = [0u8; 1];
-    while !response.ends_with(b"\r\n\r\n") {
-        if tcp.read(&mut byte).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        response.push(byte[0]);
-    }
-    if response.starts_with(b"HTTP/1.1 101") {
-        Ok(())
-    } else {
-        Err(std::io::Error::other("not upgraded"))
-    }
+    released(&server).await;
 }
 
 /// Sends, after the authorization, all but the last `short` bytes of one
@@ -346,9 +278,7 @@ async fn ends(tcp: &mut TcpStream) -> bool {
             }
         }
     };
-    tokio::time::timeout(support::PATIENCE, wait)
-        .await
-        .unwrap_or(false)
+    tokio::time::timeout(PATIENCE, wait).await.unwrap_or(false)
 }
 
 /// alice's connections each send all but 1 KiB of a 16 MiB message and
@@ -359,7 +289,7 @@ async fn ends(tcp: &mut TcpStream) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_idle() {
     let proxy = proxy().await;
-    let server = support::server_with(
+    let server = server_with(
         &proxy,
         Credentials::Tenants(alice_and_bob(Quota::default())),
         |config| {
@@ -374,7 +304,9 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
     let size = 16 * MIB;
     let mut held = Vec::new();
     for n in 0..2 {
-        let mut tcp = raw(attacker(0), to, "a").await.expect("alice connects");
+        let mut tcp = authorized_from(attacker(0), to, "a")
+            .await
+            .expect("alice connects");
         let (sent, closed) = half_send(&mut tcp, size, 1024).await;
         assert_eq!(
             (sent, closed),
@@ -389,7 +321,9 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
     .await;
     // The third does not fit: the server closes it, naming the limit in
     // its log and its metrics.
-    let mut third = raw(attacker(0), to, "a").await.expect("alice connects");
+    let mut third = authorized_from(attacker(0), to, "a")
+        .await
+        .expect("alice connects");
     half_send(&mut third, size, 1024).await;
     assert!(ends(&mut third).await, "the third is closed");
     assert!(server.stats().half_sent <= 40 * MIB, "{:?}", server.stats());
@@ -401,7 +335,9 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
         1
     );
     // bob has his own share, and is served while alice holds hers.
-    served(&server.url(), "b").await.expect("bob is served");
+    served_with(&server.url(), "b", request(0), "hi")
+        .await
+        .expect("bob is served");
     // alice's two make no progress: closed at the deadline, and what
     // they held goes back.
     for tcp in &mut held {
@@ -418,11 +354,13 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
         ),
         2
     );
-    served(&server.url(), "b").await.expect("bob, after");
-    served(&server.url(), "a")
+    served_with(&server.url(), "b", request(0), "hi")
+        .await
+        .expect("bob, after");
+    served_with(&server.url(), "a", request(0), "hi")
         .await
         .expect("alice, with whole messages");
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// A message that keeps coming, slowly, is never idle, and whole messages
@@ -431,11 +369,11 @@ async fn half_sent_messages_are_held_within_the_tenants_share_and_closed_when_id
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_makes_progress_is_not_idle() {
     let proxy = proxy().await;
-    let server = support::server_with(&proxy, Credentials::Any, |config| {
+    let server = server_with(&proxy, Credentials::Any, |config| {
         config.message_idle_timeout = Duration::from_secs(1);
     })
     .await;
-    let mut tcp = raw(IpAddr::V4(Ipv4Addr::LOCALHOST), server.local_addr(), "")
+    let mut tcp = authorized_from(IpAddr::V4(Ipv4Addr::LOCALHOST), server.local_addr(), "")
         .await
         .expect("connects");
     // A frame with no meaning (an unknown type), 4 KiB, a piece every
@@ -460,7 +398,7 @@ async fn a_message_that_makes_progress_is_not_idle() {
         0
     );
     drop(tcp);
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// A runtime whose containers are a fake proxy's, each with a disk as the
@@ -629,7 +567,7 @@ async fn a_run_is_admitted_only_when_its_disk_fits_the_free_space() {
     let made = Arc::clone(&disks.made);
     let mut catalog = runloop::runtime::Catalog::new();
     catalog.insert("demo", None, Arc::new(disks));
-    let mut config = support::unbudgeted(ServerConfig::new(
+    let mut config = unbudgeted(ServerConfig::new(
         Credentials::Tenants(alice_and_bob(Quota::default())),
         catalog,
     ));
@@ -669,7 +607,7 @@ async fn a_run_is_admitted_only_when_its_disk_fits_the_free_space() {
     bobs.stop().await;
     alice.close().await;
     bob.close().await;
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// Silent sockets from `from` against `to`, `count` at once, each one
@@ -711,7 +649,7 @@ async fn silent_flood(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_on_a_few_addresses_cannot_keep_a_caller_out() {
     let proxy = proxy().await;
-    let server = support::server_with(&proxy, Credentials::Any, |config| {
+    let server = server_with(&proxy, Credentials::Any, |config| {
         config.admission.max_unauthorized = 32;
         config.max_unauthorized_per_address = 4;
     })
@@ -727,7 +665,10 @@ async fn strangers_on_a_few_addresses_cannot_keep_a_caller_out() {
     .await;
     let mut served_ok = 0;
     for _ in 0..10 {
-        if served(&server.url(), "").await.is_ok() {
+        if served_with(&server.url(), "", request(0), "hi")
+            .await
+            .is_ok()
+        {
             served_ok += 1;
         }
     }
@@ -744,7 +685,7 @@ async fn strangers_on_a_few_addresses_cannot_keep_a_caller_out() {
         0,
         "the server-wide places were never all taken"
     );
-    support::released(&server).await;
+    released(&server).await;
 }
 
 /// A caller from an address whose connections not yet authorized fill its
@@ -752,7 +693,7 @@ async fn strangers_on_a_few_addresses_cannot_keep_a_caller_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_past_its_addresss_places_is_told_why() {
     let proxy = proxy().await;
-    let server = support::server_with(&proxy, Credentials::Any, |config| {
+    let server = server_with(&proxy, Credentials::Any, |config| {
         config.max_unauthorized_per_address = 2;
     })
     .await;
@@ -765,7 +706,7 @@ async fn a_caller_past_its_addresss_places_is_told_why() {
     let mut third = connect_from(attacker(0), to).await.expect("a third");
     upgrade(&mut third).await.expect("upgraded, to be told why");
     let mut close = Vec::new();
-    let _ = tokio::time::timeout(support::PATIENCE, third.read_to_end(&mut close)).await;
+    let _ = tokio::time::timeout(PATIENCE, third.read_to_end(&mut close)).await;
     // An unmasked close frame: 0x88, its length, the code, the reason.
     assert!(close.len() > 4 && close[0] == 0x88, "{close:?}");
     assert_eq!(u16::from_be_bytes([close[2], close[3]]), 1013);
@@ -785,7 +726,7 @@ async fn a_caller_past_its_addresss_places_is_told_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_from_one_address_are_slowed() {
     let proxy = proxy().await;
-    let server = support::server_with(
+    let server = server_with(
         &proxy,
         Credentials::Tokens(vec!["right".into()]),
         |config| {
@@ -798,7 +739,7 @@ async fn wrong_credentials_from_one_address_are_slowed() {
     let guesses: Vec<_> = (0..30)
         .map(|n| {
             tokio::spawn(async move {
-                let mut tcp = raw(attacker(0), to, &format!("guess {n}"))
+                let mut tcp = authorized_from(attacker(0), to, &format!("guess {n}"))
                     .await
                     .expect("a guess");
                 ends(&mut tcp).await
@@ -818,7 +759,7 @@ async fn wrong_credentials_from_one_address_are_slowed() {
         ),
         30
     );
-    served(&server.url(), "right")
+    served_with(&server.url(), "right", request(0), "hi")
         .await
         .expect("another address is served");
     assert_eq!(
@@ -829,10 +770,10 @@ async fn wrong_credentials_from_one_address_are_slowed() {
     // The right token from the guessing address gets in, in its turn:
     // authorized, it is answered (a bare finish for an endpoint not
     // served), where a refused one would be closed with no frame.
-    let mut right = raw(attacker(0), to, "right")
+    let mut right = authorized_from(attacker(0), to, "right")
         .await
         .expect("the right token");
-    send(
+    send_masked(
         &mut right,
         &ClientFrame::Request {
             scope: 1,
@@ -842,11 +783,11 @@ async fn wrong_credentials_from_one_address_are_slowed() {
     .await
     .expect("a request");
     let mut first = [0u8; 1];
-    tokio::time::timeout(support::PATIENCE, right.read_exact(&mut first))
+    tokio::time::timeout(PATIENCE, right.read_exact(&mut first))
         .await
         .expect("an answer in time")
         .expect("an answer");
     assert_eq!(first[0], 0x82, "a binary frame: authorized");
     drop(right);
-    support::released(&server).await;
+    released(&server).await;
 }

@@ -1,6 +1,7 @@
 //! Certificates made for the test: a certificate authority, a server
 //! certificate it signed for `localhost`, one that has expired, and an
-//! authority nobody asked to trust.
+//! authority nobody asked to trust (the operator tests' TLS, and the TLS
+//! flood of the walls' figures).
 
 use std::path::{Path, PathBuf};
 
@@ -77,5 +78,11 @@ impl Pki {
             expired,
             _dir: dir,
         }
+    }
+}
+
+impl Default for Pki {
+    fn default() -> Self {
+        Pki::new()
     }
 }

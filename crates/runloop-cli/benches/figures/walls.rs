@@ -2,38 +2,28 @@
 //! `runloop serve` (a process, its memory read from `/proc/PID`): 256
 //! connections half-sending 16 MiB, strangers flooding before they
 //! authorize (plain and over TLS), a slowloris from one address, and
-//! guessed tokens. Each is a figure of `benches/figures.rs`
-//! (`cargo bench -p runloop-cli --bench figures -- walls`): it prints what
+//! guessed tokens. Each is a figure (`cargo bench -p runloop-cli --bench
+//! figures -- walls`): it prints what
 //! it measured and checks the issue's bar. `RUNLOOP_BIN` runs them against
 //! another build (the one before the fix, for the figures before).
 //!
 //! The mechanisms' own tests, smaller and run every time, are
 //! `crates/runloop/tests/it/walls.rs`.
 
-use crate::common;
-
-use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use runloop::client::Client;
-use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
-use runloop::proto::frame::{self, ClientFrame};
-use runloop::proto::run_loop::Outcome;
+use runloop_testkit::caller::{UPGRADE, authorize, binary_header, connect_from};
+use runloop_testkit::command::{self, request, token_hash};
+use runloop_testkit::loads::{MIB, runtime};
+use runloop_testkit::server::served_with;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
-
-const MIB: u64 = 1 << 20;
 
 /// The `n`th attacker's address: 127.0.0.(n + 2).
 fn attacker(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, n + 2))
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("a runtime")
 }
 
 /// A `runloop serve` of `args` on a loopback port, killed when dropped.
@@ -46,7 +36,7 @@ struct Served {
 
 impl Served {
     fn start(args: &[&str]) -> Served {
-        let mut child = common::runloop()
+        let mut child = command::runloop()
             .args([&["serve", "--listen", "127.0.0.1:0"], args].concat())
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
@@ -66,7 +56,7 @@ impl Served {
             .nth(1)
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("an address in {url:?}"));
-        let _log = common::drain(child.stderr.take().expect("stderr"));
+        let _log = command::drain(child.stderr.take().expect("stderr"));
         Served {
             child,
             url,
@@ -95,25 +85,6 @@ impl Drop for Served {
     }
 }
 
-/// The hash of `token` as a configuration file names it.
-fn hash(token: &str) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(token.as_bytes())?;
-            child.wait_with_output()
-        })
-        .expect("sha256sum");
-    let hex = String::from_utf8(out.stdout).expect("text");
-    format!("sha256:{}", hex.split_whitespace().next().expect("a hash"))
-}
-
 /// A configuration file of two tenants, alice (token `a`) and bob (`b`),
 /// and `extra` lines before them, in `dir`.
 fn alice_and_bob(dir: &std::path::Path, extra: &str) -> String {
@@ -123,86 +94,12 @@ fn alice_and_bob(dir: &std::path::Path, extra: &str) -> String {
         format!(
             "{extra}\n[[tenant]]\nname = \"alice\"\ntokens = [\"{}\"]\n\
              [[tenant]]\nname = \"bob\"\ntokens = [\"{}\"]\n",
-            hash("a"),
-            hash("b")
+            token_hash("a"),
+            token_hash("b")
         ),
     )
     .expect("the configuration");
     file.display().to_string()
-}
-
-fn demo_request() -> RunRequest {
-    let image = Image::Server(ImageRef {
-        name: "demo".into(),
-        digest: format!("sha256:{}", "0".repeat(64)),
-    });
-    let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
-    RunRequest::new(Container::new(image, 16 * MIB, 0), agent)
-}
-
-/// One demo loop on a new connection with `credential`: whether it
-/// finished, or the words of why not.
-async fn served(url: &str, credential: &str) -> Result<(), String> {
-    let client = Client::connect(url, credential)
-        .await
-        .map_err(|e| e.to_string())?;
-    let run = client
-        .start(demo_request())
-        .await
-        .map_err(|e| e.to_string())?;
-    let outcome = run.run_loop("hello there").outcome().await;
-    run.stop().await;
-    client.close().await;
-    match outcome {
-        Outcome::Finished { fatal: false } => Ok(()),
-        other => Err(format!("{other:?}")),
-    }
-}
-
-/// A TCP connection to `to` from `from`.
-async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(from, 0))?;
-    socket.connect(to).await
-}
-
-const UPGRADE: &str = "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: \
-                       Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-                       Sec-WebSocket-Version: 13\r\n\r\n";
-
-/// The WebSocket handshake by hand on `tcp`, then the authorization with
-/// `credential` (client frames masked with a zero key).
-async fn authorized(tcp: &mut TcpStream, credential: &str) -> std::io::Result<()> {
-    tcp.write_all(UPGRADE.as_bytes()).await?;
-    let mut response = Vec::new();
-    let mut byte = [0u8; 1];
-    while !response.ends_with(b"\r\n\r\n") {
-        if tcp.read(&mut byte).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        response.push(byte[0]);
-    }
-    if !response.starts_with(b"HTTP/1.1 101") {
-        return Err(std::io::Error::other("not upgraded"));
-    }
-    let mut payload = vec![0u8];
-    payload.extend_from_slice(credential.as_bytes());
-    let message = frame::to_message(&ClientFrame::Authorization { payload: &payload });
-    tcp.write_all(&binary_header(message.len() as u64)).await?;
-    tcp.write_all(&message).await
-}
-
-/// The header of a masked (zero key) final binary frame of `length` bytes.
-fn binary_header(length: u64) -> Vec<u8> {
-    let mut header = vec![0x82];
-    if length < 126 {
-        header.push(0x80 | length as u8);
-    } else {
-        header.push(0x80 | 127);
-        header.extend_from_slice(&length.to_be_bytes());
-    }
-    header.extend_from_slice(&[0; 4]);
-    header
 }
 
 /// What one half-sending connection saw.
@@ -227,11 +124,11 @@ async fn half_send(from: IpAddr, to: SocketAddr, credential: &str, wait: Duratio
     let Ok(mut tcp) = connect_from(from, to).await else {
         return none;
     };
-    if authorized(&mut tcp, credential).await.is_err() {
+    if authorize(&mut tcp, credential).await.is_err() {
         return none;
     }
     let size = 16 * MIB;
-    if tcp.write_all(&binary_header(size)).await.is_err() {
+    if tcp.write_all(&binary_header(size, true)).await.is_err() {
         return none;
     }
     let zeros = vec![0u8; 256 << 10];
@@ -266,7 +163,6 @@ async fn half_send(from: IpAddr, to: SocketAddr, credential: &str, wait: Duratio
 /// 1 GiB: what her half-sent messages hold stays within it, is given
 /// back at the message-idle deadline (30 s), and bob is served
 /// throughout.
-#[allow(dead_code)]
 pub fn half_sent_256_connections_of_16_mib() {
     let dir = tempfile::tempdir().expect("a directory");
     // The per-address limits let 64 connections of one address authorize
@@ -291,7 +187,15 @@ pub fn half_sent_256_connections_of_16_mib() {
         tokio::time::sleep(Duration::from_secs(10)).await;
         let mut bob = Vec::new();
         while started.elapsed() < idle {
-            bob.push(served(&server.url, "b").await);
+            bob.push(
+                served_with(
+                    &server.url,
+                    "b",
+                    request("demo", 16 * MIB, 0),
+                    "hello there",
+                )
+                .await,
+            );
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         // Past the deadline, while alice's connections are still open
@@ -429,12 +333,16 @@ fn served_during(
 
 /// One demo loop at `url` with no credential, on a runtime of its own.
 fn one_loop(url: &str) -> Result<(), String> {
-    runtime().block_on(served(url, ""))
+    runtime().block_on(served_with(
+        url,
+        "",
+        request("demo", 16 * MIB, 0),
+        "hello there",
+    ))
 }
 
 /// Issue 40, row 5: 300 half-sent upgrade requests from 5 addresses (60
 /// each) hold what they can; callers from another address are served.
-#[allow(dead_code)]
 pub fn pre_authorization_flood_from_five_addresses() {
     let server = Served::start(&[]);
     let to = server.addr;
@@ -470,7 +378,6 @@ pub fn pre_authorization_flood_from_five_addresses() {
 
 /// Issue 40, row 5: 128 slow sockets from one address (the upgrade
 /// request a byte every 300 ms); 20 loops of a caller from another.
-#[allow(dead_code)]
 pub fn slowloris_128_from_one_address() {
     let server = Served::start(&[]);
     let to = server.addr;
@@ -508,9 +415,8 @@ const CLIENT_HELLO: &[u8] = &[
 /// Issue 40, row 5: slow TLS handshakes (a ClientHello a byte every
 /// 300 ms) from 5 addresses, 60 each; 20 `runloop run`s over wss:// from
 /// another address, each its own process.
-#[allow(dead_code)]
 pub fn slow_tls_handshakes_from_five_addresses() {
-    let pki = crate::certs::Pki::new();
+    let pki = runloop_testkit::certs::Pki::new();
     let (cert, key) = (
         pki.localhost.cert.display().to_string(),
         pki.localhost.key.display().to_string(),
@@ -536,7 +442,7 @@ pub fn slow_tls_handshakes_from_five_addresses() {
                 .collect()
         },
         move || {
-            let (status, _, stderr) = common::run(&["run", "--url", &url, "--ca", &ca, "hello"]);
+            let (status, _, stderr) = command::run(&["run", "--url", &url, "--ca", &ca, "hello"]);
             if status.success() {
                 Ok(())
             } else {
@@ -557,7 +463,6 @@ pub fn slow_tls_handshakes_from_five_addresses() {
 /// Issue 40, row 6: one address guesses tokens as fast as it can, on 64
 /// connections at once, for 10 s: the credential checks the server made
 /// for it, a second.
-#[allow(dead_code)]
 pub fn credential_guesses_from_one_address() {
     let dir = tempfile::tempdir().expect("a directory");
     let config = alice_and_bob(dir.path(), "");
@@ -575,7 +480,7 @@ pub fn credential_guesses_from_one_address() {
                             tokio::time::sleep(Duration::from_millis(10)).await;
                             continue;
                         };
-                        if authorized(&mut tcp, &format!("guess {n} {checks}"))
+                        if authorize(&mut tcp, &format!("guess {n} {checks}"))
                             .await
                             .is_err()
                         {
@@ -606,7 +511,12 @@ pub fn credential_guesses_from_one_address() {
         (checks, started.elapsed())
     });
     let rate = checks as f64 / elapsed.as_secs_f64();
-    let bob = runtime().block_on(served(&server.url, "b"));
+    let bob = runtime().block_on(served_with(
+        &server.url,
+        "b",
+        request("demo", 16 * MIB, 0),
+        "hello there",
+    ));
     println!(
         "row 6: wrong tokens from one address on 64 connections for {:.0} s: {checks} checks, \
          {rate:.0} a second; a right token from another address afterwards: {}",

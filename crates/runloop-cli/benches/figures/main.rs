@@ -6,33 +6,15 @@
 //! cargo bench -p runloop-cli --bench figures -- admission # those whose name has it
 //! ```
 //!
-//! Each prints its figures and checks its bar (it panics on a miss). They
-//! are the loads of the test modules they live in, beside the smaller
-//! versions those modules test on every run; `cargo test` builds this
+//! Each prints its figures and checks its bar (it panics on a miss). The
+//! loads are the testkit's (`runloop_testkit::loads`), which the `it`
+//! tests run at a size every run can afford; `cargo test` builds this
 //! bench and lists the figures without running them.
 
-// The test modules, of which this bench runs the figures only: their
-// tests and what only the tests use are unused here.
-#[allow(dead_code, unused_imports)]
-#[path = "../tests/it/admission.rs"]
 mod admission;
-#[allow(dead_code, unused_imports)]
-#[path = "../tests/it/budget.rs"]
 mod budget;
-#[allow(dead_code, unused_imports)]
-#[path = "../tests/operate/certs.rs"]
-mod certs;
-#[allow(dead_code, unused_imports)]
-#[path = "../tests/it/common/mod.rs"]
-mod common;
-#[allow(dead_code, unused_imports)]
-#[path = "../tests/it/exec.rs"]
 mod exec;
-#[allow(dead_code, unused_imports)]
-#[path = "../tests/it/memory.rs"]
 mod memory;
-#[allow(dead_code, unused_imports)]
-#[path = "../tests/it/walls.rs"]
 mod walls;
 
 fn main() {

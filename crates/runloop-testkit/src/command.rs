@@ -1,21 +1,47 @@
-//! What the process tests share: the built binary, a bounded wait for a
-//! child, and `runloop serve` started on a loopback port.
+//! The `runloop` command under test, as a child process: `runloop serve`
+//! on a loopback port, `runloop run` and the rest run to their end, each
+//! waited for within a bound, its output drained on a thread of its own
+//! so that it never blocks on a full pipe.
 
 use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use runloop_proto::agents_run::{Container, Image, ImageRef, RunRequest};
 
 /// How long a command that should end may take before the test fails:
 /// generous, for a shared machine; a hang takes forever.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
-/// The built `runloop`, or the binary `RUNLOOP_BIN` names (another build,
-/// measured against this one).
+/// The `runloop` to run: the binary `RUNLOOP_BIN` names (another build,
+/// measured against this one), else the one cargo built beside the running
+/// test or bench (`target/PROFILE/runloop`, which cargo builds before it
+/// runs runloop-cli's tests and benches).
+pub fn binary() -> PathBuf {
+    if let Some(named) = std::env::var_os("RUNLOOP_BIN") {
+        return named.into();
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    // target/PROFILE/deps/NAME-HASH
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary is in target/PROFILE/deps");
+    let built = profile.join("runloop");
+    assert!(
+        built.is_file(),
+        "no {}: the runloop-cli tests build it (cargo test -p runloop-cli)",
+        built.display()
+    );
+    built
+}
+
+/// A command of [`binary`].
 pub fn runloop() -> Command {
-    Command::new(
-        std::env::var("RUNLOOP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_runloop").into()),
-    )
+    Command::new(binary())
 }
 
 /// Reads the URL a `runloop serve` prints first on its stdout.
@@ -71,6 +97,14 @@ impl Serve {
         );
         let url = url(&mut child);
         Serve { child, url }
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.url
+            .trim_start_matches("ws://")
+            .parse()
+            .expect("an address")
     }
 
     /// Its process id.
@@ -163,13 +197,24 @@ pub fn run(args: &[&str]) -> (ExitStatus, String, String) {
     )
 }
 
+/// How a configuration file names `token`: `sha256:` and its SHA-256 in
+/// lowercase hex.
+pub fn token_hash(token: &str) -> String {
+    crate::sha256(token.as_bytes())
+}
+
 /// A run request for the demo agent, with room to spare.
-pub fn demo_request() -> runloop::proto::agents_run::RunRequest {
-    use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
+pub fn demo_request() -> RunRequest {
+    request("demo", 1 << 30, 1 << 30)
+}
+
+/// A run of the server's image `image` (any digest) asking for `memory`
+/// and `disk`, with an empty `agent`.
+pub fn request(image: &str, memory: u64, disk: u64) -> RunRequest {
     let image = Image::Server(ImageRef {
-        name: "demo".into(),
+        name: image.into(),
         digest: format!("sha256:{}", "0".repeat(64)),
     });
     let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
-    RunRequest::new(Container::new(image, 1 << 30, 1 << 30), agent)
+    RunRequest::new(Container::new(image, memory, disk), agent)
 }
