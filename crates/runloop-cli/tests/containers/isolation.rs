@@ -115,6 +115,8 @@ fn two_servers_never_cross(runs: usize, extra: &[&str]) -> usize {
         &limits,
         "--max-connections-per-address",
         &limits,
+        "--max-unauthorized-per-address",
+        &limits,
         "--max-connections-per-identity",
         &limits,
         "--container-startup-timeout",
