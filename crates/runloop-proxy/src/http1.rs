@@ -502,6 +502,7 @@ fn chunk_size(line: &[u8]) -> Result<u64, BodyError> {
 #[cfg(test)]
 mod tests {
     use futures_util::StreamExt;
+    use proptest::prelude::*;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
@@ -710,5 +711,136 @@ mod tests {
         assert!(chunk_size(b"").is_err());
         assert!(chunk_size(b";x").is_err());
         assert!(chunk_size(b"10000000000000000").is_err());
+    }
+
+    /// Answers an HTTP/1.1 client could get from an agent program: chunked
+    /// (with chunk extensions, size lines padded with zeros, trailers), a
+    /// `Content-Length`, or to the connection's end; each maybe cut short
+    /// (`cut`: where the agent stops writing, 0 = never).
+    fn answers() -> impl Strategy<Value = (Vec<u8>, usize)> {
+        let chunks = proptest::collection::vec(
+            (
+                proptest::collection::vec(any::<u8>(), 1..300),
+                0usize..3,
+                any::<bool>(),
+            ),
+            0..12,
+        );
+        let framing = 0usize..3;
+        (chunks, framing, any::<bool>(), 0usize..2000).prop_map(
+            |(chunks, framing, trailer, cut)| {
+                let data: Vec<u8> = chunks.iter().flat_map(|(d, _, _)| d.clone()).collect();
+                let mut answer = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n".to_vec();
+                match framing {
+                    0 => {
+                        answer.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                        for (piece, zeros, extension) in &chunks {
+                            let size = format!("{}{:x}", "0".repeat(*zeros), piece.len());
+                            answer.extend_from_slice(size.as_bytes());
+                            if *extension {
+                                answer.extend_from_slice(b";name=value");
+                            }
+                            answer.extend_from_slice(b"\r\n");
+                            answer.extend_from_slice(piece);
+                            answer.extend_from_slice(b"\r\n");
+                        }
+                        answer.extend_from_slice(b"0\r\n");
+                        if trailer {
+                            answer.extend_from_slice(b"X-Trailer: yes\r\n");
+                        }
+                        answer.extend_from_slice(b"\r\n");
+                    }
+                    1 => {
+                        answer.extend_from_slice(
+                            format!("Content-Length: {}\r\n\r\n", data.len()).as_bytes(),
+                        );
+                        answer.extend_from_slice(&data);
+                    }
+                    _ => {
+                        answer.extend_from_slice(b"Connection: close\r\n\r\n");
+                        answer.extend_from_slice(&data);
+                    }
+                }
+                let cut = if cut == 0 || cut >= answer.len() {
+                    0
+                } else {
+                    cut
+                };
+                (answer, cut)
+            },
+        )
+    }
+
+    /// What hyper's HTTP/1.1 client reads of `answer`, written by an agent
+    /// program that stops at `cut` (0: never): the body, or that it broke.
+    async fn hyper_reads(answer: &[u8], cut: usize) -> Result<Vec<u8>, String> {
+        use http_body_util::BodyExt;
+        let written = if cut == 0 {
+            answer.to_vec()
+        } else {
+            answer[..cut].to_vec()
+        };
+        let (addr, task) = agent(written, Vec::new()).await;
+        let tcp = TcpStream::connect(addr).await.expect("connects");
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .expect("handshakes");
+        let driver = tokio::spawn(connection);
+        let request = hyper::Request::post("/run")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(Bytes::from_static(b"{}")))
+            .expect("a request");
+        let read = async {
+            let answer = sender
+                .send_request(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let body = answer
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(body.to_bytes().to_vec())
+        }
+        .await;
+        drop(sender);
+        let _ = driver.await;
+        let _ = task.await;
+        read
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The proxy's own client reads what hyper's reads, byte for byte,
+        /// and breaks where hyper's breaks: a body cut short is never read
+        /// as whole by one and not the other. (A body to the connection's
+        /// end cannot be cut short: both read what came.)
+        #[test]
+        fn the_proxys_client_reads_every_answer_as_hyper_does(
+            (answer, cut) in answers(),
+            cuts in proptest::collection::vec(0usize..2000, 0..4),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            let (ours, theirs) = runtime.block_on(async {
+                let written = if cut == 0 { answer.clone() } else { answer[..cut].to_vec() };
+                let mut cuts = cuts.clone();
+                cuts.sort_unstable();
+                let ours = match call(&written, &cuts).await {
+                    Ok((_, _, body)) => body,
+                    Err(unanswered) => Err(unanswered),
+                };
+                (ours, hyper_reads(&answer, cut).await)
+            });
+            match (&ours, &theirs) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+                (Err(_), Err(_)) => {}
+                _ => prop_assert!(false, "ours {:?}, hyper's {:?}", ours, theirs),
+            }
+        }
     }
 }
