@@ -17,6 +17,18 @@ use runloop_oci::user::IdRange;
 use crate::limit_table::LimitArgs;
 use crate::process::LogArgs;
 
+/// One `[pool."NAME"]` table of the configuration file: what it sets of
+/// the entry's warm pool (the command line has no per-entry form).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolEntry {
+    /// Containers kept warm.
+    pub warm: Option<usize>,
+    /// Each one's memory.
+    pub memory: Option<u64>,
+    /// Each one's disk.
+    pub disk: Option<u64>,
+}
+
 /// Arguments of `runloop serve`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -46,7 +58,7 @@ pub struct Args {
     pub file_tenants: Option<Tenants>,
     /// The configuration file's `[pool."NAME"]` tables, by image name.
     #[arg(skip)]
-    pub file_pools: std::collections::BTreeMap<String, crate::serve_file::PoolEntry>,
+    pub file_pools: std::collections::BTreeMap<String, PoolEntry>,
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1:7878", help_heading = "Listening")]
     pub listen: SocketAddr,

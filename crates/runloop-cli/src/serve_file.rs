@@ -27,7 +27,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, FromArgMatches};
 use runloop::server::{Quota, Tenant, Tenants, TokenHash};
 
-use crate::serve_args::Args;
+use crate::serve_args::{Args, PoolEntry};
 use crate::size::bytes;
 use crate::small_file;
 use crate::token;
@@ -40,17 +40,6 @@ const TABLES: [&str; 3] = ["tenant", "tenant-defaults", "pool"];
 
 /// The keys of a `[pool."NAME"]` table.
 const POOL_KEYS: [&str; 3] = ["warm", "memory", "disk"];
-
-/// One `[pool."NAME"]` table: what it sets of the entry's pool.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PoolEntry {
-    /// Containers kept warm.
-    pub warm: Option<usize>,
-    /// Each one's memory.
-    pub memory: Option<u64>,
-    /// Each one's disk.
-    pub disk: Option<u64>,
-}
 
 /// The keys of a `[[tenant]]` table (the quotas are also those of
 /// `[tenant-defaults]`).
