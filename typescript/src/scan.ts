@@ -6,12 +6,12 @@
  * between two quotes. So these are read with a few searches, and the
  * chunk's data built at once, before a full parse is tried.
  *
- * Giving up is its only answer, as the Rust reader's fast path
- * (runloop-proto's scan.rs): on anything else — another kind, a backslash
- * anywhere (an escape), a control character, whitespace, a member other
- * than `text` and `parent_tool_call_id`, a member twice, a missing `text` —
- * it returns undefined and the full path (JSON.parse and the generated
- * checks) decides. What it accepts, the full path accepts too, as the same
+ * Giving up is its only answer, as the Rust reader's fast path (the
+ * module `run_loop::scan` of runloop-proto): on anything else — another
+ * kind, a backslash anywhere (an escape), a control character,
+ * whitespace, a member other than `text` and `parent_tool_call_id`, a
+ * member twice, a missing `text` — it returns undefined and the full path
+ * (JSON.parse and the generated checks) decides. What it accepts, the full path accepts too, as the same
  * data; the shared corpus and test/scan.test.ts hold the two together.
  */
 
