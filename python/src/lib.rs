@@ -19,6 +19,11 @@
 //! value.rs     JSON values as Python's json module reads them
 //! ```
 
+/// jemalloc for the extension's own allocations (Python's are its own):
+/// see the dependency's note in Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod client;
 mod errors;
 mod events;
