@@ -29,8 +29,11 @@
 //!
 //! A loop keeps its transcript (protocol §11) up to a bound in bytes of
 //! chunk JSON; past it the transcript is let go, the loop goes on, and
-//! asking for the transcript says so.
+//! asking for the transcript says so. A chunk is shared between the
+//! transcript and the `Chunk` Python is handed, never copied for it: the
+//! transcript takes it over once Python has let it go (see [`Kept`]).
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -40,7 +43,9 @@ use std::task::Poll;
 use futures_util::StreamExt;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use runloop_client::{Broken, Event, Outcome as WireOutcome, RunLoop, Transcript};
+use runloop_client::{
+    AgenticLoopChunk, Broken, Event, Outcome as WireOutcome, RunLoop, Transcript,
+};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -54,9 +59,19 @@ use crate::runtime::{Owned, block, runtime};
 pub const BATCH: usize = 512;
 
 /// A transcript kept up to a bound.
+///
+/// A chunk goes into the transcript without a copy: it is shared with the
+/// `Chunk` Python is handed (the parse of a 20 KiB tool response is not
+/// cloned), and merged in once Python has most likely let it go, when
+/// [`HELD`] newer chunks came after it. A chunk that Python still holds
+/// then is read, not taken ([`Transcript::push_ref`]); a fragment that
+/// merges into the chunk before it is read either way.
 struct Kept {
-    /// The loop coalesced so far; `None` once it passed the bound.
+    /// The loop coalesced so far, but for `pending`; `None` once it passed
+    /// the bound.
     transcript: Option<Transcript>,
+    /// The latest chunks, not yet in `transcript`, oldest first.
+    pending: VecDeque<Arc<AgenticLoopChunk>>,
     /// Bytes of chunk JSON taken into it.
     bytes: u64,
     /// The bound.
@@ -65,17 +80,24 @@ struct Kept {
     chunks: u64,
 }
 
+/// How many of the latest chunks a loop's transcript leaves pending: the
+/// package holds at most two batches (the one ready, and the one Python
+/// works on), so a chunk older than that is Python's only if the caller
+/// kept it.
+const HELD: usize = 2 * BATCH;
+
 impl Kept {
     fn new(limit: u64) -> Self {
         Kept {
             transcript: Some(Transcript::new()),
+            pending: VecDeque::new(),
             bytes: 0,
             limit,
             chunks: 0,
         }
     }
 
-    fn push(&mut self, chunk: &runloop_client::AgenticLoopChunk, json_len: usize) {
+    fn push(&mut self, chunk: &Arc<AgenticLoopChunk>, json_len: usize) {
         let Some(transcript) = &mut self.transcript else {
             return;
         };
@@ -84,11 +106,37 @@ impl Kept {
             // Let go, all of it: a transcript cut short would read as the
             // whole loop.
             self.transcript = None;
+            self.pending = VecDeque::new();
             return;
         }
         self.chunks += 1;
-        transcript.push_ref(chunk);
+        self.pending.push_back(Arc::clone(chunk));
+        while self.pending.len() > HELD {
+            if let Some(oldest) = self.pending.pop_front() {
+                merge(transcript, oldest);
+            }
+        }
     }
+
+    /// The transcript of every chunk but the latest `not_taken` (those
+    /// Python has not been handed yet), pending ones merged in; `None`
+    /// once it passed the bound.
+    fn transcript(&mut self, not_taken: usize) -> Option<&Transcript> {
+        let transcript = self.transcript.as_mut()?;
+        let taken = self.pending.len().saturating_sub(not_taken);
+        for chunk in self.pending.drain(..taken) {
+            merge(transcript, chunk);
+        }
+        Some(transcript)
+    }
+}
+
+/// Merges `chunk` into `transcript`, taking it over when no one else holds it.
+fn merge(transcript: &mut Transcript, chunk: Arc<AgenticLoopChunk>) {
+    match Arc::try_unwrap(chunk) {
+        Ok(owned) => transcript.push(owned),
+        Err(shared) => transcript.push_ref(&shared),
+    };
 }
 
 /// One item of a batch.
@@ -147,6 +195,7 @@ impl Shared {
             for event in events {
                 match event {
                     Some(Event::Chunk { chunk, json }) => {
+                        let chunk = Arc::new(chunk);
                         if let Some(kept) = &mut *transcript {
                             kept.push(&chunk, json.len());
                         }
@@ -398,14 +447,21 @@ impl NativeLoop {
 
     /// The loop coalesced so far (protocol §11), as chunks.
     fn transcript(&self) -> PyResult<Vec<Chunk>> {
-        let kept = locked(&self.shared.get()?.transcript);
-        let Some(kept) = &*kept else {
+        let shared = self.shared.get()?;
+        // The transcript's lock first, so that the pump adds nothing
+        // between the count and the merge.
+        let mut kept = locked(&shared.transcript);
+        let not_taken = (shared.ready().items.iter())
+            .filter(|item| matches!(item, Item::Chunk(_)))
+            .count();
+        let Some(kept) = &mut *kept else {
             return Err(errors::plain(
                 "this loop keeps no transcript (it was opened with transcript=False)",
             ));
         };
-        let Some(transcript) = &kept.transcript else {
-            return Err(errors::transcript_too_large(kept.limit, kept.chunks));
+        let (limit, chunks) = (kept.limit, kept.chunks);
+        let Some(transcript) = kept.transcript(not_taken) else {
+            return Err(errors::transcript_too_large(limit, chunks));
         };
         transcript
             .chunks()
