@@ -9,6 +9,8 @@ from typing import Any, Awaitable, Optional, Sequence, Tuple, Union
 BATCH: int
 # The checkout the extension was built from (python/..), for python -m runloop run's advice.
 CHECKOUT: str
+# Whether the extension is a debug build (python/bench.py warns of one).
+DEBUG: bool
 
 _Path = Union[str, os.PathLike[str]]
 # (name, digest, image JSON, memory, disk, agent JSON)

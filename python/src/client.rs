@@ -8,46 +8,24 @@
 //! ```
 //!
 //! Everything of the protocol is `runloop_client`'s; this module only
-//! carries its values across.
-//!
-//! A loop is handed over in batches, and the async path crosses from the
-//! runtime to Python once per wait, not once per chunk: [`NativeLoop::take`]
-//! runs on Python's thread and takes every event that is ready (up to
-//! [`BATCH`]) without waiting; when none is, Python waits for the loop's
-//! wake-up descriptor ([`NativeLoop::fileno`]) in its own event loop, and
-//! the runtime's only part is one byte written to that socket when the
-//! next event arrives. No thread of the runtime takes the GIL for it, and
-//! whatever arrives while Python works on a batch is in the next one.
-//!
-//! A loop keeps its transcript (protocol §11) up to a bound in bytes of
-//! chunk JSON; past it the transcript is let go, the loop goes on, and
-//! asking for the transcript says so.
+//! carries its values across. A loop's handle is run_loop.rs's.
 
-use std::io::Write;
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use futures_util::{FutureExt, StreamExt};
+use futures_util::FutureExt;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use runloop_client::{
-    Broken, Client, ClientConfig, ClientTls, Container, Event, Image, ImageRef,
-    Outcome as WireOutcome, Run, RunLoop, RunRequest, Transcript,
+    Client, ClientConfig, ClientTls, Container, Image, ImageRef, Run, RunRequest,
 };
 use runloop_proto::agents_run::{DIGEST_RULE, is_valid_digest, is_valid_name};
 use runloop_proto::error_chain::Chain;
 use serde_json::value::RawValue;
 
-use crate::errors::{self, Failure};
-use crate::events::{Chunk, Error, Outcome};
+use crate::errors::Failure;
+use crate::run_loop::NativeLoop;
 use crate::runtime::{Owned, awaitable, block};
-
-/// The most events one batch carries.
-pub const BATCH: usize = 512;
 
 /// The digest sent when a caller names none: any unpinned catalog entry
 /// accepts it (as `runloop run` sends).
@@ -71,7 +49,7 @@ fn config(ca: &[PathBuf]) -> PyResult<ClientConfig> {
 }
 
 /// A bound on a wait from Python's seconds (`None`: no bound).
-fn seconds(value: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+pub(crate) fn seconds(value: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
     value
         .map(|s| {
             Duration::try_from_secs_f64(s).map_err(|_| {
@@ -82,7 +60,7 @@ fn seconds(value: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
 }
 
 /// `fut`, or [`Failure::Timeout`] naming `what` when `limit` passes first.
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     limit: Option<Duration>,
     what: &'static str,
     fut: impl Future<Output = Result<T, Failure>>,
@@ -297,25 +275,7 @@ impl NativeRun {
     /// `transcript_limit` bytes of chunk JSON (`None`: none is kept).
     #[pyo3(signature = (prompt, transcript_limit))]
     fn open_loop(&self, prompt: String, transcript_limit: Option<u64>) -> PyResult<NativeLoop> {
-        let stream = self.run.get()?.run_loop(prompt);
-        let (wake, signal) = UnixStream::pair()
-            .and_then(|(read, write)| {
-                read.set_nonblocking(true)?;
-                write.set_nonblocking(true)?;
-                Ok((read, write))
-            })
-            .map_err(|error| {
-                errors::plain(&format!("cannot make a loop's wake-up socket: {error}"))
-            })?;
-        Ok(NativeLoop {
-            state: Owned::new(Arc::new(Mutex::new(LoopState {
-                stream,
-                transcript: transcript_limit.map(Kept::new),
-                outcome: None,
-            }))),
-            signal: Arc::new(Signal(signal)),
-            wake,
-        })
+        NativeLoop::open(self.run.get()?.run_loop(prompt), transcript_limit)
     }
 
     /// Sends the run's stop now, without waiting for the run's end.
@@ -372,203 +332,5 @@ impl NativeRun {
     /// Whether the run has ended.
     fn is_ended(&self) -> PyResult<bool> {
         Ok(self.run.get()?.is_ended())
-    }
-}
-
-/// The write end of a loop's wake-up socket, as the waker of its stream:
-/// when the stream has something after a poll found nothing, one byte says
-/// so to whoever waits on the read end (Python's event loop).
-struct Signal(UnixStream);
-
-impl Wake for Signal {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        // Full: a byte is there already, which says the same.
-        let _ = (&self.0).write(&[1]);
-    }
-}
-
-/// A transcript kept up to a bound.
-struct Kept {
-    /// The loop coalesced so far; `None` once it passed the bound.
-    transcript: Option<Transcript>,
-    /// Bytes of chunk JSON taken into it.
-    bytes: u64,
-    /// The bound.
-    limit: u64,
-    /// Chunks taken in before the bound was passed.
-    chunks: u64,
-}
-
-impl Kept {
-    fn new(limit: u64) -> Self {
-        Kept {
-            transcript: Some(Transcript::new()),
-            bytes: 0,
-            limit,
-            chunks: 0,
-        }
-    }
-
-    fn push(&mut self, chunk: &runloop_client::AgenticLoopChunk, json_len: usize) {
-        let Some(transcript) = &mut self.transcript else {
-            return;
-        };
-        self.bytes = self.bytes.saturating_add(json_len as u64);
-        if self.bytes > self.limit {
-            // Let go, all of it: a transcript cut short would read as the
-            // whole loop.
-            self.transcript = None;
-            return;
-        }
-        self.chunks += 1;
-        transcript.push(chunk.clone());
-    }
-}
-
-/// What a loop's reading keeps between batches.
-struct LoopState {
-    stream: RunLoop,
-    /// The transcript, when one is kept.
-    transcript: Option<Kept>,
-    /// Set once the loop has ended.
-    outcome: Option<WireOutcome>,
-}
-
-/// One item of a batch.
-#[derive(IntoPyObject)]
-enum Item {
-    Chunk(Chunk),
-    Error(Error),
-}
-
-impl LoopState {
-    fn take(&mut self, event: Option<Event>, batch: &mut Vec<Item>) {
-        match event {
-            Some(Event::Chunk { chunk, json }) => {
-                if let Some(kept) = &mut self.transcript {
-                    kept.push(&chunk, json.len());
-                }
-                batch.push(Item::Chunk(Chunk::new(chunk, json)));
-            }
-            Some(Event::Error(error)) => batch.push(Item::Error(Error::new(error))),
-            Some(Event::End(outcome)) => self.outcome = Some(outcome),
-            // `End` always comes first; a stream that ends without it
-            // would be the connection's end.
-            None => self.outcome = Some(WireOutcome::Broken(Broken::ConnectionEnded)),
-        }
-    }
-
-    /// Every event ready now, up to [`BATCH`]; `cx`'s waker is woken when
-    /// more come after a poll that found none. `Ready(None)`: the loop has
-    /// ended and every event was taken before.
-    fn poll_batch(&mut self, cx: &mut Context<'_>) -> Poll<Option<Vec<Item>>> {
-        if self.outcome.is_some() {
-            return Poll::Ready(None);
-        }
-        let mut batch = Vec::new();
-        while batch.len() < BATCH && self.outcome.is_none() {
-            match self.stream.poll_next_unpin(cx) {
-                Poll::Ready(event) => self.take(event, &mut batch),
-                Poll::Pending => break,
-            }
-        }
-        if !batch.is_empty() {
-            Poll::Ready(Some(batch))
-        } else if self.outcome.is_some() {
-            Poll::Ready(None)
-        } else {
-            Poll::Pending
-        }
-    }
-}
-
-/// One loop of a run, read in batches.
-#[pyclass(module = "runloop._native", name = "Loop", frozen)]
-pub struct NativeLoop {
-    state: Owned<Arc<Mutex<LoopState>>>,
-    /// The waker of [`NativeLoop::take`]'s polls.
-    signal: Arc<Signal>,
-    /// The read end of the wake-up socket.
-    wake: UnixStream,
-}
-
-fn lock(state: &Mutex<LoopState>) -> MutexGuard<'_, LoopState> {
-    state
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-#[pymethods]
-impl NativeLoop {
-    /// Every event ready now, in order (up to [`BATCH`]), without waiting:
-    /// an empty list when none is (then the wake-up descriptor becomes
-    /// readable when one comes), `None` once the loop has ended and all
-    /// was taken.
-    fn take(&self) -> PyResult<Option<Vec<Item>>> {
-        let state = self.state.get()?;
-        let waker = Waker::from(Arc::clone(&self.signal));
-        let mut cx = Context::from_waker(&waker);
-        Ok(match lock(state).poll_batch(&mut cx) {
-            Poll::Ready(batch) => batch,
-            Poll::Pending => Some(Vec::new()),
-        })
-    }
-
-    /// The descriptor that becomes readable when events are ready after a
-    /// [`take`](Self::take) that found none.
-    fn fileno(&self) -> i32 {
-        self.wake.as_raw_fd()
-    }
-
-    /// Empties the wake-up socket (before the next `take`).
-    fn drain(&self) {
-        let mut sink = [0u8; 64];
-        while let Ok(n @ 1..) = std::io::Read::read(&mut &self.wake, &mut sink) {
-            if n < sink.len() {
-                break;
-            }
-        }
-    }
-
-    /// The next events, blocking (the GIL released) until at least one is
-    /// ready, `timeout` at most; `None` once the loop has ended.
-    fn next_batch_blocking(
-        &self,
-        py: Python<'_>,
-        timeout: Option<f64>,
-    ) -> PyResult<Option<Vec<Item>>> {
-        let state = Arc::clone(self.state.get()?);
-        let limit = seconds(timeout, "timeout")?;
-        let next = std::future::poll_fn(move |cx| lock(&state).poll_batch(cx));
-        block(py, bounded(limit, "the loop's next event", next.map(Ok)))?
-            .map_err(|f| f.into_pyerr(py))
-    }
-
-    /// How the loop ended; `None` until it has.
-    fn outcome(&self) -> PyResult<Option<Outcome>> {
-        Ok(lock(self.state.get()?).outcome.clone().map(Outcome::new))
-    }
-
-    /// The loop coalesced so far (protocol §11), as chunks.
-    fn transcript(&self) -> PyResult<Vec<Chunk>> {
-        let state = lock(self.state.get()?);
-        let Some(kept) = &state.transcript else {
-            return Err(errors::plain(
-                "this loop keeps no transcript (it was opened with transcript=False)",
-            ));
-        };
-        let Some(transcript) = &kept.transcript else {
-            return Err(errors::transcript_too_large(kept.limit, kept.chunks));
-        };
-        transcript
-            .chunks()
-            .iter()
-            .cloned()
-            .map(Chunk::encoded)
-            .collect()
     }
 }

@@ -6,6 +6,11 @@
 //! Python's `json`. The Python string and the `dict` of `data` are made on
 //! first use and kept, so a caller that only counts chunks, or only reads
 //! `kind` and `text`, pays for neither.
+//!
+//! The parse is shared (an `Arc`) with the loop's transcript, which takes
+//! it over without a copy once Python has let the chunk go (run_loop.rs).
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use pyo3::prelude::*;
@@ -20,7 +25,7 @@ use crate::value;
 /// One chunk of a loop (protocol §8).
 #[pyclass(module = "runloop", name = "Chunk", frozen)]
 pub struct Chunk {
-    chunk: AgenticLoopChunk,
+    chunk: Arc<AgenticLoopChunk>,
     json: Bytes,
     text: PyOnceLock<Py<PyString>>,
     data: PyOnceLock<Py<PyAny>>,
@@ -28,7 +33,7 @@ pub struct Chunk {
 
 impl Chunk {
     /// A chunk and the JSON it came as.
-    pub fn new(chunk: AgenticLoopChunk, json: Bytes) -> Self {
+    pub fn new(chunk: Arc<AgenticLoopChunk>, json: Bytes) -> Self {
         Chunk {
             chunk,
             json,
@@ -42,7 +47,7 @@ impl Chunk {
     pub fn encoded(chunk: AgenticLoopChunk) -> PyResult<Self> {
         let json = serde_json::to_vec(&chunk)
             .map_err(|error| pyo3::exceptions::PyValueError::new_err(error.to_string()))?;
-        Ok(Chunk::new(chunk, Bytes::from(json)))
+        Ok(Chunk::new(Arc::new(chunk), Bytes::from(json)))
     }
 
     fn json_str<'py>(&self, py: Python<'py>) -> &Bound<'py, PyString> {
@@ -81,7 +86,7 @@ impl Chunk {
     /// `text` of a reasoning, text or refusal fragment; else `None`.
     #[getter]
     fn text(&self) -> Option<&str> {
-        match &self.chunk {
+        match &*self.chunk {
             AgenticLoopChunk::AssistantReasoning(c)
             | AgenticLoopChunk::AssistantTextContent(c)
             | AgenticLoopChunk::AssistantRefusal(c) => Some(&c.text),
@@ -92,7 +97,7 @@ impl Chunk {
     /// `id` of a tool call or a tool response; else `None`.
     #[getter]
     fn id(&self) -> Option<&str> {
-        match &self.chunk {
+        match &*self.chunk {
             AgenticLoopChunk::AssistantToolCall(c) => Some(&c.id),
             AgenticLoopChunk::ToolResponse(c) => Some(&c.id),
             _ => None,
@@ -102,7 +107,7 @@ impl Chunk {
     /// `name` of a tool call; else `None`.
     #[getter]
     fn name(&self) -> Option<&str> {
-        match &self.chunk {
+        match &*self.chunk {
             AgenticLoopChunk::AssistantToolCall(c) => Some(&c.name),
             _ => None,
         }
@@ -111,7 +116,7 @@ impl Chunk {
     /// `arguments` of a tool call (a fragment of JSON text); else `None`.
     #[getter]
     fn arguments(&self) -> Option<&str> {
-        match &self.chunk {
+        match &*self.chunk {
             AgenticLoopChunk::AssistantToolCall(c) => c.arguments.as_deref(),
             _ => None,
         }
@@ -132,7 +137,7 @@ impl Chunk {
     /// `message` of a notification (any JSON value); else `None`.
     #[getter]
     fn message<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        match &self.chunk {
+        match &*self.chunk {
             AgenticLoopChunk::Notification(c) => value::to_python(py, &c.message).map(Some),
             _ => Ok(None),
         }
@@ -141,7 +146,7 @@ impl Chunk {
     /// `prompt` of a user chunk; else `None`.
     #[getter]
     fn prompt(&self) -> Option<&str> {
-        match &self.chunk {
+        match &*self.chunk {
             AgenticLoopChunk::User(c) => Some(&c.prompt),
             _ => None,
         }
@@ -150,7 +155,7 @@ impl Chunk {
     /// `mimeType` of an image or audio chunk; else `None`.
     #[getter]
     fn mime_type(&self) -> Option<&str> {
-        match &self.chunk {
+        match &*self.chunk {
             AgenticLoopChunk::AssistantImageContent(c)
             | AgenticLoopChunk::AssistantAudioContent(c) => Some(&c.mime_type),
             _ => None,
@@ -161,7 +166,7 @@ impl Chunk {
     /// (a delta); else `None`.
     #[getter]
     fn usage(&self) -> Option<(u64, u64, u64)> {
-        match &self.chunk {
+        match &*self.chunk {
             AgenticLoopChunk::Usage(c) => {
                 Some((c.completion_tokens, c.prompt_tokens, c.total_tokens))
             }

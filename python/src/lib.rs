@@ -11,16 +11,23 @@
 //! a child process (`runloop/_demo.py`).
 //!
 //! ```text
-//! client.rs    Client, Run, Loop: connect, start, loops handed over in batches, stop, close
+//! client.rs    Client, Run: connect, start, stop, close
+//! run_loop.rs  Loop: a loop read by a task of the runtime, handed over in batches
 //! events.rs    Chunk, Error, Outcome: what a loop hands to Python
 //! errors.rs    the exceptions, made from runloop/_errors.py's classes
 //! runtime.rs   the runtime of this process, awaitables, blocking waits, fork
 //! value.rs     JSON values as Python's json module reads them
 //! ```
 
+/// jemalloc for the extension's own allocations (Python's are its own):
+/// see the dependency's note in Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod client;
 mod errors;
 mod events;
+mod run_loop;
 mod runtime;
 mod value;
 
@@ -79,11 +86,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(runtime::at_exit, m)?)?;
     m.add_class::<client::NativeClient>()?;
     m.add_class::<client::NativeRun>()?;
-    m.add_class::<client::NativeLoop>()?;
+    m.add_class::<run_loop::NativeLoop>()?;
     m.add_class::<events::Chunk>()?;
     m.add_class::<events::Error>()?;
     m.add_class::<events::Outcome>()?;
-    m.add("BATCH", client::BATCH)?;
+    m.add("BATCH", run_loop::BATCH)?;
     m.add("CHECKOUT", CHECKOUT)?;
+    // A debug build measures the optimiser's absence: the bench says so.
+    m.add("DEBUG", cfg!(debug_assertions))?;
     Ok(())
 }

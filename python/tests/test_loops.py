@@ -3,6 +3,7 @@ chunks byte for byte as ``runloop run --json`` prints them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -122,3 +123,35 @@ async def test_chunks_are_byte_identical_to_runloop_run_json(server: Server, pro
     ending = json.loads(printed[-1])
     assert ending["outcome"] == outcome.kind
     assert ending.get("fatal", False) == outcome.fatal
+
+
+async def test_a_long_loop_s_transcript_holds_every_chunk_handed_over(server: Server) -> None:
+    # More chunks than the package leaves out of the transcript until
+    # Python has let them go (two batches): the transcript is still every
+    # chunk handed over, whether the caller keeps the chunks or not.
+    count = 5 * runloop._native.BATCH
+    for keep in (True, False):
+        async with runloop.connect(server.url, token=server.token) as client:
+            run = await client.start("demo", memory="64M")
+            kept: list[runloop.Event] = []
+            text = ""
+            async with run.loop(f"demo:load={count}x16") as stream:
+                async for event in stream:
+                    assert isinstance(event, runloop.Chunk) and event.text is not None
+                    text += event.text
+                    if keep:
+                        kept.append(event)
+                    if len(text) == 16 * count // 2:
+                        # Mid-loop, with the next events made ready
+                        # meanwhile: every chunk handed to Python so far
+                        # (the batch it holds), none of those not yet.
+                        await asyncio.sleep(0.2)
+                        held = stream._batch[stream._at :]
+                        ahead = "".join(c.text or "" for c in held if isinstance(c, runloop.Chunk))
+                        (middle,) = stream.transcript()
+                        assert middle.text == text + ahead
+            (whole,) = stream.transcript()
+            await run.stop()
+        assert whole.kind == "assistant_text_content"
+        assert whole.text == text and len(text) == 16 * count
+        assert len(kept) == (count if keep else 0)

@@ -16,6 +16,8 @@
 //!
 //! A routed response waits while its loop's queue is full, outside the
 //! lock: a loop that is not read holds up the reading, never the table.
+//! It waits for half the queue to be free, so that a slow reader wakes the
+//! reading task once per half a queue, not once per response.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -414,15 +416,31 @@ enum Delivery {
 impl Delivery {
     async fn deliver(self) {
         match self {
-            Delivery::Loop(events, event) => {
-                let _ = events.send(event).await;
-            }
+            Delivery::Loop(events, event) => deliver_to_loop(&events, event).await,
             Delivery::RunEnded(loops) => {
                 for events in loops {
                     let _ = events.send(ChannelEvent::RunEnded).await;
                 }
             }
         }
+    }
+}
+
+/// Queues `event` for its loop. When the queue is full, the reading task
+/// waits until half of it is free, not one place: a loop read more slowly
+/// than the server sends (a caller in Python) would otherwise wake the
+/// reading task, and the thread it sleeps on, once per event it takes.
+async fn deliver_to_loop(events: &mpsc::Sender<ChannelEvent>, event: ChannelEvent) {
+    let event = match events.try_send(event) {
+        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
+        Err(mpsc::error::TrySendError::Full(event)) => event,
+    };
+    let room = (events.max_capacity() / 2).max(1);
+    // The places not used go back to the queue when `permits` is dropped.
+    if let Ok(mut permits) = events.reserve_many(room).await
+        && let Some(permit) = permits.next()
+    {
+        permit.send(event);
     }
 }
 

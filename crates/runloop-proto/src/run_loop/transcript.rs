@@ -51,54 +51,76 @@ impl Transcript {
     /// smaller one, a fragment merged into an earlier chunk. A live view
     /// can follow the loop from that alone, without repeating the rules.
     pub fn push(&mut self, chunk: AgenticLoopChunk) -> usize {
+        match self.merge(&chunk) {
+            Some(at) => at,
+            None => self.append(chunk),
+        }
+    }
+
+    /// [`push`](Transcript::push) for a chunk the caller keeps: it is
+    /// copied only when it starts a chunk of its own. A fragment that
+    /// merges (most of a streamed loop) is read, not copied.
+    pub fn push_ref(&mut self, chunk: &AgenticLoopChunk) -> usize {
+        match self.merge(chunk) {
+            Some(at) => at,
+            None => self.append(chunk.clone()),
+        }
+    }
+
+    /// Merges `next` into the chunk it continues, if there is one: a
+    /// text-like fragment into the chunk right before it when that chunk
+    /// is the same kind on the same thread, a tool call's fragment into
+    /// the latest call with its id on its thread. `None`: it starts a
+    /// chunk of its own.
+    fn merge(&mut self, next: &AgenticLoopChunk) -> Option<usize> {
         use AgenticLoopChunk as C;
-        match chunk {
-            C::AssistantReasoning(_) | C::AssistantTextContent(_) | C::AssistantRefusal(_) => {
-                self.push_text(chunk)
-            }
-            C::AssistantToolCall(next) => {
-                let key = (next.parent_tool_call_id.clone(), next.id.clone());
-                if let Some(&at) = self.calls.get(&key)
-                    && let Some(C::AssistantToolCall(call)) = self.chunks.get_mut(at)
+        match next {
+            C::AssistantReasoning(fragment)
+            | C::AssistantTextContent(fragment)
+            | C::AssistantRefusal(fragment) => {
+                let last = self.chunks.len().checked_sub(1)?;
+                let previous = self.chunks.get_mut(last)?;
+                if previous.kind() != next.kind()
+                    || previous.parent_tool_call_id() != next.parent_tool_call_id()
                 {
-                    if let Some(fragment) = next.arguments {
-                        call.arguments
-                            .get_or_insert_with(String::new)
-                            .push_str(&fragment);
-                    }
-                    return at;
+                    return None;
                 }
-                self.calls.insert(key, self.chunks.len());
-                self.append(C::AssistantToolCall(next))
-            }
-            other => self.append(other),
-        }
-    }
-
-    /// Appends a new chunk; its index.
-    fn append(&mut self, chunk: AgenticLoopChunk) -> usize {
-        self.chunks.push(chunk);
-        self.chunks.len() - 1
-    }
-
-    /// Merges a text-like fragment into the previous chunk when that chunk is
-    /// the same kind on the same thread.
-    fn push_text(&mut self, mut next: AgenticLoopChunk) -> usize {
-        let last = self.chunks.len().checked_sub(1);
-        if let Some(previous) = self.chunks.last_mut() {
-            let same_place = previous.kind() == next.kind()
-                && previous.parent_tool_call_id() == next.parent_tool_call_id();
-            if let (true, Some(into), Some(fragment), Some(last)) =
-                (same_place, previous.text_mut(), next.text_mut(), last)
-            {
+                let into = previous.text_mut()?;
                 into.text.push_str(&fragment.text);
-                if let Some(logprobs) = fragment.logprobs.take() {
-                    into.logprobs.get_or_insert_with(Vec::new).extend(logprobs);
+                if let Some(logprobs) = &fragment.logprobs {
+                    into.logprobs
+                        .get_or_insert_with(Vec::new)
+                        .extend_from_slice(logprobs);
                 }
-                return last;
+                Some(last)
             }
+            C::AssistantToolCall(fragment) => {
+                let key = (fragment.parent_tool_call_id.clone(), fragment.id.clone());
+                let at = *self.calls.get(&key)?;
+                let Some(C::AssistantToolCall(call)) = self.chunks.get_mut(at) else {
+                    return None;
+                };
+                if let Some(arguments) = &fragment.arguments {
+                    call.arguments
+                        .get_or_insert_with(String::new)
+                        .push_str(arguments);
+                }
+                Some(at)
+            }
+            _ => None,
         }
-        self.append(next)
+    }
+
+    /// Appends a new chunk (a tool call is then where its fragments go);
+    /// its index.
+    fn append(&mut self, chunk: AgenticLoopChunk) -> usize {
+        let at = self.chunks.len();
+        if let AgenticLoopChunk::AssistantToolCall(call) = &chunk {
+            self.calls
+                .insert((call.parent_tool_call_id.clone(), call.id.clone()), at);
+        }
+        self.chunks.push(chunk);
+        at
     }
 }
 
@@ -264,6 +286,34 @@ mod tests {
         .collect();
         assert_eq!(places, [0, 0, 1, 2, 1, 3, 3]);
         assert_eq!(t.chunks().len(), 4);
+    }
+
+    #[test]
+    fn push_ref_coalesces_as_push_does() {
+        let mut reasoned = text("hm", None);
+        reasoned.logprobs = Some(vec![TokenLogprob {
+            token: "hm".into(),
+            ..TokenLogprob::default()
+        }]);
+        let sequence = [
+            AgenticLoopChunk::AssistantTextContent(text("Hel", None)),
+            AgenticLoopChunk::AssistantTextContent(text("lo", None)),
+            call("a", Some("{"), None),
+            AgenticLoopChunk::AssistantReasoning(reasoned.clone()),
+            AgenticLoopChunk::AssistantReasoning(reasoned),
+            call("b", None, Some("call_z")),
+            call("a", Some("}"), None),
+            call("b", Some("[]"), Some("call_z")),
+            AgenticLoopChunk::Usage(UsageChunk::default()),
+            AgenticLoopChunk::AssistantTextContent(text("!", Some("call_z"))),
+            AgenticLoopChunk::AssistantTextContent(text("?", Some("call_z"))),
+        ];
+        let (mut owned, mut borrowed) = (Transcript::new(), Transcript::new());
+        for chunk in sequence {
+            assert_eq!(borrowed.push_ref(&chunk), owned.push(chunk));
+        }
+        assert_eq!(borrowed, owned);
+        assert_eq!(owned.chunks().len(), 6);
     }
 
     #[test]
