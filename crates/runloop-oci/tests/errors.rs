@@ -89,7 +89,7 @@ fn no_error_says_its_cause_twice() {
         Box::new(UnpackError::Archive(system())),
         Box::new(FetchError::Tls(TlsError::Read {
             path: "/etc/ssl/certs/ca-certificates.crt".into(),
-            source: system(),
+            source: system().into(),
         })),
         Box::new(UnpackError::Root {
             path: "/store/x/rootfs".into(),
