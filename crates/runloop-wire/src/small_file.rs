@@ -133,4 +133,17 @@ mod tests {
         std::fs::write(&large, [0xff, 0xfe]).expect("written");
         assert!(matches!(read(&large, 16), Err(SmallFileError::NotText)));
     }
+
+    #[test]
+    fn no_small_file_error_says_its_cause_twice() {
+        let errors = [
+            SmallFileError::Io(io::Error::from(io::ErrorKind::PermissionDenied)),
+            SmallFileError::NotRegular("a FIFO (named pipe)"),
+            SmallFileError::TooLarge(MIB),
+            SmallFileError::NotText,
+        ];
+        for error in &errors {
+            runloop_testkit::errors::assert_cause_said_once(error);
+        }
+    }
 }
