@@ -499,7 +499,8 @@ pub async fn chain(params: &Params, spawn: &dyn Spawn) -> Result<ChainReport, Be
             "nginx, agent: need about {sse_needs} descriptors in this process, and the limit is {limit}"
         )),
         None => skipped.push(
-            "nginx: not installed (apt-get install nginx; RUNLOOP_BENCH_NGINX=PATH names one              elsewhere)"
+            "nginx: not installed (apt-get install nginx; RUNLOOP_BENCH_NGINX=PATH names one \
+             elsewhere)"
                 .to_owned(),
         ),
         Some(program) => {
