@@ -61,6 +61,8 @@
 //! refusal_log.rs  refusal lines, rate limited per address
 //! identity.rs     credentials, tenants, quotas, identities, shares; the
 //!                 one token match
+//! writes_through.rs  the write half of the socket's read-side wrappers
+//!                 (the allowance, the half-sent meter, the read-ahead)
 //! ```
 //!
 //! Calls go one way, from the listener down to the relay: a connection
@@ -117,6 +119,7 @@ mod scope;
 mod shared;
 mod tenants;
 mod warm;
+mod writes_through;
 
 use std::fmt;
 use std::io;
