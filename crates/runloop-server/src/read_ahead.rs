@@ -405,40 +405,13 @@ mod path_tests {
     use proptest::prelude::*;
     use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
     use tokio_tungstenite::WebSocketStream;
-    use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
     use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
     use super::*;
     use crate::proxy_path::{Next, next_message};
+    use runloop_testkit::websocket::{binary, frame as frame_bytes, more, ping};
     use runloop_wire::ws::{Head, opcode};
-
-    fn frame_bytes(opcode: OpCode, fin: bool, payload: &[u8], masked: bool) -> Vec<u8> {
-        let header = FrameHeader {
-            is_final: fin,
-            opcode,
-            mask: masked.then_some([0; 4]),
-            ..FrameHeader::default()
-        };
-        let mut bytes = Vec::new();
-        header
-            .format(payload.len() as u64, &mut bytes)
-            .expect("formats");
-        bytes.extend_from_slice(payload);
-        bytes
-    }
-
-    fn binary(fin: bool, payload: &[u8]) -> Vec<u8> {
-        frame_bytes(OpCode::Data(Data::Binary), fin, payload, false)
-    }
-
-    fn more(fin: bool, payload: &[u8]) -> Vec<u8> {
-        frame_bytes(OpCode::Data(Data::Continue), fin, payload, false)
-    }
-
-    fn ping() -> Vec<u8> {
-        frame_bytes(OpCode::Control(Control::Ping), true, b"p", false)
-    }
 
     const ANSWER: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n";
 

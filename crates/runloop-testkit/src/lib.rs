@@ -43,6 +43,7 @@
 //! - `certs`: a certificate authority and the certificates it signed,
 //!   made for the test.
 //! - `oci`: OCI image layouts written as another tool writes them.
+//! - `websocket`: WebSocket frames as bytes, as tungstenite writes them.
 //!
 //! [`fixture`]: the agent programs the exec runtime runs in tests.
 //!
@@ -78,6 +79,8 @@ pub mod server;
 pub mod uplink;
 #[cfg(feature = "chain")]
 pub mod wait;
+#[cfg(feature = "websocket")]
+pub mod websocket;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
