@@ -44,14 +44,21 @@ pub fn runloop() -> Command {
     Command::new(binary())
 }
 
+/// The first line `child` prints on its stdout (which it takes), without
+/// its end: empty when the child exits before it says anything.
+pub fn first_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout, taken once"))
+        .read_line(&mut line)
+        .expect("the child's stdout reads");
+    line.trim_end().to_owned()
+}
+
 /// Reads the URL a `runloop serve` prints first on its stdout.
 pub fn url(child: &mut Child) -> String {
-    let mut url = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut url)
-        .expect("serve prints its URL");
+    let url = first_line(child);
     assert!(url.starts_with("ws://"), "{url:?}");
-    url.trim().to_owned()
+    url
 }
 
 /// Waits for `child` to exit, for `PATIENCE` at most; past that it is

@@ -10,11 +10,10 @@
 //! them), and the Rust one built (`cargo test --workspace` builds it; alone:
 //! `cargo build -p runloop --example echo_agent`).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use runloop_testkit::{Part, document, needs};
+use runloop_testkit::{Part, command, document, needs};
 use serde_json::{Value, json};
 
 /// Where the guide's `runloop serve` listens (its default address).
@@ -119,16 +118,9 @@ impl Served {
             .stderr(Stdio::null())
             .spawn()
             .expect("runloop serve starts");
-        let mut url = String::new();
-        let stdout = child.stdout.take().expect("its stdout");
-        BufReader::new(stdout)
-            .read_line(&mut url)
-            .expect("it prints its URL");
+        let url = command::first_line(&mut child);
         assert!(url.starts_with("ws://"), "{spec}: {url:?}");
-        Served {
-            child,
-            url: url.trim().to_owned(),
-        }
+        Served { child, url }
     }
 
     /// `runloop run ARGS…`, with the guide's URL replaced by this server's:

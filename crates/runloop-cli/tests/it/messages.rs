@@ -1,7 +1,6 @@
 //! The messages that point the right way (issue 17 §3), each as a user
 //! meets it: the built binary, real sockets, a real HTTP server.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use runloop_testkit::command::{self, run};
@@ -86,10 +85,7 @@ impl HttpServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("python3 runs (apt-get install python3)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("it says its port");
+        let line = command::first_line(&mut child);
         let port = line
             .trim()
             .parse()

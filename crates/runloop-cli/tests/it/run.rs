@@ -5,6 +5,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 
 use assert_cmd::Command as Cmd;
+use runloop_testkit::command;
 use serde_json::Value;
 
 fn runloop() -> Cmd {
@@ -39,15 +40,8 @@ impl Running {
             .stderr(Stdio::null())
             .spawn()
             .expect("starts");
-        let mut url = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        BufReader::new(stdout)
-            .read_line(&mut url)
-            .expect("prints its URL");
-        Running {
-            child,
-            url: url.trim().to_owned(),
-        }
+        let url = command::first_line(&mut child);
+        Running { child, url }
     }
 
     /// Sends SIGTERM and returns the exit code.
