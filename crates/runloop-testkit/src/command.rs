@@ -10,6 +10,7 @@ use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::process::KillOnDrop;
 use runloop_proto::agents_run::{Container, Image, ImageRef, RunRequest};
 
 /// How long a command that should end may take before the test fails:
@@ -89,7 +90,7 @@ pub fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
 
 /// A `runloop serve` on a loopback port, killed if the test ends first.
 pub struct Serve {
-    child: Child,
+    child: KillOnDrop,
     /// The URL it printed.
     pub url: String,
 }
@@ -103,7 +104,10 @@ impl Serve {
             &[&["serve", "--listen", "127.0.0.1:0"], args].concat(),
         );
         let url = url(&mut child);
-        Serve { child, url }
+        Serve {
+            child: KillOnDrop(child),
+            url,
+        }
     }
 
     /// The address it listens on.
@@ -154,13 +158,6 @@ impl Serve {
             .expect("kill");
         assert!(killed.success());
         exits(&mut self.child, "serve after SIGTERM")
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

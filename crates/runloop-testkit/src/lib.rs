@@ -47,7 +47,8 @@
 //!
 //! [`fixture`]: the agent programs the exec runtime runs in tests.
 //!
-//! [`process`]: what became of a process a test started.
+//! [`process`]: what became of a process a test started, and a child
+//! killed when the test lets it go.
 //!
 //! [`errors`]: the error convention (an error's words leave its cause to
 //! `source()`), checked over each crate's list of its errors.

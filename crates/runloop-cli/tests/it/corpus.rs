@@ -6,23 +6,14 @@
 //! (typescript/test/corpus.test.ts) are held to the same files.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 
 use runloop_testkit::command::{run, runloop, url};
+use runloop_testkit::process::KillOnDrop;
 use serde_json::Value;
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../corpus")
-}
-
-/// `runloop __replay` over the corpus, killed when the test ends.
-struct Replay(Child);
-
-impl Drop for Replay {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Object members whose value is `null` removed, everywhere: an absent
@@ -117,7 +108,8 @@ fn the_rust_client_reads_every_case_of_the_corpus_as_expected() {
         .spawn()
         .expect("runloop __replay starts");
     let base = url(&mut child);
-    let mut replay = Replay(child);
+    // `runloop __replay` over the corpus, killed when the test ends.
+    let mut replay = KillOnDrop(child);
     let mut names: Vec<String> = std::fs::read_dir(corpus())
         .expect("the corpus")
         .filter_map(|entry| {
@@ -133,7 +125,7 @@ fn the_rust_client_reads_every_case_of_the_corpus_as_expected() {
         check_case(&base, name, &expected);
     }
     // The replay served every case without a client going astray.
-    assert!(replay.0.try_wait().expect("waitable").is_none());
+    assert!(replay.try_wait().expect("waitable").is_none());
 }
 
 #[test]
@@ -145,7 +137,7 @@ fn an_unknown_case_is_refused_before_the_upgrade() {
         .spawn()
         .expect("runloop __replay starts");
     let base = url(&mut child);
-    let _replay = Replay(child);
+    let _replay = KillOnDrop(child);
     let (status, _, stderr) = run(&["run", "--url", &format!("{base}/no_such_case"), "hi"]);
     assert_ne!(status.code(), Some(0));
     assert!(stderr.contains("404"), "{stderr}");

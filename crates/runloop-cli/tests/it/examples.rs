@@ -11,8 +11,9 @@
 //! `cargo build -p runloop --example echo_agent`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
+use runloop_testkit::process::KillOnDrop;
 use runloop_testkit::{Part, command, document, needs};
 use serde_json::{Value, json};
 
@@ -98,7 +99,7 @@ fn transcript() -> Vec<Shown> {
 
 /// `runloop serve` on a loopback port with one agent; killed when dropped.
 struct Served {
-    child: Child,
+    _child: KillOnDrop,
     url: String,
 }
 
@@ -120,7 +121,10 @@ impl Served {
             .expect("runloop serve starts");
         let url = command::first_line(&mut child);
         assert!(url.starts_with("ws://"), "{spec}: {url:?}");
-        Served { child, url }
+        Served {
+            _child: KillOnDrop(child),
+            url,
+        }
     }
 
     /// `runloop run ARGS…`, with the guide's URL replaced by this server's:
@@ -140,13 +144,6 @@ impl Served {
             String::from_utf8_lossy(&output.stdout).into_owned(),
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -1,9 +1,10 @@
 //! The messages that point the right way (issue 17 §3), each as a user
 //! meets it: the built binary, real sockets, a real HTTP server.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use runloop_testkit::command::{self, run};
+use runloop_testkit::process::KillOnDrop;
 
 use crate::conventions::closed_port;
 
@@ -59,7 +60,7 @@ fn a_url_that_is_not_a_websocket_url_gets_the_one_meant() {
 /// An HTTP server made with Python's `http.server`, which answers every GET
 /// — a WebSocket upgrade included — with 404, in HTTP `version`.
 struct HttpServer {
-    child: Child,
+    _child: KillOnDrop,
     port: u16,
 }
 
@@ -90,14 +91,10 @@ impl HttpServer {
             .trim()
             .parse()
             .unwrap_or_else(|_| panic!("no port in {line:?}"));
-        HttpServer { child, port }
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        HttpServer {
+            _child: KillOnDrop(child),
+            port,
+        }
     }
 }
 

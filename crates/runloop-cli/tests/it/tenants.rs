@@ -11,7 +11,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use runloop::client::{Client, Event, Run, RunError};
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
 use runloop_testkit::command::{self, token_hash};
+use runloop_testkit::process::KillOnDrop;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -58,7 +59,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// A `runloop serve` at `RUST_LOG=info` whose log lines are kept, with its
 /// URL and, with `--admin`, its admin address.
 struct Server {
-    child: Child,
+    child: KillOnDrop,
     url: String,
     admin: Option<SocketAddr>,
     logs: Arc<Mutex<String>>,
@@ -112,7 +113,7 @@ impl Server {
                 .unwrap_or_else(|| panic!("an admin URL: {line:?}"))
         });
         Server {
-            child,
+            child: KillOnDrop(child),
             url,
             admin,
             logs,
@@ -177,13 +178,6 @@ impl Server {
             "{head}"
         );
         body.to_owned()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

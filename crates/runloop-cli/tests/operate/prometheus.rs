@@ -4,17 +4,18 @@
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use runloop_testkit::Part;
+use runloop_testkit::process::KillOnDrop;
 use serde_json::Value;
 
 use crate::http;
 
 /// A running Prometheus, stopped when dropped.
 pub struct Prometheus {
-    child: Child,
+    _child: KillOnDrop,
     _dir: tempfile::TempDir,
     /// Its HTTP API.
     pub addr: SocketAddr,
@@ -68,7 +69,7 @@ impl Prometheus {
                     && http::get(addr, "/-/ready").0 == 200
                 {
                     return Prometheus {
-                        child,
+                        _child: KillOnDrop(child),
                         _dir: dir,
                         addr,
                     };
@@ -102,13 +103,6 @@ impl Prometheus {
                 (series["metric"].clone(), time, value)
             })
             .collect()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -3,15 +3,16 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use runloop_testkit::command::{self, drain, exits};
+use runloop_testkit::process::KillOnDrop;
 
 /// A running `runloop serve`, killed if the test ends first.
 pub struct Serve {
-    child: Child,
+    child: KillOnDrop,
     /// The URL it printed (`ws://…` or `wss://…`).
     pub url: String,
     /// Its admin listener, when it has one.
@@ -45,7 +46,7 @@ impl Serve {
                 .unwrap_or_else(|| panic!("not an admin URL: {line:?}"))
         });
         Serve {
-            child,
+            child: KillOnDrop(child),
             url: url.trim().to_owned(),
             admin,
             stderr: Some(stderr),
@@ -93,12 +94,5 @@ impl Serve {
     pub fn terminate(self) -> (ExitStatus, std::time::Duration, String) {
         self.signal("TERM");
         self.exit()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
