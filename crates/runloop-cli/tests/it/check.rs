@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use assert_cmd::Command;
+use crate::{runloop, runloop_output};
 use futures_util::{SinkExt, StreamExt};
 use runloop::runtime::{Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig};
@@ -25,12 +25,6 @@ use tokio::runtime::Runtime;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
-
-fn runloop() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_runloop"));
-    command.env_remove("RUNLOOP_TOKEN");
-    command
-}
 
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -174,10 +168,7 @@ fn the_projects_server_passes_every_case() {
 fn a_wrong_token_is_one_line_then_the_summary_and_exits_2() {
     let runtime = runtime();
     let url = conformant_server(&runtime);
-    let output = runloop()
-        .args(["check", "--url", &url, "--token", "not-the-secret"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["check", "--url", &url, "--token", "not-the-secret"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(2), "{stdout}");
     let lines: Vec<&str> = stdout.lines().collect();
@@ -202,17 +193,14 @@ fn a_wrong_token_is_one_line_then_the_summary_and_exits_2() {
         "{stdout}"
     );
 
-    let output = runloop()
-        .args([
-            "check",
-            "--json",
-            "--url",
-            &url,
-            "--token",
-            "not-the-secret",
-        ])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&[
+        "check",
+        "--json",
+        "--url",
+        &url,
+        "--token",
+        "not-the-secret",
+    ]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(2), "{stdout}");
     let lines = json_lines(&output.stdout);
@@ -407,10 +395,7 @@ async fn serve(mut ws: WebSocketStream<TcpStream>, flaw: Flaw, ids: &AtomicU64) 
 fn check_against(flaw: Flaw) -> (Option<i32>, String) {
     let runtime = runtime();
     let url = hand_written_server(&runtime, flaw);
-    let output = runloop()
-        .args(["check", "--url", &url, "--timeout", "3"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["check", "--url", &url, "--timeout", "3"]);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     (output.status.code(), stdout)
 }

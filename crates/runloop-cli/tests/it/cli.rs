@@ -1,13 +1,9 @@
 //! The `runloop` binary's shape: help for every subcommand, exit code 2 for
 //! bad arguments, and the schema document.
 
-use assert_cmd::Command;
+use crate::{runloop, runloop_output};
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn runloop() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_runloop"))
-}
 
 const SUBCOMMANDS: [&str; 10] = [
     "run",
@@ -143,10 +139,7 @@ fn completions_for_each_shell() {
 
 #[test]
 fn bash_accepts_its_completion_script() {
-    let output = runloop()
-        .args(["completions", "bash"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["completions", "bash"]);
     let dir = tempfile::tempdir().expect("a scratch directory");
     let script = dir.path().join("runloop.bash");
     std::fs::write(&script, &output.stdout).expect("written");

@@ -1,12 +1,8 @@
 //! `runloop decode`, run as a built binary on hand-written captures: the
 //! exact JSON lines it prints and the exit code it ends with.
 
-use assert_cmd::Command;
+use crate::runloop;
 use serde_json::Value;
-
-fn runloop() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_runloop"))
-}
 
 /// One capture line, the header spelled out and the payload in hex.
 fn line(direction: char, frame_type: u8, scope: u32, channel: u32, payload: &[u8]) -> String {

@@ -31,3 +31,20 @@ mod run_options;
 mod store;
 mod tenants;
 mod tokens;
+
+/// The `runloop` under test as assert_cmd runs it (the testkit's binary),
+/// with nothing of the test's environment that would change what it does
+/// or prints: no credential, no colour switch (a test sets its own).
+fn runloop() -> assert_cmd::Command {
+    let mut command = runloop_testkit::command::runloop();
+    command
+        .env_remove("RUNLOOP_TOKEN")
+        .env_remove("NO_COLOR")
+        .env_remove("CLICOLOR_FORCE");
+    assert_cmd::Command::from_std(command)
+}
+
+/// `runloop ARGS…` ([`runloop`]) run to its end: what it did and printed.
+fn runloop_output(args: &[&str]) -> std::process::Output {
+    runloop().args(args).output().expect("runloop runs")
+}
