@@ -15,11 +15,11 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use runloop::client::{Client, Event, Run, RunError};
+use runloop::client::{Client, Run, RunError};
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
 use runloop_testkit::command::{self, token_hash};
+use runloop_testkit::loads::{held_loops, loop_refusal};
 use runloop_testkit::process::KillOnDrop;
 
 const MIB: u64 = 1 << 20;
@@ -248,23 +248,11 @@ fn alice_floods_and_bob_is_still_served() {
         let bobs = bob.start(request(GIB)).await.expect("bob is served");
 
         // Loops: two held, the third refused naming her max-loops.
-        let mut held = Vec::new();
-        for run in &runs[..2] {
-            let mut held_loop = run.run_loop("held demo:pace=250 zebra-prompt");
-            match held_loop.next().await {
-                Some(Event::Chunk { .. }) => {}
-                other => panic!("alice's loop is not relayed: {other:?}"),
-            }
-            held.push(held_loop);
-        }
-        let events: Vec<Event> = runs[2].run_loop("a third").collect().await;
-        match &events[..] {
-            [Event::Error(error), Event::End(Outcome::NoLoop(_))] => assert_eq!(
-                error.0["error"],
-                "tenant alice holds as many loops as it may (max-loops 2); try again later"
-            ),
-            other => panic!("alice's third loop: {other:?}"),
-        }
+        let held = held_loops(&runs[..2], "held demo:pace=250 zebra-prompt").await;
+        assert_eq!(
+            loop_refusal(&runs[2], "a third").await,
+            "tenant alice holds as many loops as it may (max-loops 2); try again later"
+        );
         let (bob_chunks, outcome) = bobs
             .run_loop("bob's loop zebra-prompt")
             .collect_chunks()
