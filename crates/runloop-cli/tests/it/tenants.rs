@@ -11,7 +11,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -428,6 +428,35 @@ fn write(path: &Path, text: &str) {
     std::fs::rename(&partial, path).expect("renamed");
 }
 
+/// `runloop serve WHAT --config CONFIG ARGS…` (`--check-config` or
+/// `--print-config`): how it exited, stdout, stderr.
+fn serve_config(what: &str, config: &Path, args: &[&str]) -> (ExitStatus, String, String) {
+    let config = config.to_str().expect("a path");
+    command::run(&[&["serve", what, "--config", config], args].concat())
+}
+
+/// `runloop serve --check-config` of `text`, written to `serve.toml` in
+/// `dir` (where the files it names are): how it exited, stdout, stderr.
+fn check_text(dir: &Path, text: &str) -> (ExitStatus, String, String) {
+    let config = dir.join("serve.toml");
+    write(&config, text);
+    serve_config("--check-config", &config, &[])
+}
+
+/// Each of `words` is said somewhere in `text`.
+fn says_each(text: &str, words: &[&str]) {
+    for said in words {
+        assert!(text.contains(said), "{said} in\n{text}");
+    }
+}
+
+/// Each of `lines` is a whole line of `text`.
+fn has_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(text.lines().any(|l| l == *line), "{line} in\n{text}");
+    }
+}
+
 #[test]
 fn sighup_applies_tenants_tokens_and_quotas_and_leaves_a_broken_file_unapplied() {
     let dir = tempfile::tempdir().expect("a directory");
@@ -610,42 +639,30 @@ fn a_token_file_that_is_a_fifo_is_refused_on_reload_and_the_server_goes_on() {
 #[test]
 fn check_config_reports_every_fault_at_once() {
     let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
     std::fs::create_dir(dir.path().join("unreadable")).expect("a directory");
-    write(
-        &config,
+    let (status, stdout, stderr) = check_text(
+        dir.path(),
         "max-run = 3\nmax-message-size = \"16Q\"\n\
          [[tenant]]\nname = \"carol\"\ntoken-file = \"unreadable\"\n",
     );
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        config.to_str().expect("a path"),
-    ]);
     assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
-    for fault in [
-        "unknown key \"max-run\"; the nearest valid key is \"max-runs\"",
-        "max-message-size: invalid value '16Q'",
-        "tenant \"carol\": cannot read the token file",
-        "3 fault(s)",
-    ] {
-        assert!(stderr.contains(fault), "{fault} in\n{stderr}");
-    }
+    says_each(
+        &stderr,
+        &[
+            "unknown key \"max-run\"; the nearest valid key is \"max-runs\"",
+            "max-message-size: invalid value '16Q'",
+            "tenant \"carol\": cannot read the token file",
+            "3 fault(s)",
+        ],
+    );
     assert!(stdout.contains("# the effective configuration"), "{stdout}");
 
     // The example checks out; a flag overrides its key.
-    let example = example();
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
+    let (status, stdout, stderr) = serve_config(
         "--check-config",
-        "--config",
-        example.to_str().expect("a path"),
-        "--max-runs",
-        "3",
-        "--token",
-        "hunter2-on-the-command-line",
-    ]);
+        &example(),
+        &["--max-runs", "3", "--token", "hunter2-on-the-command-line"],
+    );
     assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
     // The effective configuration never shows a token.
     assert!(!stdout.contains("hunter2"), "{stdout}");
@@ -653,14 +670,15 @@ fn check_config_reports_every_fault_at_once() {
         stdout.contains("token = [\"<redacted>\"]  # command line"),
         "{stdout}"
     );
-    for line in [
-        "max-runs = 3  # command line",
-        "memory-budget = \"8G\"  # file",
-        "max-scopes = 256  # default",
-        "# the configuration is valid",
-    ] {
-        assert!(stdout.lines().any(|l| l == line), "{line} in\n{stdout}");
-    }
+    has_lines(
+        &stdout,
+        &[
+            "max-runs = 3  # command line",
+            "memory-budget = \"8G\"  # file",
+            "max-scopes = 256  # default",
+            "# the configuration is valid",
+        ],
+    );
 }
 
 #[test]
@@ -668,21 +686,14 @@ fn check_config_reports_a_limit_beside_a_tls_fault_and_a_bad_tenant_once() {
     // Issue 40, item 10: a TLS fault hid the limits below their minimum,
     // and a bad tenant name was printed (and counted) twice.
     let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
-    write(
-        &config,
+    let (status, stdout, stderr) = check_text(
+        dir.path(),
         &format!(
             "max-scopes = 0\ntls-cert = \"missing.pem\"\ntls-key = \"missing.key\"\n\
              [[tenant]]\nname = \"bad name\"\ntokens = [\"{}\"]\n",
             token_hash("t")
         ),
     );
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        config.to_str().expect("a path"),
-    ]);
     assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
     for fault in [
         "--max-scopes is 0, below its minimum of 1",
@@ -702,24 +713,22 @@ fn check_config_reports_a_limit_beside_a_tls_fault_and_a_bad_tenant_once() {
 fn a_duration_or_size_past_its_maximum_is_a_fault_in_a_file_and_on_the_command_line() {
     // Issue 40, item 6: `authorization-grace = "999999h"` was accepted.
     let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
-    write(
-        &config,
+    let (status, stdout, stderr) = check_text(
+        dir.path(),
         "authorization-grace = \"999999h\"\ntenant-log-rate = \"2G\"\n\
          [[tenant]]\nname = \"alice\"\ntokens = [\"sha256:97dd3707015dcf069cf73022ed7173b1165db6eff24b441cb57fd069a8c4e525\"]\ncpu-weight = 0\n",
     );
-    let config = config.to_str().expect("a path");
-    let (status, stdout, stderr) = command::run(&["serve", "--check-config", "--config", config]);
     assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
-    for fault in [
-        "authorization-grace: invalid value '999999h'",
-        "is more than the most it may be, 10m",
-        "tenant-log-rate: invalid value '2G'",
-        "tenant \"alice\": cpu-weight is a whole number from 1 to 10000, not 0",
-        "3 fault(s)",
-    ] {
-        assert!(stderr.contains(fault), "{fault} in\n{stderr}");
-    }
+    says_each(
+        &stderr,
+        &[
+            "authorization-grace: invalid value '999999h'",
+            "is more than the most it may be, 10m",
+            "tenant-log-rate: invalid value '2G'",
+            "tenant \"alice\": cpu-weight is a whole number from 1 to 10000, not 0",
+            "3 fault(s)",
+        ],
+    );
     let (status, _, stderr) =
         command::run(&["serve", "--check-config", "--drain-timeout", "100000h"]);
     assert_eq!(status.code(), Some(2), "{stderr}");
@@ -745,16 +754,9 @@ fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
             dir.path().join("cert.pem").to_str().expect("a path")
         ),
     );
-    let config = config.to_str().expect("a path");
     let key_file = key_file.to_str().expect("a path");
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        config,
-        "--tls-key",
-        key_file,
-    ]);
+    let (status, stdout, stderr) =
+        serve_config("--check-config", &config, &["--tls-key", key_file]);
     assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(
         stdout
@@ -763,7 +765,7 @@ fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
         "{stdout}"
     );
     // One without the other is a fault that says which is missing.
-    let (status, _, stderr) = command::run(&["serve", "--check-config", "--config", config]);
+    let (status, _, stderr) = serve_config("--check-config", &config, &[]);
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("--tls-cert is given without --tls-key"),
@@ -773,35 +775,23 @@ fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
 
 #[test]
 fn print_config_with_a_file_prints_its_tenants_as_a_file_that_serves_the_same() {
-    let example = example();
-    let (status, printed, stderr) = command::run(&[
-        "serve",
-        "--print-config",
-        "--config",
-        example.to_str().expect("a path"),
-    ]);
+    let (status, printed, stderr) = serve_config("--print-config", &example(), &[]);
     assert_eq!(status.code(), Some(0), "{printed}\n{stderr}");
-    for line in [
-        "max-runs = 8  # file",
-        "[[tenant]]",
-        "name = \"alice\"",
-        "name = \"bob\"",
-        "[tenant-defaults]",
-        "max-connections = 4",
-    ] {
-        assert!(printed.lines().any(|l| l == line), "{line} in\n{printed}");
-    }
+    has_lines(
+        &printed,
+        &[
+            "max-runs = 8  # file",
+            "[[tenant]]",
+            "name = \"alice\"",
+            "name = \"bob\"",
+            "[tenant-defaults]",
+            "max-connections = 4",
+        ],
+    );
     // Printed elsewhere, it is the same configuration: alice's token
     // file is named where it is.
     let dir = tempfile::tempdir().expect("a directory");
-    let copy = dir.path().join("copy.toml");
-    std::fs::write(&copy, &printed).expect("written");
-    let (status, again, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        copy.to_str().expect("a path"),
-    ]);
+    let (status, again, stderr) = check_text(dir.path(), &printed);
     assert_eq!(status.code(), Some(0), "{again}\n{stderr}");
     let tenants = |text: &str| text[text.find("[[tenant]]").expect("tenants")..].to_owned();
     assert_eq!(tenants(&again), tenants(&printed));
@@ -827,22 +817,16 @@ fn print_config_uncommented_is_a_valid_configuration() {
             file.push('\n');
         }
     }
-    for key in [
-        "listen = ",
-        "max-runs = 256",
-        "memory-budget",
-        "drain-timeout = \"30s\"",
-    ] {
-        assert!(printed.contains(key), "{key} in\n{printed}");
-    }
+    says_each(
+        &printed,
+        &[
+            "listen = ",
+            "max-runs = 256",
+            "memory-budget",
+            "drain-timeout = \"30s\"",
+        ],
+    );
     let dir = tempfile::tempdir().expect("a directory");
-    let path = dir.path().join("defaults.toml");
-    std::fs::write(&path, &file).expect("written");
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        path.to_str().expect("a path"),
-    ]);
+    let (status, stdout, stderr) = check_text(dir.path(), &file);
     assert_eq!(status.code(), Some(0), "{file}\n{stdout}\n{stderr}");
 }
