@@ -376,19 +376,47 @@ mod tests {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// A scratch directory where a certificate for `localhost` and its key
+    /// are written as `cert.pem` and `key.pem`.
+    struct Files {
+        scratch: tempfile::TempDir,
+        cert: PathBuf,
+        key: PathBuf,
+        /// The certificate's PEM text, and the key's.
+        cert_pem: String,
+        key_pem: String,
+    }
+
+    impl Files {
+        fn new() -> Files {
+            let scratch = tempfile::tempdir().expect("scratch dir");
+            let (cert_pem, key_pem) = pair("localhost");
+            Files {
+                cert: write(scratch.path(), "cert.pem", &cert_pem),
+                key: write(scratch.path(), "key.pem", &key_pem),
+                cert_pem,
+                key_pem,
+                scratch,
+            }
+        }
+
+        fn dir(&self) -> &Path {
+            self.scratch.path()
+        }
+    }
+
+    /// The certificate `tls` serves now.
+    fn served(tls: &ServerTls) -> Vec<u8> {
+        tls.current.0.read().expect("lock").cert[0]
+            .as_ref()
+            .to_vec()
+    }
+
     #[test]
     fn a_certificate_and_its_key_load_and_reload() {
-        let scratch = tempfile::tempdir().expect("scratch dir");
-        let dir = scratch.path();
-        let (cert, key) = pair("localhost");
-        let cert_path = write(dir, "cert.pem", &cert);
-        let key_path = write(dir, "key.pem", &key);
+        let files = Files::new();
+        let (dir, cert_path, key_path) = (files.dir(), files.cert.clone(), files.key.clone());
         let tls = ServerTls::load(&cert_path, &key_path).expect("loads");
-        let served = |tls: &ServerTls| {
-            tls.current.0.read().expect("lock").cert[0]
-                .as_ref()
-                .to_vec()
-        };
         let before = served(&tls);
         // Renewed files are served after a reload…
         let (cert2, key2) = pair("localhost");
@@ -398,7 +426,7 @@ mod tests {
         assert_ne!(served(&tls), before);
         // …and files that do not load leave the certificate as it was.
         let after = served(&tls);
-        write(dir, "key.pem", &key);
+        write(dir, "key.pem", &files.key_pem);
         let error = tls.reload().expect_err("a key of another certificate");
         assert!(matches!(error, TlsError::Key { .. }), "{error}");
         assert!(error.to_string().contains("key.pem"), "{error}");
@@ -408,11 +436,8 @@ mod tests {
 
     #[test]
     fn files_that_are_not_a_certificate_or_a_key_are_named() {
-        let scratch = tempfile::tempdir().expect("scratch dir");
-        let dir = scratch.path();
-        let (cert, key) = pair("localhost");
-        let cert_path = write(dir, "cert.pem", &cert);
-        let key_path = write(dir, "key.pem", &key);
+        let files = Files::new();
+        let (dir, cert_path, key_path) = (files.dir(), files.cert.clone(), files.key.clone());
         let empty = write(dir, "empty.pem", "");
         let missing = dir.join("missing.pem");
 
@@ -437,11 +462,8 @@ mod tests {
 
     #[test]
     fn a_fifo_or_a_device_is_refused_at_once_on_load_and_on_reload() {
-        let scratch = tempfile::tempdir().expect("scratch dir");
-        let dir = scratch.path();
-        let (cert, key) = pair("localhost");
-        let cert_path = write(dir, "cert.pem", &cert);
-        let key_path = write(dir, "key.pem", &key);
+        let files = Files::new();
+        let (dir, cert_path, key_path) = (files.dir(), files.cert.clone(), files.key.clone());
         let pipe = dir.join("pipe.pem");
         fifo(&pipe);
         let zero = Path::new("/dev/zero");
@@ -468,18 +490,13 @@ mod tests {
 
         // On reload: the same, and the certificate served stays in force.
         let tls = ServerTls::load(&cert_path, &key_path).expect("loads");
-        let served = |tls: &ServerTls| {
-            tls.current.0.read().expect("lock").cert[0]
-                .as_ref()
-                .to_vec()
-        };
         let before = served(&tls);
         std::fs::remove_file(&cert_path).expect("removed");
         fifo(&cert_path);
         refused(tls.reload().expect_err("a FIFO"), &cert_path, fifo_fault);
         assert_eq!(served(&tls), before);
         std::fs::remove_file(&cert_path).expect("removed");
-        write(dir, "cert.pem", &cert);
+        write(dir, "cert.pem", &files.cert_pem);
         std::fs::remove_file(&key_path).expect("removed");
         std::os::unix::fs::symlink(zero, &key_path).expect("a link");
         refused(tls.reload().expect_err("a device"), &key_path, device_fault);
@@ -494,11 +511,10 @@ mod tests {
 
     #[test]
     fn a_file_past_the_pem_bound_is_refused_unread() {
-        let scratch = tempfile::tempdir().expect("scratch dir");
-        let (_, key) = pair("localhost");
-        let key_path = write(scratch.path(), "key.pem", &key);
+        let files = Files::new();
+        let key_path = files.key.clone();
         // Sparse: a gigabyte that takes no disk.
-        let large = scratch.path().join("large.pem");
+        let large = files.dir().join("large.pem");
         std::fs::File::create(&large)
             .expect("created")
             .set_len(1 << 30)
