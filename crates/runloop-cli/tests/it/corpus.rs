@@ -98,18 +98,22 @@ fn check_case(base: &str, name: &str, expected: &Value) {
     }
 }
 
-#[test]
-fn the_rust_client_reads_every_case_of_the_corpus_as_expected() {
+/// `runloop __replay` over the corpus, killed when the test ends, and the
+/// URL it serves the cases under.
+fn replay() -> (KillOnDrop, String) {
     let mut child = runloop()
         .args(["__replay"])
         .arg(corpus())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
         .spawn()
         .expect("runloop __replay starts");
     let base = url(&mut child);
-    // `runloop __replay` over the corpus, killed when the test ends.
-    let mut replay = KillOnDrop(child);
+    (KillOnDrop(child), base)
+}
+
+#[test]
+fn the_rust_client_reads_every_case_of_the_corpus_as_expected() {
+    let (mut replay, base) = replay();
     let mut names: Vec<String> = std::fs::read_dir(corpus())
         .expect("the corpus")
         .filter_map(|entry| {
@@ -130,14 +134,7 @@ fn the_rust_client_reads_every_case_of_the_corpus_as_expected() {
 
 #[test]
 fn an_unknown_case_is_refused_before_the_upgrade() {
-    let mut child = runloop()
-        .args(["__replay"])
-        .arg(corpus())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("runloop __replay starts");
-    let base = url(&mut child);
-    let _replay = KillOnDrop(child);
+    let (_replay, base) = replay();
     let (status, _, stderr) = run(&["run", "--url", &format!("{base}/no_such_case"), "hi"]);
     assert_ne!(status.code(), Some(0));
     assert!(stderr.contains("404"), "{stderr}");
