@@ -106,9 +106,14 @@ impl Prometheus {
     }
 }
 
+/// `promtool check metrics` has nothing to say of `exposition`.
+pub fn promtool_passes(exposition: &str) {
+    promtool_check(exposition).unwrap_or_else(|said| panic!("promtool: {said}\n{exposition}"));
+}
+
 /// What `promtool check metrics` says of `exposition`: `Ok` when it has
 /// nothing to say.
-pub fn promtool_check(exposition: &str) -> Result<(), String> {
+fn promtool_check(exposition: &str) -> Result<(), String> {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

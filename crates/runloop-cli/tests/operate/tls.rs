@@ -336,11 +336,6 @@ fn the_tls_page_lists_each_failure_as_the_code_says_it() {
     }
 }
 
-/// The admin listener's `/metrics`.
-fn scrape(admin: std::net::SocketAddr) -> String {
-    crate::http::get(admin, "/metrics").1
-}
-
 /// The value of one series in an exposition, 0 when absent.
 fn series(exposition: &str, name: &str) -> f64 {
     exposition
@@ -411,7 +406,7 @@ fn slow_handshakes_time_out_and_a_caller_turned_away_is_told_why() {
             "a slow handshake held its place {held:?}"
         );
     }
-    let metrics = scrape(admin);
+    let metrics = crate::http::metrics(admin);
     assert_eq!(
         series(
             &metrics,
