@@ -62,6 +62,17 @@ pub fn url(child: &mut Child) -> String {
     url
 }
 
+/// Reads the line an `--admin` listener is announced with on `stdout`
+/// (`http://ADDRESS`, after the URL): its address.
+pub fn admin_address(stdout: &mut impl BufRead) -> SocketAddr {
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("the admin URL");
+    line.trim()
+        .strip_prefix("http://")
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("not an admin URL: {line:?}"))
+}
+
 /// Waits for `child` to exit, for `PATIENCE` at most; past that it is
 /// killed and the test fails, naming `what`.
 pub fn exits(child: &mut Child, what: &str) -> ExitStatus {

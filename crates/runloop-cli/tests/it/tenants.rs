@@ -104,14 +104,9 @@ impl Server {
             "{url:?}; logs: {}",
             logs.lock().expect("logs")
         );
-        let admin = args.contains(&"--admin").then(|| {
-            line.clear();
-            stdout.read_line(&mut line).expect("the admin URL");
-            line.trim()
-                .strip_prefix("http://")
-                .and_then(|a| a.parse().ok())
-                .unwrap_or_else(|| panic!("an admin URL: {line:?}"))
-        });
+        let admin = args
+            .contains(&"--admin")
+            .then(|| command::admin_address(&mut stdout));
         Server {
             child: KillOnDrop(child),
             url,

@@ -302,14 +302,9 @@ fn the_proxy_counts_its_side() {
         ],
     );
     let mut out = std::io::BufReader::new(proxy.stdout.take().expect("stdout"));
-    let (mut url, mut admin) = (String::new(), String::new());
+    let mut url = String::new();
     std::io::BufRead::read_line(&mut out, &mut url).expect("the proxy's URL");
-    std::io::BufRead::read_line(&mut out, &mut admin).expect("the admin URL");
-    let admin = admin
-        .trim()
-        .strip_prefix("http://")
-        .and_then(|a| a.parse().ok())
-        .expect("an admin address");
+    let admin = runloop_testkit::command::admin_address(&mut out);
     let server = Serve::start(
         "warn",
         &["--agent", &format!("attached=proxy:{}", url.trim())],

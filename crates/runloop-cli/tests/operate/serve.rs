@@ -35,16 +35,9 @@ impl Serve {
             let _ = child.wait();
             panic!("serve did not start: {}", stderr.join().unwrap_or_default());
         }
-        let admin = args.contains(&"--admin").then(|| {
-            let mut line = String::new();
-            stdout
-                .read_line(&mut line)
-                .expect("serve prints its admin URL");
-            line.trim()
-                .strip_prefix("http://")
-                .and_then(|addr| addr.parse().ok())
-                .unwrap_or_else(|| panic!("not an admin URL: {line:?}"))
-        });
+        let admin = args
+            .contains(&"--admin")
+            .then(|| command::admin_address(&mut stdout));
         Serve {
             child: KillOnDrop(child),
             url: url.trim().to_owned(),
