@@ -11,14 +11,14 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use runloop_client::{Client, ErrorValue, Event, Run, RunError, RunLoop};
+use runloop_client::Client;
 use runloop_proto::run_loop::Outcome;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::caller::{UPGRADE, connect_from, upgrade};
 use crate::command::{Serve, demo_request, request};
 use crate::server::served_with;
+pub use crate::server::{held_loops, loop_refusal, refusal};
 
 /// A mebibyte.
 pub const MIB: u64 = 1 << 20;
@@ -196,51 +196,6 @@ pub fn one_token_floods_runs(connections: usize, runs: usize) -> (usize, usize, 
         }
         (ok.len(), refused.len(), held, other.is_ok())
     })
-}
-
-/// The `error` member of a refusal, or a panic saying what came instead.
-pub fn refusal(started: Result<Run, RunError>) -> String {
-    match started {
-        Err(RunError::Refused(error)) => policy_words(&error),
-        Err(other) => panic!("refused otherwise: {other}"),
-        Ok(_) => panic!("the run started"),
-    }
-}
-
-/// The `error` member of an error value the server's policy gave.
-fn policy_words(error: &ErrorValue) -> String {
-    assert_eq!(error.0["kind"], "policy", "{error:?}");
-    error.0["error"]
-        .as_str()
-        .expect("an error string")
-        .to_owned()
-}
-
-/// A loop on each of `runs`, asked with `prompt` (one whose agent paces
-/// its chunks, so that the loop is held open), each relayed as far as its
-/// first chunk.
-pub async fn held_loops(runs: &[Run], prompt: &str) -> Vec<RunLoop> {
-    let mut held = Vec::new();
-    for run in runs {
-        let mut held_loop = run.run_loop(prompt);
-        match held_loop.next().await {
-            Some(Event::Chunk { .. }) => {}
-            other => panic!("a loop to hold is not relayed: {other:?}"),
-        }
-        held.push(held_loop);
-    }
-    held
-}
-
-/// The `error` member of a loop on `run`, asked with `prompt`, that the
-/// server refused ([`refusal`]'s, for a loop): an error, then the end of a
-/// loop that did not run.
-pub async fn loop_refusal(run: &Run, prompt: &str) -> String {
-    let events: Vec<Event> = run.run_loop(prompt).collect().await;
-    match &events[..] {
-        [Event::Error(error), Event::End(Outcome::NoLoop(_))] => policy_words(error),
-        other => panic!("not refused: {other:?}"),
-    }
 }
 
 /// Whether exec runs get cgroups here (root, memory and pids controllers).

@@ -19,7 +19,7 @@ use runloop::client::{Client, Run, RunError};
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
 use runloop_testkit::command::{self, token_hash};
-use runloop_testkit::loads::{held_loops, loop_refusal};
+use runloop_testkit::loads::{held_loops, loop_refusal, refusal, runtime};
 use runloop_testkit::process::KillOnDrop;
 
 const MIB: u64 = 1 << 20;
@@ -38,22 +38,6 @@ fn request(memory: u64) -> RunRequest {
     });
     let agent = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
     RunRequest::new(Container::new(image, memory, 0), agent)
-}
-
-/// The `error` of a refused run, or a panic saying what came instead.
-fn refusal(started: Result<Run, RunError>) -> String {
-    match started {
-        Err(RunError::Refused(error)) => {
-            assert_eq!(error.0["kind"], "policy", "{error:?}");
-            error.0["error"].as_str().expect("a string").to_owned()
-        }
-        Err(other) => panic!("refused otherwise: {other}"),
-        Ok(_) => panic!("the run started"),
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("a runtime")
 }
 
 /// A `runloop serve` at `RUST_LOG=info` whose log lines are kept, with its
