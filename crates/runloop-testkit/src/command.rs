@@ -62,6 +62,28 @@ pub fn url(child: &mut Child) -> String {
     url
 }
 
+/// `runloop serve --listen 127.0.0.1:0 ARGS` at `RUST_LOG=level`, started
+/// by `sh` under `ulimits` (each the arguments of a `ulimit`, such as
+/// `-n 256`: the descriptors it may open), with no stdin and its stdout
+/// and stderr piped; its URL read.
+pub fn serve_under(ulimits: &[&str], level: &str, args: &str) -> (Child, String) {
+    let ulimits: String = ulimits.iter().map(|u| format!("ulimit {u} && ")).collect();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{ulimits}exec \"$0\" serve --listen 127.0.0.1:0 {args}"
+        ))
+        .arg(binary())
+        .env("RUST_LOG", level)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sh runs");
+    let url = url(&mut child);
+    (child, url)
+}
+
 /// Reads the line an `--admin` listener is announced with on `stdout`
 /// (`http://ADDRESS`, after the URL): its address.
 pub fn admin_address(stdout: &mut impl BufRead) -> SocketAddr {

@@ -78,18 +78,7 @@ struct Limited {
 
 impl Limited {
     fn start(nofile: u32, args: &str) -> Limited {
-        let mut child = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "ulimit -n {nofile} && exec \"$0\" serve --listen 127.0.0.1:0 {args}"
-            ))
-            .arg(env!("CARGO_BIN_EXE_runloop"))
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("sh runs");
-        let url = command::url(&mut child);
+        let (mut child, url) = command::serve_under(&[&format!("-n {nofile}")], "warn", args);
         let log = command::drain(child.stderr.take().expect("stderr"));
         Limited { child, url, log }
     }
