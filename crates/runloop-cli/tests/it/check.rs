@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::{runloop, runloop_output};
+use crate::{refuses_arguments, runloop, runloop_output};
 use futures_util::{SinkExt, StreamExt};
 use runloop::runtime::{Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig};
@@ -234,12 +234,7 @@ fn bad_arguments_exit_2() {
         &["check", "--timeout", "0"],
         &["check", "--agent", "{"],
     ] {
-        runloop()
-            .args(args)
-            .assert()
-            .code(2)
-            .stdout("")
-            .stderr(predicates::str::contains("invalid value"));
+        refuses_arguments(args, "invalid value");
     }
 }
 

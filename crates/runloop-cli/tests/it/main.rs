@@ -48,3 +48,27 @@ fn runloop() -> assert_cmd::Command {
 fn runloop_output(args: &[&str]) -> std::process::Output {
     runloop().args(args).output().expect("runloop runs")
 }
+
+/// `runloop ARGS…` ([`runloop`]) exits 0 and says nothing on stderr: its
+/// stdout.
+fn stdout_of(args: &[&str]) -> String {
+    let output = runloop()
+        .args(args)
+        .assert()
+        .code(0)
+        .stderr("")
+        .get_output()
+        .clone();
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
+
+/// `runloop ARGS…` is refused as bad arguments: exit code 2, nothing on
+/// stdout, and `words` on stderr.
+fn refuses_arguments(args: &[&str], words: &str) {
+    runloop()
+        .args(args)
+        .assert()
+        .code(2)
+        .stdout("")
+        .stderr(predicates::str::contains(words));
+}
