@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::{refuses_arguments, runloop, runloop_output};
+use crate::{exits_2_saying, runloop, runloop_output};
 use futures_util::{SinkExt, StreamExt};
 use runloop::runtime::{Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig};
@@ -234,7 +234,7 @@ fn bad_arguments_exit_2() {
         &["check", "--timeout", "0"],
         &["check", "--agent", "{"],
     ] {
-        refuses_arguments(args, "invalid value");
+        exits_2_saying(args, "invalid value");
     }
 }
 

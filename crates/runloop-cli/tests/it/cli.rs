@@ -1,7 +1,7 @@
 //! The `runloop` binary's shape: help for every subcommand, exit code 2 for
 //! bad arguments, and the schema document.
 
-use crate::{refuses_arguments, runloop, runloop_output, stdout_of};
+use crate::{exits_2_saying, runloop, runloop_output, stdout_of};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -60,7 +60,7 @@ fn bad_arguments_exit_2_with_usage_on_stderr() {
         &["decode", "a", "b"],
         &["schema", "extra"],
     ] {
-        refuses_arguments(args, "Usage: runloop");
+        exits_2_saying(args, "Usage: runloop");
     }
 }
 
@@ -110,7 +110,7 @@ fn completions_for_each_shell() {
             assert!(script.contains(word), "{shell} lacks {word}");
         }
     }
-    refuses_arguments(
+    exits_2_saying(
         &["completions", "tcsh"],
         "possible values: bash, zsh, fish, powershell",
     );

@@ -62,13 +62,14 @@ fn stdout_of(args: &[&str]) -> String {
     String::from_utf8(output.stdout).expect("UTF-8")
 }
 
-/// `runloop ARGS…` is refused as bad arguments: exit code 2, nothing on
-/// stdout, and `words` on stderr.
-fn refuses_arguments(args: &[&str], words: &str) {
+/// `runloop ARGS…` fails as a command (exit code 2: bad arguments,
+/// unreadable input), with nothing on stdout and `words` on stderr; for
+/// more checks of what it said.
+fn exits_2_saying(args: &[&str], words: &str) -> assert_cmd::assert::Assert {
     runloop()
         .args(args)
         .assert()
         .code(2)
         .stdout("")
-        .stderr(predicates::str::contains(words));
+        .stderr(predicates::str::contains(words))
 }
