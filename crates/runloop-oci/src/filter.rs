@@ -41,7 +41,6 @@ use oci_spec::runtime::{
 use runloop_proto::error_chain::Chain;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::bundle;
 use crate::cgroup::{self, Version};
 use crate::runc::{self, Runc};
 
@@ -139,7 +138,10 @@ async fn hold_and_read(
         )
     })?;
     let config = dir.join("config.json");
-    bundle::save(&spec, &config)?;
+    // As bundle::save says it (this module stays below bundle, which
+    // imports it).
+    spec.save(&config)
+        .map_err(|error| format!("cannot write {}: {}", config.display(), Chain(&error)))?;
     let mut child = maker
         .runc
         .run_command(dir, id)
