@@ -139,11 +139,7 @@ impl Served {
             .current_dir(root())
             .output()
             .expect("runloop run runs");
-        (
-            output.status.code(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+        crate::said(&output)
     }
 }
 

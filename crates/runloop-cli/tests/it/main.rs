@@ -73,3 +73,12 @@ fn exits_2_saying(args: &[&str], words: &str) -> assert_cmd::assert::Assert {
         .stdout("")
         .stderr(predicates::str::contains(words))
 }
+
+/// What a finished command did and said: its exit code, stdout, stderr.
+fn said(output: &std::process::Output) -> (Option<i32>, String, String) {
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
