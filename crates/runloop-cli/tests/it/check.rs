@@ -395,6 +395,14 @@ fn check_against(flaw: Flaw) -> (Option<i32>, String) {
     (output.status.code(), stdout)
 }
 
+/// `runloop check` against a server with `flaw`, which fails it (exit
+/// code 1): what it printed.
+fn failed_against(flaw: Flaw) -> String {
+    let (code, stdout) = check_against(flaw);
+    assert_eq!(code, Some(1), "{stdout}");
+    stdout
+}
+
 /// The line of the case named `name`.
 fn line<'a>(stdout: &'a str, name: &str) -> &'a str {
     stdout
@@ -432,8 +440,7 @@ fn a_minimal_hand_written_server_passes_and_its_open_door_is_noted() {
 
 #[test]
 fn a_chunk_after_the_error_fails_the_run_loop_case() {
-    let (code, stdout) = check_against(Flaw::ChunkAfterError);
-    assert_eq!(code, Some(1), "{stdout}");
+    let stdout = failed_against(Flaw::ChunkAfterError);
     assert_eq!(
         line(&stdout, "a run-loop's response sequence is valid"),
         "FAIL  protocol §7   a run-loop's response sequence is valid: broken after 0 chunks: a response \
@@ -452,8 +459,7 @@ fn a_chunk_after_the_error_fails_the_run_loop_case() {
 
 #[test]
 fn an_error_for_an_unknown_endpoint_fails_the_bare_finish_case() {
-    let (code, stdout) = check_against(Flaw::ErrorForUnknownEndpoint);
-    assert_eq!(code, Some(1), "{stdout}");
+    let stdout = failed_against(Flaw::ErrorForUnknownEndpoint);
     assert_eq!(
         line(&stdout, "unknown endpoint tag 200 gets a bare finish"),
         "FAIL  protocol §4   unknown endpoint tag 200 gets a bare finish: expected the finish of scope 1, \
@@ -483,8 +489,7 @@ fn an_error_for_an_unknown_endpoint_fails_the_bare_finish_case() {
 
 #[test]
 fn a_stop_that_is_never_answered_fails_on_the_timeout() {
-    let (code, stdout) = check_against(Flaw::NoFinishOnStop);
-    assert_eq!(code, Some(1), "{stdout}");
+    let stdout = failed_against(Flaw::NoFinishOnStop);
     let stop = line(&stdout, "stop is answered by the scope's finish alone");
     assert!(
         stop.starts_with("FAIL  protocol §6   ")
