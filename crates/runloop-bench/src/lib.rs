@@ -120,6 +120,16 @@ impl Default for Params {
 }
 
 impl Params {
+    /// These parameters with at least one loop, one chunk and one round.
+    fn at_least_one(&self) -> Params {
+        Params {
+            loops: self.loops.max(1),
+            chunks: self.chunks.max(1),
+            rounds: self.rounds.max(1),
+            ..self.clone()
+        }
+    }
+
     fn connections(&self) -> usize {
         self.connections.clamp(1, self.loops)
     }
@@ -346,32 +356,59 @@ fn sides(
     sides
 }
 
-/// The relay mode's sides.
-fn relay_sides(sides: Vec<(Route, Side)>) -> Sides {
-    let mut relay = Sides::default();
+/// Each route's side in the report of its mode: the relay mode's and the
+/// whole chain's.
+fn sorted(sides: Vec<(Route, Side)>) -> (Sides, ChainSides) {
+    let (mut relay, mut chain) = (Sides::default(), ChainSides::default());
     for (route, side) in sides {
+        let side = Some(side);
         match route {
-            Route::Relay => relay.relay = Some(side),
-            Route::Baseline => relay.baseline = Some(side),
-            Route::Direct => relay.direct = Some(side),
-            Route::Chain | Route::Nginx | Route::Agent => {}
+            Route::Relay => relay.relay = side,
+            Route::Baseline => relay.baseline = side,
+            Route::Direct => relay.direct = side,
+            Route::Chain => chain.chain = side,
+            Route::Nginx => chain.nginx = side,
+            Route::Agent => chain.agent = side,
         }
     }
-    relay
+    (relay, chain)
 }
 
-/// The whole chain's sides.
-fn chain_sides(sides: Vec<(Route, Side)>) -> ChainSides {
-    let mut chain = ChainSides::default();
-    for (route, side) in sides {
-        match route {
-            Route::Chain => chain.chain = Some(side),
-            Route::Nginx => chain.nginx = Some(side),
-            Route::Agent => chain.agent = Some(side),
-            Route::Relay | Route::Baseline | Route::Direct => {}
+/// The saturated phase over `targets` and, with a pace, the paced one
+/// (with its chunks per loop), each as the sides of its mode's report
+/// (`mode` picks them), the paced phase's CPU time kept only with
+/// `paced_cpu`; then the programs in the middle are stopped.
+async fn measure<S>(
+    targets: Vec<Target>,
+    params: &Params,
+    paced_cpu: bool,
+    mode: fn((Sides, ChainSides)) -> S,
+) -> Result<(S, Option<(u64, S)>), BenchError> {
+    let to = |sides| mode(sorted(sides));
+    let saturated_plan = LoopPlan {
+        chunks: params.chunks,
+        rate: None,
+    };
+    let saturated = phase(&targets, params, saturated_plan, true).await?;
+    let paced = match params.pace {
+        Some(rate) => {
+            let plan = LoopPlan {
+                chunks: params.paced_chunks(rate),
+                rate: Some(rate),
+            };
+            let rounds = phase(&targets, params, plan, false).await?;
+            Some((plan.chunks, to(sides(&targets, rounds, false, paced_cpu))))
+        }
+        None => None,
+    };
+    // The peak memory read after both phases, as the whole run's.
+    let saturated = to(sides(&targets, saturated, true, true));
+    for target in targets {
+        if let Some(middle) = target.middle {
+            middle.stop().await;
         }
     }
-    chain
+    Ok((saturated, paced))
 }
 
 /// Measures the relay, the baseline forwarder and the direct read with
@@ -380,12 +417,7 @@ fn chain_sides(sides: Vec<(Route, Side)>) -> ChainSides {
 /// A side whose sockets would not fit in this process's descriptor limit
 /// (raised to its hard limit first) is left out, and the report says why.
 pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, BenchError> {
-    let params = &Params {
-        loops: params.loops.max(1),
-        chunks: params.chunks.max(1),
-        rounds: params.rounds.max(1),
-        ..params.clone()
-    };
+    let params = &params.at_least_one();
     let limit = process::raise_descriptor_limit();
     let proxy = SyntheticProxy::start(Plan {
         mix: params.mix.clone(),
@@ -439,33 +471,7 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
         });
     }
 
-    let saturated_plan = LoopPlan {
-        chunks: params.chunks,
-        rate: None,
-    };
-    let saturated = phase(&targets, params, saturated_plan, true).await?;
-    let paced = match params.pace {
-        Some(rate) => {
-            let plan = LoopPlan {
-                chunks: params.paced_chunks(rate),
-                rate: Some(rate),
-            };
-            Some((plan, phase(&targets, params, plan, false).await?))
-        }
-        None => None,
-    };
-    let saturated = relay_sides(sides(&targets, saturated, true, true));
-    let paced = paced.map(|(plan, rounds)| {
-        (
-            plan.chunks,
-            relay_sides(sides(&targets, rounds, false, false)),
-        )
-    });
-    for target in targets {
-        if let Some(middle) = target.middle {
-            middle.stop().await;
-        }
-    }
+    let (saturated, paced) = measure(targets, params, false, |(relay, _)| relay).await?;
     Ok(Report::new(params, connections, saturated, paced, skipped))
 }
 
@@ -478,12 +484,7 @@ pub async fn compare(params: &Params, spawn: &dyn Spawn) -> Result<Report, Bench
 /// (`RUNLOOP_BENCH_NGINX` names it when it is somewhere else); so is a side
 /// whose sockets would not fit in this process's descriptor limit.
 pub async fn chain(params: &Params, spawn: &dyn Spawn) -> Result<ChainReport, BenchError> {
-    let params = &Params {
-        loops: params.loops.max(1),
-        chunks: params.chunks.max(1),
-        rounds: params.rounds.max(1),
-        ..params.clone()
-    };
+    let params = &params.at_least_one();
     let limit = process::raise_descriptor_limit();
     let connections = params.connections();
     let loops = params.loops as u64;
@@ -499,7 +500,8 @@ pub async fn chain(params: &Params, spawn: &dyn Spawn) -> Result<ChainReport, Be
             "nginx, agent: need about {sse_needs} descriptors in this process, and the limit is {limit}"
         )),
         None => skipped.push(
-            "nginx: not installed (apt-get install nginx; RUNLOOP_BENCH_NGINX=PATH names one              elsewhere)"
+            "nginx: not installed (apt-get install nginx; RUNLOOP_BENCH_NGINX=PATH names one \
+             elsewhere)"
                 .to_owned(),
         ),
         Some(program) => {
@@ -540,33 +542,7 @@ pub async fn chain(params: &Params, spawn: &dyn Spawn) -> Result<ChainReport, Be
         });
     }
 
-    let saturated_plan = LoopPlan {
-        chunks: params.chunks,
-        rate: None,
-    };
-    let saturated = phase(&targets, params, saturated_plan, true).await?;
-    let paced = match params.pace {
-        Some(rate) => {
-            let plan = LoopPlan {
-                chunks: params.paced_chunks(rate),
-                rate: Some(rate),
-            };
-            Some((plan, phase(&targets, params, plan, false).await?))
-        }
-        None => None,
-    };
-    let saturated = chain_sides(sides(&targets, saturated, true, true));
-    let paced = paced.map(|(plan, rounds)| {
-        (
-            plan.chunks,
-            chain_sides(sides(&targets, rounds, false, true)),
-        )
-    });
-    for target in targets {
-        if let Some(middle) = target.middle {
-            middle.stop().await;
-        }
-    }
+    let (saturated, paced) = measure(targets, params, true, |(_, chain)| chain).await?;
     agent.stop().await;
     drop(nginx_prefix);
     Ok(ChainReport::new(

@@ -158,6 +158,35 @@ fn cpu(round: &RoundFigures) -> Option<f64> {
     round.cpu_us_per_chunk
 }
 
+/// Round by round, `metric` of `ours` over `metric` of `other`, when both
+/// were measured.
+fn over(
+    ours: &Option<Side>,
+    other: &Option<Side>,
+    metric: fn(&RoundFigures) -> Option<f64>,
+) -> Option<Spread> {
+    Spread::of_ratios(ours.as_ref()?, other.as_ref()?, metric)
+}
+
+/// The median latency of `ours` over `other`'s, end to end.
+fn latency_over(ours: &Option<Side>, other: &Option<Side>) -> Option<f64> {
+    let (ours, other) = (ours.as_ref()?, other.as_ref()?);
+    Some(ours.latency_p50_us / other.latency_p50_us.max(f64::MIN_POSITIVE))
+}
+
+/// Paced: what `ours` adds to the median latency over what `other` adds,
+/// each less the median of `ceiling` (the direct read).
+fn added_latency_ratio(
+    ours: &Option<Side>,
+    other: &Option<Side>,
+    ceiling: &Option<Side>,
+) -> Option<f64> {
+    let ceiling = ceiling.as_ref()?.latency_p50_us;
+    let ours = ours.as_ref()?.latency_p50_us - ceiling;
+    let other = other.as_ref()?.latency_p50_us - ceiling;
+    (other > 0.0).then(|| ours / other)
+}
+
 /// The three sides of one phase; a side left out is absent.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Sides {
@@ -179,20 +208,79 @@ impl Sides {
         .into_iter()
         .filter_map(|(name, side)| Some((name, side.as_ref()?)))
     }
+}
 
-    /// `metric` of the relay over `metric` of `other`.
-    fn relay_over(&self, other: &Option<Side>, metric: fn(&Side) -> f64) -> Option<f64> {
-        let (relay, other) = (self.relay.as_ref()?, other.as_ref()?);
-        Some(metric(relay) / metric(other).max(f64::MIN_POSITIVE))
+/// How a bench ran, whichever sides it compared: its loops and their
+/// chunks, its rounds and its phases, and the sides it left out.
+#[derive(Debug, Clone, Serialize)]
+pub struct Shape {
+    /// Concurrent loops.
+    pub loops: usize,
+    /// Framed connections the loops through the server share.
+    pub connections: usize,
+    /// Chunks per loop (saturated phase).
+    pub chunks_per_loop: u64,
+    /// The size mix.
+    pub mix: String,
+    /// The minimum duration of each side in each round.
+    pub duration_s: f64,
+    /// Rounds per phase.
+    pub rounds: usize,
+    /// The paced phase's chunks per second per loop.
+    pub pace_per_s: Option<u64>,
+    /// Chunks per loop in the paced phase.
+    pub paced_chunks_per_loop: Option<u64>,
+    /// Whether the bench was built without optimisations (its figures are
+    /// then not worth comparing).
+    pub debug_build: bool,
+    /// Sides left out, and why.
+    pub skipped: Vec<String>,
+}
+
+impl Shape {
+    fn new(
+        params: &Params,
+        connections: usize,
+        paced_chunks_per_loop: Option<u64>,
+        skipped: Vec<String>,
+    ) -> Shape {
+        Shape {
+            loops: params.loops,
+            connections,
+            chunks_per_loop: params.chunks,
+            mix: params.mix.to_string(),
+            duration_s: params.duration.as_secs_f64(),
+            rounds: params.rounds,
+            pace_per_s: params.pace,
+            paced_chunks_per_loop,
+            debug_build: cfg!(debug_assertions),
+            skipped,
+        }
     }
 
-    /// Paced: what the relay's hop adds to the median latency over what the
-    /// forwarder's adds (each less the direct path's median).
-    fn added_latency_ratio(&self) -> Option<f64> {
-        let direct = self.direct.as_ref()?.latency_p50_us;
-        let relay = self.relay.as_ref()?.latency_p50_us - direct;
-        let baseline = self.baseline.as_ref()?.latency_p50_us - direct;
-        (baseline > 0.0).then(|| relay / baseline)
+    /// The saturated phase's table, the paced phase's (its sides and the
+    /// ceiling's median latency; `cpu` adds the middle's CPU time), then
+    /// the sides left out.
+    fn tables<'s, I>(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        saturated: I,
+        paced: Option<(I, Option<f64>)>,
+        cpu: bool,
+    ) -> fmt::Result
+    where
+        I: Iterator<Item = (&'static str, &'s Side)>,
+    {
+        saturated_table(f, saturated)?;
+        if let (Some((sides, ceiling)), Some(rate), Some(chunks)) =
+            (paced, self.pace_per_s, self.paced_chunks_per_loop)
+        {
+            paced_table(f, rate, chunks, sides, ceiling, cpu)?;
+        }
+        for reason in &self.skipped {
+            writeln!(f, "left out: {reason}")?;
+        }
+        Ok(())
     }
 }
 
@@ -230,27 +318,9 @@ pub struct Report {
     /// Paced: the median latency the relay's hop adds over the forwarder's
     /// (each less the direct read's median).
     pub relay_paced_added_latency_p50_ratio: Option<f64>,
-    /// Concurrent loops.
-    pub loops: usize,
-    /// Framed connections the relay's loops share.
-    pub connections: usize,
-    /// Chunks per loop (saturated phase).
-    pub chunks_per_loop: u64,
-    /// The size mix.
-    pub mix: String,
-    /// The minimum duration of each side in each round.
-    pub duration_s: f64,
-    /// Rounds per phase.
-    pub rounds: usize,
-    /// The paced phase's chunks per second per loop.
-    pub pace_per_s: Option<u64>,
-    /// Chunks per loop in the paced phase.
-    pub paced_chunks_per_loop: Option<u64>,
-    /// Whether the bench was built without optimisations (its figures are
-    /// then not worth comparing).
-    pub debug_build: bool,
-    /// Sides left out, and why.
-    pub skipped: Vec<String>,
+    /// How it ran.
+    #[serde(flatten)]
+    pub shape: Shape,
     /// The saturated phase.
     #[serde(flatten)]
     pub saturated: Sides,
@@ -266,22 +336,21 @@ impl Report {
         paced: Option<(u64, Sides)>,
         skipped: Vec<String>,
     ) -> Report {
-        let pair = |other: &Option<Side>, metric: fn(&RoundFigures) -> Option<f64>| {
-            Spread::of_ratios(saturated.relay.as_ref()?, other.as_ref()?, metric)
-        };
-        let ratio = pair(&saturated.baseline, throughput);
-        let cpu_ratio = pair(&saturated.baseline, cpu);
-        let vs_direct = pair(&saturated.direct, throughput);
-        let baseline_vs_direct = saturated
-            .baseline
-            .as_ref()
-            .zip(saturated.direct.as_ref())
-            .and_then(|(b, d)| Spread::of_ratios(b, d, throughput));
+        let Sides {
+            relay,
+            baseline,
+            direct,
+        } = &saturated;
+        let ratio = over(relay, baseline, throughput);
+        let cpu_ratio = over(relay, baseline, cpu);
+        let vs_direct = over(relay, direct, throughput);
+        let baseline_vs_direct = over(baseline, direct, throughput);
+        let latency_ratio = latency_over(relay, baseline);
         let (paced_chunks, paced) = paced.unzip();
         Report {
             relay_ratio: ratio.map(|s| s.median),
             relay_ratio_range: ratio.map(Spread::range),
-            latency_p50_ratio: saturated.relay_over(&saturated.baseline, |s| s.latency_p50_us),
+            latency_p50_ratio: latency_ratio,
             relay_chunks_per_s: saturated.relay.as_ref().map_or(0.0, |s| s.chunks_per_s),
             baseline_chunks_per_s: saturated.baseline.as_ref().map(|s| s.chunks_per_s),
             server_peak_rss_mib: saturated.relay.as_ref().and_then(|s| s.peak_rss_mib),
@@ -292,20 +361,11 @@ impl Report {
             baseline_vs_direct: baseline_vs_direct.map(|s| s.median),
             relay_paced_latency_p50_ratio: paced
                 .as_ref()
-                .and_then(|p| p.relay_over(&p.baseline, |s| s.latency_p50_us)),
+                .and_then(|p| latency_over(&p.relay, &p.baseline)),
             relay_paced_added_latency_p50_ratio: paced
                 .as_ref()
-                .and_then(Sides::added_latency_ratio),
-            loops: params.loops,
-            connections,
-            chunks_per_loop: params.chunks,
-            mix: params.mix.to_string(),
-            duration_s: params.duration.as_secs_f64(),
-            rounds: params.rounds,
-            pace_per_s: params.pace,
-            paced_chunks_per_loop: paced_chunks,
-            debug_build: cfg!(debug_assertions),
-            skipped,
+                .and_then(|p| added_latency_ratio(&p.relay, &p.baseline, &p.direct)),
+            shape: Shape::new(params, connections, paced_chunks, skipped),
             saturated,
             paced,
         }
@@ -347,58 +407,46 @@ fn optional(value: Option<f64>, digits: usize) -> String {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rounds = if self.duration_s > 0.0 {
+        let shape = &self.shape;
+        let rounds = if shape.duration_s > 0.0 {
             format!(
                 "{} round(s) of at least {} s per side",
-                self.rounds, self.duration_s
+                shape.rounds, shape.duration_s
             )
         } else {
             format!(
                 "{} round(s), each side running its loops once per round",
-                self.rounds
+                shape.rounds
             )
         };
         writeln!(
             f,
             "{} loop(s) over {} connection(s) × {} chunks, mix {}; {rounds}, sides in turn \
              (baseline relay direct, then the other way round)",
-            self.loops, self.connections, self.chunks_per_loop, self.mix
+            shape.loops, shape.connections, shape.chunks_per_loop, shape.mix
         )?;
-        saturated_table(f, self.saturated.all())?;
-        if let (Some(paced), Some(rate), Some(chunks)) =
-            (&self.paced, self.pace_per_s, self.paced_chunks_per_loop)
-        {
+        let paced = self.paced.as_ref().map(|paced| {
             let direct = paced.direct.as_ref().map(|d| d.latency_p50_us);
-            paced_table(f, rate, chunks, paced.all(), direct, false)?;
-        }
-        for reason in &self.skipped {
-            writeln!(f, "left out: {reason}")?;
-        }
-        let ratio = |spread: Option<Spread>| {
-            spread.map_or_else(|| "-".to_owned(), |s| self::spread(Some(s), times))
-        };
+            (paced.all(), direct)
+        });
+        shape.tables(f, self.saturated.all(), paced, false)?;
         let lines = [
             (
                 "relay/baseline throughput",
-                ratio(self.relay_ratio.zip(self.relay_ratio_range).map(to_spread)),
+                ranged(self.relay_ratio, self.relay_ratio_range),
                 "chunks/s through the server over chunks/s through the batching forwarder (1 = as fast)",
             ),
             (
                 "relay/baseline CPU per chunk",
-                ratio(
-                    self.relay_cpu_per_chunk_ratio
-                        .zip(self.relay_cpu_per_chunk_ratio_range)
-                        .map(to_spread),
+                ranged(
+                    self.relay_cpu_per_chunk_ratio,
+                    self.relay_cpu_per_chunk_ratio_range,
                 ),
                 "the server's CPU time per chunk over the forwarder's (1 = as cheap)",
             ),
             (
                 "relay/direct throughput",
-                ratio(
-                    self.relay_vs_direct
-                        .zip(self.relay_vs_direct_range)
-                        .map(to_spread),
-                ),
+                ranged(self.relay_vs_direct, self.relay_vs_direct_range),
                 "chunks/s through the server over chunks/s read straight from the proxy (the ceiling)",
             ),
             (
@@ -511,8 +559,12 @@ fn ratio_lines(f: &mut fmt::Formatter<'_>, lines: &[(&str, String, &str)]) -> fm
     Ok(())
 }
 
-fn to_spread((median, [min, max]): (f64, [f64; 2])) -> Spread {
-    Spread { median, min, max }
+/// A ratio with the range of its rounds, as [`spread`] shows it.
+fn ranged(median: Option<f64>, range: Option<[f64; 2]>) -> String {
+    let spread = median
+        .zip(range)
+        .map(|(median, [min, max])| Spread { median, min, max });
+    self::spread(spread, times)
 }
 
 fn optional_times(value: Option<f64>) -> String {
@@ -539,24 +591,6 @@ impl ChainSides {
         ]
         .into_iter()
         .filter_map(|(name, side)| Some((name, side.as_ref()?)))
-    }
-
-    /// Round by round, `metric` of the chain over `metric` of `other`.
-    fn chain_over(
-        &self,
-        other: &Option<Side>,
-        metric: fn(&RoundFigures) -> Option<f64>,
-    ) -> Option<Spread> {
-        Spread::of_ratios(self.chain.as_ref()?, other.as_ref()?, metric)
-    }
-
-    /// What the chain adds to the median latency over what nginx adds
-    /// (each less the direct read's median).
-    fn added_latency_ratio(&self) -> Option<f64> {
-        let agent = self.agent.as_ref()?.latency_p50_us;
-        let chain = self.chain.as_ref()?.latency_p50_us - agent;
-        let nginx = self.nginx.as_ref()?.latency_p50_us - agent;
-        (nginx > 0.0).then(|| chain / nginx)
     }
 }
 
@@ -587,26 +621,9 @@ pub struct ChainReport {
     /// Paced: the median latency the chain adds over what nginx adds (each
     /// less the direct read's median).
     pub chain_paced_added_latency_p50_ratio: Option<f64>,
-    /// Concurrent loops.
-    pub loops: usize,
-    /// Framed connections the chain's loops share.
-    pub connections: usize,
-    /// Chunks per loop (saturated phase).
-    pub chunks_per_loop: u64,
-    /// The size mix.
-    pub mix: String,
-    /// The minimum duration of each side in each round.
-    pub duration_s: f64,
-    /// Rounds per phase.
-    pub rounds: usize,
-    /// The paced phase's chunks per second per loop.
-    pub pace_per_s: Option<u64>,
-    /// Chunks per loop in the paced phase.
-    pub paced_chunks_per_loop: Option<u64>,
-    /// Whether the bench was built without optimisations.
-    pub debug_build: bool,
-    /// Sides left out, and why.
-    pub skipped: Vec<String>,
+    /// How it ran.
+    #[serde(flatten)]
+    pub shape: Shape,
     /// The saturated phase.
     #[serde(flatten)]
     pub saturated: ChainSides,
@@ -622,20 +639,20 @@ impl ChainReport {
         paced: Option<(u64, ChainSides)>,
         skipped: Vec<String>,
     ) -> ChainReport {
-        let ratio = saturated.chain_over(&saturated.nginx, throughput);
-        let cpu_ratio = saturated.chain_over(&saturated.nginx, cpu);
-        let vs_agent = saturated.chain_over(&saturated.agent, throughput);
-        let nginx_vs_agent = saturated
-            .nginx
-            .as_ref()
-            .zip(saturated.agent.as_ref())
-            .and_then(|(n, a)| Spread::of_ratios(n, a, throughput));
+        let ChainSides {
+            chain,
+            nginx,
+            agent,
+        } = &saturated;
+        let ratio = over(chain, nginx, throughput);
+        let cpu_ratio = over(chain, nginx, cpu);
+        let vs_agent = over(chain, agent, throughput);
+        let nginx_vs_agent = over(nginx, agent, throughput);
         let (paced_chunks, paced) = paced.unzip();
-        let paced_cpu = paced.as_ref().and_then(|p| p.chain_over(&p.nginx, cpu));
-        let paced_latency = paced.as_ref().and_then(|p| {
-            let (chain, nginx) = (p.chain.as_ref()?, p.nginx.as_ref()?);
-            Some(chain.latency_p50_us / nginx.latency_p50_us.max(f64::MIN_POSITIVE))
-        });
+        let paced_cpu = paced.as_ref().and_then(|p| over(&p.chain, &p.nginx, cpu));
+        let paced_latency = paced
+            .as_ref()
+            .and_then(|p| latency_over(&p.chain, &p.nginx));
         ChainReport {
             chain_ratio: ratio.map(|s| s.median),
             chain_ratio_range: ratio.map(Spread::range),
@@ -648,17 +665,8 @@ impl ChainReport {
             chain_paced_latency_p50_ratio: paced_latency,
             chain_paced_added_latency_p50_ratio: paced
                 .as_ref()
-                .and_then(ChainSides::added_latency_ratio),
-            loops: params.loops,
-            connections,
-            chunks_per_loop: params.chunks,
-            mix: params.mix.to_string(),
-            duration_s: params.duration.as_secs_f64(),
-            rounds: params.rounds,
-            pace_per_s: params.pace,
-            paced_chunks_per_loop: paced_chunks,
-            debug_build: cfg!(debug_assertions),
-            skipped,
+                .and_then(|p| added_latency_ratio(&p.chain, &p.nginx, &p.agent)),
+            shape: Shape::new(params, connections, paced_chunks, skipped),
             saturated,
             paced,
         }
@@ -675,37 +683,27 @@ impl ChainReport {
 
 impl fmt::Display for ChainReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shape = &self.shape;
         writeln!(
             f,
             "the whole chain: {} loop(s) over {} connection(s) × {} chunks, mix {}; {} round(s) of \
              at least {} s per side, sides in turn (nginx chain agent, then the other way round)",
-            self.loops,
-            self.connections,
-            self.chunks_per_loop,
-            self.mix,
-            self.rounds,
-            self.duration_s
+            shape.loops,
+            shape.connections,
+            shape.chunks_per_loop,
+            shape.mix,
+            shape.rounds,
+            shape.duration_s
         )?;
-        saturated_table(f, self.saturated.all())?;
-        if let (Some(paced), Some(rate), Some(chunks)) =
-            (&self.paced, self.pace_per_s, self.paced_chunks_per_loop)
-        {
+        let paced = self.paced.as_ref().map(|paced| {
             let agent = paced.agent.as_ref().map(|a| a.latency_p50_us);
-            paced_table(f, rate, chunks, paced.all(), agent, true)?;
-        }
-        for reason in &self.skipped {
-            writeln!(f, "left out: {reason}")?;
-        }
-        let ratio = |median: Option<f64>, range: Option<[f64; 2]>| {
-            median
-                .zip(range)
-                .map(to_spread)
-                .map_or_else(|| "-".to_owned(), |s| spread(Some(s), times))
-        };
+            (paced.all(), agent)
+        });
+        shape.tables(f, self.saturated.all(), paced, true)?;
         let lines = [
             (
                 "chain/nginx CPU per chunk",
-                ratio(
+                ranged(
                     self.chain_cpu_per_chunk_ratio,
                     self.chain_cpu_per_chunk_ratio_range,
                 ),
@@ -713,7 +711,7 @@ impl fmt::Display for ChainReport {
             ),
             (
                 "chain/nginx throughput",
-                ratio(self.chain_ratio, self.chain_ratio_range),
+                ranged(self.chain_ratio, self.chain_ratio_range),
                 "chunks/s through the server over chunks/s through nginx (1 = as fast)",
             ),
             (
@@ -723,7 +721,7 @@ impl fmt::Display for ChainReport {
             ),
             (
                 "chain/nginx paced CPU",
-                ratio(
+                ranged(
                     self.chain_paced_cpu_per_chunk_ratio,
                     self.chain_paced_cpu_per_chunk_ratio_range,
                 ),

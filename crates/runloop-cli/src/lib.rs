@@ -64,7 +64,6 @@ pub mod serve;
 pub mod serve_args;
 pub mod serve_file;
 pub mod size;
-pub mod small_file;
 pub mod store;
 pub mod token;
 pub mod unparsed;

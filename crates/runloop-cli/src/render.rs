@@ -571,6 +571,25 @@ mod tests {
         String::from_utf8(render.into_inner().into_inner()).expect("UTF-8")
     }
 
+    /// The loop of `steps`, finished, as plain text.
+    fn plain_finished(steps: Vec<Step>) -> String {
+        let finished = Outcome::Finished { fatal: false };
+        render(Format::Pretty, ColorChoice::Never, steps, &finished)
+    }
+
+    /// The loop of `steps` ending with `outcome` is each case's text, in
+    /// the case's format and colour choice.
+    fn renders_as(
+        steps: impl Fn() -> Vec<Step>,
+        outcome: &Outcome,
+        cases: &[(Format, ColorChoice, &str)],
+    ) {
+        for &(format, color, expected) in cases {
+            let shown = render(format, color, steps(), outcome);
+            assert_eq!(shown, expected, "{format:?}, {color:?}");
+        }
+    }
+
     const PLAIN: &str = "\
 reasoning: The user wants the file.
 Let me read it.
@@ -748,43 +767,60 @@ Done\u{fffd}[31m!
         let down = ErrorValue::new(json!({"kind": "agent", "error": "down"}));
         let steps = || vec![Step::Chunk(text("Hel")), Step::Error(down.clone())];
         let outcome = Outcome::Unfinished(down.clone());
-        assert_eq!(
-            render(Format::Pretty, ColorChoice::Never, steps(), &outcome),
-            "Hel\nthe loop ended without finishing (partial result): {\"kind\":\"agent\",\"error\":\"down\"}\n"
-        );
-        assert_eq!(
-            render(Format::Pretty, ColorChoice::Always, steps(), &outcome),
-            "Hel\n\x1b[1m\x1b[31mthe loop ended without finishing (partial result): {\"kind\":\"agent\",\"error\":\"down\"}\x1b[0m\n"
-        );
-        assert_eq!(
-            render(Format::Json, ColorChoice::Never, steps(), &outcome),
-            "{\"chunk\":{\"type\":\"assistant_text_content\",\"text\":\"Hel\"}}\n\
-             {\"error\":{\"kind\":\"agent\",\"error\":\"down\"}}\n\
-             {\"outcome\":\"unfinished\"}\n"
+        renders_as(
+            steps,
+            &outcome,
+            &[
+                (
+                    Format::Pretty,
+                    ColorChoice::Never,
+                    "Hel\nthe loop ended without finishing (partial result): {\"kind\":\"agent\",\"error\":\"down\"}\n",
+                ),
+                (
+                    Format::Pretty,
+                    ColorChoice::Always,
+                    "Hel\n\x1b[1m\x1b[31mthe loop ended without finishing (partial result): {\"kind\":\"agent\",\"error\":\"down\"}\x1b[0m\n",
+                ),
+                (
+                    Format::Json,
+                    ColorChoice::Never,
+                    "{\"chunk\":{\"type\":\"assistant_text_content\",\"text\":\"Hel\"}}\n\
+                     {\"error\":{\"kind\":\"agent\",\"error\":\"down\"}}\n\
+                     {\"outcome\":\"unfinished\"}\n",
+                ),
+            ],
         );
     }
 
     #[test]
     fn a_finished_loop_ends_in_green_and_a_broken_one_says_why() {
         let steps = || vec![Step::Chunk(text("ok"))];
-        assert_eq!(
-            render(
+        renders_as(
+            steps,
+            &Outcome::Finished { fatal: false },
+            &[(
                 Format::Pretty,
                 ColorChoice::Always,
-                steps(),
-                &Outcome::Finished { fatal: false }
-            ),
-            "ok\n\x1b[1m\x1b[32mthe loop finished\x1b[0m\n"
+                "ok\n\x1b[1m\x1b[32mthe loop finished\x1b[0m\n",
+            )],
         );
         let broken = Outcome::Broken(runloop_proto::run_loop::Broken::ConnectionEnded);
-        assert_eq!(
-            render(Format::Pretty, ColorChoice::Never, steps(), &broken),
-            "ok\nbroken: the connection ended before the channel's finish\n"
-        );
-        assert_eq!(
-            render(Format::Json, ColorChoice::Never, steps(), &broken),
-            "{\"chunk\":{\"type\":\"assistant_text_content\",\"text\":\"ok\"}}\n\
-             {\"outcome\":\"broken\",\"reason\":\"the connection ended before the channel's finish\"}\n"
+        renders_as(
+            steps,
+            &broken,
+            &[
+                (
+                    Format::Pretty,
+                    ColorChoice::Never,
+                    "ok\nbroken: the connection ended before the channel's finish\n",
+                ),
+                (
+                    Format::Json,
+                    ColorChoice::Never,
+                    "{\"chunk\":{\"type\":\"assistant_text_content\",\"text\":\"ok\"}}\n\
+                     {\"outcome\":\"broken\",\"reason\":\"the connection ended before the channel's finish\"}\n",
+                ),
+            ],
         );
     }
 
@@ -801,12 +837,7 @@ Done\u{fffd}[31m!
             Step::Chunk(AgenticLoopChunk::Usage(UsageChunk::default())),
         ];
         assert_eq!(
-            render(
-                Format::Pretty,
-                ColorChoice::Never,
-                steps,
-                &Outcome::Finished { fatal: false }
-            ),
+            plain_finished(steps),
             "tool call f (c): {\nmeanwhile\ntool call f (c): {}\nusage: 0 tokens (0 prompt, 0 completion)\nthe loop finished\n"
         );
     }
@@ -822,12 +853,7 @@ Done\u{fffd}[31m!
             Step::Chunk(text("three")),
         ];
         assert_eq!(
-            render(
-                Format::Pretty,
-                ColorChoice::Never,
-                steps,
-                &Outcome::Finished { fatal: false }
-            ),
+            plain_finished(steps),
             "one\ntwo\nnotification: null\nthree\nthe loop finished\n"
         );
     }

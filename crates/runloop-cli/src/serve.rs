@@ -836,7 +836,7 @@ impl Reloading {
 /// files are read on a blocking thread, never on an async worker: a disk
 /// that is slow, or a path that is not a regular file, holds up no
 /// connection, run or `/healthz` (and the files themselves are read only
-/// when they are regular and small, [`crate::small_file`]).
+/// when they are regular and small, [`runloop::small_file`]).
 async fn reload_on_hangup(
     handle: ServerHandle,
     mut hangups: tokio::signal::unix::Signal,

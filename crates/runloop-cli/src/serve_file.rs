@@ -26,11 +26,15 @@ use std::path::{Path, PathBuf};
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, FromArgMatches};
 use runloop::server::{Quota, Tenant, Tenants, TokenHash};
+use runloop::small_file;
 
 use crate::serve_args::{Args, PoolEntry};
 use crate::size::bytes;
-use crate::small_file;
 use crate::token;
+
+/// The largest configuration file read: far past any real one (the
+/// example with every key and a hundred tenants is under 64 KiB).
+pub const MAX_CONFIG_FILE: u64 = 1 << 20;
 
 /// Keys that are options of the command but not of a file.
 const NOT_KEYS: [&str; 4] = ["config", "check-config", "print-config", "help"];
@@ -217,9 +221,9 @@ fn absolute(path: &Path) -> PathBuf {
 }
 
 /// The file at `path`, read (a regular file of at most
-/// [`small_file::MAX_CONFIG_FILE`] bytes) and parsed.
+/// [`MAX_CONFIG_FILE`] bytes) and parsed.
 fn read(path: &Path) -> Result<toml::Table, String> {
-    let text = small_file::read(path, small_file::MAX_CONFIG_FILE).map_err(|error| {
+    let text = small_file::read(path, MAX_CONFIG_FILE).map_err(|error| {
         format!(
             "cannot read the configuration file {}: {error}",
             path.display()

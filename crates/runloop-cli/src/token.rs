@@ -10,11 +10,15 @@
 
 use std::path::Path;
 
+use runloop::small_file;
+
 use crate::exit::Failure;
-use crate::small_file;
 
 /// The environment variable a credential is read from.
 pub const ENV: &str = "RUNLOOP_TOKEN";
+
+/// The largest token file read: ten thousand tokens of a hundred bytes.
+pub const MAX_TOKEN_FILE: u64 = 1 << 20;
 
 /// The warning printed when a credential is on the command line.
 pub const COMMAND_LINE_WARNING: &str = "--token is visible to every local user in /proc/PID/cmdline \
@@ -22,9 +26,9 @@ pub const COMMAND_LINE_WARNING: &str = "--token is visible to every local user i
 
 /// The tokens of `file`: one per line, surrounding whitespace and blank
 /// lines ignored. Only a regular file is read, and at most
-/// [`small_file::MAX_TOKEN_FILE`] bytes of it ([`small_file`]).
+/// [`MAX_TOKEN_FILE`] bytes of it ([`small_file`]).
 pub fn read_file(file: &Path) -> Result<Vec<String>, Failure> {
-    let text = small_file::read(file, small_file::MAX_TOKEN_FILE).map_err(|error| {
+    let text = small_file::read(file, MAX_TOKEN_FILE).map_err(|error| {
         Failure::Argument(format!(
             "cannot read the token file {}: {error}",
             file.display()

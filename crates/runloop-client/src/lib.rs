@@ -412,9 +412,11 @@ mod tests {
     #[test]
     fn a_broken_answer_leaves_its_decode_error_to_the_source() {
         let error = RunError::Broken(RunResponseError::UnknownTag(7).into());
-        assert_eq!(error.to_string(), "the server's answer did not decode");
-        let source = std::error::Error::source(&error).expect("the decode error");
-        assert_eq!(source.to_string(), "unknown run response tag 7");
+        runloop_testkit::errors::assert_own_words_and_cause(
+            &error,
+            "the server's answer did not decode",
+            "unknown run response tag 7",
+        );
         assert_eq!(
             runloop_proto::error_chain::Chain(&error).to_string(),
             "the server's answer did not decode: unknown run response tag 7"

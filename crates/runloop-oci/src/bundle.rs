@@ -41,6 +41,8 @@ use oci_spec::runtime::{
     PosixRlimitType, RootBuilder, Spec, UserBuilder,
 };
 
+use runloop_proto::error_chain::Chain;
+
 use crate::image::Process;
 use crate::user::{IdMapping, IdRange, Ids};
 
@@ -168,6 +170,14 @@ pub struct InitMount {
 #[derive(Debug, thiserror::Error)]
 #[error("cannot build the container's configuration")]
 pub struct BundleError(#[from] oci_spec::OciSpecError);
+
+/// Writes `spec` as the bundle's `config.json` at `path`; why not, in
+/// words that go down to the system's error (oci-spec's own says only
+/// "io operation failed" and leaves the rest to its source).
+pub(crate) fn save(spec: &Spec, path: &Path) -> Result<(), String> {
+    spec.save(path)
+        .map_err(|error| format!("cannot write {}: {}", path.display(), Chain(&error)))
+}
 
 /// The port the agent program listens on: the image's `PORT` when it is a
 /// number in 1..=65535, else [`DEFAULT_PORT`].
@@ -371,6 +381,21 @@ impl Bundle<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configuration_not_written_says_why_down_to_the_system() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let path = dir.path().join("gone").join("config.json");
+        let why = save(&Spec::default(), &path).expect_err("no such directory");
+        assert_eq!(
+            why,
+            format!(
+                "cannot write {}: io operation failed: {}",
+                path.display(),
+                std::io::Error::from_raw_os_error(libc::ENOENT)
+            )
+        );
+    }
 
     #[test]
     fn the_spec_carries_the_image_and_the_limits() {

@@ -343,8 +343,7 @@ impl OciRuntime {
         .spec()
         .map_err(|error| Chain(&error).to_string())?;
         let config = dir.join("config.json");
-        spec.save(&config)
-            .map_err(|error| format!("cannot write {}: {error}", config.display()))?;
+        bundle::save(&spec, &config)?;
         steps.mark("bundle");
         let child = self
             .host

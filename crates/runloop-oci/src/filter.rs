@@ -38,6 +38,7 @@ use std::time::Duration;
 use oci_spec::runtime::{
     LinuxBuilder, MountBuilder, ProcessBuilder, RootBuilder, Spec, UserBuilder,
 };
+use runloop_proto::error_chain::Chain;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::cgroup::{self, Version};
@@ -130,11 +131,17 @@ async fn hold_and_read(
     let rootfs = dir.join("rootfs");
     std::fs::create_dir_all(&rootfs)
         .map_err(|error| format!("cannot make {}: {error}", rootfs.display()))?;
-    let spec = spec(&rootfs, maker.init, &cgroup::path(id), prepared)
-        .map_err(|error| format!("cannot make the filter container's configuration: {error}"))?;
+    let spec = spec(&rootfs, maker.init, &cgroup::path(id), prepared).map_err(|error| {
+        format!(
+            "cannot make the filter container's configuration: {}",
+            Chain(&error)
+        )
+    })?;
     let config = dir.join("config.json");
+    // As bundle::save says it (this module stays below bundle, which
+    // imports it).
     spec.save(&config)
-        .map_err(|error| format!("cannot write {}: {error}", config.display()))?;
+        .map_err(|error| format!("cannot write {}: {}", config.display(), Chain(&error)))?;
     let mut child = maker
         .runc
         .run_command(dir, id)

@@ -39,7 +39,7 @@ use tracing::{info, warn};
 use crate::cgroup;
 use crate::command;
 use crate::digest::{Digest, DigestError};
-use crate::disk;
+use crate::disk::{self, DiskError};
 use crate::egress::{self, Egress, EgressNetwork};
 use crate::filter::{Maker, Prepared};
 use crate::image::ImageError;
@@ -195,6 +195,9 @@ pub enum HostError {
     /// The store.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The store's directory of disk templates cannot be made.
+    #[error("cannot run containers: the store's disk templates cannot be made")]
+    Templates(#[source] DiskError),
     /// Another server holds the store.
     #[error("the store {0} is in use by another server; give each server its own --store")]
     Locked(PathBuf),
@@ -371,7 +374,7 @@ impl Host {
             store.dir().join("disks"),
             (config.ids.uids.start, config.ids.gids.start),
         )
-        .map_err(|error| HostError::Missing(format!("the store's disk templates: {error}")))?;
+        .map_err(HostError::Templates)?;
         let host = Host {
             config,
             disks,

@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use runloop_proto::error_chain::Chain;
 use runloop_runtime::{Container, ContainerLimits, Reserve, Reserved, RunTenant};
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -265,7 +266,7 @@ pub(crate) async fn refill(pool: Arc<Pool>, runtime: OciRuntime, reserve: Arc<dy
                     });
                 }
                 Err(error) => {
-                    warn!(%error, "a warm container did not start; trying again later");
+                    warn!(error = %Chain(&error), "a warm container did not start; trying again later");
                     failed = true;
                     break;
                 }

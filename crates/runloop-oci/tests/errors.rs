@@ -89,16 +89,39 @@ fn no_error_says_its_cause_twice() {
         Box::new(UnpackError::Archive(system())),
         Box::new(FetchError::Tls(TlsError::Read {
             path: "/etc/ssl/certs/ca-certificates.crt".into(),
-            source: system(),
+            source: system().into(),
         })),
         Box::new(UnpackError::Root {
             path: "/store/x/rootfs".into(),
             source: system(),
         }),
+        Box::new(templates()),
     ];
     for error in &errors {
         assert_cause_said_once(error.as_ref());
     }
+}
+
+/// The store's disk templates, refused by the system.
+fn templates() -> HostError {
+    HostError::Templates(DiskError::Io {
+        path: "/store/disks".into(),
+        source: system(),
+    })
+}
+
+#[test]
+fn the_disk_templates_refused_are_said_down_to_the_system_error() {
+    // The host said this as "the store's disk templates: {error}", which
+    // printed the path alone: DiskError's words leave the system's error
+    // to its source.
+    assert_eq!(
+        Chain(&templates()).to_string(),
+        format!(
+            "cannot run containers: the store's disk templates cannot be made: /store/disks: {}",
+            system()
+        )
+    );
 }
 
 #[test]

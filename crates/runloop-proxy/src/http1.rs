@@ -251,7 +251,7 @@ fn head(buffer: &mut BytesMut) -> Result<Option<Head>, Unanswered> {
 #[derive(Debug, thiserror::Error)]
 pub(super) enum BodyError {
     /// The socket failed.
-    #[error("reading the body failed: {0}")]
+    #[error("reading the body failed")]
     Io(#[from] io::Error),
     /// The connection closed before the body's end.
     #[error("the connection closed before the body's end")]
@@ -842,5 +842,28 @@ mod tests {
                 _ => prop_assert!(false, "ours {:?}, hyper's {:?}", ours, theirs),
             }
         }
+    }
+
+    #[test]
+    fn no_body_error_says_its_cause_twice() {
+        let reset = || io::Error::from(io::ErrorKind::ConnectionReset);
+        let errors = [
+            BodyError::Io(reset()),
+            BodyError::Cut,
+            BodyError::Chunked("a chunk size is not hex"),
+        ];
+        for error in &errors {
+            runloop_testkit::errors::assert_cause_said_once(error);
+        }
+        // As the proxy says it: the event stream, then the body, then why.
+        let broke = crate::sse::Broke::Transport(Box::new(BodyError::Io(reset())));
+        runloop_testkit::errors::assert_cause_said_once(&broke);
+        assert_eq!(
+            runloop_proto::error_chain::Chain(&broke).to_string(),
+            format!(
+                "the event stream broke: reading the body failed: {}",
+                reset()
+            )
+        );
     }
 }

@@ -252,14 +252,11 @@ mod tests {
     #[test]
     fn a_start_error_says_what_failed_and_leaves_why_to_its_source() {
         let error = StartError::with_source("cannot bind", std::io::Error::other("no ports"));
-        assert_eq!(error.to_string(), "cannot bind");
-        let source = std::error::Error::source(&error).expect("a source");
-        assert_eq!(source.to_string(), "no ports");
+        runloop_testkit::errors::assert_own_words_and_cause(&error, "cannot bind", "no ports");
         assert_eq!(
             runloop_proto::error_chain::Chain(&error).to_string(),
             "cannot bind: no ports"
         );
-        runloop_testkit::errors::assert_cause_said_once(&error);
         assert!(std::error::Error::source(&StartError::new("refused")).is_none());
     }
 }

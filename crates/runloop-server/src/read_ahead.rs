@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 
 use runloop_wire::ws::{MessageReader, Step};
 
@@ -331,35 +331,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
+super::writes_through::writes_through!(ReadAhead, inner);
 
 #[cfg(test)]
 mod tests {
@@ -433,40 +405,13 @@ mod path_tests {
     use proptest::prelude::*;
     use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
     use tokio_tungstenite::WebSocketStream;
-    use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
     use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
     use super::*;
     use crate::proxy_path::{Next, next_message};
+    use runloop_testkit::websocket::{binary, frame as frame_bytes, more, ping};
     use runloop_wire::ws::{Head, opcode};
-
-    fn frame_bytes(opcode: OpCode, fin: bool, payload: &[u8], masked: bool) -> Vec<u8> {
-        let header = FrameHeader {
-            is_final: fin,
-            opcode,
-            mask: masked.then_some([0; 4]),
-            ..FrameHeader::default()
-        };
-        let mut bytes = Vec::new();
-        header
-            .format(payload.len() as u64, &mut bytes)
-            .expect("formats");
-        bytes.extend_from_slice(payload);
-        bytes
-    }
-
-    fn binary(fin: bool, payload: &[u8]) -> Vec<u8> {
-        frame_bytes(OpCode::Data(Data::Binary), fin, payload, false)
-    }
-
-    fn more(fin: bool, payload: &[u8]) -> Vec<u8> {
-        frame_bytes(OpCode::Data(Data::Continue), fin, payload, false)
-    }
-
-    fn ping() -> Vec<u8> {
-        frame_bytes(OpCode::Control(Control::Ping), true, b"p", false)
-    }
 
     const ANSWER: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n";
 

@@ -10,6 +10,7 @@ use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::process::KillOnDrop;
 use runloop_proto::agents_run::{Container, Image, ImageRef, RunRequest};
 
 /// How long a command that should end may take before the test fails:
@@ -44,14 +45,54 @@ pub fn runloop() -> Command {
     Command::new(binary())
 }
 
+/// The first line `child` prints on its stdout (which it takes), without
+/// its end: empty when the child exits before it says anything.
+pub fn first_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout, taken once"))
+        .read_line(&mut line)
+        .expect("the child's stdout reads");
+    line.trim_end().to_owned()
+}
+
 /// Reads the URL a `runloop serve` prints first on its stdout.
 pub fn url(child: &mut Child) -> String {
-    let mut url = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut url)
-        .expect("serve prints its URL");
+    let url = first_line(child);
     assert!(url.starts_with("ws://"), "{url:?}");
-    url.trim().to_owned()
+    url
+}
+
+/// `runloop serve --listen 127.0.0.1:0 ARGS` at `RUST_LOG=level`, started
+/// by `sh` under `ulimits` (each the arguments of a `ulimit`, such as
+/// `-n 256`: the descriptors it may open), with no stdin and its stdout
+/// and stderr piped; its URL read.
+pub fn serve_under(ulimits: &[&str], level: &str, args: &str) -> (Child, String) {
+    let ulimits: String = ulimits.iter().map(|u| format!("ulimit {u} && ")).collect();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{ulimits}exec \"$0\" serve --listen 127.0.0.1:0 {args}"
+        ))
+        .arg(binary())
+        .env("RUST_LOG", level)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sh runs");
+    let url = url(&mut child);
+    (child, url)
+}
+
+/// Reads the line an `--admin` listener is announced with on `stdout`
+/// (`http://ADDRESS`, after the URL): its address.
+pub fn admin_address(stdout: &mut impl BufRead) -> SocketAddr {
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("the admin URL");
+    line.trim()
+        .strip_prefix("http://")
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("not an admin URL: {line:?}"))
 }
 
 /// Waits for `child` to exit, for `PATIENCE` at most; past that it is
@@ -82,7 +123,7 @@ pub fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
 
 /// A `runloop serve` on a loopback port, killed if the test ends first.
 pub struct Serve {
-    child: Child,
+    child: KillOnDrop,
     /// The URL it printed.
     pub url: String,
 }
@@ -96,7 +137,10 @@ impl Serve {
             &[&["serve", "--listen", "127.0.0.1:0"], args].concat(),
         );
         let url = url(&mut child);
-        Serve { child, url }
+        Serve {
+            child: KillOnDrop(child),
+            url,
+        }
     }
 
     /// The address it listens on.
@@ -147,13 +191,6 @@ impl Serve {
             .expect("kill");
         assert!(killed.success());
         exits(&mut self.child, "serve after SIGTERM")
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -22,6 +22,15 @@ pub fn assert_cause_said_once(error: &(dyn Error + 'static)) {
     }
 }
 
+/// Checks one error with a cause: its own words are `own`, its source's
+/// are `cause`, and it does not say its cause again.
+pub fn assert_own_words_and_cause(error: &(dyn Error + 'static), own: &str, cause: &str) {
+    assert_eq!(error.to_string(), own, "{error:?}");
+    let source = error.source().expect("a source");
+    assert_eq!(source.to_string(), cause, "{error:?}");
+    assert_cause_said_once(error);
+}
+
 #[cfg(test)]
 mod tests {
     use std::fmt;

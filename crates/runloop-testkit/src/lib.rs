@@ -43,10 +43,12 @@
 //! - `certs`: a certificate authority and the certificates it signed,
 //!   made for the test.
 //! - `oci`: OCI image layouts written as another tool writes them.
+//! - `websocket`: WebSocket frames as bytes, as tungstenite writes them.
 //!
 //! [`fixture`]: the agent programs the exec runtime runs in tests.
 //!
-//! [`process`]: what became of a process a test started.
+//! [`process`]: what became of a process a test started, and a child
+//! killed when the test lets it go.
 //!
 //! [`errors`]: the error convention (an error's words leave its cause to
 //! `source()`), checked over each crate's list of its errors.
@@ -78,6 +80,8 @@ pub mod server;
 pub mod uplink;
 #[cfg(feature = "chain")]
 pub mod wait;
+#[cfg(feature = "websocket")]
+pub mod websocket;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -11,13 +11,14 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use runloop_client::{Client, Run, RunError};
+use runloop_client::Client;
 use runloop_proto::run_loop::Outcome;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::caller::{UPGRADE, connect_from, upgrade};
 use crate::command::{Serve, demo_request, request};
 use crate::server::served_with;
+pub use crate::server::{held_loops, loop_refusal, refusal};
 
 /// A mebibyte.
 pub const MIB: u64 = 1 << 20;
@@ -195,21 +196,6 @@ pub fn one_token_floods_runs(connections: usize, runs: usize) -> (usize, usize, 
         }
         (ok.len(), refused.len(), held, other.is_ok())
     })
-}
-
-/// The `error` member of a refusal, or a panic saying what came instead.
-pub fn refusal(started: Result<Run, RunError>) -> String {
-    match started {
-        Err(RunError::Refused(error)) => {
-            assert_eq!(error.0["kind"], "policy", "{error:?}");
-            error.0["error"]
-                .as_str()
-                .expect("an error string")
-                .to_owned()
-        }
-        Err(other) => panic!("refused otherwise: {other}"),
-        Ok(_) => panic!("the run started"),
-    }
 }
 
 /// Whether exec runs get cgroups here (root, memory and pids controllers).

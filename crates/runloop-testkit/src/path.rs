@@ -153,3 +153,12 @@ pub fn error_json(message: &[u8]) -> serde_json::Value {
     assert_eq!(message.first(), Some(&1), "an error message");
     serde_json::from_slice(&message[1..]).expect("error JSON")
 }
+
+/// The words of an error value the proxy gave for its agent program (kind
+/// `agent`, words that are a string), for the test to check.
+pub fn agent_words(error: &runloop_proto::ErrorValue) -> &str {
+    assert_eq!(error.value()["kind"], "agent", "{error}");
+    error.value()["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("words: {error}"))
+}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use runloop_client::{Client, Event, Run, RunLoop};
+use runloop_client::{Client, ErrorValue, Event, Run, RunError, RunLoop};
 use runloop_proto::Decode;
 use runloop_proto::agents_run::RunRequest;
 use runloop_proto::run_loop::{AgenticLoopChunk, Outcome};
@@ -137,5 +137,50 @@ pub async fn released(server: &ServerHandle) {
     };
     if tokio::time::timeout(PATIENCE, wait).await.is_err() {
         panic!("the server still holds {:?}", server.stats());
+    }
+}
+
+/// The `error` member of a refusal, or a panic saying what came instead.
+pub fn refusal(started: Result<Run, RunError>) -> String {
+    match started {
+        Err(RunError::Refused(error)) => policy_words(&error),
+        Err(other) => panic!("refused otherwise: {other}"),
+        Ok(_) => panic!("the run started"),
+    }
+}
+
+/// The `error` member of an error value the server's policy gave.
+fn policy_words(error: &ErrorValue) -> String {
+    assert_eq!(error.0["kind"], "policy", "{error:?}");
+    error.0["error"]
+        .as_str()
+        .expect("an error string")
+        .to_owned()
+}
+
+/// A loop on each of `runs`, asked with `prompt` (one whose agent paces
+/// its chunks, so that the loop is held open), each relayed as far as its
+/// first chunk.
+pub async fn held_loops(runs: &[Run], prompt: &str) -> Vec<RunLoop> {
+    let mut held = Vec::new();
+    for run in runs {
+        let mut held_loop = run.run_loop(prompt);
+        match held_loop.next().await {
+            Some(Event::Chunk { .. }) => {}
+            other => panic!("a loop to hold is not relayed: {other:?}"),
+        }
+        held.push(held_loop);
+    }
+    held
+}
+
+/// The `error` member of a loop on `run`, asked with `prompt`, that the
+/// server refused ([`refusal`]'s, for a loop): an error, then the end of a
+/// loop that did not run.
+pub async fn loop_refusal(run: &Run, prompt: &str) -> String {
+    let events: Vec<Event> = run.run_loop(prompt).collect().await;
+    match &events[..] {
+        [Event::Error(error), Event::End(Outcome::NoLoop(_))] => policy_words(error),
+        other => panic!("not refused: {other:?}"),
     }
 }

@@ -106,15 +106,7 @@ impl Lane {
     /// lane then holds, not yet written. Refused once the lane has ended.
     pub fn push(&self, opens: bool, fin: bool, head: Bytes, body: Bytes) -> Result<usize, WsError> {
         let length = head.len() + body.len();
-        let mut header = [0; MAX_HEAD];
-        let len = Head::data(opens, fin, length as u64).write(&mut header);
-        let mut queue = lock(&self.queue);
-        if queue.closed {
-            return Err(WsError::Protocol(ProtocolError::SendAfterClosing));
-        }
-        queue.bytes += len + length;
-        queue.room(len + length.min(2 * COPIED));
-        queue.tail.extend_from_slice(&header[..len]);
+        let mut queue = self.begin(opens, fin, length, length.min(2 * COPIED))?;
         for part in [head, body] {
             if part.len() <= COPIED {
                 queue.tail.extend_from_slice(&part);
@@ -131,6 +123,23 @@ impl Lane {
     /// lane from where they lie, and nothing of them is held.
     pub fn push_copy(&self, opens: bool, fin: bool, parts: [&[u8]; 2]) -> Result<usize, WsError> {
         let length = parts[0].len() + parts[1].len();
+        let mut queue = self.begin(opens, fin, length, length)?;
+        for part in parts {
+            queue.tail.extend_from_slice(part);
+        }
+        Ok(queue.bytes)
+    }
+
+    /// The queue, locked, with the head of a data frame of `length` bytes
+    /// put on its tail and room after it for `copied` bytes of the payload;
+    /// refused once the lane has ended.
+    fn begin(
+        &self,
+        opens: bool,
+        fin: bool,
+        length: usize,
+        copied: usize,
+    ) -> Result<MutexGuard<'_, Queue>, WsError> {
         let mut header = [0; MAX_HEAD];
         let len = Head::data(opens, fin, length as u64).write(&mut header);
         let mut queue = lock(&self.queue);
@@ -138,12 +147,9 @@ impl Lane {
             return Err(WsError::Protocol(ProtocolError::SendAfterClosing));
         }
         queue.bytes += len + length;
-        queue.room(len + length);
+        queue.room(len + copied);
         queue.tail.extend_from_slice(&header[..len]);
-        for part in parts {
-            queue.tail.extend_from_slice(part);
-        }
-        Ok(queue.bytes)
+        Ok(queue)
     }
 
     /// The peer's close was read: from now on only the WebSocket's own

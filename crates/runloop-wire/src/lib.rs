@@ -12,6 +12,8 @@
 //! histogram  the latency histogram the writer records into
 //! transport  dialling ws:// and wss://, and the server's TLS handshake
 //! tls        the server's certificate (reloadable) and the client's roots
+//! small_file the files an operator names (certificates, keys, tokens,
+//!            configuration), read only when regular and within a bound
 //! listener   how the servers accept, with a backoff when out of descriptors
 //! ```
 //!
@@ -24,6 +26,7 @@ pub mod histogram;
 pub mod lane;
 pub mod limits;
 pub mod listener;
+pub mod small_file;
 pub mod tls;
 pub mod transport;
 pub mod writer;

@@ -20,7 +20,6 @@
 //! never depends on which provider some other crate made the default.
 
 use std::fmt;
-use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, RwLock};
 
@@ -31,8 +30,11 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-/// The largest PEM file read (a certificate chain, a key, a CA bundle).
-pub const MAX_PEM_FILE: u64 = 4 << 20;
+use crate::small_file::{self, SmallFileError};
+
+/// The largest PEM file read (a certificate chain, a key, a CA bundle):
+/// a chain is a few KiB, a bundle of every public authority a few hundred.
+pub const MAX_PEM_FILE: u64 = 1 << 20;
 
 /// Both sides offer HTTP/1.1 by ALPN, which a WebSocket upgrade rides on;
 /// a load balancer that terminates TLS may insist on an ALPN match.
@@ -41,20 +43,16 @@ const ALPN: &[u8] = b"http/1.1";
 /// Why TLS settings could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// A file could not be read.
+    /// A file could not be read: the system's error, or it is not a
+    /// regular file, or it is larger than [`MAX_PEM_FILE`]
+    /// ([`small_file`]).
     #[error("cannot read {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// What went wrong.
         #[source]
-        source: io::Error,
-    },
-    /// A file is larger than [`MAX_PEM_FILE`].
-    #[error("{} is larger than {MAX_PEM_FILE} bytes: not a PEM certificate or key", path.display())]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
+        source: SmallFileError,
     },
     /// A file's PEM does not parse.
     #[error("{} is not valid PEM", path.display())]
@@ -133,23 +131,13 @@ pub fn install_default_provider() {
     }
 }
 
-/// Reads a PEM file, bounded by [`MAX_PEM_FILE`].
+/// Reads a PEM file: a regular file of at most [`MAX_PEM_FILE`] bytes,
+/// never waiting on a FIFO nor reading a device on and on.
 fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
-    let read = |source| TlsError::Read {
+    small_file::read_bytes(path, MAX_PEM_FILE).map_err(|source| TlsError::Read {
         path: path.to_owned(),
         source,
-    };
-    let file = std::fs::File::open(path).map_err(read)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_PEM_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read)?;
-    if bytes.len() as u64 > MAX_PEM_FILE {
-        return Err(TlsError::TooLarge {
-            path: path.to_owned(),
-        });
-    }
-    Ok(bytes)
+    })
 }
 
 /// Every certificate in a PEM file, in order; at least one.
@@ -361,9 +349,17 @@ impl ClientTls {
 
 #[cfg(test)]
 mod tests {
+    use runloop_proto::error_chain::Chain;
     use runloop_testkit::errors::assert_cause_said_once;
 
     use super::*;
+
+    /// A FIFO at `path`, with no writer.
+    fn fifo(path: &Path) {
+        let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a path");
+        // SAFETY: a system call on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    }
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
         let path = dir.join(name);
@@ -380,19 +376,47 @@ mod tests {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// A scratch directory where a certificate for `localhost` and its key
+    /// are written as `cert.pem` and `key.pem`.
+    struct Files {
+        scratch: tempfile::TempDir,
+        cert: PathBuf,
+        key: PathBuf,
+        /// The certificate's PEM text, and the key's.
+        cert_pem: String,
+        key_pem: String,
+    }
+
+    impl Files {
+        fn new() -> Files {
+            let scratch = tempfile::tempdir().expect("scratch dir");
+            let (cert_pem, key_pem) = pair("localhost");
+            Files {
+                cert: write(scratch.path(), "cert.pem", &cert_pem),
+                key: write(scratch.path(), "key.pem", &key_pem),
+                cert_pem,
+                key_pem,
+                scratch,
+            }
+        }
+
+        fn dir(&self) -> &Path {
+            self.scratch.path()
+        }
+    }
+
+    /// The certificate `tls` serves now.
+    fn served(tls: &ServerTls) -> Vec<u8> {
+        tls.current.0.read().expect("lock").cert[0]
+            .as_ref()
+            .to_vec()
+    }
+
     #[test]
     fn a_certificate_and_its_key_load_and_reload() {
-        let scratch = tempfile::tempdir().expect("scratch dir");
-        let dir = scratch.path();
-        let (cert, key) = pair("localhost");
-        let cert_path = write(dir, "cert.pem", &cert);
-        let key_path = write(dir, "key.pem", &key);
+        let files = Files::new();
+        let (dir, cert_path, key_path) = (files.dir(), files.cert.clone(), files.key.clone());
         let tls = ServerTls::load(&cert_path, &key_path).expect("loads");
-        let served = |tls: &ServerTls| {
-            tls.current.0.read().expect("lock").cert[0]
-                .as_ref()
-                .to_vec()
-        };
         let before = served(&tls);
         // Renewed files are served after a reload…
         let (cert2, key2) = pair("localhost");
@@ -402,7 +426,7 @@ mod tests {
         assert_ne!(served(&tls), before);
         // …and files that do not load leave the certificate as it was.
         let after = served(&tls);
-        write(dir, "key.pem", &key);
+        write(dir, "key.pem", &files.key_pem);
         let error = tls.reload().expect_err("a key of another certificate");
         assert!(matches!(error, TlsError::Key { .. }), "{error}");
         assert!(error.to_string().contains("key.pem"), "{error}");
@@ -412,11 +436,8 @@ mod tests {
 
     #[test]
     fn files_that_are_not_a_certificate_or_a_key_are_named() {
-        let scratch = tempfile::tempdir().expect("scratch dir");
-        let dir = scratch.path();
-        let (cert, key) = pair("localhost");
-        let cert_path = write(dir, "cert.pem", &cert);
-        let key_path = write(dir, "key.pem", &key);
+        let files = Files::new();
+        let (dir, cert_path, key_path) = (files.dir(), files.cert.clone(), files.key.clone());
         let empty = write(dir, "empty.pem", "");
         let missing = dir.join("missing.pem");
 
@@ -436,6 +457,79 @@ mod tests {
         let error = ServerTls::load(&garbled, &key_path).expect_err("garbled");
         assert!(matches!(error, TlsError::Pem { .. }), "{error}");
         assert!(std::error::Error::source(&error).is_some());
+        assert_cause_said_once(&error);
+    }
+
+    #[test]
+    fn a_fifo_or_a_device_is_refused_at_once_on_load_and_on_reload() {
+        let files = Files::new();
+        let (dir, cert_path, key_path) = (files.dir(), files.cert.clone(), files.key.clone());
+        let pipe = dir.join("pipe.pem");
+        fifo(&pipe);
+        let zero = Path::new("/dev/zero");
+        let refused = |error: TlsError, path: &Path, fault: &str| {
+            assert!(matches!(error, TlsError::Read { .. }), "{error}");
+            assert_cause_said_once(&error);
+            assert_eq!(
+                Chain(&error).to_string(),
+                format!(
+                    "cannot read {}: it is {fault}, not a regular file",
+                    path.display()
+                )
+            );
+        };
+        let fifo_fault = "a FIFO (named pipe)";
+        let device_fault = "a character device";
+
+        // On load: a FIFO with no writer is refused without waiting for
+        // one, and a device that never ends is not read.
+        let error = ServerTls::load(&pipe, &key_path).expect_err("a FIFO certificate");
+        refused(error, &pipe, fifo_fault);
+        let error = ServerTls::load(&cert_path, zero).expect_err("a device key");
+        refused(error, zero, device_fault);
+
+        // On reload: the same, and the certificate served stays in force.
+        let tls = ServerTls::load(&cert_path, &key_path).expect("loads");
+        let before = served(&tls);
+        std::fs::remove_file(&cert_path).expect("removed");
+        fifo(&cert_path);
+        refused(tls.reload().expect_err("a FIFO"), &cert_path, fifo_fault);
+        assert_eq!(served(&tls), before);
+        std::fs::remove_file(&cert_path).expect("removed");
+        write(dir, "cert.pem", &files.cert_pem);
+        std::fs::remove_file(&key_path).expect("removed");
+        std::os::unix::fs::symlink(zero, &key_path).expect("a link");
+        refused(tls.reload().expect_err("a device"), &key_path, device_fault);
+        assert_eq!(served(&tls), before);
+
+        // An authority the client trusts is read the same way.
+        let error = ClientTls::new(std::slice::from_ref(&pipe)).expect_err("a FIFO authority");
+        refused(error, &pipe, fifo_fault);
+        let error = ClientTls::new(&[zero.to_owned()]).expect_err("a device authority");
+        refused(error, zero, device_fault);
+    }
+
+    #[test]
+    fn a_file_past_the_pem_bound_is_refused_unread() {
+        let files = Files::new();
+        let key_path = files.key.clone();
+        // Sparse: a gigabyte that takes no disk.
+        let large = files.dir().join("large.pem");
+        std::fs::File::create(&large)
+            .expect("created")
+            .set_len(1 << 30)
+            .expect("grown");
+        let error = ServerTls::load(&large, &key_path).expect_err("too large");
+        assert!(
+            matches!(
+                &error,
+                TlsError::Read {
+                    source: SmallFileError::TooLarge(MAX_PEM_FILE),
+                    ..
+                }
+            ),
+            "{error}"
+        );
         assert_cause_said_once(&error);
     }
 

@@ -546,7 +546,7 @@ mod tests {
         };
         let roots = DialError::Roots(TlsError::Read {
             path: "/nowhere/ca.pem".into(),
-            source: io::Error::from(io::ErrorKind::NotFound),
+            source: io::Error::from(io::ErrorKind::NotFound).into(),
         });
         let errors: [&(dyn Error + 'static); 6] = [
             &tcp,

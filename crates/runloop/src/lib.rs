@@ -15,9 +15,10 @@
 //!
 //! ```text
 //! proto      runloop-proto    what every byte means (no I/O)
-//! limits, tls, transport
+//! limits, tls, transport, small_file
 //!            runloop-wire     the framed connection's socket: limits, the
-//!                             writer, dialling and accepting, TLS
+//!                             writer, dialling and accepting, TLS, the
+//!                             operator's files read within a bound
 //! client     runloop-client   the caller: connection, runs, loops
 //! metrics, admin
 //!            runloop-metrics  the counts of the server and the proxy, and
@@ -56,7 +57,7 @@ pub use runloop_runtime as runtime;
 #[doc(inline)]
 pub use runloop_server as server;
 #[doc(inline)]
-pub use runloop_wire::{limits, tls, transport};
+pub use runloop_wire::{limits, small_file, tls, transport};
 
 /// The README's Rust examples, compiled and run as doctests.
 #[doc = include_str!("../../../README.md")]

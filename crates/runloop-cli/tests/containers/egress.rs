@@ -21,9 +21,10 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use runloop_testkit::process::KillOnDrop;
 use runloop_testkit::uplink::Uplink;
 
 use super::images::Images;
@@ -112,7 +113,7 @@ pub fn run_addresses(keys: &[String]) -> BTreeMap<String, String> {
 /// A fake internet at 198.51.100.(4·slot+2) ([`Uplink`]), with the hog
 /// serving on every address of it.
 pub struct Internet {
-    service: Child,
+    _service: KillOnDrop,
     /// `ADDRESS:PORT` of its service.
     pub target: String,
     // Dropped after the service is killed.
@@ -139,7 +140,7 @@ impl Internet {
             .spawn()
             .expect("the internet's service starts");
         let internet = Internet {
-            service,
+            _service: KillOnDrop(service),
             target: format!("{}:{port}", uplink.far),
             _uplink: uplink,
         };
@@ -155,13 +156,6 @@ impl Internet {
             "the internet's service did not listen"
         );
         internet
-    }
-}
-
-impl Drop for Internet {
-    fn drop(&mut self) {
-        let _ = self.service.kill();
-        let _ = self.service.wait();
     }
 }
 

@@ -14,11 +14,12 @@
 //! - a container holds no kernel key of its host user (a keyring each
 //!   capped a host near 200 containers).
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use runloop_testkit::command;
 use serde_json::Value;
 
 use super::images::Images;
@@ -456,10 +457,7 @@ fn stopped_servers_leave_nothing(flags: &[&str]) {
         server.log()
     );
     let mut run = caller(&server.url, &demo, "slow demo:pace=400 a b c d e f g h i j");
-    let mut first = String::new();
-    BufReader::new(run.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("a first chunk");
+    let first = command::first_line(&mut run);
     assert!(first.contains("chunk"), "{first}");
     let mut child = server.take().expect("running");
     signal(&child, "TERM");

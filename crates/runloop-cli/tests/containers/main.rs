@@ -19,7 +19,6 @@ mod registry;
 mod warm;
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
@@ -28,6 +27,7 @@ use std::sync::atomic::Ordering;
 use images::Images;
 use registry::LocalRegistry;
 use runloop_oci::layout::Layout;
+use runloop_testkit::command;
 use serde_json::{Value, json};
 
 /// The OCI runtime the suite runs under: `RUNLOOP_TEST_OCI_RUNTIME`
@@ -147,9 +147,7 @@ impl Server {
             .stderr(fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("serve starts");
-        let mut url = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        BufReader::new(stdout).read_line(&mut url).expect("reads");
+        let url = command::first_line(&mut child);
         let server = Server {
             child: Mutex::new(Some(child)),
             url: url.trim().to_owned(),
@@ -712,10 +710,7 @@ fn a_server_killed_mid_run_is_cleaned_up_by_the_next_one() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("run starts");
-    let mut first = String::new();
-    BufReader::new(caller.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("a first chunk");
+    let first = command::first_line(&mut caller);
     assert!(first.contains("chunk"), "{first}");
     let keys = server.keys();
     assert_eq!(keys.len(), 1);
@@ -1129,10 +1124,7 @@ fn a_store_the_containers_cannot_reach_is_refused_at_startup_with_its_fix() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("serve runs");
-    let mut url = String::new();
-    BufReader::new(serve.stdout.take().expect("stdout"))
-        .read_line(&mut url)
-        .expect("reads");
+    let url = command::first_line(&mut serve);
     if !url.is_empty() {
         let _ = serve.kill();
         let _ = serve.wait();

@@ -69,7 +69,7 @@ fn callers_are_served_during_a_slowloris_from_another_address() {
     assert!(ok * 10 >= tries * 9, "served {ok} of {tries}");
 }
 
-/// `runloop serve ARGS…` under `ulimit -n NOFILE`, its log drained.
+/// `runloop serve` under `ulimit -n NOFILE`, its log drained.
 struct Limited {
     child: std::process::Child,
     url: String,
@@ -77,19 +77,16 @@ struct Limited {
 }
 
 impl Limited {
-    fn start(nofile: u32, args: &str) -> Limited {
-        let mut child = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "ulimit -n {nofile} && exec \"$0\" serve --listen 127.0.0.1:0 {args}"
-            ))
-            .arg(env!("CARGO_BIN_EXE_runloop"))
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("sh runs");
-        let url = command::url(&mut child);
+    /// With `--max-connections`, `--max-unauthorized` and
+    /// `--max-connections-per-address` as given, and ten runs and ten
+    /// loops an identity: 64 + connections + unauthorized + 4 × 10 + 4 ×
+    /// 10 descriptors at most.
+    fn start(nofile: u32, connections: u32, unauthorized: u32, per_address: u32) -> Limited {
+        let args = format!(
+            "--max-connections {connections} --max-unauthorized {unauthorized} --max-runs 10 \
+             --max-loops-per-identity 10 --max-connections-per-address {per_address}"
+        );
+        let (mut child, url) = command::serve_under(&[&format!("-n {nofile}")], "warn", &args);
         let log = command::drain(child.stderr.take().expect("stderr"));
         Limited { child, url, log }
     }
@@ -108,11 +105,7 @@ fn silent_sockets_past_the_limits_hold_no_descriptors() {
     // 64 + 100 + 50 + 4 × 10 + 4 × 10 = 294 descriptors at most, in 512;
     // one address holds fewer than all the places of connections not yet
     // authorized.
-    let server = Limited::start(
-        512,
-        "--max-connections 100 --max-unauthorized 50 --max-runs 10 \
-         --max-loops-per-identity 10 --max-connections-per-address 16",
-    );
+    let server = Limited::start(512, 100, 50, 16);
     let url = &server.url;
     let to: SocketAddr = url.trim_start_matches("ws://").parse().expect("an address");
     runtime().block_on(async {
@@ -141,11 +134,7 @@ fn silent_sockets_past_the_limits_hold_no_descriptors() {
 #[test]
 fn past_max_connections_under_a_small_nofile_callers_get_1013() {
     // 64 + 40 + 20 + 4 × 10 + 4 × 10 = 204 descriptors at most, in 256.
-    let server = Limited::start(
-        256,
-        "--max-connections 40 --max-unauthorized 20 --max-runs 10 \
-         --max-loops-per-identity 10 --max-connections-per-address 100",
-    );
+    let server = Limited::start(256, 40, 20, 100);
     let url = &server.url;
     runtime().block_on(async {
         let mut clients = Vec::new();

@@ -10,11 +10,10 @@
 //! a figure of `benches/figures/`:
 //! `cargo bench -p runloop-cli --bench figures -- budget`.
 
-use futures_util::StreamExt;
-use runloop::client::{Client, Event};
+use runloop::client::Client;
 use runloop::proto::run_loop::Outcome;
 use runloop_testkit::command::{Serve, request};
-use runloop_testkit::loads::{MIB, cgroups, exec_runs, refusal, runtime};
+use runloop_testkit::loads::{MIB, cgroups, exec_runs, held_loops, loop_refusal, refusal, runtime};
 
 #[test]
 fn a_run_over_the_largest_memory_or_disk_is_refused_naming_the_limit() {
@@ -86,21 +85,15 @@ fn runs_past_max_runs_or_the_memory_budget_are_refused_and_their_places_come_bac
     });
 }
 
+/// `runloop serve` with the tokens `alice` and `bob`, and `limits`.
+fn alice_and_bob(limits: &[&str]) -> Serve {
+    let tokens = ["--token", "alice", "--token", "bob"];
+    Serve::start("error", &[&tokens[..], limits].concat())
+}
+
 #[test]
 fn one_token_cannot_hold_every_run() {
-    let server = Serve::start(
-        "error",
-        &[
-            "--token",
-            "alice",
-            "--token",
-            "bob",
-            "--max-runs",
-            "4",
-            "--max-runs-per-identity",
-            "2",
-        ],
-    );
+    let server = alice_and_bob(&["--max-runs", "4", "--max-runs-per-identity", "2"]);
     runtime().block_on(async {
         let alice = Client::connect(&server.url, "alice")
             .await
@@ -133,17 +126,7 @@ fn one_token_cannot_hold_every_run() {
 
 #[test]
 fn one_token_cannot_hold_every_loop() {
-    let server = Serve::start(
-        "error",
-        &[
-            "--token",
-            "alice",
-            "--token",
-            "bob",
-            "--max-loops-per-identity",
-            "2",
-        ],
-    );
+    let server = alice_and_bob(&["--max-loops-per-identity", "2"]);
     runtime().block_on(async {
         let alice = Client::connect(&server.url, "alice")
             .await
@@ -154,26 +137,11 @@ fn one_token_cannot_hold_every_loop() {
         }
         // Two loops of two runs, each a few seconds long; a chunk of each
         // shows that the server relays them.
-        let mut held = Vec::new();
-        for run in &runs[..2] {
-            let mut held_loop = run.run_loop("held demo:pace=250");
-            match held_loop.next().await {
-                Some(Event::Chunk { .. }) => {}
-                other => panic!("alice's loop is not relayed: {other:?}"),
-            }
-            held.push(held_loop);
-        }
+        let held = held_loops(&runs[..2], "held demo:pace=250").await;
         let refused =
             "tenant token #1 holds as many loops as it may (max-loops 2); try again later";
         // A third, on the third run: no loop ran, and the error says why.
-        let events: Vec<Event> = runs[2].run_loop("a third").collect().await;
-        match &events[..] {
-            [Event::Error(error), Event::End(Outcome::NoLoop(_))] => {
-                assert_eq!(error.0["kind"], "policy", "{error:?}");
-                assert_eq!(error.0["error"], refused, "{error:?}");
-            }
-            other => panic!("the third loop: {other:?}"),
-        }
+        assert_eq!(loop_refusal(&runs[2], "a third").await, refused);
         // A second connection of the same token is the same identity.
         let alice_again = Client::connect(&server.url, "alice")
             .await

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use assert_cmd::Command;
+use crate::{exits_2_saying, runloop, runloop_output};
 use futures_util::{SinkExt, StreamExt};
 use runloop::runtime::{Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig};
@@ -25,12 +25,6 @@ use tokio::runtime::Runtime;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
-
-fn runloop() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_runloop"));
-    command.env_remove("RUNLOOP_TOKEN");
-    command
-}
 
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -174,10 +168,7 @@ fn the_projects_server_passes_every_case() {
 fn a_wrong_token_is_one_line_then_the_summary_and_exits_2() {
     let runtime = runtime();
     let url = conformant_server(&runtime);
-    let output = runloop()
-        .args(["check", "--url", &url, "--token", "not-the-secret"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["check", "--url", &url, "--token", "not-the-secret"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(2), "{stdout}");
     let lines: Vec<&str> = stdout.lines().collect();
@@ -202,17 +193,14 @@ fn a_wrong_token_is_one_line_then_the_summary_and_exits_2() {
         "{stdout}"
     );
 
-    let output = runloop()
-        .args([
-            "check",
-            "--json",
-            "--url",
-            &url,
-            "--token",
-            "not-the-secret",
-        ])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&[
+        "check",
+        "--json",
+        "--url",
+        &url,
+        "--token",
+        "not-the-secret",
+    ]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(2), "{stdout}");
     let lines = json_lines(&output.stdout);
@@ -246,12 +234,7 @@ fn bad_arguments_exit_2() {
         &["check", "--timeout", "0"],
         &["check", "--agent", "{"],
     ] {
-        runloop()
-            .args(args)
-            .assert()
-            .code(2)
-            .stdout("")
-            .stderr(predicates::str::contains("invalid value"));
+        exits_2_saying(args, "invalid value");
     }
 }
 
@@ -407,12 +390,17 @@ async fn serve(mut ws: WebSocketStream<TcpStream>, flaw: Flaw, ids: &AtomicU64) 
 fn check_against(flaw: Flaw) -> (Option<i32>, String) {
     let runtime = runtime();
     let url = hand_written_server(&runtime, flaw);
-    let output = runloop()
-        .args(["check", "--url", &url, "--timeout", "3"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["check", "--url", &url, "--timeout", "3"]);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     (output.status.code(), stdout)
+}
+
+/// `runloop check` against a server with `flaw`, which fails it (exit
+/// code 1): what it printed.
+fn failed_against(flaw: Flaw) -> String {
+    let (code, stdout) = check_against(flaw);
+    assert_eq!(code, Some(1), "{stdout}");
+    stdout
 }
 
 /// The line of the case named `name`.
@@ -452,8 +440,7 @@ fn a_minimal_hand_written_server_passes_and_its_open_door_is_noted() {
 
 #[test]
 fn a_chunk_after_the_error_fails_the_run_loop_case() {
-    let (code, stdout) = check_against(Flaw::ChunkAfterError);
-    assert_eq!(code, Some(1), "{stdout}");
+    let stdout = failed_against(Flaw::ChunkAfterError);
     assert_eq!(
         line(&stdout, "a run-loop's response sequence is valid"),
         "FAIL  protocol §7   a run-loop's response sequence is valid: broken after 0 chunks: a response \
@@ -472,8 +459,7 @@ fn a_chunk_after_the_error_fails_the_run_loop_case() {
 
 #[test]
 fn an_error_for_an_unknown_endpoint_fails_the_bare_finish_case() {
-    let (code, stdout) = check_against(Flaw::ErrorForUnknownEndpoint);
-    assert_eq!(code, Some(1), "{stdout}");
+    let stdout = failed_against(Flaw::ErrorForUnknownEndpoint);
     assert_eq!(
         line(&stdout, "unknown endpoint tag 200 gets a bare finish"),
         "FAIL  protocol §4   unknown endpoint tag 200 gets a bare finish: expected the finish of scope 1, \
@@ -503,8 +489,7 @@ fn an_error_for_an_unknown_endpoint_fails_the_bare_finish_case() {
 
 #[test]
 fn a_stop_that_is_never_answered_fails_on_the_timeout() {
-    let (code, stdout) = check_against(Flaw::NoFinishOnStop);
-    assert_eq!(code, Some(1), "{stdout}");
+    let stdout = failed_against(Flaw::NoFinishOnStop);
     let stop = line(&stdout, "stop is answered by the scope's finish alone");
     assert!(
         stop.starts_with("FAIL  protocol §6   ")

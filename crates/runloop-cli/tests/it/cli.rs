@@ -1,13 +1,9 @@
 //! The `runloop` binary's shape: help for every subcommand, exit code 2 for
 //! bad arguments, and the schema document.
 
-use assert_cmd::Command;
+use crate::{exits_2_saying, runloop, runloop_output, stdout_of};
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn runloop() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_runloop"))
-}
 
 const SUBCOMMANDS: [&str; 10] = [
     "run",
@@ -64,12 +60,7 @@ fn bad_arguments_exit_2_with_usage_on_stderr() {
         &["decode", "a", "b"],
         &["schema", "extra"],
     ] {
-        runloop()
-            .args(args)
-            .assert()
-            .code(2)
-            .stdout("")
-            .stderr(predicate::str::contains("Usage: runloop"));
+        exits_2_saying(args, "Usage: runloop");
     }
 }
 
@@ -88,13 +79,7 @@ fn git(args: &[&str]) -> Option<String> {
 
 #[test]
 fn version_names_the_commit_it_was_built_from() {
-    let output = runloop()
-        .arg("--version")
-        .assert()
-        .code(0)
-        .get_output()
-        .clone();
-    let version = String::from_utf8(output.stdout).expect("UTF-8");
+    let version = stdout_of(&["--version"]);
     let expected = format!("runloop {}", env!("CARGO_PKG_VERSION"));
     match git(&["log", "-1", "--format=%h %cs"]) {
         // Built from this checkout: the commit and its date. (A build from
@@ -118,35 +103,22 @@ fn completions_for_each_shell() {
         ("fish", "complete -c runloop", "-l capture"),
         ("powershell", "Register-ArgumentCompleter", "--capture"),
     ] {
-        let output = runloop()
-            .args(["completions", shell])
-            .assert()
-            .code(0)
-            .stderr("")
-            .get_output()
-            .clone();
-        let script = String::from_utf8(output.stdout).expect("UTF-8");
+        let script = stdout_of(&["completions", shell]);
         assert!(script.contains(marker), "{shell}: {script}");
         // Made from the arguments: subcommands and their flags are in it.
         for word in ["decode", capture, "payloads"] {
             assert!(script.contains(word), "{shell} lacks {word}");
         }
     }
-    runloop()
-        .args(["completions", "tcsh"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains(
-            "possible values: bash, zsh, fish, powershell",
-        ));
+    exits_2_saying(
+        &["completions", "tcsh"],
+        "possible values: bash, zsh, fish, powershell",
+    );
 }
 
 #[test]
 fn bash_accepts_its_completion_script() {
-    let output = runloop()
-        .args(["completions", "bash"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["completions", "bash"]);
     let dir = tempfile::tempdir().expect("a scratch directory");
     let script = dir.path().join("runloop.bash");
     std::fs::write(&script, &output.stdout).expect("written");
@@ -169,16 +141,7 @@ fn bash_accepts_its_completion_script() {
 
 #[test]
 fn man_pages() {
-    let page = |args: &[&str]| {
-        let output = runloop()
-            .args(args)
-            .assert()
-            .code(0)
-            .stderr("")
-            .get_output()
-            .clone();
-        String::from_utf8(output.stdout).expect("UTF-8")
-    };
+    let page = stdout_of;
     let main = page(&["man"]);
     assert!(main.contains(".TH runloop 1"), "{main}");
     assert!(main.contains("decode"), "{main}");
@@ -258,14 +221,8 @@ fn refs<'a>(value: &'a Value, found: &mut Vec<&'a str>) {
 
 #[test]
 fn schema_is_one_json_schema_document_with_the_ten_kinds() {
-    let output = runloop()
-        .arg("schema")
-        .assert()
-        .code(0)
-        .stderr("")
-        .get_output()
-        .clone();
-    let schema: Value = serde_json::from_slice(&output.stdout).expect("the schema is JSON");
+    let text = stdout_of(&["schema"]);
+    let schema: Value = serde_json::from_str(&text).expect("the schema is JSON");
     assert_eq!(
         schema["$schema"],
         "https://json-schema.org/draft/2020-12/schema"
@@ -329,10 +286,7 @@ fn schema_is_one_json_schema_document_with_the_ten_kinds() {
         );
     }
     // Unknown members are tolerated, so no kind forbids them.
-    assert!(!output_contains(
-        &output.stdout,
-        "\"additionalProperties\": false"
-    ));
+    assert!(!text.contains("\"additionalProperties\": false"));
 
     // The error value is any JSON value: no constraint at all.
     let error = defs["Error"].as_object().expect("$defs/Error");
@@ -351,8 +305,4 @@ fn schema_is_one_json_schema_document_with_the_ten_kinds() {
         let name = target.strip_prefix("#/$defs/").expect("a local reference");
         assert!(defs.get(name).is_some(), "{target} does not resolve");
     }
-}
-
-fn output_contains(bytes: &[u8], needle: &str) -> bool {
-    String::from_utf8_lossy(bytes).contains(needle)
 }

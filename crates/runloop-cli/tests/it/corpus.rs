@@ -6,23 +6,14 @@
 //! (typescript/test/corpus.test.ts) are held to the same files.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 
 use runloop_testkit::command::{run, runloop, url};
+use runloop_testkit::process::KillOnDrop;
 use serde_json::Value;
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../corpus")
-}
-
-/// `runloop __replay` over the corpus, killed when the test ends.
-struct Replay(Child);
-
-impl Drop for Replay {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Object members whose value is `null` removed, everywhere: an absent
@@ -107,17 +98,22 @@ fn check_case(base: &str, name: &str, expected: &Value) {
     }
 }
 
-#[test]
-fn the_rust_client_reads_every_case_of_the_corpus_as_expected() {
+/// `runloop __replay` over the corpus, killed when the test ends, and the
+/// URL it serves the cases under.
+fn replay() -> (KillOnDrop, String) {
     let mut child = runloop()
         .args(["__replay"])
         .arg(corpus())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
         .spawn()
         .expect("runloop __replay starts");
     let base = url(&mut child);
-    let mut replay = Replay(child);
+    (KillOnDrop(child), base)
+}
+
+#[test]
+fn the_rust_client_reads_every_case_of_the_corpus_as_expected() {
+    let (mut replay, base) = replay();
     let mut names: Vec<String> = std::fs::read_dir(corpus())
         .expect("the corpus")
         .filter_map(|entry| {
@@ -133,19 +129,12 @@ fn the_rust_client_reads_every_case_of_the_corpus_as_expected() {
         check_case(&base, name, &expected);
     }
     // The replay served every case without a client going astray.
-    assert!(replay.0.try_wait().expect("waitable").is_none());
+    assert!(replay.try_wait().expect("waitable").is_none());
 }
 
 #[test]
 fn an_unknown_case_is_refused_before_the_upgrade() {
-    let mut child = runloop()
-        .args(["__replay"])
-        .arg(corpus())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("runloop __replay starts");
-    let base = url(&mut child);
-    let _replay = Replay(child);
+    let (_replay, base) = replay();
     let (status, _, stderr) = run(&["run", "--url", &format!("{base}/no_such_case"), "hi"]);
     assert_ne!(status.code(), Some(0));
     assert!(stderr.contains("404"), "{stderr}");

@@ -1,12 +1,8 @@
 //! `runloop decode`, run as a built binary on hand-written captures: the
 //! exact JSON lines it prints and the exit code it ends with.
 
-use assert_cmd::Command;
+use crate::{exits_2_saying, runloop};
 use serde_json::Value;
-
-fn runloop() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_runloop"))
-}
 
 /// One capture line, the header spelled out and the payload in hex.
 fn line(direction: char, frame_type: u8, scope: u32, channel: u32, payload: &[u8]) -> String {
@@ -28,6 +24,16 @@ fn run(scope: u32) -> Vec<String> {
         line('>', 1, scope, 0, b"\x00{\"agent\":{}}"),
         line('<', 2, scope, 0, b"\x00{\"id\":\"r\"}"),
     ]
+}
+
+/// A capture's lines up to the run ids: the authorization, then a run on
+/// each of `scopes`.
+fn runs(scopes: &[u32]) -> Vec<String> {
+    let mut lines = vec![AUTHORIZATION.to_owned()];
+    for &scope in scopes {
+        lines.extend(run(scope));
+    }
+    lines
 }
 
 fn loop_request(scope: u32, channel: u32) -> String {
@@ -53,8 +59,7 @@ fn finish(scope: u32, channel: u32) -> String {
 /// A capture with one run on scope 1 and one loop on channel 1, whose
 /// responses are `responses`.
 fn one_loop(responses: &[String]) -> String {
-    let mut lines = vec![AUTHORIZATION.to_owned()];
-    lines.extend(run(1));
+    let mut lines = runs(&[1]);
     lines.push(loop_request(1, 1));
     lines.extend_from_slice(responses);
     lines.join("\n") + "\n"
@@ -175,9 +180,7 @@ fn times_come_first_and_lines_without_one_still_read() {
 
 #[test]
 fn scope_and_channel_keep_the_lines_of_one_loop() {
-    let mut lines = vec![AUTHORIZATION.to_owned()];
-    lines.extend(run(1));
-    lines.extend(run(2));
+    let mut lines = runs(&[1, 2]);
     lines.push(loop_request(1, 1));
     lines.push(loop_request(2, 1));
     lines.push(chunk(1, 1, TEXT));
@@ -241,8 +244,7 @@ fn render_shows_a_capture_as_run_does() {
         "Hello\nusage: 11 tokens (9 prompt, 2 completion)\nthe loop finished\n"
     );
     // Two loops, interleaved: a heading where the lines turn to another.
-    let mut lines = vec![AUTHORIZATION.to_owned()];
-    lines.extend(run(1));
+    let mut lines = runs(&[1]);
     lines.push(loop_request(1, 1));
     lines.push(loop_request(1, 2));
     lines.push(chunk(1, 1, TEXT));
@@ -264,14 +266,7 @@ fn render_shows_a_capture_as_run_does() {
 #[test]
 fn an_input_that_is_not_a_capture_is_refused_once() {
     let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
-    runloop()
-        .args(["decode", readme])
-        .assert()
-        .code(2)
-        .stdout("")
-        .stderr(predicates::str::contains(
-            " is not a capture: none of its first ",
-        ))
+    exits_2_saying(&["decode", readme], " is not a capture: none of its first ")
         .stderr(predicates::str::contains('\n').count(1));
     // The JSON of a decode, fed back by mistake.
     let output = runloop().args(["decode", FINISHED]).output().expect("runs");
@@ -386,9 +381,7 @@ fn a_scope_finish_breaks_the_loops_still_open_in_it() {
 
 #[test]
 fn several_channels_exit_with_the_first_opened_that_did_not_finish() {
-    let mut lines = vec![AUTHORIZATION.to_owned()];
-    lines.extend(run(1));
-    lines.extend(run(2));
+    let mut lines = runs(&[1, 2]);
     // Opened in this order: 1/5, 2/3, 1/3 (numbers are per scope).
     lines.push(loop_request(1, 5));
     lines.push(loop_request(2, 3));
@@ -413,8 +406,7 @@ fn several_channels_exit_with_the_first_opened_that_did_not_finish() {
     );
 
     // All of them finished: 0.
-    let mut lines = vec![AUTHORIZATION.to_owned()];
-    lines.extend(run(1));
+    let mut lines = runs(&[1]);
     for channel in [1, 2] {
         lines.push(loop_request(1, channel));
         lines.push(chunk(1, channel, TEXT));
@@ -483,8 +475,7 @@ fn chunk_json_is_printed_as_it_came() {
 
 #[test]
 fn a_capture_without_any_loop_exits_3_with_a_note() {
-    let mut lines = vec![AUTHORIZATION.to_owned()];
-    lines.extend(run(1));
+    let mut lines = runs(&[1]);
     lines.push(line('<', 3, 1, 0, b""));
     runloop()
         .arg("decode")
@@ -609,13 +600,8 @@ fn payloads_mode_quotes_the_payload_that_did_not_parse() {
 
 #[test]
 fn an_unreadable_file_fails_with_2_and_one_message() {
-    runloop()
-        .args(["decode", "/nonexistent/capture.txt"])
-        .assert()
-        .code(2)
-        .stdout("")
-        .stderr(predicates::str::starts_with(
-            "runloop: cannot read /nonexistent/capture.txt: ",
-        ))
+    let said = "runloop: cannot read /nonexistent/capture.txt: ";
+    exits_2_saying(&["decode", "/nonexistent/capture.txt"], said)
+        .stderr(predicates::str::starts_with(said))
         .stderr(predicates::str::contains('\n').count(1));
 }

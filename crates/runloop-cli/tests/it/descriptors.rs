@@ -63,16 +63,11 @@ fn every_identity_s_loops_are_counted() {
 fn the_soft_limit_is_raised_to_the_hard_one() {
     // 700 connections, 200 not yet authorized, 7 runs and 7 loops fit in
     // 1024 descriptors, not in a soft limit of 256.
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -Sn 256 && ulimit -Hn 1024 && exec \"$0\" serve --listen 127.0.0.1:0 --max-connections 700 --max-unauthorized 200 --max-runs 7 --max-loops-per-identity 7")
-        .arg(env!("CARGO_BIN_EXE_runloop"))
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("sh runs");
-    command::url(&mut child);
+    let (mut child, _) = command::serve_under(
+        &["-Sn 256", "-Hn 1024"],
+        "error",
+        "--max-connections 700 --max-unauthorized 200 --max-runs 7 --max-loops-per-identity 7",
+    );
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).expect("limits");
     let open_files = limits
         .lines()

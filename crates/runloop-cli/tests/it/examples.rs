@@ -10,11 +10,11 @@
 //! them), and the Rust one built (`cargo test --workspace` builds it; alone:
 //! `cargo build -p runloop --example echo_agent`).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
-use runloop_testkit::{Part, document, needs};
+use runloop_testkit::process::KillOnDrop;
+use runloop_testkit::{Part, command, document, needs};
 use serde_json::{Value, json};
 
 /// Where the guide's `runloop serve` listens (its default address).
@@ -99,7 +99,7 @@ fn transcript() -> Vec<Shown> {
 
 /// `runloop serve` on a loopback port with one agent; killed when dropped.
 struct Served {
-    child: Child,
+    _child: KillOnDrop,
     url: String,
 }
 
@@ -119,15 +119,11 @@ impl Served {
             .stderr(Stdio::null())
             .spawn()
             .expect("runloop serve starts");
-        let mut url = String::new();
-        let stdout = child.stdout.take().expect("its stdout");
-        BufReader::new(stdout)
-            .read_line(&mut url)
-            .expect("it prints its URL");
+        let url = command::first_line(&mut child);
         assert!(url.starts_with("ws://"), "{spec}: {url:?}");
         Served {
-            child,
-            url: url.trim().to_owned(),
+            _child: KillOnDrop(child),
+            url,
         }
     }
 
@@ -143,18 +139,7 @@ impl Served {
             .current_dir(root())
             .output()
             .expect("runloop run runs");
-        (
-            output.status.code(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::said(&output)
     }
 }
 

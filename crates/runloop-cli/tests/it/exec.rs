@@ -46,12 +46,23 @@ fn eventually_dead(pid: u32) -> bool {
     false
 }
 
-/// A server with one open run of `escapes.py`; the pids of its program and
-/// of the program's child that left the session.
-fn server_with_an_escaping_run(
-    runtime: &tokio::runtime::Runtime,
-    pidfile: &std::path::Path,
-) -> (Serve, Client, (u32, u32)) {
+/// A server with one open run of `escapes.py`, and what keeps the run
+/// open (its connection, the connection's runtime).
+struct EscapingRun {
+    _client: Client,
+    server: Serve,
+    /// The pid of the run's program.
+    program: u32,
+    /// The pid of the program's child that left the session.
+    escaped: u32,
+    _runtime: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+fn server_with_an_escaping_run() -> EscapingRun {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let pidfile = dir.path().join("pids");
     let agent = format!(
         "esc=exec:python3 {} {}",
         fixture("escapes.py"),
@@ -70,7 +81,14 @@ fn server_with_an_escaping_run(
         .split_whitespace()
         .map(|p| p.parse().expect("a pid"))
         .collect();
-    (server, client, (pids[0], pids[1]))
+    EscapingRun {
+        _client: client,
+        server,
+        program: pids[0],
+        escaped: pids[1],
+        _runtime: runtime,
+        _dir: dir,
+    }
 }
 
 #[test]
@@ -78,12 +96,10 @@ fn nothing_of_a_run_outlives_the_server_s_exit() {
     if !cgroups() {
         return;
     }
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let dir = tempfile::tempdir().expect("a scratch directory");
-    let pidfile = dir.path().join("pids");
-    let (server, _client, (program, escaped)) = server_with_an_escaping_run(&runtime, &pidfile);
+    let run = server_with_an_escaping_run();
+    let (program, escaped) = (run.program, run.escaped);
     assert!(alive(program) && alive(escaped));
-    assert_eq!(server.terminate().code(), Some(0));
+    assert_eq!(run.server.terminate().code(), Some(0));
     assert!(eventually_dead(program), "the program is gone");
     assert!(
         eventually_dead(escaped),
@@ -96,12 +112,10 @@ fn the_next_start_removes_what_a_killed_server_left() {
     if !cgroups() {
         return;
     }
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let dir = tempfile::tempdir().expect("a scratch directory");
-    let pidfile = dir.path().join("pids");
-    let (mut killed, _client, (program, escaped)) = server_with_an_escaping_run(&runtime, &pidfile);
-    let killed_pid = killed.pid();
-    killed.kill();
+    let mut run = server_with_an_escaping_run();
+    let (program, escaped) = (run.program, run.escaped);
+    let killed_pid = run.server.pid();
+    run.server.kill();
     assert!(
         eventually_dead(program),
         "the program dies with the server (PR_SET_PDEATHSIG)"
@@ -110,22 +124,18 @@ fn the_next_start_removes_what_a_killed_server_left() {
         alive(escaped),
         "what remains possible: a child that left the session outlives a killed server"
     );
-    let left = std::fs::read_dir("/sys/fs/cgroup/memory/runloop-exec")
-        .map(|dirs| {
+    // Under cgroup v1's memory hierarchy, or v2's one.
+    let holds_its_runs = |root: &str| {
+        std::fs::read_dir(root).is_ok_and(|dirs| {
             dirs.flatten().any(|d| {
                 d.file_name()
                     .to_string_lossy()
                     .starts_with(&format!("{killed_pid}."))
             })
         })
-        .unwrap_or(false)
-        || std::fs::read_dir("/sys/fs/cgroup/runloop-exec").is_ok_and(|dirs| {
-            dirs.flatten().any(|d| {
-                d.file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("{killed_pid}."))
-            })
-        });
+    };
+    let left = holds_its_runs("/sys/fs/cgroup/memory/runloop-exec")
+        || holds_its_runs("/sys/fs/cgroup/runloop-exec");
     assert!(left, "the killed server's cgroup is still there");
 
     // The next server with an exec entry removes it before it serves.

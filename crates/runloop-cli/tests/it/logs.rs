@@ -2,7 +2,7 @@
 //! processes log while one caller is served and another refused, and
 //! neither credential anywhere in it, as text or as hex.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::process::{Command, Stdio};
 
 const ACCEPTED: &str = "tok-ACCEPTED-4be1";
@@ -31,10 +31,7 @@ fn no_credential_in_the_logs_of_serve_or_run_at_trace() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("serve starts");
-    let mut url = String::new();
-    BufReader::new(serve.stdout.take().expect("stdout"))
-        .read_line(&mut url)
-        .expect("serve prints its URL");
+    let url = runloop_testkit::command::url(&mut serve);
     let mut serve_stderr = serve.stderr.take().expect("stderr");
     let serve_logs = std::thread::spawn(move || {
         let mut logs = Vec::new();

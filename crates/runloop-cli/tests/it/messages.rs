@@ -1,39 +1,48 @@
 //! The messages that point the right way (issue 17 §3), each as a user
 //! meets it: the built binary, real sockets, a real HTTP server.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use runloop_testkit::command::{self, run};
+use runloop_testkit::process::KillOnDrop;
 
 use crate::conventions::closed_port;
 
+/// `runloop ARGS…` ends with `code`, prints nothing on stdout, and says
+/// exactly `said` on stderr.
+fn says_only(args: &[&str], code: i32, said: &str) {
+    let (status, stdout, stderr) = run(args);
+    assert_eq!(status.code(), Some(code), "{args:?}: {stderr}");
+    assert_eq!(stdout, "", "{args:?}");
+    assert_eq!(stderr, said, "{args:?}");
+}
+
+/// [`says_only`], of both `runloop run` and `runloop check` at `url`.
+fn run_and_check_say(url: &str, code: i32, said: &str) {
+    for args in [&["run", "--url", url, "hi"][..], &["check", "--url", url]] {
+        says_only(args, code, said);
+    }
+}
+
 #[test]
 fn a_capture_that_cannot_be_written_says_so() {
-    let (status, stdout, stderr) = run(&["run", "--capture", "/nonexistent/dir/c.txt", "hi"]);
-    assert_eq!(status.code(), Some(2), "{stderr}");
-    assert_eq!(stdout, "");
-    assert_eq!(
-        stderr,
-        "runloop: cannot write the capture /nonexistent/dir/c.txt: No such file or directory (os error 2)\n"
+    says_only(
+        &["run", "--capture", "/nonexistent/dir/c.txt", "hi"],
+        2,
+        "runloop: cannot write the capture /nonexistent/dir/c.txt: No such file or directory (os error 2)\n",
     );
 }
 
 #[test]
 fn a_refused_connection_is_said_once_with_a_hint() {
     let url = format!("ws://127.0.0.1:{}", closed_port());
-    for args in [&["run", "--url", &url, "hi"][..], &["check", "--url", &url]] {
-        let (status, stdout, stderr) = run(args);
-        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
-        assert_eq!(stdout, "");
-        assert_eq!(
-            stderr,
-            format!(
-                "runloop: cannot connect to {url}: Connection refused (os error 111): is a server listening there?\n"
-            ),
-            "{args:?}"
-        );
-    }
+    run_and_check_say(
+        &url,
+        2,
+        &format!(
+            "runloop: cannot connect to {url}: Connection refused (os error 111): is a server listening there?\n"
+        ),
+    );
 }
 
 #[test]
@@ -43,24 +52,18 @@ fn a_url_that_is_not_a_websocket_url_gets_the_one_meant() {
         ("https://provider.example", "wss://provider.example"),
         ("127.0.0.1:7878", "ws://127.0.0.1:7878"),
     ] {
-        for args in [&["run", "--url", url, "hi"][..], &["check", "--url", url]] {
-            let (status, stdout, stderr) = run(args);
-            assert_eq!(status.code(), Some(2), "{args:?}");
-            assert_eq!(stdout, "");
-            assert_eq!(
-                stderr,
-                format!(
-                    "runloop: \"{url}\" is not a WebSocket URL: write {meant} (wss:// for TLS)\n"
-                )
-            );
-        }
+        run_and_check_say(
+            url,
+            2,
+            &format!("runloop: \"{url}\" is not a WebSocket URL: write {meant} (wss:// for TLS)\n"),
+        );
     }
 }
 
 /// An HTTP server made with Python's `http.server`, which answers every GET
 /// — a WebSocket upgrade included — with 404, in HTTP `version`.
 struct HttpServer {
-    child: Child,
+    _child: KillOnDrop,
     port: u16,
 }
 
@@ -86,22 +89,15 @@ impl HttpServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("python3 runs (apt-get install python3)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("it says its port");
+        let line = command::first_line(&mut child);
         let port = line
             .trim()
             .parse()
             .unwrap_or_else(|_| panic!("no port in {line:?}"));
-        HttpServer { child, port }
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        HttpServer {
+            _child: KillOnDrop(child),
+            port,
+        }
     }
 }
 
@@ -121,16 +117,8 @@ fn an_http_server_that_is_not_a_runloop_server_is_named_as_such() {
     for (version, why) in expected {
         let server = HttpServer::start(version);
         let url = format!("ws://127.0.0.1:{}", server.port);
-        for args in [&["run", "--url", &url, "hi"][..], &["check", "--url", &url]] {
-            let (status, stdout, stderr) = run(args);
-            assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
-            assert_eq!(stdout, "");
-            assert_eq!(
-                stderr,
-                format!("runloop: {url} is not a runloop server: {why}\n"),
-                "HTTP/{version} {args:?}"
-            );
-        }
+        let said = format!("runloop: {url} is not a runloop server: {why}\n");
+        run_and_check_say(&url, 2, &said);
     }
 }
 
@@ -204,9 +192,12 @@ fn a_program_that_never_listens_is_asked_about_its_port_within_the_startup_timeo
     );
 }
 
-/// An agent program whose stream is `EVENTS` (a Python list of bytes):
-/// each is written as one HTTP chunk of the /run body; then `AFTER` (a
-/// Python statement) runs before the body's end.
+/// An agent program whose `/run` handler runs `BEFORE` (a Python
+/// statement) before it answers — a statement that raises makes Python's
+/// `http.server` close the connection with no status line, as a typo in a
+/// handler does — then streams `EVENTS` (a Python list of bytes), each
+/// written as one HTTP chunk of the body; then `AFTER` (a Python
+/// statement) runs before the body's end.
 const SCRIPTED_AGENT: &str = r#"
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -221,6 +212,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        exec(BEFORE)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -238,8 +230,28 @@ class Handler(BaseHTTPRequestHandler):
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
 "#;
 
-/// A server whose one image is an exec agent that sends `events` (Python
-/// bytes literals), in a scratch directory that lives as long as it.
+/// A server at `level` whose one image is [`SCRIPTED_AGENT`] with the
+/// Python statements `before` and `after` around `events` (Python bytes
+/// literals), in a scratch directory that lives as long as it.
+fn agent_server(
+    level: &str,
+    before: &str,
+    events: &[&str],
+    after: &str,
+) -> (command::Serve, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let agent = dir.path().join("scripted_agent.py");
+    let program = format!(
+        "import os, time\nBEFORE = {before:?}\nEVENTS = [{}]\nAFTER = {after:?}\n{SCRIPTED_AGENT}",
+        events.join(", ")
+    );
+    std::fs::write(&agent, program).expect("written");
+    let spec = format!("demo=exec:python3 {}", agent.display());
+    let server = command::Serve::start(level, &["--agent", &spec, "--exec-disk", "unenforced"]);
+    (server, dir)
+}
+
+/// A server whose one image is an exec agent that sends `events`.
 fn scripted_server(events: &[&str]) -> (command::Serve, tempfile::TempDir) {
     scripted_server_then(events, "pass")
 }
@@ -247,16 +259,7 @@ fn scripted_server(events: &[&str]) -> (command::Serve, tempfile::TempDir) {
 /// [`scripted_server`], whose agent runs the Python statement `after`
 /// once its events are written, before its body's end.
 fn scripted_server_then(events: &[&str], after: &str) -> (command::Serve, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("a scratch directory");
-    let agent = dir.path().join("scripted_agent.py");
-    let program = format!(
-        "import os, time\nEVENTS = [{}]\nAFTER = {after:?}\n{SCRIPTED_AGENT}",
-        events.join(", ")
-    );
-    std::fs::write(&agent, program).expect("written");
-    let spec = format!("demo=exec:python3 {}", agent.display());
-    let server = command::Serve::start("error", &["--agent", &spec, "--exec-disk", "unenforced"]);
-    (server, dir)
+    agent_server("error", "pass", events, after)
 }
 
 #[test]
@@ -357,16 +360,12 @@ fn an_idle_timeout_shows_what_came_then_says_which_limit() {
         ],
         "time.sleep(30)",
     );
-    let (status, stdout, stderr) = run(&[
-        "run",
-        "--url",
-        &server.url,
-        "--idle-timeout",
-        "3",
-        "--color",
-        "never",
-        "hi",
-    ]);
+    // The loop at `--idle-timeout 3`, shown as `shown` asks.
+    let idle = |shown: &[&str]| {
+        let head = ["run", "--url", &server.url, "--idle-timeout", "3"];
+        run(&[&head[..], shown, &["hi"]].concat())
+    };
+    let (status, stdout, stderr) = idle(&["--color", "never"]);
     assert_eq!(status.code(), Some(8), "{stdout}{stderr}");
     assert_eq!(
         stdout, "looking\ntool call grep (c1): {\"pattern\": \"todo\"}\n",
@@ -376,15 +375,7 @@ fn an_idle_timeout_shows_what_came_then_says_which_limit() {
         stderr.ends_with("runloop: nothing came from the server within 3 s (--idle-timeout 3)\n"),
         "{stderr}"
     );
-    let (status, stdout, stderr) = run(&[
-        "run",
-        "--url",
-        &server.url,
-        "--idle-timeout",
-        "3",
-        "--json",
-        "hi",
-    ]);
+    let (status, stdout, stderr) = idle(&["--json"]);
     assert_eq!(status.code(), Some(8), "{stdout}{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 4, "three chunks, then the outcome: {stdout}");
@@ -392,15 +383,7 @@ fn an_idle_timeout_shows_what_came_then_says_which_limit() {
         lines[3],
         r#"{"outcome":"timeout","limit":"--idle-timeout","seconds":3.0}"#
     );
-    let (status, stdout, _) = run(&[
-        "run",
-        "--url",
-        &server.url,
-        "--idle-timeout",
-        "3",
-        "--transcript",
-        "hi",
-    ]);
+    let (status, stdout, _) = idle(&["--transcript"]);
     assert_eq!(status.code(), Some(8));
     let document: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
     assert_eq!(document["outcome"], "timeout");
@@ -442,37 +425,10 @@ fn a_catalog_that_refuses_disk_says_so_at_startup_and_disk_0_runs() {
     );
 }
 
-/// An agent program whose `/run` handler runs `ON_RUN` (a Python
-/// statement) before it answers: a statement that raises makes Python's
-/// `http.server` close the connection with no status line, as a typo in a
-/// handler does.
-const FAILING_AGENT: &str = r#"
-import os, sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        if self.path == "/run":
-            exec(ON_RUN)
-        self.send_response(204)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
-"#;
-
-/// A server whose one image runs [`FAILING_AGENT`] with `on_run`, and the
-/// scratch directory that holds the program.
+/// A server whose one image's agent runs `on_run` (a Python statement
+/// that fails) in its `/run` handler, before it answers.
 fn failing_server(on_run: &str, level: &str) -> (command::Serve, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("a scratch directory");
-    let agent = dir.path().join("failing_agent.py");
-    std::fs::write(&agent, format!("ON_RUN = {on_run:?}\n{FAILING_AGENT}")).expect("written");
-    let spec = format!("demo=exec:python3 {}", agent.display());
-    let server = command::Serve::start(level, &["--agent", &spec, "--exec-disk", "unenforced"]);
-    (server, dir)
+    agent_server(level, on_run, &[], "pass")
 }
 
 /// Newcomer G7: a handler that raises is said as the agent program's
@@ -483,14 +439,12 @@ fn failing_server(on_run: &str, level: &str) -> (command::Serve, tempfile::TempD
 fn an_agent_that_raises_in_its_handler_is_said_to_have_closed_the_connection() {
     let (mut server, _dir) = failing_server("raise KeyError('promt')", "info");
     let log = command::drain(server.stderr());
-    let (status, stdout, stderr) = run(&["run", "--url", &server.url, "hi"]);
-    assert_eq!(status.code(), Some(3), "no loop ran: {stdout}{stderr}");
-    assert_eq!(stdout, "");
-    assert_eq!(
-        stderr,
+    says_only(
+        &["run", "--url", &server.url, "hi"],
+        3,
         "no loop ran: {\"kind\":\"agent\",\"error\":\"the agent program closed the connection \
          without answering POST /run: it failed while handling the request, or exited (its \
-         output is in the server's log)\"}\n"
+         output is in the server's log)\"}\n",
     );
     server.terminate();
     let log = log.join().expect("the log");

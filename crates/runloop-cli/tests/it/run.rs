@@ -2,14 +2,12 @@
 //! runs them: the built binary, real processes, real sockets.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
-use assert_cmd::Command as Cmd;
+use crate::{runloop, runloop_output};
+use runloop_testkit::command;
+use runloop_testkit::process::KillOnDrop;
 use serde_json::Value;
-
-fn runloop() -> Cmd {
-    Cmd::cargo_bin("runloop").expect("the runloop binary")
-}
 
 /// The JSON lines of `run --json`.
 fn json_lines(stdout: &[u8]) -> Vec<Value> {
@@ -19,9 +17,16 @@ fn json_lines(stdout: &[u8]) -> Vec<Value> {
         .collect()
 }
 
+/// `output` exited with `code`, and its stderr says `words`.
+fn exited_saying(output: &std::process::Output, code: i32, words: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(code), "{stderr}");
+    assert!(stderr.contains(words), "{stderr}");
+}
+
 /// A long-running subcommand, stopped with SIGTERM when dropped.
 struct Running {
-    child: Child,
+    child: KillOnDrop,
     /// The first line it printed: its URL.
     url: String,
 }
@@ -39,14 +44,10 @@ impl Running {
             .stderr(Stdio::null())
             .spawn()
             .expect("starts");
-        let mut url = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        BufReader::new(stdout)
-            .read_line(&mut url)
-            .expect("prints its URL");
+        let url = command::first_line(&mut child);
         Running {
-            child,
-            url: url.trim().to_owned(),
+            child: KillOnDrop(child),
+            url,
         }
     }
 
@@ -61,13 +62,6 @@ impl Running {
     }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn run_shows_every_ending_of_the_demo_with_its_exit_code() {
     for (prompt, code, outcome) in [
@@ -76,10 +70,7 @@ fn run_shows_every_ending_of_the_demo_with_its_exit_code() {
         ("hello demo:refuse", 3, "no_loop"),
         ("hello demo:fatal", 6, "finished"),
     ] {
-        let output = runloop()
-            .args(["run", "--json", prompt])
-            .output()
-            .expect("runs");
+        let output = runloop_output(&["run", "--json", prompt]);
         assert_eq!(output.status.code(), Some(code), "{prompt}: {output:?}");
         let lines = json_lines(&output.stdout);
         let last = lines.last().expect("an outcome line");
@@ -94,10 +85,7 @@ fn run_shows_every_ending_of_the_demo_with_its_exit_code() {
 
 #[test]
 fn run_renders_plain_text_when_stdout_is_not_a_terminal() {
-    let output = runloop()
-        .args(["run", "three little words"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "three little words"]);
     assert_eq!(output.status.code(), Some(0));
     let text = String::from_utf8(output.stdout).expect("UTF-8");
     let notes = String::from_utf8(output.stderr).expect("UTF-8");
@@ -186,10 +174,7 @@ fn hex(text: &str) -> String {
 
 #[test]
 fn run_fails_clearly_when_it_cannot_run() {
-    let output = runloop()
-        .args(["run", "--url", "ws://127.0.0.1:1", "hi"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "--url", "ws://127.0.0.1:1", "hi"]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -197,52 +182,32 @@ fn run_fails_clearly_when_it_cannot_run() {
         "{stderr}"
     );
 
-    let output = runloop()
-        .args(["run", "--agent-json", "{nope", "hi"])
-        .output()
-        .expect("runs");
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("--agent-json is not JSON"));
+    let output = runloop_output(&["run", "--agent-json", "{nope", "hi"]);
+    exited_saying(&output, 2, "--agent-json is not JSON");
 
     // A refused run has a code of its own.
-    let output = runloop()
-        .args(["run", "--image", "unknown", "hi"])
-        .output()
-        .expect("runs");
-    assert_eq!(output.status.code(), Some(7));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("image \\\"unknown\\\" is not in this server's catalog"),
-        "{stderr}"
+    let output = runloop_output(&["run", "--image", "unknown", "hi"]);
+    exited_saying(
+        &output,
+        7,
+        "image \\\"unknown\\\" is not in this server's catalog",
     );
 }
 
 #[test]
 fn serve_checks_tokens_and_shuts_down_on_sigterm() {
-    let output = runloop()
-        .args(["serve", "--listen", "0.0.0.0:0"])
-        .output()
-        .expect("runs");
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("without a token"));
+    let output = runloop_output(&["serve", "--listen", "0.0.0.0:0"]);
+    exited_saying(&output, 2, "without a token");
 
     let server = Running::start_with(
         &["serve", "--listen", "127.0.0.1:0"],
         &[("RUNLOOP_TOKEN", "right")],
     );
     assert!(server.url.starts_with("ws://127.0.0.1:"), "{}", server.url);
-    let ok = runloop()
-        .args(["run", "--url", &server.url, "--token", "right", "hi"])
-        .output()
-        .expect("runs");
+    let ok = runloop_output(&["run", "--url", &server.url, "--token", "right", "hi"]);
     assert_eq!(ok.status.code(), Some(0), "{ok:?}");
-    let wrong = runloop()
-        .args(["run", "--url", &server.url, "--token", "wrong", "hi"])
-        .output()
-        .expect("runs");
-    assert_eq!(wrong.status.code(), Some(7));
-    let stderr = String::from_utf8_lossy(&wrong.stderr);
-    assert!(stderr.contains("is the credential right?"), "{stderr}");
+    let wrong = runloop_output(&["run", "--url", &server.url, "--token", "wrong", "hi"]);
+    exited_saying(&wrong, 7, "is the credential right?");
     assert_eq!(server.terminate(), Some(0), "a clean shutdown");
 }
 
@@ -264,25 +229,14 @@ fn run_says_why_when_the_server_turns_it_away() {
         .expect("reads");
     assert!(status.starts_with("HTTP/1.1 101"), "{status}");
 
-    let output = runloop()
-        .args(["run", "--url", &server.url, "hi"])
-        .output()
-        .expect("runs");
-    assert_eq!(output.status.code(), Some(7), "{output:?}");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("try again later (close code 1013)"),
-        "{stderr}"
-    );
+    let output = runloop_output(&["run", "--url", &server.url, "hi"]);
+    exited_saying(&output, 7, "try again later (close code 1013)");
 }
 
 #[test]
 fn check_passes_against_serve() {
     let server = Running::start(&["serve", "--listen", "127.0.0.1:0"]);
-    let output = runloop()
-        .args(["check", "--url", &server.url])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["check", "--url", &server.url]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{text}");
     assert!(!text.contains("FAIL"), "{text}");
@@ -294,39 +248,30 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
     // exec: the server starts `runloop agent demo` as a child for each run.
     let exec = format!("demo=exec:{exe} agent demo");
     let server = Running::start(&["serve", "--listen", "127.0.0.1:0", "--agent", &exec]);
-    let output = runloop()
-        .args(["run", "--json", "--url", &server.url, "through exec"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "--json", "--url", &server.url, "through exec"]);
     assert_eq!(
         output.status.code(),
         Some(0),
         "no disk, the default: {output:?}"
     );
-    let output = runloop()
-        .args([
+    // A run that asks for a disk, which an exec program cannot be held to.
+    let with_disk = |url: &str| {
+        runloop_output(&[
             "run",
             "--json",
             "--url",
-            &server.url,
+            url,
             "--disk",
             "1G",
             "through exec",
         ])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        output.status.code(),
-        Some(7),
-        "a disk it cannot hold: {output:?}"
-    );
-    assert!(
-        String::from_utf8_lossy(&output.stderr).contains(
-            "cannot be held for an exec agent program (a host process writes wherever its user \
-             may); this server refuses exec runs that ask for disk until its operator accepts \
-             that (runloop serve --exec-disk unenforced); disk 0 goes ahead"
-        ),
-        "{output:?}"
+    };
+    exited_saying(
+        &with_disk(&server.url),
+        7,
+        "cannot be held for an exec agent program (a host process writes wherever its user \
+         may); this server refuses exec runs that ask for disk until its operator accepts \
+         that (runloop serve --exec-disk unenforced); disk 0 goes ahead",
     );
     drop(server);
     let server = Running::start(&[
@@ -338,18 +283,7 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
         "--agent",
         &exec,
     ]);
-    let output = runloop()
-        .args([
-            "run",
-            "--json",
-            "--url",
-            &server.url,
-            "--disk",
-            "1G",
-            "through exec",
-        ])
-        .output()
-        .expect("runs");
+    let output = with_disk(&server.url);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     drop(server);
 
@@ -359,10 +293,7 @@ fn serve_runs_exec_and_attached_agents_made_of_this_binary() {
     let proxy = Running::start(&["proxy", "--listen", "127.0.0.1:0", "--agent-port", &port]);
     let attach = format!("demo=proxy:{}", proxy.url);
     let server = Running::start(&["serve", "--listen", "127.0.0.1:0", "--agent", &attach]);
-    let output = runloop()
-        .args(["run", "--json", "--url", &server.url, "through a proxy"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "--json", "--url", &server.url, "through a proxy"]);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     assert_eq!(proxy.terminate(), Some(0));
     assert_eq!(agent.terminate(), Some(0));
@@ -383,41 +314,64 @@ fn bench(args: &[&str]) -> (std::process::Output, String, Value) {
     (output, text, last)
 }
 
-#[test]
-fn bench_smoke_prints_its_figures_as_json() {
-    let args = [
-        "--loops",
-        "2",
-        "--chunks",
-        "50",
-        "--duration",
-        "0",
-        "--rounds",
-        "2",
-    ];
-    let (output, text, last) = bench(&args);
-    for key in [
-        "relay_ratio",
-        "latency_p50_ratio",
-        "relay_chunks_per_s",
-        "baseline_chunks_per_s",
-        "server_peak_rss_mib",
-        "relay_vs_direct",
-        "relay_paced_latency_p50_ratio",
-    ] {
-        assert!(
-            last[key].as_f64().is_some_and(|v| v > 0.0),
-            "{key} in {last}"
-        );
-    }
-    // Two loops of 50 chunks, once per round, on every side and in both phases.
-    for side in [&last, &last["paced"]] {
-        for name in ["relay", "baseline", "direct"] {
+/// The arguments of a bench small enough for a test: two loops of 50
+/// chunks, two rounds of no set length.
+const SMALL: [&str; 8] = [
+    "--loops",
+    "2",
+    "--chunks",
+    "50",
+    "--duration",
+    "0",
+    "--rounds",
+    "2",
+];
+
+/// Every loop of each of `sides` read whole and in order, in both phases:
+/// with [`SMALL`], two loops of 50 chunks once per round.
+fn every_chunk_read(last: &Value, sides: [&str; 3]) {
+    for side in [last, &last["paced"]] {
+        for name in sides {
             assert_eq!(side[name]["chunks"], 200, "{name} in {side}");
             assert_eq!(side[name]["disorder"], 0, "{name} in {side}");
             assert_eq!(side[name]["failed_loops"], 0, "{name} in {side}");
         }
     }
+}
+
+/// Each of `keys` is a figure, above zero.
+fn figures(last: &Value, keys: &[&str]) {
+    for key in keys {
+        assert!(
+            last[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key} in {last}"
+        );
+    }
+}
+
+/// Each of `lines` is said in `text` (one explanation per ratio).
+fn explained(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+}
+
+#[test]
+fn bench_smoke_prints_its_figures_as_json() {
+    let (output, text, last) = bench(&SMALL);
+    figures(
+        &last,
+        &[
+            "relay_ratio",
+            "latency_p50_ratio",
+            "relay_chunks_per_s",
+            "baseline_chunks_per_s",
+            "server_peak_rss_mib",
+            "relay_vs_direct",
+            "relay_paced_latency_p50_ratio",
+        ],
+    );
+    every_chunk_read(&last, ["relay", "baseline", "direct"]);
     // Rounds this short use too few clock ticks of CPU time to be a figure
     // (a unit test of runloop-bench measures a busy process): null, or a
     // time.
@@ -433,14 +387,14 @@ fn bench_smoke_prints_its_figures_as_json() {
     }
     assert!(last.get("relay_cpu_per_chunk_ratio").is_some(), "{last}");
     assert!(last["direct"]["cpu_us_per_chunk"].is_null(), "{last}");
-    // One explanation per ratio, after the table.
-    for line in [
-        "relay/baseline throughput",
-        "relay/baseline CPU per chunk",
-        "relay/direct throughput",
-    ] {
-        assert!(text.contains(line), "{line} in {text}");
-    }
+    explained(
+        &text,
+        &[
+            "relay/baseline throughput",
+            "relay/baseline CPU per chunk",
+            "relay/direct throughput",
+        ],
+    );
     let warned = String::from_utf8_lossy(&output.stderr).contains("debug build");
     assert_eq!(warned, cfg!(debug_assertions), "{output:?}");
     assert_eq!(last["debug_build"], cfg!(debug_assertions));
@@ -477,47 +431,27 @@ fn bench_chain_measures_the_whole_chain_against_nginx() {
     if !runloop_testkit::needs(&[runloop_testkit::Part::program("nginx", "nginx")]) {
         return;
     }
-    let (_, text, last) = bench(&[
-        "--chain",
-        "--loops",
-        "2",
-        "--chunks",
-        "50",
-        "--duration",
-        "0",
-        "--rounds",
-        "2",
-        "--pace",
-        "500",
-    ]);
-    // Two loops of 50 chunks, once per round, on every side and in both phases.
-    for side in [&last, &last["paced"]] {
-        for name in ["chain", "nginx", "agent"] {
-            assert_eq!(side[name]["chunks"], 200, "{name} in {side}");
-            assert_eq!(side[name]["disorder"], 0, "{name} in {side}");
-            assert_eq!(side[name]["failed_loops"], 0, "{name} in {side}");
-        }
-    }
-    for key in [
-        "chain_ratio",
-        "chain_vs_agent",
-        "chain_paced_latency_p50_ratio",
-    ] {
-        assert!(
-            last[key].as_f64().is_some_and(|v| v > 0.0),
-            "{key} in {last}"
-        );
-    }
+    let (_, text, last) = bench(&[&SMALL[..], &["--chain", "--pace", "500"]].concat());
+    every_chunk_read(&last, ["chain", "nginx", "agent"]);
+    figures(
+        &last,
+        &[
+            "chain_ratio",
+            "chain_vs_agent",
+            "chain_paced_latency_p50_ratio",
+        ],
+    );
     assert!(
         last["skipped"].as_array().is_some_and(Vec::is_empty),
         "{last}"
     );
     assert!(last["agent"]["cpu_us_per_chunk"].is_null(), "{last}");
-    for line in [
-        "chain/nginx CPU per chunk",
-        "chain/nginx throughput",
-        "chain/nginx paced added",
-    ] {
-        assert!(text.contains(line), "{line} in {text}");
-    }
+    explained(
+        &text,
+        &[
+            "chain/nginx CPU per chunk",
+            "chain/nginx throughput",
+            "chain/nginx paced added",
+        ],
+    );
 }

@@ -7,15 +7,8 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 
-use assert_cmd::Command as Cmd;
+use crate::{runloop, runloop_output};
 use serde_json::Value;
-
-fn runloop() -> Cmd {
-    let mut command = Cmd::cargo_bin("runloop").expect("the runloop binary");
-    // The tests choose styles themselves.
-    command.env_remove("NO_COLOR").env_remove("CLICOLOR_FORCE");
-    command
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -27,10 +20,7 @@ fn connect_timeout_names_itself_when_the_upgrade_is_never_answered() {
     // accepts, so the WebSocket upgrade is never answered.
     let silent = TcpListener::bind("127.0.0.1:0").expect("a listener");
     let url = format!("ws://{}", silent.local_addr().expect("its address"));
-    let output = runloop()
-        .args(["run", "--url", &url, "--connect-timeout", "0.5", "hi"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "--url", &url, "--connect-timeout", "0.5", "hi"]);
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(8), "{stderr}");
     assert_eq!(
@@ -41,10 +31,7 @@ fn connect_timeout_names_itself_when_the_upgrade_is_never_answered() {
 
 #[test]
 fn idle_timeout_names_itself_when_the_server_goes_quiet() {
-    let output = runloop()
-        .args(["run", "--idle-timeout", "0.3", "hi demo:pace=5000"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "--idle-timeout", "0.3", "hi demo:pace=5000"]);
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(8), "{stderr}");
     assert!(
@@ -63,18 +50,15 @@ fn idle_timeout_names_itself_when_the_server_goes_quiet() {
 fn timeout_bounds_the_whole_run() {
     // Each chunk comes 0.3 s after the last: the loop takes seconds, and
     // no gap is long, so only the whole run's limit can end it.
-    let output = runloop()
-        .args([
-            "run",
-            "--json",
-            "--timeout",
-            "1",
-            "--idle-timeout",
-            "2",
-            "one two three four five six demo:pace=300",
-        ])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&[
+        "run",
+        "--json",
+        "--timeout",
+        "1",
+        "--idle-timeout",
+        "2",
+        "one two three four five six demo:pace=300",
+    ]);
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(8), "{stderr}");
     assert!(
@@ -128,20 +112,14 @@ fn ctrl_c_stops_the_run_shows_its_ending_and_exits_130() {
 
 #[test]
 fn text_transcript_and_quiet() {
-    let output = runloop()
-        .args(["run", "--text", "hi"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "--text", "hi"]);
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(
         text(&output.stdout),
         "You said: \"hi\". That is 1 word and 2 characters.\n"
     );
 
-    let output = runloop()
-        .args(["run", "--transcript", "hi"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "--transcript", "hi"]);
     assert_eq!(output.status.code(), Some(0));
     let document: Value = serde_json::from_slice(&output.stdout).expect("one JSON document");
     assert_eq!(document["outcome"], "finished");
@@ -152,17 +130,11 @@ fn text_transcript_and_quiet() {
         "{document}"
     );
 
-    let output = runloop()
-        .args(["run", "--quiet", "hi"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "--quiet", "hi"]);
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(text(&output.stdout), "");
     assert_eq!(text(&output.stderr), "");
-    let output = runloop()
-        .args(["run", "--quiet", "hi demo:break"])
-        .output()
-        .expect("runs");
+    let output = runloop_output(&["run", "--quiet", "hi demo:break"]);
     assert_eq!(output.status.code(), Some(1));
     assert!(
         !text(&output.stderr).is_empty(),

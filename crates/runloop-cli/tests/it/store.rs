@@ -30,11 +30,7 @@ fn gc(store: &Path, args: &[&str]) -> (Option<i32>, String, String) {
         .args(args)
         .output()
         .expect("runloop runs");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    crate::said(&output)
 }
 
 /// Another process holding `image` as a run would, until killed.

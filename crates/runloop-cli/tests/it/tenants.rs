@@ -11,15 +11,16 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use runloop::client::{Client, Event, Run, RunError};
+use runloop::client::{Client, Run, RunError};
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
 use runloop_testkit::command::{self, token_hash};
+use runloop_testkit::loads::{held_loops, loop_refusal, refusal, runtime};
+use runloop_testkit::process::KillOnDrop;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -39,26 +40,10 @@ fn request(memory: u64) -> RunRequest {
     RunRequest::new(Container::new(image, memory, 0), agent)
 }
 
-/// The `error` of a refused run, or a panic saying what came instead.
-fn refusal(started: Result<Run, RunError>) -> String {
-    match started {
-        Err(RunError::Refused(error)) => {
-            assert_eq!(error.0["kind"], "policy", "{error:?}");
-            error.0["error"].as_str().expect("a string").to_owned()
-        }
-        Err(other) => panic!("refused otherwise: {other}"),
-        Ok(_) => panic!("the run started"),
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("a runtime")
-}
-
 /// A `runloop serve` at `RUST_LOG=info` whose log lines are kept, with its
 /// URL and, with `--admin`, its admin address.
 struct Server {
-    child: Child,
+    child: KillOnDrop,
     url: String,
     admin: Option<SocketAddr>,
     logs: Arc<Mutex<String>>,
@@ -103,16 +88,11 @@ impl Server {
             "{url:?}; logs: {}",
             logs.lock().expect("logs")
         );
-        let admin = args.contains(&"--admin").then(|| {
-            line.clear();
-            stdout.read_line(&mut line).expect("the admin URL");
-            line.trim()
-                .strip_prefix("http://")
-                .and_then(|a| a.parse().ok())
-                .unwrap_or_else(|| panic!("an admin URL: {line:?}"))
-        });
+        let admin = args
+            .contains(&"--admin")
+            .then(|| command::admin_address(&mut stdout));
         Server {
-            child,
+            child: KillOnDrop(child),
             url,
             admin,
             logs,
@@ -177,13 +157,6 @@ impl Server {
             "{head}"
         );
         body.to_owned()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -254,23 +227,11 @@ fn alice_floods_and_bob_is_still_served() {
         let bobs = bob.start(request(GIB)).await.expect("bob is served");
 
         // Loops: two held, the third refused naming her max-loops.
-        let mut held = Vec::new();
-        for run in &runs[..2] {
-            let mut held_loop = run.run_loop("held demo:pace=250 zebra-prompt");
-            match held_loop.next().await {
-                Some(Event::Chunk { .. }) => {}
-                other => panic!("alice's loop is not relayed: {other:?}"),
-            }
-            held.push(held_loop);
-        }
-        let events: Vec<Event> = runs[2].run_loop("a third").collect().await;
-        match &events[..] {
-            [Event::Error(error), Event::End(Outcome::NoLoop(_))] => assert_eq!(
-                error.0["error"],
-                "tenant alice holds as many loops as it may (max-loops 2); try again later"
-            ),
-            other => panic!("alice's third loop: {other:?}"),
-        }
+        let held = held_loops(&runs[..2], "held demo:pace=250 zebra-prompt").await;
+        assert_eq!(
+            loop_refusal(&runs[2], "a third").await,
+            "tenant alice holds as many loops as it may (max-loops 2); try again later"
+        );
         let (bob_chunks, outcome) = bobs
             .run_loop("bob's loop zebra-prompt")
             .collect_chunks()
@@ -444,6 +405,35 @@ fn write(path: &Path, text: &str) {
     let partial = path.with_extension("partial");
     std::fs::write(&partial, text).expect("written");
     std::fs::rename(&partial, path).expect("renamed");
+}
+
+/// `runloop serve WHAT --config CONFIG ARGS…` (`--check-config` or
+/// `--print-config`): how it exited, stdout, stderr.
+fn serve_config(what: &str, config: &Path, args: &[&str]) -> (ExitStatus, String, String) {
+    let config = config.to_str().expect("a path");
+    command::run(&[&["serve", what, "--config", config], args].concat())
+}
+
+/// `runloop serve --check-config` of `text`, written to `serve.toml` in
+/// `dir` (where the files it names are): how it exited, stdout, stderr.
+fn check_text(dir: &Path, text: &str) -> (ExitStatus, String, String) {
+    let config = dir.join("serve.toml");
+    write(&config, text);
+    serve_config("--check-config", &config, &[])
+}
+
+/// Each of `words` is said somewhere in `text`.
+fn says_each(text: &str, words: &[&str]) {
+    for said in words {
+        assert!(text.contains(said), "{said} in\n{text}");
+    }
+}
+
+/// Each of `lines` is a whole line of `text`.
+fn has_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(text.lines().any(|l| l == *line), "{line} in\n{text}");
+    }
 }
 
 #[test]
@@ -628,42 +618,30 @@ fn a_token_file_that_is_a_fifo_is_refused_on_reload_and_the_server_goes_on() {
 #[test]
 fn check_config_reports_every_fault_at_once() {
     let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
     std::fs::create_dir(dir.path().join("unreadable")).expect("a directory");
-    write(
-        &config,
+    let (status, stdout, stderr) = check_text(
+        dir.path(),
         "max-run = 3\nmax-message-size = \"16Q\"\n\
          [[tenant]]\nname = \"carol\"\ntoken-file = \"unreadable\"\n",
     );
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        config.to_str().expect("a path"),
-    ]);
     assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
-    for fault in [
-        "unknown key \"max-run\"; the nearest valid key is \"max-runs\"",
-        "max-message-size: invalid value '16Q'",
-        "tenant \"carol\": cannot read the token file",
-        "3 fault(s)",
-    ] {
-        assert!(stderr.contains(fault), "{fault} in\n{stderr}");
-    }
+    says_each(
+        &stderr,
+        &[
+            "unknown key \"max-run\"; the nearest valid key is \"max-runs\"",
+            "max-message-size: invalid value '16Q'",
+            "tenant \"carol\": cannot read the token file",
+            "3 fault(s)",
+        ],
+    );
     assert!(stdout.contains("# the effective configuration"), "{stdout}");
 
     // The example checks out; a flag overrides its key.
-    let example = example();
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
+    let (status, stdout, stderr) = serve_config(
         "--check-config",
-        "--config",
-        example.to_str().expect("a path"),
-        "--max-runs",
-        "3",
-        "--token",
-        "hunter2-on-the-command-line",
-    ]);
+        &example(),
+        &["--max-runs", "3", "--token", "hunter2-on-the-command-line"],
+    );
     assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
     // The effective configuration never shows a token.
     assert!(!stdout.contains("hunter2"), "{stdout}");
@@ -671,14 +649,15 @@ fn check_config_reports_every_fault_at_once() {
         stdout.contains("token = [\"<redacted>\"]  # command line"),
         "{stdout}"
     );
-    for line in [
-        "max-runs = 3  # command line",
-        "memory-budget = \"8G\"  # file",
-        "max-scopes = 256  # default",
-        "# the configuration is valid",
-    ] {
-        assert!(stdout.lines().any(|l| l == line), "{line} in\n{stdout}");
-    }
+    has_lines(
+        &stdout,
+        &[
+            "max-runs = 3  # command line",
+            "memory-budget = \"8G\"  # file",
+            "max-scopes = 256  # default",
+            "# the configuration is valid",
+        ],
+    );
 }
 
 #[test]
@@ -686,21 +665,14 @@ fn check_config_reports_a_limit_beside_a_tls_fault_and_a_bad_tenant_once() {
     // Issue 40, item 10: a TLS fault hid the limits below their minimum,
     // and a bad tenant name was printed (and counted) twice.
     let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
-    write(
-        &config,
+    let (status, stdout, stderr) = check_text(
+        dir.path(),
         &format!(
             "max-scopes = 0\ntls-cert = \"missing.pem\"\ntls-key = \"missing.key\"\n\
              [[tenant]]\nname = \"bad name\"\ntokens = [\"{}\"]\n",
             token_hash("t")
         ),
     );
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        config.to_str().expect("a path"),
-    ]);
     assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
     for fault in [
         "--max-scopes is 0, below its minimum of 1",
@@ -720,24 +692,22 @@ fn check_config_reports_a_limit_beside_a_tls_fault_and_a_bad_tenant_once() {
 fn a_duration_or_size_past_its_maximum_is_a_fault_in_a_file_and_on_the_command_line() {
     // Issue 40, item 6: `authorization-grace = "999999h"` was accepted.
     let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("serve.toml");
-    write(
-        &config,
+    let (status, stdout, stderr) = check_text(
+        dir.path(),
         "authorization-grace = \"999999h\"\ntenant-log-rate = \"2G\"\n\
          [[tenant]]\nname = \"alice\"\ntokens = [\"sha256:97dd3707015dcf069cf73022ed7173b1165db6eff24b441cb57fd069a8c4e525\"]\ncpu-weight = 0\n",
     );
-    let config = config.to_str().expect("a path");
-    let (status, stdout, stderr) = command::run(&["serve", "--check-config", "--config", config]);
     assert_eq!(status.code(), Some(2), "{stdout}\n{stderr}");
-    for fault in [
-        "authorization-grace: invalid value '999999h'",
-        "is more than the most it may be, 10m",
-        "tenant-log-rate: invalid value '2G'",
-        "tenant \"alice\": cpu-weight is a whole number from 1 to 10000, not 0",
-        "3 fault(s)",
-    ] {
-        assert!(stderr.contains(fault), "{fault} in\n{stderr}");
-    }
+    says_each(
+        &stderr,
+        &[
+            "authorization-grace: invalid value '999999h'",
+            "is more than the most it may be, 10m",
+            "tenant-log-rate: invalid value '2G'",
+            "tenant \"alice\": cpu-weight is a whole number from 1 to 10000, not 0",
+            "3 fault(s)",
+        ],
+    );
     let (status, _, stderr) =
         command::run(&["serve", "--check-config", "--drain-timeout", "100000h"]);
     assert_eq!(status.code(), Some(2), "{stderr}");
@@ -763,16 +733,9 @@ fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
             dir.path().join("cert.pem").to_str().expect("a path")
         ),
     );
-    let config = config.to_str().expect("a path");
     let key_file = key_file.to_str().expect("a path");
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        config,
-        "--tls-key",
-        key_file,
-    ]);
+    let (status, stdout, stderr) =
+        serve_config("--check-config", &config, &["--tls-key", key_file]);
     assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(
         stdout
@@ -781,7 +744,7 @@ fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
         "{stdout}"
     );
     // One without the other is a fault that says which is missing.
-    let (status, _, stderr) = command::run(&["serve", "--check-config", "--config", config]);
+    let (status, _, stderr) = serve_config("--check-config", &config, &[]);
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("--tls-cert is given without --tls-key"),
@@ -791,35 +754,23 @@ fn tls_key_on_the_command_line_pairs_with_the_file_s_certificate() {
 
 #[test]
 fn print_config_with_a_file_prints_its_tenants_as_a_file_that_serves_the_same() {
-    let example = example();
-    let (status, printed, stderr) = command::run(&[
-        "serve",
-        "--print-config",
-        "--config",
-        example.to_str().expect("a path"),
-    ]);
+    let (status, printed, stderr) = serve_config("--print-config", &example(), &[]);
     assert_eq!(status.code(), Some(0), "{printed}\n{stderr}");
-    for line in [
-        "max-runs = 8  # file",
-        "[[tenant]]",
-        "name = \"alice\"",
-        "name = \"bob\"",
-        "[tenant-defaults]",
-        "max-connections = 4",
-    ] {
-        assert!(printed.lines().any(|l| l == line), "{line} in\n{printed}");
-    }
+    has_lines(
+        &printed,
+        &[
+            "max-runs = 8  # file",
+            "[[tenant]]",
+            "name = \"alice\"",
+            "name = \"bob\"",
+            "[tenant-defaults]",
+            "max-connections = 4",
+        ],
+    );
     // Printed elsewhere, it is the same configuration: alice's token
     // file is named where it is.
     let dir = tempfile::tempdir().expect("a directory");
-    let copy = dir.path().join("copy.toml");
-    std::fs::write(&copy, &printed).expect("written");
-    let (status, again, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        copy.to_str().expect("a path"),
-    ]);
+    let (status, again, stderr) = check_text(dir.path(), &printed);
     assert_eq!(status.code(), Some(0), "{again}\n{stderr}");
     let tenants = |text: &str| text[text.find("[[tenant]]").expect("tenants")..].to_owned();
     assert_eq!(tenants(&again), tenants(&printed));
@@ -845,22 +796,16 @@ fn print_config_uncommented_is_a_valid_configuration() {
             file.push('\n');
         }
     }
-    for key in [
-        "listen = ",
-        "max-runs = 256",
-        "memory-budget",
-        "drain-timeout = \"30s\"",
-    ] {
-        assert!(printed.contains(key), "{key} in\n{printed}");
-    }
+    says_each(
+        &printed,
+        &[
+            "listen = ",
+            "max-runs = 256",
+            "memory-budget",
+            "drain-timeout = \"30s\"",
+        ],
+    );
     let dir = tempfile::tempdir().expect("a directory");
-    let path = dir.path().join("defaults.toml");
-    std::fs::write(&path, &file).expect("written");
-    let (status, stdout, stderr) = command::run(&[
-        "serve",
-        "--check-config",
-        "--config",
-        path.to_str().expect("a path"),
-    ]);
+    let (status, stdout, stderr) = check_text(dir.path(), &file);
     assert_eq!(status.code(), Some(0), "{file}\n{stdout}\n{stderr}");
 }

@@ -24,6 +24,13 @@ pub fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body.to_owned())
 }
 
+/// The exposition an admin listener at `admin` answers `/metrics` with.
+pub fn metrics(admin: SocketAddr) -> String {
+    let (status, text) = get(admin, "/metrics");
+    assert_eq!(status, 200, "GET /metrics: {text}");
+    text
+}
+
 /// `text` for a URL's query, percent-encoded.
 pub fn encode(text: &str) -> String {
     text.bytes()

@@ -11,7 +11,7 @@ use runloop_testkit::command::run;
 use serde_json::Value;
 
 use crate::http;
-use crate::prometheus::{Prometheus, promtool_check};
+use crate::prometheus::{Prometheus, promtool_passes};
 use crate::serve::Serve;
 
 const TOKEN: &str = "metrics-test-token";
@@ -56,6 +56,13 @@ fn value(prometheus: &Prometheus, query: &str) -> f64 {
     let series = prometheus.query(query);
     assert_eq!(series.len(), 1, "{query}: {series:?}");
     series[0].2
+}
+
+/// Each query of `expected` has one series, of its value.
+fn values_are(prometheus: &Prometheus, expected: &[(&str, f64)]) {
+    for &(query, expected) in expected {
+        assert_eq!(value(prometheus, query), expected, "{query}");
+    }
 }
 
 fn unix_now() -> f64 {
@@ -160,16 +167,15 @@ fn prometheus_scrapes_the_exact_counts_of_every_outcome() {
     let ended = by_label(&prometheus, "runloop_runs_ended_total", "reason");
     assert_eq!(ended.values().sum::<f64>(), 7.0, "{ended:?}");
     assert_eq!(ended["container"] + ended["shutdown"], 0.0, "{ended:?}");
-    assert_eq!(value(&prometheus, "runloop_runs_open"), 0.0);
-    assert_eq!(value(&prometheus, "runloop_loops_open"), 0.0);
-    assert_eq!(value(&prometheus, "runloop_connections_open"), 0.0);
-    assert_eq!(
-        value(&prometheus, "runloop_chunks_relayed_total"),
-        chunks as f64
-    );
-    assert_eq!(
-        value(&prometheus, "runloop_relay_latency_seconds_count"),
-        chunks as f64
+    values_are(
+        &prometheus,
+        &[
+            ("runloop_runs_open", 0.0),
+            ("runloop_loops_open", 0.0),
+            ("runloop_connections_open", 0.0),
+            ("runloop_chunks_relayed_total", chunks as f64),
+            ("runloop_relay_latency_seconds_count", chunks as f64),
+        ],
     );
     assert!(value(&prometheus, "runloop_relayed_bytes_total") > chunks as f64 * 10.0);
     // Every `runloop run` is one connection; the last was refused.
@@ -183,15 +189,14 @@ fn prometheus_scrapes_the_exact_counts_of_every_outcome() {
     );
     // Eight containers started (the seven runs and the refused
     // registration); one program did not.
-    assert_eq!(
-        value(&prometheus, "runloop_runtime_start_seconds_count"),
-        8.0
+    values_are(
+        &prometheus,
+        &[
+            ("runloop_runtime_start_seconds_count", 8.0),
+            ("runloop_runtime_start_failures_total", 1.0),
+            ("runloop_draining", 0.0),
+        ],
     );
-    assert_eq!(
-        value(&prometheus, "runloop_runtime_start_failures_total"),
-        1.0
-    );
-    assert_eq!(value(&prometheus, "runloop_draining"), 0.0);
     let faults = by_label(&prometheus, "runloop_proxy_faults_total", "kind");
     assert_eq!(faults.values().sum::<f64>(), 0.0, "{faults:?}");
     // The same by tenant (issue 27): the one token is the tenant
@@ -213,9 +218,7 @@ fn prometheus_scrapes_the_exact_counts_of_every_outcome() {
     );
 
     // The exposition itself, as promtool reads it.
-    let (status, text) = http::get(admin, "/metrics");
-    assert_eq!(status, 200);
-    promtool_check(&text).unwrap_or_else(|said| panic!("promtool: {said}\n{text}"));
+    promtool_passes(&http::metrics(admin));
     assert_eq!(http::get(admin, "/healthz"), (200, "ok\n".to_owned()));
     assert_eq!(http::get(admin, "/readyz"), (200, "ready\n".to_owned()));
 }
@@ -261,17 +264,14 @@ fn a_loop_past_the_identity_s_limit_is_counted_as_refused() {
         second.stop().await;
         client.close().await;
     });
-    let (status, text) = http::get(admin, "/metrics");
-    assert_eq!(status, 200);
-    assert_eq!(sample(&text, "runloop_loops_refused_total"), 1.0);
-    assert_eq!(
-        sample(&text, "runloop_loops_total{outcome=\"no_loop\"}"),
-        1.0
-    );
-    assert_eq!(
-        sample(&text, "runloop_loops_total{outcome=\"finished\"}"),
-        1.0
-    );
+    let text = http::metrics(admin);
+    for series in [
+        "runloop_loops_refused_total",
+        "runloop_loops_total{outcome=\"no_loop\"}",
+        "runloop_loops_total{outcome=\"finished\"}",
+    ] {
+        assert_eq!(sample(&text, series), 1.0, "{series}");
+    }
 }
 
 #[test]
@@ -302,14 +302,9 @@ fn the_proxy_counts_its_side() {
         ],
     );
     let mut out = std::io::BufReader::new(proxy.stdout.take().expect("stdout"));
-    let (mut url, mut admin) = (String::new(), String::new());
+    let mut url = String::new();
     std::io::BufRead::read_line(&mut out, &mut url).expect("the proxy's URL");
-    std::io::BufRead::read_line(&mut out, &mut admin).expect("the admin URL");
-    let admin = admin
-        .trim()
-        .strip_prefix("http://")
-        .and_then(|a| a.parse().ok())
-        .expect("an admin address");
+    let admin = runloop_testkit::command::admin_address(&mut out);
     let server = Serve::start(
         "warn",
         &["--agent", &format!("attached=proxy:{}", url.trim())],
@@ -323,8 +318,7 @@ fn the_proxy_counts_its_side() {
         "demo:load=4",
     ]);
     assert_eq!(status.code(), Some(0), "{stdout}{stderr}");
-    let (code, text) = http::get(admin, "/metrics");
-    assert_eq!(code, 200);
+    let text = http::metrics(admin);
     for line in [
         "runloop_proxy_registrations_total{result=\"registered\"} 1",
         "runloop_proxy_loops_total{outcome=\"finished\"} 1",
@@ -333,7 +327,7 @@ fn the_proxy_counts_its_side() {
     ] {
         assert!(text.lines().any(|l| l == line), "{line} is not in\n{text}");
     }
-    promtool_check(&text).unwrap_or_else(|said| panic!("promtool: {said}\n{text}"));
+    promtool_passes(&text);
     assert_eq!(http::get(admin, "/readyz").0, 200);
     for child in [&mut proxy, &mut agent] {
         let _ = child.kill();

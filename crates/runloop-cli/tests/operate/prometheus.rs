@@ -4,17 +4,18 @@
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use runloop_testkit::Part;
+use runloop_testkit::process::KillOnDrop;
 use serde_json::Value;
 
 use crate::http;
 
 /// A running Prometheus, stopped when dropped.
 pub struct Prometheus {
-    child: Child,
+    _child: KillOnDrop,
     _dir: tempfile::TempDir,
     /// Its HTTP API.
     pub addr: SocketAddr,
@@ -68,7 +69,7 @@ impl Prometheus {
                     && http::get(addr, "/-/ready").0 == 200
                 {
                     return Prometheus {
-                        child,
+                        _child: KillOnDrop(child),
                         _dir: dir,
                         addr,
                     };
@@ -105,16 +106,14 @@ impl Prometheus {
     }
 }
 
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `promtool check metrics` has nothing to say of `exposition`.
+pub fn promtool_passes(exposition: &str) {
+    promtool_check(exposition).unwrap_or_else(|said| panic!("promtool: {said}\n{exposition}"));
 }
 
 /// What `promtool check metrics` says of `exposition`: `Ok` when it has
 /// nothing to say.
-pub fn promtool_check(exposition: &str) -> Result<(), String> {
+fn promtool_check(exposition: &str) -> Result<(), String> {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -3,15 +3,16 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use runloop_testkit::command::{self, drain, exits};
+use runloop_testkit::process::KillOnDrop;
 
 /// A running `runloop serve`, killed if the test ends first.
 pub struct Serve {
-    child: Child,
+    child: KillOnDrop,
     /// The URL it printed (`ws://…` or `wss://…`).
     pub url: String,
     /// Its admin listener, when it has one.
@@ -34,18 +35,11 @@ impl Serve {
             let _ = child.wait();
             panic!("serve did not start: {}", stderr.join().unwrap_or_default());
         }
-        let admin = args.contains(&"--admin").then(|| {
-            let mut line = String::new();
-            stdout
-                .read_line(&mut line)
-                .expect("serve prints its admin URL");
-            line.trim()
-                .strip_prefix("http://")
-                .and_then(|addr| addr.parse().ok())
-                .unwrap_or_else(|| panic!("not an admin URL: {line:?}"))
-        });
+        let admin = args
+            .contains(&"--admin")
+            .then(|| command::admin_address(&mut stdout));
         Serve {
-            child,
+            child: KillOnDrop(child),
             url: url.trim().to_owned(),
             admin,
             stderr: Some(stderr),
@@ -93,12 +87,5 @@ impl Serve {
     pub fn terminate(self) -> (ExitStatus, std::time::Duration, String) {
         self.signal("TERM");
         self.exit()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

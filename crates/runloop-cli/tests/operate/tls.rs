@@ -11,10 +11,19 @@ use runloop_testkit::document::{marked_block, workspace};
 use crate::serve::Serve;
 use runloop_testkit::certs::Pki;
 
-fn tls_server(pki: &Pki, pair: &runloop_testkit::certs::Pair) -> Serve {
-    let (cert, key) = (path(&pair.cert), path(&pair.key));
-    let _ = pki;
-    Serve::start("warn", &["--tls-cert", &cert, "--tls-key", &key])
+/// `runloop serve` at `level` over TLS with the certificate `cert` and its
+/// key `key`, and `args`.
+fn tls_serve(level: &str, cert: impl AsRef<Path>, key: impl AsRef<Path>, args: &[&str]) -> Serve {
+    let (cert, key) = (path(cert.as_ref()), path(key.as_ref()));
+    Serve::start(
+        level,
+        &[&["--tls-cert", &cert, "--tls-key", &key], args].concat(),
+    )
+}
+
+/// `runloop serve` over TLS with `pair`.
+fn tls_server(pair: &runloop_testkit::certs::Pair) -> Serve {
+    tls_serve("warn", &pair.cert, &pair.key, &[])
 }
 
 fn path(path: &Path) -> String {
@@ -30,7 +39,7 @@ fn run_at(url: &str, args: &[&str]) -> (Option<i32>, String, String) {
 #[test]
 fn a_loop_runs_over_wss_with_the_test_authority_trusted() {
     let pki = Pki::new();
-    let server = tls_server(&pki, &pki.localhost);
+    let server = tls_server(&pki.localhost);
     assert!(server.url.starts_with("wss://"), "{}", server.url);
     let url = format!("wss://localhost:{}", server.port());
     let (code, stdout, stderr) = run_at(&url, &["--ca", &path(&pki.ca)]);
@@ -47,8 +56,8 @@ fn a_loop_runs_over_wss_with_the_test_authority_trusted() {
 #[test]
 fn a_certificate_that_does_not_verify_says_which_host_and_why() {
     let pki = Pki::new();
-    let good = tls_server(&pki, &pki.localhost);
-    let expired = tls_server(&pki, &pki.expired);
+    let good = tls_server(&pki.localhost);
+    let expired = tls_server(&pki.expired);
     let cases = [
         (
             "an authority the client was not told to trust",
@@ -99,7 +108,7 @@ fn a_certificate_that_does_not_verify_says_which_host_and_why() {
 #[test]
 fn the_wrong_protocol_for_the_port_is_named() {
     let pki = Pki::new();
-    let tls = tls_server(&pki, &pki.localhost);
+    let tls = tls_server(&pki.localhost);
     let (code, _, stderr) = run_at(&format!("ws://localhost:{}", tls.port()), &[]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
@@ -130,10 +139,7 @@ fn sighup_reloads_the_certificate_for_new_connections() {
     let key = scratch.path().join("key.pem");
     std::fs::copy(&pki.localhost.cert, &cert).expect("copy");
     std::fs::copy(&pki.localhost.key, &key).expect("copy");
-    let server = Serve::start(
-        "info",
-        &["--tls-cert", &path(&cert), "--tls-key", &path(&key)],
-    );
+    let server = tls_serve("info", &cert, &key, &[]);
     let url = format!("wss://localhost:{}", server.port());
     let ca = path(&pki.ca);
     assert_eq!(run_at(&url, &["--ca", &ca]).0, Some(0));
@@ -202,20 +208,10 @@ fn a_caller_silent_before_its_tls_handshake_is_closed_by_the_handshake_timeout()
     use std::time::{Duration, Instant};
 
     let pki = Pki::new();
-    let (cert, key) = (path(&pki.localhost.cert), path(&pki.localhost.key));
     // The authorization grace (10 s by default) is far longer than the
     // handshake timeout: only the latter can close the socket in time.
-    let server = Serve::start(
-        "warn",
-        &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--handshake-timeout",
-            "1",
-        ],
-    );
+    let (cert, key) = (&pki.localhost.cert, &pki.localhost.key);
+    let server = tls_serve("warn", cert, key, &["--handshake-timeout", "1"]);
     let mut socket = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connects");
     socket
         .set_read_timeout(Some(Duration::from_secs(6)))
@@ -259,15 +255,7 @@ fn the_openssl_recipe_of_the_tls_page_makes_a_certificate_that_serves() {
         String::from_utf8_lossy(&made.stderr)
     );
     let file = |name: &str| path(&dir.path().join(name));
-    let server = Serve::start(
-        "warn",
-        &[
-            "--tls-cert",
-            &file("server.pem"),
-            "--tls-key",
-            &file("server.key"),
-        ],
-    );
+    let server = tls_serve("warn", file("server.pem"), file("server.key"), &[]);
     let (code, stdout, stderr) = run_at(
         &format!("wss://localhost:{}", server.port()),
         &["--ca", &file("ca.pem")],
@@ -306,15 +294,7 @@ fn the_openssl_recipe_of_the_tls_page_makes_a_certificate_that_serves() {
         .output()
         .expect("openssl runs");
     assert!(selfsigned.status.success(), "{selfsigned:?}");
-    let server = Serve::start(
-        "warn",
-        &[
-            "--tls-cert",
-            &file("self.pem"),
-            "--tls-key",
-            &file("self.key"),
-        ],
-    );
+    let server = tls_serve("warn", file("self.pem"), file("self.key"), &[]);
     let url = format!("wss://localhost:{}", server.port());
     let expected = runloop::transport::TlsReason::CaAsLeaf.to_string();
     for ca in [&["--ca", &file("self.pem")][..], &[]] {
@@ -356,11 +336,6 @@ fn the_tls_page_lists_each_failure_as_the_code_says_it() {
     }
 }
 
-/// The admin listener's `/metrics`.
-fn scrape(admin: std::net::SocketAddr) -> String {
-    crate::http::get(admin, "/metrics").1
-}
-
 /// The value of one series in an exposition, 0 when absent.
 fn series(exposition: &str, name: &str) -> f64 {
     exposition
@@ -375,14 +350,11 @@ fn slow_handshakes_time_out_and_a_caller_turned_away_is_told_why() {
     use std::time::{Duration, Instant};
 
     let pki = Pki::new();
-    let (cert, key) = (path(&pki.localhost.cert), path(&pki.localhost.key));
-    let server = Serve::start(
+    let server = tls_serve(
         "warn",
+        &pki.localhost.cert,
+        &pki.localhost.key,
         &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
             "--handshake-timeout",
             "2",
             "--max-unauthorized",
@@ -434,7 +406,7 @@ fn slow_handshakes_time_out_and_a_caller_turned_away_is_told_why() {
             "a slow handshake held its place {held:?}"
         );
     }
-    let metrics = scrape(admin);
+    let metrics = crate::http::metrics(admin);
     assert_eq!(
         series(
             &metrics,

@@ -153,7 +153,9 @@ pub fn network_shortfall() -> Option<&'static str> {
             .unwrap_or_else(|_| Err(io::Error::other("the probe thread panicked")));
             made.err().map(|error| {
                 format!(
-                    "exec runs go on the host's network: a network namespace cannot be made                      ({error}; it needs root); each run's port is leased and checked to be its                      own, and its agent program reaches what the server's user reaches"
+                    "exec runs go on the host's network: a network namespace cannot be made \
+                     ({error}; it needs root); each run's port is leased and checked to be its \
+                     own, and its agent program reaches what the server's user reaches"
                 )
             })
         })

@@ -44,40 +44,15 @@ pub(crate) mod tests {
     use std::io::{self, Cursor, Read, Write};
 
     use proptest::prelude::*;
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
-    use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
     use tokio_tungstenite::tungstenite::protocol::{Role, WebSocket, WebSocketConfig};
     use tokio_tungstenite::tungstenite::{Error, Message};
 
     use super::*;
 
     /// A frame's bytes, as tungstenite's own header writes them.
-    pub(crate) fn frame_bytes(opcode: OpCode, fin: bool, payload: &[u8], masked: bool) -> Vec<u8> {
-        let header = FrameHeader {
-            is_final: fin,
-            opcode,
-            mask: masked.then_some([0; 4]),
-            ..FrameHeader::default()
-        };
-        let mut bytes = Vec::new();
-        header
-            .format(payload.len() as u64, &mut bytes)
-            .expect("formats");
-        bytes.extend_from_slice(payload);
-        bytes
-    }
-
-    pub(crate) fn binary(fin: bool, payload: &[u8]) -> Vec<u8> {
-        frame_bytes(OpCode::Data(Data::Binary), fin, payload, false)
-    }
-
-    pub(crate) fn more(fin: bool, payload: &[u8]) -> Vec<u8> {
-        frame_bytes(OpCode::Data(Data::Continue), fin, payload, false)
-    }
-
-    pub(crate) fn ping() -> Vec<u8> {
-        frame_bytes(OpCode::Control(Control::Ping), true, b"p", false)
-    }
+    pub(crate) use runloop_testkit::websocket::{binary, frame as frame_bytes, more, ping};
 
     /// How `bytes` fall into whole frames: `None` if they end inside one.
     fn whole_frames(mut bytes: &[u8]) -> Option<usize> {

@@ -5,13 +5,11 @@
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use runloop::agent::AgentServer;
-use runloop::agent::demo::{Demo, SEQ};
+use runloop::agent::demo::SEQ;
 use runloop::client::{Client, Event, RunError};
-use runloop::proxy::Proxy;
 use runloop::runtime::{AgentSpec, Attach, Catalog};
 use runloop::server::{Credentials, Server, ServerConfig, ServerHandle};
-use runloop_proto::run_loop::{AgenticLoopChunk, ChunkKind, Outcome};
+use runloop_proto::run_loop::{AgenticLoopChunk, Outcome};
 use runloop_testkit::server::{run_request, start_run};
 use runloop_testkit::wait::eventually;
 
@@ -54,18 +52,7 @@ async fn the_builtin_demo_shows_every_ending() {
 
     let (chunks, outcome) = run_numbered(&client, "count these five words please").await;
     assert_eq!(outcome, Outcome::Finished { fatal: false });
-    let kinds: std::collections::BTreeSet<&str> =
-        chunks.iter().map(|c| c.kind().as_str()).collect();
-    for kind in [
-        ChunkKind::AssistantReasoning,
-        ChunkKind::AssistantToolCall,
-        ChunkKind::ToolResponse,
-        ChunkKind::Notification,
-        ChunkKind::AssistantTextContent,
-        ChunkKind::Usage,
-    ] {
-        assert!(kinds.contains(kind.as_str()), "{kind} in {kinds:?}");
-    }
+    crate::agent::shows_the_demo_s_kinds(&chunks);
 
     let (_, outcome) = run_numbered(&client, "please demo:fatal").await;
     assert_eq!(outcome, Outcome::Finished { fatal: true });
@@ -134,15 +121,7 @@ async fn an_exec_agent_program_runs_behind_the_server_and_is_reaped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attached_proxy_serves_one_run() {
     // A container started "elsewhere": the demo agent program and a proxy.
-    let loopback = "127.0.0.1:0".parse().expect("addr");
-    let agent = AgentServer::bind(loopback, Arc::new(Demo::new()))
-        .await
-        .expect("bind");
-    let proxy = Proxy::bind(loopback, agent.local_addr())
-        .await
-        .expect("bind");
-    let (agent, _) = agent.spawn();
-    let (proxy, _) = proxy.spawn();
+    let (agent, _, proxy) = crate::agent::demo_and_proxy().await;
     let proxy_url = proxy.url();
 
     let mut catalog = Catalog::new();

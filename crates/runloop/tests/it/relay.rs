@@ -23,6 +23,22 @@ fn proxy_error(value: &ErrorValue) -> &str {
     value.value()["error"].as_str().unwrap_or_default()
 }
 
+/// Opens `channel` of `scope` with `payload`, a request the server does
+/// not serve: it answers with the channel's finish alone.
+async fn bare_finish_for(raw: &mut RawClient, scope: u32, channel: u32, payload: &[u8]) {
+    raw.send_frame(&runloop_proto::frame::ClientFrame::ChannelRequest {
+        scope,
+        channel,
+        payload,
+    })
+    .await;
+    assert_eq!(
+        raw.next_frame().await,
+        Some(Owned::ChannelResponseFinish { scope, channel }),
+        "{scope}/{channel}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_ending_reaches_the_caller_as_its_outcome() {
     let (proxy, server, client) = setup().await;
@@ -375,32 +391,8 @@ async fn malformed_frames_and_duplicate_numbers_do_not_disturb_a_running_loop() 
         raw.next_frame().await,
         Some(Owned::ResponseFinish { scope: 2 })
     );
-    raw.send_frame(&runloop_proto::frame::ClientFrame::ChannelRequest {
-        scope: 1,
-        channel: 1,
-        payload: &[1],
-    })
-    .await;
-    assert_eq!(
-        raw.next_frame().await,
-        Some(Owned::ChannelResponseFinish {
-            scope: 1,
-            channel: 1
-        })
-    );
-    raw.send_frame(&runloop_proto::frame::ClientFrame::ChannelRequest {
-        scope: 1,
-        channel: 2,
-        payload: b"\x05{}",
-    })
-    .await;
-    assert_eq!(
-        raw.next_frame().await,
-        Some(Owned::ChannelResponseFinish {
-            scope: 1,
-            channel: 2
-        })
-    );
+    bare_finish_for(&mut raw, 1, 1, &[1]).await;
+    bare_finish_for(&mut raw, 1, 2, b"\x05{}").await;
     // The loop is untouched: it is still open, and ends when the run stops.
     raw.send_frame(&runloop_proto::frame::ClientFrame::ChannelRequest {
         scope: 1,

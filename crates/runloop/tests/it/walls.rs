@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runloop::client::{Client, Run, RunError};
+use runloop::client::Client;
 use runloop::proto::agents_run::{Container, Image, ImageRef, RunRequest};
 use runloop::proto::run_loop::Outcome;
 use runloop::server::{
@@ -23,7 +23,9 @@ use runloop_proto::frame::ClientFrame;
 use runloop_testkit::caller::{authorized_from, binary_header, connect_from, send_masked, upgrade};
 use runloop_testkit::fake_proxy::{FakeProxy, Step};
 use runloop_testkit::message::chunk;
-use runloop_testkit::server::{hanging_loop, released, served_with, server_with, unbudgeted};
+use runloop_testkit::server::{
+    hanging_loop, refusal, released, served_with, server_with, unbudgeted,
+};
 use runloop_testkit::wait::{PATIENCE, eventually};
 use runloop_testkit::{Part, needs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -75,18 +77,6 @@ async fn proxy() -> FakeProxy {
     proxy
 }
 
-/// The words of a refused run, which must be a `policy` error.
-fn refused(started: Result<Run, RunError>) -> String {
-    match started {
-        Err(RunError::Refused(error)) => {
-            assert_eq!(error.0["kind"], "policy", "{error:?}");
-            error.0["error"].as_str().expect("words").to_owned()
-        }
-        Ok(_) => panic!("the run started"),
-        Err(other) => panic!("{other}"),
-    }
-}
-
 /// The value of one series of the server's metrics, 0 when absent.
 fn series(server: &ServerHandle, name: &str) -> u64 {
     server
@@ -117,7 +107,7 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
     let run = alice.start(request(0)).await.expect("alice's one run");
     let running = hanging_loop(&run).await;
     assert!(
-        refused(alice.start(request(0)).await).contains("holds as many runs as it may"),
+        refusal(alice.start(request(0)).await).contains("holds as many runs as it may"),
         "max-runs 1"
     );
     // The reload: bob stays, alice goes, and the defaults would give four.
@@ -144,7 +134,7 @@ async fn a_revoked_tenant_opens_nothing_more_and_is_closed_after_the_grace() {
     );
     // Every ask of hers is refused, saying so: no run, no loop.
     for _ in 0..3 {
-        let words = refused(alice.start(request(0)).await);
+        let words = refusal(alice.start(request(0)).await);
         assert!(
             words.starts_with("tenant alice's credential was revoked"),
             "{words}"
@@ -583,7 +573,7 @@ async fn a_run_is_admitted_only_when_its_disk_fits_the_free_space() {
     let alice = Client::connect(&server.url(), "a").await.expect("alice");
     let alices = alice.start(request(180 * MIB)).await.expect("alice's run");
     let bob = Client::connect(&server.url(), "b").await.expect("bob");
-    let words = refused(bob.start(request(150 * MIB)).await);
+    let words = refusal(bob.start(request(150 * MIB)).await);
     assert!(
         words.contains("does not fit the free space of the filesystem that holds runs' disks"),
         "{words}"

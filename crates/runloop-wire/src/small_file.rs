@@ -1,5 +1,6 @@
-//! Small files an operator names: the configuration file and token files,
-//! read whole, within a size bound, and only when they are regular files.
+//! Small files an operator names — a server's configuration and token
+//! files, a TLS certificate, its key, a certificate authority — read
+//! whole, within a size bound, and only when they are regular files.
 //!
 //! Such a path is read at startup, by `--check-config`, and again on each
 //! SIGHUP while the server serves. Whatever sits at the path is read:
@@ -9,20 +10,14 @@
 //! at through its open descriptor (`fstat`, so nothing can be swapped in
 //! between a check and the open), refused unless it is a regular file,
 //! and read to at most its bound: a file that grows past it while it is
-//! read is refused too, never read on. The reload that reads them runs
-//! off the server's async workers as well (`serve`'s SIGHUP handler), so
-//! even a slow disk holds up no connection.
+//! read is refused too, never read on. Each caller names the bound that
+//! fits its files ([`crate::tls::MAX_PEM_FILE`] for PEM). A reload that
+//! reads them runs off the server's async workers as well (`runloop
+//! serve`'s SIGHUP handler), so even a slow disk holds up no connection.
 
 use std::io::{self, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
-
-/// The largest configuration file read: far past any real one (the
-/// example with every key and a hundred tenants is under 64 KiB).
-pub const MAX_CONFIG_FILE: u64 = 1 << 20;
-
-/// The largest token file read: ten thousand tokens of a hundred bytes.
-pub const MAX_TOKEN_FILE: u64 = 1 << 20;
 
 /// Why a file was not read.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +39,12 @@ pub enum SmallFileError {
 /// The text of the regular file at `path`, at most `max` bytes; never
 /// blocks on what is not a regular file.
 pub fn read(path: &Path, max: u64) -> Result<String, SmallFileError> {
+    String::from_utf8(read_bytes(path, max)?).map_err(|_| SmallFileError::NotText)
+}
+
+/// The bytes of the regular file at `path`, at most `max` of them; never
+/// blocks on what is not a regular file.
+pub fn read_bytes(path: &Path, max: u64) -> Result<Vec<u8>, SmallFileError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -60,7 +61,7 @@ pub fn read(path: &Path, max: u64) -> Result<String, SmallFileError> {
     if bytes.len() as u64 > max {
         return Err(SmallFileError::TooLarge(max));
     }
-    String::from_utf8(bytes).map_err(|_| SmallFileError::NotText)
+    Ok(bytes)
 }
 
 /// What a file that is not a regular file is, in words.
@@ -84,6 +85,9 @@ fn what(kind: std::fs::FileType) -> &'static str {
 mod tests {
     use super::*;
 
+    /// A bound of the size the server's files have.
+    const MIB: u64 = 1 << 20;
+
     #[test]
     fn a_regular_file_is_read_and_anything_else_is_refused_at_once() {
         let dir = tempfile::tempdir().expect("a directory");
@@ -96,14 +100,14 @@ mod tests {
         let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
         // SAFETY: a system call on a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
-        let refused = read(&fifo, MAX_TOKEN_FILE).expect_err("a FIFO");
+        let refused = read(&fifo, MIB).expect_err("a FIFO");
         assert_eq!(
             refused.to_string(),
             "it is a FIFO (named pipe), not a regular file"
         );
 
         // A device that never ends, and a directory.
-        let zero = read(Path::new("/dev/zero"), MAX_TOKEN_FILE).expect_err("a device");
+        let zero = read(Path::new("/dev/zero"), MIB).expect_err("a device");
         assert_eq!(
             zero.to_string(),
             "it is a character device, not a regular file"
@@ -121,12 +125,25 @@ mod tests {
         // Sparse: a gigabyte that takes no disk.
         let file = std::fs::File::create(&large).expect("created");
         file.set_len(1 << 30).expect("grown");
-        let refused = read(&large, MAX_CONFIG_FILE).expect_err("too large");
-        assert!(matches!(refused, SmallFileError::TooLarge(MAX_CONFIG_FILE)));
+        let refused = read(&large, MIB).expect_err("too large");
+        assert!(matches!(refused, SmallFileError::TooLarge(MIB)));
         std::fs::write(&large, [b'x'; 17]).expect("written");
         assert!(read(&large, 16).is_err());
         assert_eq!(read(&large, 17).expect("at the bound").len(), 17);
         std::fs::write(&large, [0xff, 0xfe]).expect("written");
         assert!(matches!(read(&large, 16), Err(SmallFileError::NotText)));
+    }
+
+    #[test]
+    fn no_small_file_error_says_its_cause_twice() {
+        let errors = [
+            SmallFileError::Io(io::Error::from(io::ErrorKind::PermissionDenied)),
+            SmallFileError::NotRegular("a FIFO (named pipe)"),
+            SmallFileError::TooLarge(MIB),
+            SmallFileError::NotText,
+        ];
+        for error in &errors {
+            runloop_testkit::errors::assert_cause_said_once(error);
+        }
     }
 }
