@@ -25,7 +25,7 @@ use serde_json::value::RawValue;
 
 use crate::errors::Failure;
 use crate::run_loop::NativeLoop;
-use crate::runtime::{Owned, awaitable, block};
+use crate::runtime::{Owned, awaitable, block, bounded, seconds};
 
 /// The digest sent when a caller names none: any unpinned catalog entry
 /// accepts it (as `runloop run` sends).
@@ -46,31 +46,6 @@ fn config(ca: &[PathBuf]) -> PyResult<ClientConfig> {
         .raise()
     })?;
     Ok(config.tls(tls))
-}
-
-/// A bound on a wait from Python's seconds (`None`: no bound).
-pub(crate) fn seconds(value: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
-    value
-        .map(|s| {
-            Duration::try_from_secs_f64(s).map_err(|_| {
-                PyValueError::new_err(format!("{what} must be a number of seconds, not {s}"))
-            })
-        })
-        .transpose()
-}
-
-/// `fut`, or [`Failure::Timeout`] naming `what` when `limit` passes first.
-pub(crate) async fn bounded<T>(
-    limit: Option<Duration>,
-    what: &'static str,
-    fut: impl Future<Output = Result<T, Failure>>,
-) -> Result<T, Failure> {
-    match limit {
-        Some(limit) => tokio::time::timeout(limit, fut)
-            .await
-            .map_err(|_| Failure::Timeout(what, limit.as_secs_f64()))?,
-        None => fut.await,
-    }
 }
 
 async fn dial(

@@ -49,10 +49,9 @@ use runloop_client::{
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::client::{bounded, seconds};
 use crate::errors::{self, Failure};
 use crate::events::{Chunk, Error, Outcome};
-use crate::runtime::{Owned, block, runtime};
+use crate::runtime::{Owned, block, bounded, runtime, seconds};
 
 /// The most events one batch carries, and the most the pump holds for
 /// Python.

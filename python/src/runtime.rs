@@ -13,7 +13,8 @@
 //!
 //! The blocking API waits in slices of [`SLICE`], with the GIL released,
 //! and runs Python's signal handlers between them, so Ctrl-C interrupts a
-//! wait within one slice.
+//! wait within one slice; a caller's `timeout` in seconds ([`seconds`])
+//! bounds the whole wait ([`bounded`]), for the client and its loops alike.
 //!
 //! At the interpreter's exit the runtime's threads are still there, and a
 //! thread that takes the GIL while the interpreter finalizes crashes it.
@@ -28,15 +29,41 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3_async_runtimes::TaskLocals;
 use pyo3_async_runtimes::generic::{self, ContextExt};
 
-use crate::errors;
+use crate::errors::{self, Failure};
 
 /// How long a blocking call waits before it looks at Python's signals.
 pub const SLICE: Duration = Duration::from_millis(25);
+
+/// A bound on a wait from Python's seconds (`None`: no bound).
+pub(crate) fn seconds(value: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    value
+        .map(|s| {
+            Duration::try_from_secs_f64(s).map_err(|_| {
+                PyValueError::new_err(format!("{what} must be a number of seconds, not {s}"))
+            })
+        })
+        .transpose()
+}
+
+/// `fut`, or [`Failure::Timeout`] naming `what` when `limit` passes first.
+pub(crate) async fn bounded<T>(
+    limit: Option<Duration>,
+    what: &'static str,
+    fut: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, fut)
+            .await
+            .map_err(|_| Failure::Timeout(what, limit.as_secs_f64()))?,
+        None => fut.await,
+    }
+}
 
 /// The variable that sets the runtime's worker threads (tokio's own name);
 /// one when it is not set.
