@@ -12,7 +12,7 @@
 //! layout / registry ──digests checked──▶ store (blobs, unpacked images)
 //!                                            │ overlay: image (lower) + run's ext4 (upper, /tmp)
 //!                                            ▼
-//! server ──in process──▶ proxy (host) ──▶ link ──socket made in the run's netns──▶ agent program on 127.0.0.1:$PORT
+//! server ──in process──▶ proxy (host) ──link: a socket made in the run's netns──▶ agent program on 127.0.0.1:$PORT
 //!                                              (runc: pid, mount, ipc, uts, net namespaces — the net one has lo only,
 //!                                               and a NAT'd veth out with `--container-egress`;
 //!                                               memory and pids cgroup limits)
