@@ -49,7 +49,7 @@ use runloop_runtime::cgroup::{TenantHold, Tenants};
 use runloop_runtime::netns::{Diag, Listening};
 use runloop_runtime::output::TenantLog;
 use runloop_runtime::steps::Steps;
-use runloop_runtime::supervised::{self, Agent, NotReady, Supervised, Supervisor};
+use runloop_runtime::supervised::{self, Agent, NotReady, Supervisor};
 use runloop_runtime::{BoxFuture, Container, ContainerLimits, Reserve, Runtime, StartError};
 use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
@@ -67,6 +67,7 @@ use crate::layout::{Layout, LayoutError};
 use crate::link::{Link, Watch};
 use crate::network::{self, Netns};
 use crate::pool::{Pool, PoolConfig};
+use crate::run::{OciContainer, OciRun};
 use crate::runc;
 use crate::store::Unpacked;
 use crate::user;
@@ -100,11 +101,6 @@ impl OciRuntime {
         &self.image
     }
 
-    /// The host.
-    pub(crate) fn host(&self) -> &Arc<Host> {
-        &self.host
-    }
-
     /// Keeps `config.size` containers of this image started, each of
     /// `config.memory` and `config.disk` claimed of `reserve` (the server's
     /// budgets), for runs to take ([`crate::pool`]); refilled in the
@@ -114,13 +110,20 @@ impl OciRuntime {
         if config.size == 0 {
             return;
         }
-        let pool = Arc::new(Pool::new(config));
+        let pool = Arc::new(Pool::new(config, self.host.cgroups()));
         if self.pool.set(Arc::clone(&pool)).is_err() {
             return;
         }
+        info!(image = %self.image.image.digest, size = config.size, memory = config.memory, disk = config.disk, "keeping containers warm");
+        let runtime = self.clone();
+        let start = move |limits| {
+            let runtime = runtime.clone();
+            async move { runtime.spawn_cold(limits).await }
+        };
+        let closing = self.host.closing().clone();
         self.host
             .tasks()
-            .spawn(crate::pool::refill(pool, self.clone(), reserve));
+            .spawn(crate::pool::refill(pool, start, closing, reserve));
     }
 
     /// Warm containers ready now (0 without a pool).
@@ -133,7 +136,7 @@ impl OciRuntime {
     /// [`Runtime::start`] is this, boxed.
     pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
         if let Some(pool) = self.pool.get()
-            && let Some(container) = pool.take(self, &limits).await
+            && let Some(container) = pool.take(&limits).await
         {
             info!(key = %container.runtime().key(), memory = limits.memory, disk = limits.disk, "a warm container goes to a run");
             return Ok(container);
@@ -512,11 +515,7 @@ impl Started {
         let served = match listened {
             Ok(()) => {
                 steps.mark("ready");
-                let run = OciRun {
-                    key: key.clone(),
-                    dir,
-                    cgroup: self.run.cgroup.clone(),
-                };
+                let run = OciRun::new(key.clone(), dir, self.run.cgroup.clone());
                 supervisor.serve(self, link, run).await
             }
             Err(why) => {
@@ -648,35 +647,6 @@ impl Watch for Memory {
         self.ended.cancel();
     }
 }
-
-/// What the oci runtime says of a container: its run's key, directory
-/// and cgroup.
-#[derive(Debug)]
-pub struct OciRun {
-    key: String,
-    dir: PathBuf,
-    cgroup: String,
-}
-
-impl OciRun {
-    /// The run's key (its container is `runloop-KEY`).
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The run's directory in the store.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// The container's cgroup path (below its tenant's).
-    pub fn cgroup(&self) -> &str {
-        &self.cgroup
-    }
-}
-
-/// One running container, as the server sees it ([`Supervised`]).
-pub type OciContainer = Supervised<OciRun>;
 
 /// A layout named the way skopeo names one, `oci:DIR:TAG`, where `DIR` is
 /// a layout: the error says that an entry names the directory alone.
