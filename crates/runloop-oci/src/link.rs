@@ -127,9 +127,10 @@ mod tests {
         if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
             return;
         }
-        let netns = crate::network::create(&format!("linktest{}", std::process::id()))
-            .await
-            .expect("a namespace");
+        let key = format!("linktest{}", std::process::id());
+        let netns = crate::network::create(&key).await.expect("a namespace");
+        // Unbound however the test ends, so a failed run leaves nothing.
+        let _unbound = Unbound(crate::network::namespace_path(&key));
         let fake = Arc::new(Fake::default());
         let link = Link::new(netns.clone(), 8080, Arc::clone(&fake) as Arc<dyn Watch>);
         assert_eq!(
@@ -153,8 +154,16 @@ mod tests {
         assert!(fake.ended.load(Ordering::SeqCst));
         drop(link);
         drop(netns);
-        crate::network::remove(&format!("linktest{}", std::process::id()))
-            .await
-            .expect("removed");
+        crate::network::remove(&key).await.expect("removed");
+        assert!(!crate::network::namespace_path(&key).exists());
+    }
+
+    /// Unbinds the namespace bound at its path when dropped.
+    struct Unbound(std::path::PathBuf);
+
+    impl Drop for Unbound {
+        fn drop(&mut self) {
+            let _ = runloop_runtime::netns::remove_at(&self.0);
+        }
     }
 }
