@@ -3,7 +3,7 @@
 //! ```text
 //! start:  run dir ─▶ ┬ disk (a copy of its size's template, loop, ext4) ─▶ overlay root ┬─▶ config.json
 //!                    └ netns (lo; egress veth if on) ────────────────────────────────┘
-//!         ─▶ runc run --keep ─▶ agent listens on 127.0.0.1:PORT in the netns ─▶ link ─▶ proxy
+//!         ─▶ runc run --keep ─▶ agent listens on 127.0.0.1:PORT in the netns ─▶ proxy (dials it through the link)
 //!         (any failure, or the start given up on: teardown)
 //! end:    by itself (exit, OOM) or stop: signal, grace, SIGKILL to all, runc delete,
 //!         netns gone, overlay and disk unmounted (loop detached), run dir removed
@@ -34,26 +34,24 @@
 //! leftovers of its runs the same way.
 //!
 //! The agent is reached only through sockets made inside the run's network
-//! namespace (module [`network`]): the readiness probe,
-//! and every connection of the link. The agent program listens on
-//! `127.0.0.1:$PORT`, as under exec.
+//! namespace (module [`network`]): the readiness probe, and every
+//! connection the proxy makes through the [`link`](crate::link). The
+//! agent program listens on `127.0.0.1:$PORT`, as under exec.
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use runloop_proto::error_chain::Chain;
 use runloop_runtime::cgroup::{TenantHold, Tenants};
 use runloop_runtime::netns::{Diag, Listening};
 use runloop_runtime::output::TenantLog;
 use runloop_runtime::steps::Steps;
-use runloop_runtime::supervised::{self, Agent, NotReady, Supervised, Supervisor};
+use runloop_runtime::supervised::{self, Agent, NotReady, Supervisor};
 use runloop_runtime::{BoxFuture, Container, ContainerLimits, Reserve, Runtime, StartError};
 use tokio::process::Child;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
@@ -66,9 +64,10 @@ use crate::gc::Hold;
 use crate::host::{Host, HostError};
 use crate::image::Image;
 use crate::layout::{Layout, LayoutError};
-use crate::link::{self, Watch};
+use crate::link::{Link, Watch};
 use crate::network::{self, Netns};
 use crate::pool::{Pool, PoolConfig};
+use crate::run::{OciContainer, OciRun};
 use crate::runc;
 use crate::store::Unpacked;
 use crate::user;
@@ -102,11 +101,6 @@ impl OciRuntime {
         &self.image
     }
 
-    /// The host.
-    pub(crate) fn host(&self) -> &Arc<Host> {
-        &self.host
-    }
-
     /// Keeps `config.size` containers of this image started, each of
     /// `config.memory` and `config.disk` claimed of `reserve` (the server's
     /// budgets), for runs to take ([`crate::pool`]); refilled in the
@@ -116,13 +110,20 @@ impl OciRuntime {
         if config.size == 0 {
             return;
         }
-        let pool = Arc::new(Pool::new(config));
+        let pool = Arc::new(Pool::new(config, self.host.cgroups()));
         if self.pool.set(Arc::clone(&pool)).is_err() {
             return;
         }
+        info!(image = %self.image.image.digest, size = config.size, memory = config.memory, disk = config.disk, "keeping containers warm");
+        let runtime = self.clone();
+        let start = move |limits| {
+            let runtime = runtime.clone();
+            async move { runtime.spawn_cold(limits).await }
+        };
+        let closing = self.host.closing().clone();
         self.host
             .tasks()
-            .spawn(crate::pool::refill(pool, self.clone(), reserve));
+            .spawn(crate::pool::refill(pool, start, closing, reserve));
     }
 
     /// Warm containers ready now (0 without a pool).
@@ -135,7 +136,7 @@ impl OciRuntime {
     /// [`Runtime::start`] is this, boxed.
     pub async fn spawn(&self, limits: ContainerLimits) -> Result<OciContainer, StartError> {
         if let Some(pool) = self.pool.get()
-            && let Some(container) = pool.take(self, &limits).await
+            && let Some(container) = pool.take(&limits).await
         {
             info!(key = %container.runtime().key(), memory = limits.memory, disk = limits.disk, "a warm container goes to a run");
             return Ok(container);
@@ -472,8 +473,9 @@ struct Started {
 }
 
 impl Started {
-    /// Waits for the agent to accept TCP, then puts the link and the proxy
-    /// in front of it and hands runc's child to its supervisor.
+    /// Waits for the agent to accept TCP, then puts the proxy in front of
+    /// it (dialing it through the [`Link`]) and hands runc's child to its
+    /// supervisor.
     async fn ready(
         self,
         child: Child,
@@ -497,38 +499,23 @@ impl Started {
             id: runc::id(&key),
             cgroup: self.run.cgroup.clone(),
             ended: supervisor.end_now().clone(),
-            exited: supervisor.ends(),
         });
         let dir = self.run.dir();
-        let agent = link::Agent {
-            netns: self.netns.clone(),
-            port: self.port,
-        };
+        let link = Link::new(self.netns.clone(), self.port, watch);
         let timeout = host.config().startup_timeout;
-        let linked = async {
-            tokio::select! {
-                listened = supervisor.listening(&self, self.port, timeout) => listened.map_err(NotReady::words),
-                () = abandoned.cancelled() => Err(GIVEN_UP.to_owned()),
-            }
-            .map_err(|why| match runc::last_error(&dir) {
-                Some(runc) => format!("{why} ({runc})"),
-                None => why,
-            })?;
-            steps.mark("ready");
-            let linked = link::bind(agent, watch, supervisor.stop().clone())
-                .await
-                .map_err(|error| format!("cannot bind the agent link: {error}"));
-            steps.mark("link");
-            linked
-        };
-        let served = match linked.await {
-            Ok((link, task)) => {
-                let run = OciRun {
-                    key: key.clone(),
-                    dir,
-                    cgroup: self.run.cgroup.clone(),
-                };
-                supervisor.serve(self, link, vec![task], run).await
+        let listened = tokio::select! {
+            listened = supervisor.listening(&self, self.port, timeout) => listened.map_err(NotReady::words),
+            () = abandoned.cancelled() => Err(GIVEN_UP.to_owned()),
+        }
+        .map_err(|why| match runc::last_error(&dir) {
+            Some(runc) => format!("{why} ({runc})"),
+            None => why,
+        });
+        let served = match listened {
+            Ok(()) => {
+                steps.mark("ready");
+                let run = OciRun::new(key.clone(), dir, self.run.cgroup.clone());
+                supervisor.serve(self, link, run).await
             }
             Err(why) => {
                 supervisor.give_up(self).await;
@@ -638,14 +625,12 @@ impl Agent for Started {
     }
 }
 
-/// The link's view of the container: its OOM count, a way to end it, and
-/// its end once reported.
+/// The link's view of the container: its OOM count and a way to end it.
 struct Memory {
     host: Arc<Host>,
     id: String,
     cgroup: String,
     ended: CancellationToken,
-    exited: watch::Receiver<Option<String>>,
 }
 
 impl Watch for Memory {
@@ -660,48 +645,7 @@ impl Watch for Memory {
     fn end_for_memory(&self) {
         self.ended.cancel();
     }
-
-    fn ended(&self, patience: Duration) -> BoxFuture<'_, Option<String>> {
-        let mut exited = self.exited.clone();
-        Box::pin(async move {
-            let reported = tokio::time::timeout(patience, exited.wait_for(Option::is_some))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .and_then(|reason| reason.clone());
-            reported.or_else(|| exited.borrow().clone())
-        })
-    }
 }
-
-/// What the oci runtime says of a container: its run's key, directory
-/// and cgroup.
-#[derive(Debug)]
-pub struct OciRun {
-    key: String,
-    dir: PathBuf,
-    cgroup: String,
-}
-
-impl OciRun {
-    /// The run's key (its container is `runloop-KEY`).
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The run's directory in the store.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// The container's cgroup path (below its tenant's).
-    pub fn cgroup(&self) -> &str {
-        &self.cgroup
-    }
-}
-
-/// One running container, as the server sees it ([`Supervised`]).
-pub type OciContainer = Supervised<OciRun>;
 
 /// A layout named the way skopeo names one, `oci:DIR:TAG`, where `DIR` is
 /// a layout: the error says that an entry names the directory alone.

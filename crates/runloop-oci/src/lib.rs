@@ -12,7 +12,7 @@
 //! layout / registry ──digests checked──▶ store (blobs, unpacked images)
 //!                                            │ overlay: image (lower) + run's ext4 (upper, /tmp)
 //!                                            ▼
-//! server ──in process──▶ proxy (host) ──▶ link ──socket made in the run's netns──▶ agent program on 127.0.0.1:$PORT
+//! server ──in process──▶ proxy (host) ──link: a socket made in the run's netns──▶ agent program on 127.0.0.1:$PORT
 //!                                              (runc: pid, mount, ipc, uts, net namespaces — the net one has lo only,
 //!                                               and a NAT'd veth out with `--container-egress`;
 //!                                               memory and pids cgroup limits)
@@ -21,8 +21,8 @@
 //! The modules, in the order an image meets them: [`digest`], [`layout`],
 //! [`image`], [`unpack`], [`store`] (bounded by [`gc`]) — and for `registry` images
 //! [`registry`] before them; then a run: [`host`] (what runs
-//! share, checked at startup), [`container`] (one container's life; its
-//! [`pool`] of warm ones), and
+//! share, checked at startup), [`container`] (one container's life, [`run`] what the
+//! server holds of it; its [`pool`] of warm ones), and
 //! the parts it is made of — [`disk`] (with [`loopdev`]), [`network`], [`egress`] (with
 //! [`conntrack`]), [`user`], [`bundle`],
 //! [`runc`] (with [`filter`], the syscall filter made once), [`cgroup`],
@@ -48,6 +48,7 @@ pub mod loopdev;
 pub mod network;
 pub mod pool;
 pub mod registry;
+pub mod run;
 pub mod runc;
 pub mod seccomp;
 pub mod store;
@@ -55,11 +56,12 @@ pub mod teardown;
 pub mod unpack;
 pub mod user;
 
-pub use container::{OciContainer, OciRun, OciRuntime};
+pub use container::OciRuntime;
 pub use host::{Host, HostConfig, HostError};
 /// The OCI spec types this crate's API speaks (media types, descriptors).
 pub use oci_spec;
 pub use pool::PoolConfig;
+pub use run::{OciContainer, OciRun};
 
 /// A random name for a temporary file or a run: 12 lowercase hex digits
 /// (48 bits), short enough for an interface name.

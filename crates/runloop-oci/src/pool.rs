@@ -31,20 +31,27 @@
 //! runs on the host's tracker and ends when the host closes; the host's
 //! close stops every container, warm ones included, so a server that stops
 //! leaves nothing of its pool.
+//!
+//! The pool imports nothing of the container's module, which keeps it
+//! ([`crate::container`]): what it keeps is an [`OciContainer`] (module
+//! [`run`](crate::run)), and it starts one by the function its runtime
+//! hands its refill, so imports go one way.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use runloop_proto::error_chain::Chain;
-use runloop_runtime::{Container, ContainerLimits, Reserve, Reserved, RunTenant};
+use runloop_runtime::{Container, ContainerLimits, Reserve, Reserved, RunTenant, StartError};
 use tokio::sync::Notify;
-use tracing::{debug, info, warn};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
 
 use crate::cgroup::Version;
-use crate::container::{OciContainer, OciRuntime};
+use crate::run::OciContainer;
 
 /// The most a failing refill waits before it tries again.
 const LONGEST_PAUSE: Duration = Duration::from_secs(30);
@@ -74,6 +81,9 @@ pub struct PoolConfig {
 #[derive(Debug)]
 pub(crate) struct Pool {
     config: PoolConfig,
+    /// The host's cgroup version: how a taken container's memory limit
+    /// is lowered.
+    cgroups: Version,
     ready: Mutex<VecDeque<Warm>>,
     /// A container was taken, or went: the refill looks again.
     wake: Notify,
@@ -94,9 +104,11 @@ impl std::fmt::Debug for Warm {
 }
 
 impl Pool {
-    pub(crate) fn new(config: PoolConfig) -> Pool {
+    /// A pool of `config`'s containers, on a host of `cgroups`.
+    pub(crate) fn new(config: PoolConfig, cgroups: Version) -> Pool {
         Pool {
             config,
+            cgroups,
             ready: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
         }
@@ -113,11 +125,7 @@ impl Pool {
 
     /// A warm container held to `limits`, if one fits and is there; `None`:
     /// the run starts cold.
-    pub(crate) async fn take(
-        &self,
-        runtime: &OciRuntime,
-        limits: &ContainerLimits,
-    ) -> Option<OciContainer> {
+    pub(crate) async fn take(&self, limits: &ContainerLimits) -> Option<OciContainer> {
         if limits.memory > self.config.memory || limits.disk > self.config.disk {
             return None;
         }
@@ -128,7 +136,7 @@ impl Pool {
                 debug!("a warm container had ended; it goes");
                 continue;
             }
-            match self.hold(runtime, &warm.container, limits).await {
+            match self.hold(&warm.container, limits).await {
                 Ok(()) => {
                     warm.reserved.used();
                     return Some(warm.container);
@@ -143,13 +151,8 @@ impl Pool {
 
     /// Holds a warm container to the run's `limits`: its memory limit
     /// lowered, all of its disk but the run's set aside.
-    async fn hold(
-        &self,
-        runtime: &OciRuntime,
-        container: &OciContainer,
-        limits: &ContainerLimits,
-    ) -> Result<(), String> {
-        let cgroups = runtime.host().cgroups();
+    async fn hold(&self, container: &OciContainer, limits: &ContainerLimits) -> Result<(), String> {
+        let cgroups = self.cgroups;
         let cgroup = container.runtime().cgroup().to_owned();
         let run = container.runtime().dir().to_owned();
         let (memory, disk) = (self.config.memory, self.config.disk);
@@ -225,11 +228,19 @@ fn set_aside(path: &std::path::Path, bytes: u64) -> Result<(), String> {
     })
 }
 
-/// Keeps `pool` full of containers of `runtime`, each claimed of
-/// `reserve`, until the host closes; then lets every warm container go
-/// (the host's close stops them).
-pub(crate) async fn refill(pool: Arc<Pool>, runtime: OciRuntime, reserve: Arc<dyn Reserve>) {
-    let closing = runtime.host().closing().clone();
+/// Keeps `pool` full of containers that `start` starts cold (its
+/// runtime's), each claimed of `reserve`, until `closing` (the host's
+/// close); then lets every warm container go (the host's close stops
+/// them).
+pub(crate) async fn refill<S, Starting>(
+    pool: Arc<Pool>,
+    start: S,
+    closing: CancellationToken,
+    reserve: Arc<dyn Reserve>,
+) where
+    S: Fn(ContainerLimits) -> Starting,
+    Starting: Future<Output = Result<OciContainer, StartError>>,
+{
     // No one's run yet: the pool's containers are no tenant's, and run in
     // a cgroup of their own below the tenants' (a name no tenant can
     // have); a run that takes one keeps it there.
@@ -242,7 +253,6 @@ pub(crate) async fn refill(pool: Arc<Pool>, runtime: OciRuntime, reserve: Arc<dy
         },
     };
     let mut pause = Duration::from_millis(250);
-    info!(image = %runtime.image().image.digest, size = pool.config.size, memory = limits.memory, disk = limits.disk, "keeping containers warm");
     loop {
         // Ended while they waited: they go, and are replaced.
         pool.ready()
@@ -255,7 +265,7 @@ pub(crate) async fn refill(pool: Arc<Pool>, runtime: OciRuntime, reserve: Arc<dy
             };
             let started = tokio::select! {
                 () = closing.cancelled() => break,
-                started = runtime.spawn_cold(limits.clone()) => started,
+                started = start(limits.clone()) => started,
             };
             match started {
                 Ok(container) => {

@@ -3,7 +3,7 @@
 //! own buffer and taken out of its framing there.
 //!
 //! ```text
-//! connect ──▶ POST, head and body in one write ──▶ the answer's head (1xx skipped)
+//! dial ──▶ POST, head and body in one write ──▶ the answer's head (1xx skipped)
 //!                                                   │
 //!   body: read into one buffer ──▶ framing taken off in place ──▶ pieces of it, unread
 //!         (chunked: size lines and CRLFs; a Content-Length; or to the connection's end)
@@ -17,7 +17,8 @@
 //! slice of the bytes read, not a copy. The agent program is on the run's
 //! own loopback, so there is no TLS, no proxy, no redirect and no pool to
 //! have: a connection lives as long as its one call, and is never offered
-//! to another run.
+//! to another run. The connection is the proxy's [`Dial`]'s: made in the
+//! run's network namespace by its runtime, or to an address.
 //!
 //! What is refused, as a careful HTTP/1.1 client refuses it: a head that is
 //! not HTTP/1.x or is larger than [`MAX_HEAD`], a `Transfer-Encoding` on an
@@ -27,7 +28,6 @@
 
 use std::fmt;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -35,6 +35,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_util::Stream;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+
+use super::dial::Dial;
 
 /// The most an answer's head may take.
 pub(super) const MAX_HEAD: usize = 64 << 10;
@@ -94,22 +96,21 @@ pub(super) struct Answer {
     pub(super) body: Body,
 }
 
-/// Calls `POST path` on the agent program at `agent` with `body` (JSON),
-/// asking for `accept`, and reads the answer's head.
-pub(super) async fn post(
-    agent: SocketAddr,
+/// Calls `POST path` on the agent program `agent` dials with `body`
+/// (JSON), asking for `accept`, and reads the answer's head.
+pub(super) async fn post<D: Dial + ?Sized>(
+    agent: &D,
     path: &str,
     body: &[u8],
     accept: &str,
 ) -> Result<Answer, Unanswered> {
     tracing::trace!(%agent, path, "calling the agent program");
-    let mut tcp = TcpStream::connect(agent)
-        .await
-        .map_err(Unanswered::Connect)?;
+    let mut tcp = agent.connect().await.map_err(Unanswered::Connect)?;
     let _ = tcp.set_nodelay(true);
     let mut request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {agent}\r\nContent-Type: application/json\r\n\
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
          Accept: {accept}\r\nContent-Length: {}\r\n\r\n",
+        agent.address(),
         body.len()
     )
     .into_bytes();
@@ -503,6 +504,7 @@ fn chunk_size(line: &[u8]) -> Result<u64, BodyError> {
 mod tests {
     use futures_util::StreamExt;
     use proptest::prelude::*;
+    use std::net::SocketAddr;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
@@ -545,7 +547,7 @@ mod tests {
         cuts: &[usize],
     ) -> Result<(u16, Framing, Result<Vec<u8>, String>), String> {
         let (addr, task) = agent(answer.to_vec(), cuts.to_vec()).await;
-        let answered = post(addr, "/run", b"{}", "text/event-stream").await;
+        let answered = post(&addr, "/run", b"{}", "text/event-stream").await;
         let request = task.await.expect("the agent's task");
         let head = String::from_utf8_lossy(&request);
         assert!(head.starts_with("POST /run HTTP/1.1\r\n"), "{head}");
@@ -663,7 +665,7 @@ mod tests {
             );
         }
         let refused = post(
-            "127.0.0.1:9".parse().expect("an address"),
+            &"127.0.0.1:9".parse::<SocketAddr>().expect("an address"),
             "/run",
             b"{}",
             "*/*",
@@ -693,7 +695,7 @@ mod tests {
             // Held open until the test has looked.
             let _ = more.await;
         });
-        let mut answer = post(addr, "/run", b"{}", "*/*").await.expect("answered");
+        let mut answer = post(&addr, "/run", b"{}", "*/*").await.expect("answered");
         let piece = answer.body.next().await.expect("a piece").expect("data");
         assert_eq!(&piece[..], b"hello");
         assert!(answer.body.drained(), "nothing left of what was read");

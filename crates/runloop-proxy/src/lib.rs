@@ -65,6 +65,8 @@
 //! The pieces, in the order a chunk meets them:
 //!
 //! ```text
+//! dial.rs       how a call's connection is made: to an address, or by the
+//!               runtime inside the run's network namespace
 //! http1.rs      the proxy's HTTP/1.1 client: a call on its own connection,
 //!               the body read and unframed in the proxy's own buffer
 //! upstream.rs   the agent program over HTTP: POST /register, POST /run,
@@ -82,6 +84,7 @@
 //! lib.rs        the listener: each connection to its path
 //! ```
 
+mod dial;
 mod handshake;
 mod http1;
 mod local;
@@ -105,6 +108,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info};
 
+pub use self::dial::{Dial, Dialing};
 pub use self::local::{LocalProxy, LocalRun, PathEvent};
 
 use self::handshake::Path;
@@ -179,20 +183,22 @@ pub struct ProxyHandle {
 }
 
 impl Proxy {
-    /// Binds `listen`; the agent program is at `agent`.
-    pub async fn bind(listen: SocketAddr, agent: SocketAddr) -> io::Result<Proxy> {
+    /// Binds `listen`; the agent program is where `agent` dials (an
+    /// address, or a runtime's [`Dial`] into the run's network
+    /// namespace).
+    pub async fn bind(listen: SocketAddr, agent: impl Dial) -> io::Result<Proxy> {
         Proxy::new(TcpListener::bind(listen).await?, agent)
     }
 
     /// A proxy on a listener that is already bound.
-    pub fn new(listener: TcpListener, agent: SocketAddr) -> io::Result<Proxy> {
+    pub fn new(listener: TcpListener, agent: impl Dial) -> io::Result<Proxy> {
         let config = ProxyConfig::default();
         Ok(Proxy {
             addr: listener.local_addr()?,
             listener,
             shutdown: CancellationToken::new(),
             shared: Arc::new(Shared {
-                upstream: Upstream::new(agent, config.max_error_body, None),
+                upstream: Upstream::new(Arc::new(agent), config.max_error_body, None),
                 config,
                 state: State::default(),
                 metrics: Arc::new(ProxyMetrics::new()),
@@ -242,7 +248,7 @@ impl Proxy {
         self.addr
     }
 
-    /// The agent program's address.
+    /// The agent program's address, as the program sees it.
     pub fn agent(&self) -> SocketAddr {
         self.shared.upstream.agent()
     }
@@ -267,7 +273,7 @@ impl Proxy {
             shutdown,
             shared,
         } = self;
-        let agent = shared.upstream.agent();
+        let agent = shared.upstream.dial().to_string();
         let tracker = TaskTracker::new();
         info!(listen = %addr, %agent, "proxy up");
         listener::accept_until(&listener, &shutdown, |tcp, peer| {

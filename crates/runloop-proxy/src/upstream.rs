@@ -33,6 +33,8 @@
 //! the proxy's own ([`http1`](super::http1)).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
@@ -42,6 +44,7 @@ use serde_json::{Map, Value};
 use tracing::warn;
 
 use super::AgentEnd;
+use super::dial::Dial;
 use super::http1::{self, Answer, Body, Unanswered};
 
 pub(super) use super::http1::Framing;
@@ -81,7 +84,7 @@ impl Failure {
 /// The calls to one agent program.
 #[derive(Debug, Clone)]
 pub(super) struct Upstream {
-    agent: SocketAddr,
+    agent: Arc<dyn Dial>,
     max_error_body: usize,
     /// How the program ended, where a runtime watches it.
     ended: Option<AgentEnd>,
@@ -90,13 +93,18 @@ pub(super) struct Upstream {
 /// How long a call that failed waits to learn that the agent program
 /// exited: the connection's end reaches the proxy before the runtime has
 /// reaped the program.
-const EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+const EXIT_WAIT: Duration = Duration::from_millis(250);
+
+/// How long a call that failed waits for the words of an end its runtime
+/// has begun ([`Dial::lost`]): a container killed for its memory is
+/// reaped in well under this.
+const ENDING_WAIT: Duration = Duration::from_secs(10);
 
 impl Upstream {
-    /// A client for the agent program at `agent`, whose end `ended` tells
-    /// when a runtime watches it.
+    /// A client for the agent program `agent` dials, whose end `ended`
+    /// tells when a runtime watches it.
     pub(super) fn new(
-        agent: SocketAddr,
+        agent: Arc<dyn Dial>,
         max_error_body: usize,
         ended: Option<AgentEnd>,
     ) -> Upstream {
@@ -107,9 +115,14 @@ impl Upstream {
         }
     }
 
-    /// The agent program's address.
+    /// The agent program's address, as it sees it.
     pub(super) fn agent(&self) -> SocketAddr {
-        self.agent
+        self.agent.address()
+    }
+
+    /// Where the proxy dials it, in words.
+    pub(super) fn dial(&self) -> &dyn Dial {
+        self.agent.as_ref()
     }
 
     /// Watches the agent program's end through `ended`.
@@ -122,11 +135,20 @@ impl Upstream {
         self.max_error_body = max;
     }
 
-    /// How the agent program ended, when the runtime says so within
-    /// [`EXIT_WAIT`]; `None` when nobody watches it or it still runs.
+    /// How the agent program ended, once a call's connection was lost,
+    /// when the runtime says so within [`EXIT_WAIT`] (or [`ENDING_WAIT`],
+    /// when it is ending the program for the loss: [`Dial::lost`]);
+    /// `None` when nobody watches it or it still runs.
     pub(super) async fn exited(&self) -> Option<String> {
+        // Asked first: the runtime ends the program for the loss even
+        // where nobody is told.
+        let patience = if self.agent.lost() {
+            ENDING_WAIT
+        } else {
+            EXIT_WAIT
+        };
         let mut ended = self.ended.clone()?;
-        let said = tokio::time::timeout(EXIT_WAIT, ended.wait_for(Option::is_some)).await;
+        let said = tokio::time::timeout(patience, ended.wait_for(Option::is_some)).await;
         said.ok()?.ok()?.clone()
     }
 
@@ -165,7 +187,7 @@ impl Upstream {
     }
 
     async fn post(&self, path: &str, body: &[u8], accept: &str) -> Result<Answer, Failure> {
-        match http1::post(self.agent, path, body, accept).await {
+        match http1::post(self.agent.as_ref(), path, body, accept).await {
             Ok(answer) => Ok(answer),
             Err(unanswered) => Err(self.unanswered(path, unanswered).await),
         }
@@ -189,7 +211,7 @@ impl Upstream {
         };
         match unanswered {
             Unanswered::Connect(error) => Failure::agent(format!(
-                "cannot connect to the agent program at {}: {error}",
+                "cannot reach the agent program on {}: {error}",
                 self.agent
             )),
             Unanswered::Malformed(why) => Failure::agent(format!(
@@ -276,5 +298,51 @@ mod tests {
             Failure::answered(400, serde_json::json!({"kind": "policy", "error": "no"})).0,
             &br#"{"kind":"agent","status":400,"error":{"kind":"policy","error":"no"}}"#[..]
         );
+    }
+
+    /// A dial of a test's own: where nothing listens, said in its own
+    /// words, and whether the proxy told it a connection was lost.
+    #[derive(Debug, Default)]
+    struct Nowhere {
+        lost: std::sync::atomic::AtomicUsize,
+    }
+
+    impl std::fmt::Display for Nowhere {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("port 9 of the test's own place")
+        }
+    }
+
+    impl Dial for Nowhere {
+        fn address(&self) -> SocketAddr {
+            SocketAddr::from(([127, 0, 0, 1], 9))
+        }
+
+        fn connect(&self) -> crate::Dialing<'_> {
+            Box::pin(async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) })
+        }
+
+        fn lost(&self) -> bool {
+            self.lost.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            false
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_is_made_through_the_dial_which_hears_of_a_loss_and_names_the_place() {
+        let dial = Arc::new(Nowhere::default());
+        let upstream = Upstream::new(Arc::clone(&dial) as Arc<dyn Dial>, 1024, None);
+        let failed = upstream
+            .register(Bytes::from_static(b"{}"))
+            .await
+            .expect_err("nothing answers there");
+        let json: Value = serde_json::from_slice(&failed.0).expect("error JSON");
+        assert_eq!(json["kind"], "agent");
+        let said = json["error"].as_str().expect("words");
+        assert!(
+            said.starts_with("cannot reach the agent program on port 9 of the test's own place: "),
+            "{said}"
+        );
+        assert_eq!(dial.lost.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

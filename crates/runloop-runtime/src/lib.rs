@@ -38,7 +38,7 @@ pub use catalog::{AgentSpec, Catalog, CatalogError, RuntimeSpec, SpecError};
 pub use exec::{
     Confinement, DiskPolicy, Exec, ExecConfig, ExecContainer, ExecNetwork, ExecProcess,
 };
-pub use runloop_proxy::{LocalProxy, LocalRun, PathEvent};
+pub use runloop_proxy::{Dial, Dialing, LocalProxy, LocalRun, PathEvent};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -6,6 +6,7 @@
 //! ```text
 //! server's netns                          run's netns (lo only)
 //!   maker thread ──setns, socket(), back──▶ a TCP socket of the run's ──connect──▶ agent on 127.0.0.1:$PORT
+//!                                          (the proxy's dial, one per call; the readiness probe's)
 //!                ──setns, socket(), back──▶ a sock_diag socket of the run's: "who listens on $PORT?"
 //! ```
 //!
@@ -97,60 +98,40 @@ impl Netns {
     }
 }
 
-/// A forwarder on a loopback port of the host to `port` in `netns`: each
-/// connection accepted is copied both ways to one made in the namespace,
-/// until either side ends or `stop` fires. Its address, and the task that
-/// serves it.
-///
-/// What a proxy that dials an address (not a socket) reaches a run's
-/// agent through. A connection that cannot be made in the namespace (the
-/// agent stopped listening, the run is over) is closed unanswered, and
-/// the proxy says so with the run's end (which its runtime tells it).
-pub async fn forward(
+/// How the proxy reaches an agent program that listens on
+/// `127.0.0.1:PORT` in a run's namespace: every call's connection is a
+/// socket made there ([`Netns::connect`]), so it lands in the run and
+/// nowhere else, and the proxy reads it with nothing between.
+#[derive(Debug, Clone)]
+pub struct Dialer {
     netns: Netns,
     port: u16,
-    stop: tokio_util::sync::CancellationToken,
-) -> io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-    let address = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        let connections = tokio_util::task::TaskTracker::new();
-        loop {
-            let accepted = tokio::select! {
-                () = stop.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            let inbound = match accepted {
-                Ok((inbound, _)) => inbound,
-                Err(error) => {
-                    // Out of descriptors, say: pause rather than spin.
-                    warn!(%error, "the run's forwarder cannot accept");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let (netns, stop) = (netns.clone(), stop.clone());
-            connections.spawn(async move {
-                tokio::select! {
-                    () = stop.cancelled() => {}
-                    () = copy_both(inbound, &netns, port) => {}
-                }
-            });
-        }
-        connections.close();
-        connections.wait().await;
-    });
-    Ok((address, task))
 }
 
-/// One forwarded connection, both ways.
-async fn copy_both(mut inbound: TcpStream, netns: &Netns, port: u16) {
-    let Ok(mut outbound) = netns.connect(port).await else {
-        return;
-    };
-    let _ = inbound.set_nodelay(true);
-    let _ = outbound.set_nodelay(true);
-    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+impl Netns {
+    /// The proxy's dial to `port` in this namespace.
+    pub fn dialer(&self, port: u16) -> Dialer {
+        Dialer {
+            netns: self.clone(),
+            port,
+        }
+    }
+}
+
+impl std::fmt::Display for Dialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "127.0.0.1:{} in the run's network namespace", self.port)
+    }
+}
+
+impl runloop_proxy::Dial for Dialer {
+    fn address(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    fn connect(&self) -> runloop_proxy::Dialing<'_> {
+        Box::pin(self.netns.connect(self.port))
+    }
 }
 
 /// Unbinds the namespace bound at `path` and removes the file (as `ip
@@ -596,6 +577,48 @@ mod tests {
                 .expect("asked")
                 .len()
                 == 1
+        );
+    }
+
+    #[tokio::test]
+    async fn the_proxys_dial_lands_in_the_namespace_never_on_the_hosts_loopback() {
+        use runloop_proxy::Dial;
+        if !runloop_testkit::needs(&[runloop_testkit::Part::Root]) {
+            return;
+        }
+        // The same port on the host's loopback and in the run's.
+        let host = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binds");
+        host.set_nonblocking(true).expect("non-blocking");
+        let port = host.local_addr().expect("address").port();
+        let netns = Netns::create().await.expect("a namespace");
+        let dialer = netns.dialer(port);
+        assert_eq!(
+            dialer.to_string(),
+            format!("127.0.0.1:{port} in the run's network namespace")
+        );
+        assert_eq!(
+            dialer.address(),
+            SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+        );
+        // Nothing listens in the namespace yet: refused, not the host's.
+        let refused = dialer.connect().await.expect_err("nothing listens there");
+        assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
+        let socket = netns.socket().await.expect("a socket there");
+        socket
+            .bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+            .expect("the port is free there");
+        let inside = socket.listen(4).expect("listens");
+        let (dialed, accepted) = tokio::join!(dialer.connect(), inside.accept());
+        let dialed = dialed.expect("dials inside");
+        let (_, from) = accepted.expect("accepted inside");
+        assert_eq!(dialed.local_addr().expect("its address"), from);
+        // The host's listener heard nothing (a connection made to it
+        // would be queued by now: a dial returns once it is made).
+        let heard = host.accept().map(|_| ());
+        assert_eq!(
+            heard.map_err(|error| error.kind()),
+            Err(io::ErrorKind::WouldBlock),
+            "the host's listener was reached"
         );
     }
 

@@ -40,7 +40,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use runloop_proxy::{LocalProxy, Proxy};
+use runloop_proxy::{Dial, LocalProxy, Proxy};
 use tokio::process::Child;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -263,16 +263,15 @@ impl Supervisor {
         }
     }
 
-    /// Puts a proxy in front of the agent, which it reaches at `target`,
+    /// Puts a proxy in front of the agent, which it reaches as `target`
+    /// dials (a socket made in the run's network namespace for each call),
     /// and hands the process to its supervisor task: the agent serves, as
-    /// a [`Supervised`] that also waits for `tasks` when it stops and
-    /// carries `runtime`, what its runtime says of it. A proxy that cannot
-    /// be bound gives the agent up.
+    /// a [`Supervised`] that carries `runtime`, what its runtime says of
+    /// it. A proxy that cannot be bound gives the agent up.
     pub async fn serve<A: Agent, T>(
         self,
         agent: A,
-        target: SocketAddr,
-        tasks: Vec<JoinHandle<()>>,
+        target: impl Dial,
         runtime: T,
     ) -> Result<Supervised<T>, String> {
         let proxy = match Proxy::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), target).await {
@@ -296,11 +295,10 @@ impl Supervisor {
         let proxy = proxy.with_agent_end(agent_end);
         let local = proxy.local();
         let (handle, serving) = proxy.spawn();
-        let mut tasks = tasks;
         // The proxy ends with the agent.
         let proxy_stop = stop.clone();
         let proxy_name = Arc::clone(&name);
-        tasks.push(tokio::spawn(async move {
+        let proxy = tokio::spawn(async move {
             proxy_stop.cancelled().await;
             handle.shutdown();
             match serving.await {
@@ -308,7 +306,7 @@ impl Supervisor {
                 Ok(Err(error)) => warn!(agent = %proxy_name, %error, "the proxy failed"),
                 Err(error) => warn!(agent = %proxy_name, %error, "the proxy task failed"),
             }
-        }));
+        });
         let ends = exited.subscribe();
         let watched = Watched {
             name: Arc::clone(&name),
@@ -331,7 +329,7 @@ impl Supervisor {
             grace,
             stop,
             supervisor: Some(supervisor),
-            tasks,
+            proxy: Some(proxy),
             logs,
             exited: ends,
             runtime,
@@ -434,7 +432,8 @@ pub struct Supervised<T> {
     grace: Duration,
     stop: CancellationToken,
     supervisor: Option<JoinHandle<()>>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Its proxy's task, which ends once the agent is stopped.
+    proxy: Option<JoinHandle<()>>,
     logs: Vec<JoinHandle<()>>,
     exited: watch::Receiver<Option<String>>,
     runtime: T,
@@ -465,8 +464,8 @@ impl<T> Supervised<T> {
         {
             warn!(agent = %self.name, %error, "the supervisor task failed");
         }
-        for task in std::mem::take(&mut self.tasks) {
-            let _ = task.await;
+        if let Some(proxy) = self.proxy.take() {
+            let _ = proxy.await;
         }
         // The pipes end with the run's processes; a descendant that left
         // the run (no cgroups) may hold them open, so its output is not
@@ -620,10 +619,7 @@ mod tests {
         let nowhere = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .and_then(|listener| listener.local_addr())
             .expect("an address");
-        let container = supervisor
-            .serve(fake, nowhere, Vec::new(), ())
-            .await
-            .expect("serves");
+        let container = supervisor.serve(fake, nowhere, ()).await.expect("serves");
         (container, released)
     }
 

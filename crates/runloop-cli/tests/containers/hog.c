@@ -3,6 +3,9 @@
  * that registers anything and answers a loop according to its arguments:
  *
  *   memory    one chunk, then allocates and touches memory until killed
+ *   child     one chunk, then a child allocates and touches memory until
+ *             killed; the loop's body then ends cut short (no last chunk)
+ *             and the program itself lives on, listening
  *   hungry    allocates and touches memory until killed, before it listens
  *   disk      says its memory limit as its cgroup shows it, fills /tmp and
  *             then / until ENOSPC, and says what it saw
@@ -51,6 +54,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void send_event(int fd, const char *text);
@@ -289,6 +293,13 @@ static void run_loop(int fd, const char *body) {
     if (strcmp(mode, "memory") == 0) {
         send_event(fd, "allocating");
         eat();
+    }
+    if (strcmp(mode, "child") == 0) {
+        send_event(fd, "a child allocates");
+        pid_t child = fork();
+        if (child == 0) eat();
+        if (child > 0) waitpid(child, NULL, 0);
+        return;
     }
     if (strcmp(mode, "disk") == 0) {
         int tmp_error = 0, root_error = 0;

@@ -496,6 +496,29 @@ fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
 }
 
 #[test]
+fn a_loop_cut_short_by_a_childs_memory_death_ends_the_container_naming_memory() {
+    let Some(images) = images() else {
+        return;
+    };
+    // The agent lives on and cuts its body short once a child of its was
+    // killed at the limit: only the proxy's word of the lost connection
+    // tells the runtime to look at the container's memory and end it.
+    let (hog, digest) = images.hog_layout("child");
+    let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
+    let output = server.run(&format!("hog@{digest}"), "32M", "8M", "eat");
+    let lines = json_lines(&output);
+    exited(&output, 1, &server);
+    assert_eq!(chunks(&lines).len(), 1, "{lines:?}");
+    let error = error_text(&lines);
+    assert!(
+        error.contains("ran out of memory") && error.contains("memory limit"),
+        "{error}\n{}",
+        server.log()
+    );
+    assert_eq!(lines.last().expect("outcome")["outcome"], "unfinished");
+}
+
+#[test]
 fn an_agent_that_dies_mid_loop_is_reported_to_the_caller_in_words() {
     let Some(images) = images() else {
         return;

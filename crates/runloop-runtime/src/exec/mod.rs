@@ -2,7 +2,7 @@
 //! proxy of this crate beside it in the server's process (protocol §12).
 //!
 //! ```text
-//! server ──in process──▶ proxy (task; also ws on 127.0.0.1:P1) ──HTTP──▶ child process ($PORT = P2, own cgroup)
+//! server ──in process──▶ proxy (task; also ws on 127.0.0.1:P1) ──HTTP, a socket made in the run's netns──▶ child process ($PORT = 8080, own cgroup)
 //!                                                     stdout/stderr ──lines, budgeted──▶ tracing
 //! ```
 //!
@@ -33,11 +33,13 @@
 //!    again on another port (a few times). If the program exits first,
 //!    the start fails with its exit status; if it neither listens nor
 //!    exits within the startup timeout, it is killed and the start fails.
-//! 4. **Running.** A supervisor task owns the child. If the child exits by
-//!    itself, [`Container::ended`] resolves with its status (and says so
-//!    when the memory limit killed it), the proxy's loop in progress ends
-//!    with an error in the same words, and every process left in its
-//!    cgroup (or group) is killed.
+//! 4. **Running.** The proxy reaches the program by a socket made in the
+//!    run's namespace for each call ([`netns::Dialer`]): no port of the
+//!    host leads into the namespace. A supervisor task owns the child. If
+//!    the child exits by itself, [`Container::ended`] resolves with its
+//!    status (and says so when the memory limit killed it), the proxy's
+//!    loop in progress ends with an error in the same words, and every
+//!    process left in its cgroup (or group) is killed.
 //! 5. **Stop.** `SIGTERM` to every process of the run, a grace period,
 //!    then `SIGKILL` to all of them (a cgroup's processes cannot escape
 //!    it, whatever they do with sessions); the child is reaped and the
@@ -401,24 +403,20 @@ impl Exec {
             pid,
             cgroup: program.guard.hold.cgroup().cloned(),
         };
-        let (agent, tasks) = match &program.reach {
-            Reach::Own { netns, .. } => {
-                match netns::forward(netns.clone(), port, supervisor.stop().clone()).await {
-                    Ok((address, task)) => (address, vec![task]),
-                    Err(error) => {
-                        supervisor.give_up(program).await;
-                        return Err(Failed::Start(format!(
-                            "cannot bind the agent program's forwarder: {error}"
-                        )));
-                    }
-                }
-            }
-            Reach::Host { .. } => (SocketAddr::from((Ipv4Addr::LOCALHOST, port)), Vec::new()),
+        // The proxy dials the agent program through sockets made in the
+        // run's namespace, or at its leased port on the host's loopback.
+        let dialer = match &program.reach {
+            Reach::Own { netns, .. } => Some(netns.dialer(port)),
+            Reach::Host { .. } => None,
         };
-        let container = supervisor
-            .serve(program, agent, tasks, process)
-            .await
-            .map_err(Failed::Start)?;
+        let served = match dialer {
+            Some(dialer) => supervisor.serve(program, dialer, process).await,
+            None => {
+                let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+                supervisor.serve(program, address, process).await
+            }
+        };
+        let container = served.map_err(Failed::Start)?;
         steps.mark("proxy");
         info!(program = %name, pid, url = container.proxy_url(), "exec container ready");
         debug!(program = %name, pid, %steps, "start steps");
