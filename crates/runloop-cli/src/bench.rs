@@ -262,22 +262,22 @@ impl Spawn for ThisBinary {
         if load.runs_per_connection > Limits::default().max_scopes {
             command.args(["--max-scopes", &load.runs_per_connection.to_string()]);
         }
-        // One more for the bench's probe while the server starts; and the
-        // bench's one token is a tenant, which holds half of the server's
-        // connections, runs and memory at most (its fair share): the
-        // server-wide limits are twice its load.
-        if 2 * (load.connections + 1) > DEFAULT_MAX_CONNECTIONS {
-            command.args([
-                "--max-connections",
-                &(2 * (load.connections + 1)).to_string(),
-            ]);
-        }
         // The bench is one token on one address, connecting all at once,
-        // with runs whose memory nothing holds, one loop each: every
-        // per-address and per-identity limit, and the run budget, fit its
-        // load.
-        let connections = (load.connections + 1).to_string();
-        let runs = (load.connections * load.runs_per_connection).max(1);
+        // with runs whose memory nothing holds, one loop each. Its load
+        // counts twice: the server lets a round's connections and runs go
+        // a moment after the bench has closed them (an agent process to
+        // reap), and the next round must not meet the last one's in a
+        // limit. Plus one connection for the probe while the server
+        // starts. Every per-address and per-identity limit, and the run
+        // budget, fit that; and since the bench's one token is a tenant,
+        // which holds half of the server's connections, runs and memory
+        // at most (its fair share), the server-wide limits are twice it.
+        let connections = 2 * (load.connections + 1);
+        let runs = 2 * (load.connections * load.runs_per_connection).max(1);
+        if 2 * connections > DEFAULT_MAX_CONNECTIONS {
+            command.args(["--max-connections", &(2 * connections).to_string()]);
+        }
+        let connections = connections.to_string();
         command
             .args(["--max-unauthorized", &connections])
             .args(["--max-connections-per-address", &connections])
