@@ -220,6 +220,11 @@ struct ThisBinary(PathBuf);
 /// crates/runloop-bench/PROFILING.md).
 const WRAP: &str = "RUNLOOP_BENCH_WRAP";
 
+/// The room the server the bench starts keeps, in connections and in
+/// runs, beyond one round's load (and at most one round's load again):
+/// for what it still holds of the last round when the next begins.
+const SPARE: usize = 64;
+
 impl ThisBinary {
     /// This binary, through [`WRAP`] if it is set.
     fn command(&self) -> Command {
@@ -263,23 +268,27 @@ impl Spawn for ThisBinary {
             command.args(["--max-scopes", &load.runs_per_connection.to_string()]);
         }
         // The bench is one token on one address, connecting all at once,
-        // with runs whose memory nothing holds, one loop each. Its load
-        // counts twice: the server lets a round's connections and runs go
-        // a moment after the bench has closed them (an agent process to
-        // reap), and the next round must not meet the last one's in a
-        // limit. Plus one connection for the probe while the server
-        // starts. Every per-address and per-identity limit, and the run
-        // budget, fit that; and since the bench's one token is a tenant,
-        // which holds half of the server's connections, runs and memory
-        // at most (its fair share), the server-wide limits are twice it.
-        let connections = 2 * (load.connections + 1);
-        let runs = 2 * (load.connections * load.runs_per_connection).max(1);
+        // with runs whose memory nothing holds, one loop each. The server
+        // lets a round's connections and runs go a moment after the bench
+        // has closed them (an agent process to reap), so the next round
+        // may meet some of the last one's: each limit has room for one
+        // round's load again, up to SPARE more (the descriptors a large
+        // load needs stay within the machine's limit), and one connection
+        // for the probe while the server starts. Every per-address and
+        // per-identity limit, and the run budget, fit that; and since the
+        // bench's one token is a tenant, which holds half of the server's
+        // connections, runs and memory at most (its fair share), the
+        // server-wide limits are twice it.
+        let with_spare = |n: usize| n + n.min(SPARE);
+        let connections = with_spare(load.connections + 1);
+        let runs = with_spare((load.connections * load.runs_per_connection).max(1));
         if 2 * connections > DEFAULT_MAX_CONNECTIONS {
             command.args(["--max-connections", &(2 * connections).to_string()]);
         }
         let connections = connections.to_string();
         command
             .args(["--max-unauthorized", &connections])
+            .args(["--max-unauthorized-per-address", &connections])
             .args(["--max-connections-per-address", &connections])
             .args(["--max-connections-per-identity", &connections])
             .args(["--max-runs", &(2 * runs).to_string()])

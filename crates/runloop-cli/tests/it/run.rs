@@ -424,6 +424,31 @@ fn bench_shares_connections_among_loops_and_checks_every_chunk() {
     assert!(last["relay_paced_latency_p50_ratio"].is_null(), "{last}");
 }
 
+#[test]
+fn bench_opens_more_connections_at_once_than_a_default_server_takes_from_one_address() {
+    // 24 connections at once from one address, two rounds: more than a
+    // server lets one address hold unauthorized by default (16), so the
+    // server the bench starts must be told otherwise, and have room for
+    // what the first round still holds when the second begins.
+    let (_, _, last) = bench(&[
+        "--loops",
+        "48",
+        "--connections",
+        "24",
+        "--chunks",
+        "10",
+        "--duration",
+        "0",
+        "--rounds",
+        "2",
+        "--pace",
+        "0",
+    ]);
+    assert_eq!(last["relay"]["loops"], 96, "{last}");
+    assert_eq!(last["relay"]["failed_loops"], 0, "{last}");
+    assert_eq!(last["relay"]["disorder"], 0, "{last}");
+}
+
 /// The whole chain against nginx: every side's loops read whole and in
 /// order, nginx and the server measured, each ratio printed.
 #[test]
