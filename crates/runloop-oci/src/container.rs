@@ -501,7 +501,7 @@ impl Started {
             ended: supervisor.end_now().clone(),
         });
         let dir = self.run.dir();
-        let link = Link::new(self.netns.clone(), self.port, watch);
+        let link = Link::new(&self.netns, self.port, watch);
         let timeout = host.config().startup_timeout;
         let listened = tokio::select! {
             listened = supervisor.listening(&self, self.port, timeout) => listened.map_err(NotReady::words),

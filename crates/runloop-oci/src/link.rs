@@ -27,9 +27,10 @@
 //! stream broke".
 
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use runloop_runtime::netns::Dialer;
 use runloop_runtime::{Dial, Dialing};
 
 use crate::network::Netns;
@@ -42,50 +43,50 @@ pub trait Watch: Send + Sync + 'static {
     fn end_for_memory(&self);
 }
 
-/// The proxy's dial to the agent program: a port of a run's namespace,
-/// and the container's supervisor to tell of a memory death.
+/// The proxy's dial to the agent program: the runtime's dial to a port of
+/// the run's namespace ([`Dialer`], exec's too), the namespace's name for
+/// the words, and the container's supervisor to tell of a memory death.
 #[derive(Clone)]
 pub struct Link {
-    netns: Netns,
-    port: u16,
+    dialer: Dialer,
+    namespace: Arc<str>,
     watch: Arc<dyn Watch>,
 }
 
 impl Link {
     /// The link to the agent program on `port` in `netns`, whose
     /// supervisor `watch` is.
-    pub fn new(netns: Netns, port: u16, watch: Arc<dyn Watch>) -> Link {
-        Link { netns, port, watch }
+    pub fn new(netns: &Netns, port: u16, watch: Arc<dyn Watch>) -> Link {
+        Link {
+            dialer: netns.dialer(port),
+            namespace: Arc::from(netns.name()),
+            watch,
+        }
     }
 }
 
 impl fmt::Debug for Link {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Link")
-            .field("netns", &self.netns.name())
-            .field("port", &self.port)
+            .field("dialer", &self.dialer)
+            .field("namespace", &self.namespace)
             .finish_non_exhaustive()
     }
 }
 
 impl fmt::Display for Link {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "127.0.0.1:{} in the run's network namespace {}",
-            self.port,
-            self.netns.name()
-        )
+        write!(f, "{} {}", self.dialer, self.namespace)
     }
 }
 
 impl Dial for Link {
     fn address(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+        self.dialer.address()
     }
 
     fn connect(&self) -> Dialing<'_> {
-        Box::pin(self.netns.connect(self.port))
+        self.dialer.connect()
     }
 
     /// Out of memory: the container is ended for it, and its end will
@@ -102,6 +103,7 @@ impl Dial for Link {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     /// A supervisor of a test's own: out of memory or not, and whether it
@@ -132,7 +134,7 @@ mod tests {
         // Unbound however the test ends, so a failed run leaves nothing.
         let _unbound = Unbound(crate::network::namespace_path(&key));
         let fake = Arc::new(Fake::default());
-        let link = Link::new(netns.clone(), 8080, Arc::clone(&fake) as Arc<dyn Watch>);
+        let link = Link::new(&netns, 8080, Arc::clone(&fake) as Arc<dyn Watch>);
         assert_eq!(
             link.to_string(),
             format!(

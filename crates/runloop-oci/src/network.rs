@@ -138,6 +138,11 @@ impl Netns {
         self.netns.connect(port).await
     }
 
+    /// The proxy's dial to `127.0.0.1:port` inside the namespace.
+    pub fn dialer(&self, port: u16) -> netns::Dialer {
+        self.netns.dialer(port)
+    }
+
     /// The namespace's socket diagnostics: who listens on a port there.
     pub async fn diag(&self) -> io::Result<Diag> {
         self.netns.diag().await
