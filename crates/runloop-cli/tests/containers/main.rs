@@ -445,6 +445,25 @@ fn error_text(lines: &[Value]) -> String {
         .join("\n")
 }
 
+/// A loop that the container's end cuts short after its one chunk, run
+/// on `server`: the caller exits 1 and the outcome is unfinished. The
+/// chunk's text, and the error's.
+fn cut_short(
+    server: &Server,
+    image: &str,
+    memory: &str,
+    disk: &str,
+    prompt: &str,
+) -> (String, String) {
+    let output = server.run(image, memory, disk, prompt);
+    let lines = json_lines(&output);
+    exited(&output, 1, server);
+    let mut chunks = chunks(&lines);
+    assert_eq!(chunks.len(), 1, "{lines:?}");
+    assert_eq!(lines.last().expect("outcome")["outcome"], "unfinished");
+    (chunks.remove(0), error_text(&lines))
+}
+
 #[test]
 fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
     let Some(images) = images() else {
@@ -474,15 +493,10 @@ fn memory_past_the_limit_kills_the_container_and_the_error_names_memory() {
         server.log()
     );
 
-    let output = server.run(&format!("hog@{hog_digest}"), "32M", "8M", "eat");
-    let lines = json_lines(&output);
     // The loop said something, then ended without finishing.
-    exited(&output, 1, &server);
-    assert_eq!(chunks(&lines).len(), 1, "{lines:?}");
-    let error = error_text(&lines);
+    let (_, error) = cut_short(&server, &format!("hog@{hog_digest}"), "32M", "8M", "eat");
     assert!(error.contains("ran out of memory"), "{error}");
     assert!(error.contains("memory limit"), "{error}");
-    assert_eq!(lines.last().expect("outcome")["outcome"], "unfinished");
 
     // The server carries on.
     let after = server.run(
@@ -505,17 +519,12 @@ fn a_loop_cut_short_by_a_childs_memory_death_ends_the_container_naming_memory() 
     // tells the runtime to look at the container's memory and end it.
     let (hog, digest) = images.hog_layout("child");
     let server = Server::start(&[format!("hog=oci:{}", hog.display())], &[]);
-    let output = server.run(&format!("hog@{digest}"), "32M", "8M", "eat");
-    let lines = json_lines(&output);
-    exited(&output, 1, &server);
-    assert_eq!(chunks(&lines).len(), 1, "{lines:?}");
-    let error = error_text(&lines);
+    let (_, error) = cut_short(&server, &format!("hog@{digest}"), "32M", "8M", "eat");
     assert!(
         error.contains("ran out of memory") && error.contains("memory limit"),
         "{error}\n{}",
         server.log()
     );
-    assert_eq!(lines.last().expect("outcome")["outcome"], "unfinished");
 }
 
 #[test]
@@ -525,20 +534,14 @@ fn an_agent_that_dies_mid_loop_is_reported_to_the_caller_in_words() {
     };
     let (dies, digest) = images.hog_layout("dies");
     let server = Server::start(&[format!("dies=oci:{}", dies.display())], &[]);
-    let output = server.run(&format!("dies@{digest}"), "64M", "4M", "x");
-    let lines = json_lines(&output);
-    exited(&output, 1, &server);
-    let chunks = chunks(&lines);
-    assert_eq!(chunks.len(), 1, "{lines:?}");
-    assert!(chunks[0].contains("dying"), "{chunks:?}");
+    let (chunk, error) = cut_short(&server, &format!("dies@{digest}"), "64M", "4M", "x");
+    assert!(chunk.contains("dying"), "{chunk}");
     // The runtime's words, not the HTTP client's account of a connection.
-    let error = error_text(&lines);
     assert!(
         error.contains("the agent program exited (exit status 3) before its /run body ended"),
         "{error}\n{}",
         server.log()
     );
-    assert_eq!(lines.last().expect("outcome")["outcome"], "unfinished");
     assert_eq!(server.keys().len(), 1, "one container ran");
 }
 
